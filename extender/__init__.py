@@ -1,0 +1,1 @@
+"""NeuroNetes scheduler extender (FastAPI): filter, prioritize, bind and preempt verbs over the GPU cache."""

@@ -1,0 +1,15 @@
+"""The placement engine: vectorised filters and scorers, policies, GPU selection, gangs."""
+
+from neuronetes.engine.core import Evaluation, PlacementEngine
+from neuronetes.engine.policy import POLICIES, Policy, get_policy
+from neuronetes.engine.profile import TypicalShape, WorkloadProfile
+
+__all__ = [
+    "POLICIES",
+    "Evaluation",
+    "PlacementEngine",
+    "Policy",
+    "TypicalShape",
+    "WorkloadProfile",
+    "get_policy",
+]

@@ -1,0 +1,245 @@
+"""The placement engine: filters, scorers and GPU selection over a `ClusterState`.
+
+One engine serves the extender and the simulator. Decisions are incremental: scores are cached
+per request shape and only rows whose node generation changed are recomputed, so a decision
+costs time proportional to what changed, not to the cluster's size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from neuronetes.engine import select
+from neuronetes.engine.filters import FILTERS, mig_slot, share_fit
+from neuronetes.engine.policy import Policy, get_policy
+from neuronetes.engine.profile import ProfileArrays, WorkloadProfile
+from neuronetes.engine.scorers import SCORERS, ScoreContext, Scorer
+from neuronetes.inventory import Allocation, ClusterState
+from neuronetes.model import GpuGrant, Placement, PodRequest
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+BOOL = npt.NDArray[np.bool_]
+
+FEASIBLE = -1
+_CACHE_SHAPES = 64
+
+
+@dataclass
+class _ShapeCache:
+    gen: I64  # node generation each row was computed at (-1: never)
+    reason: npt.NDArray[np.int16]  # index into FILTERS of the first rejecting filter, or FEASIBLE
+    score: F64  # [N] or [N, G]; -inf where a GPU cannot take the request
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Feasible rows with their scores, and one categorical reason per rejected node."""
+
+    rows: I64
+    node_scores: F64  # best score per feasible row
+    gpu_scores: F64 | None  # [R, G] when the request takes a share of one GPU
+    reasons: npt.NDArray[np.int16]  # per node
+
+    def reason_text(self, node_index: int) -> str:
+        code = int(self.reasons[node_index])
+        return "" if code == FEASIBLE else FILTERS[code].reason
+
+
+class PlacementEngine:
+    def __init__(
+        self,
+        state: ClusterState,
+        policy: Policy | str = "default",
+        profile: WorkloadProfile | None = None,
+        seed: int = 0,
+        weights: Mapping[str, float] | None = None,
+    ) -> None:
+        self.state = state
+        pol = get_policy(policy) if isinstance(policy, str) else policy
+        self.policy = pol.with_weights(weights) if weights else pol
+        self.rng = np.random.default_rng(seed)
+        self._cache: OrderedDict[PodRequest, _ShapeCache] = OrderedDict()
+        self._cached_terms = [
+            (SCORERS[n], w) for n, w in self.policy.weights.items() if not SCORERS[n].volatile
+        ]
+        self._volatile_terms = [
+            (SCORERS[n], w) for n, w in self.policy.weights.items() if SCORERS[n].volatile
+        ]
+        self.set_profile(profile or WorkloadProfile.empty())
+
+    # ---- configuration -----------------------------------------------------------------------
+    def set_profile(self, profile: WorkloadProfile, coverage: float = 0.95) -> None:
+        """Replace the workload profile (fragmentation is measured against it); drops cached scores."""
+        self.profile = profile
+        self._profile: ProfileArrays = profile.arrays(self.state.models, coverage)
+        self._cache.clear()
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        self.__init__(self.state, self.policy.with_weights(weights), self.profile)  # type: ignore[misc]
+
+    # ---- evaluation --------------------------------------------------------------------------
+    def _context(self, req: PodRequest, rows: I64) -> ScoreContext:
+        st = self.state
+        if req.exclusive:
+            fit = st.fully_free(rows)
+        elif req.gpus > 0 and req.mig_profile is None:
+            fit = share_fit(st, req, rows)
+        else:
+            fit = np.zeros((rows.size, st.max_gpus), dtype=bool)
+        return ScoreContext(st, req, rows, fit, self._profile, self.rng)
+
+    def _combine(self, ctx: ScoreContext, terms: Sequence[tuple[Scorer, float]]) -> F64:
+        total: F64 | None = None
+        for scorer, weight in terms:
+            s = weight * scorer.fn(ctx)
+            if total is None:
+                total = s
+            elif s.ndim == total.ndim:
+                total = total + s
+            elif s.ndim > total.ndim:
+                total = total[:, None] + s
+            else:
+                total = total + s[:, None]
+        if total is None:
+            total = np.zeros(ctx.rows.size)
+        if ctx.per_gpu:
+            if total.ndim == 1:
+                total = np.broadcast_to(total[:, None], ctx.gpu_fit.shape)
+            total = np.where(ctx.gpu_fit, total, -np.inf)
+        return total
+
+    def _refresh(self, req: PodRequest) -> _ShapeCache:
+        st = self.state
+        key = req.shape()
+        cache = self._cache.get(key)
+        per_gpu = req.shared and req.gpus == 1
+        if cache is None:
+            n = st.n_nodes
+            shape = (n, st.max_gpus) if per_gpu else (n,)
+            cache = _ShapeCache(np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int16), np.zeros(shape))
+            self._cache[key] = cache
+            if len(self._cache) > _CACHE_SHAPES:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        stale = np.nonzero(cache.gen != st.gen)[0]
+        if stale.size:
+            reason = np.full(stale.size, FEASIBLE, dtype=np.int16)
+            alive = np.arange(stale.size)
+            for code, flt in enumerate(FILTERS):
+                if alive.size == 0:
+                    break
+                ok = flt.fn(st, req, stale[alive])
+                reason[alive[~ok]] = code
+                alive = alive[ok]
+            cache.reason[stale] = reason
+            if alive.size:
+                rows = stale[alive]
+                cache.score[rows] = self._combine(self._context(req, rows), self._cached_terms)
+            cache.gen[stale] = st.gen[stale]
+        return cache
+
+    def evaluate(self, req: PodRequest, candidates: Iterable[int] | None = None) -> Evaluation:
+        cache = self._refresh(req)
+        feasible = cache.reason == FEASIBLE
+        if candidates is not None:
+            mask = np.zeros_like(feasible)
+            mask[np.fromiter(candidates, dtype=np.int64)] = True
+            feasible &= mask
+        rows = np.nonzero(feasible)[0]
+        scores = cache.score[rows]
+        if self._volatile_terms and rows.size:
+            extra = self._combine(self._context(req, rows), self._volatile_terms)
+            scores = scores + (extra if extra.ndim == scores.ndim else extra[:, None])
+        if scores.ndim == 2:
+            return Evaluation(rows, scores.max(axis=1, initial=-np.inf), scores, cache.reason)
+        return Evaluation(rows, scores, None, cache.reason)
+
+    def reasons(self, req: PodRequest) -> dict[str, str]:
+        """Why each infeasible node was rejected (one categorical reason per node)."""
+        ev = self.evaluate(req)
+        bad = np.nonzero(ev.reasons != FEASIBLE)[0]
+        return {self.state.nodes[int(i)].name: FILTERS[int(ev.reasons[i])].reason for i in bad}
+
+    # ---- decisions ---------------------------------------------------------------------------
+    def place(self, req: PodRequest, candidates: Iterable[int] | None = None) -> Placement | None:
+        """Choose a node and GPUs for `req` (nothing is held until `commit`/`assume`)."""
+        ev = self.evaluate(req, candidates)
+        if ev.rows.size == 0:
+            return None
+        best = ev.node_scores.max()
+        ties = np.nonzero(ev.node_scores >= best - 1e-12)[0]
+        k = int(ties[0]) if ties.size == 1 or self.policy.tie_break == "first" else int(self.rng.choice(ties))
+        node = int(ev.rows[k])
+        gpu_row = ev.gpu_scores[k] if ev.gpu_scores is not None else None
+        grants, why = self.select_gpus(req, node, gpu_row)
+        return Placement(req, self.state.nodes[node].name, node, tuple(grants), float(best), why)
+
+    def select_gpus(
+        self, req: PodRequest, node: int, gpu_scores: F64 | None = None
+    ) -> tuple[list[GpuGrant], str]:
+        st = self.state
+        if req.gpus == 0:
+            return [], "no gpus requested"
+        if req.mig_profile is not None:
+            slot = mig_slot(st, node, req.mig_profile)
+            if slot is None:
+                raise RuntimeError(f"no MIG slot for {req.mig_profile} on {st.nodes[node].name}")
+            j, start = slot
+            return [
+                GpuGrant(j, 0, 0, req.mig_profile, start)
+            ], f"mig {req.mig_profile} on gpu {j} slot {start}"
+        rows = np.array([node])
+        if req.exclusive:
+            free = st.fully_free(rows)[0]
+            sel = self.policy.gpu_selector
+            if sel == "topology":
+                idx, why = select.select_topology(st, node, free, req.gpus)
+            elif sel == "random":
+                idx, why = select.select_random(free, req.gpus, self.rng)
+            else:
+                idx, why = select.select_first(free, req.gpus)
+            return [
+                GpuGrant(j, int(st.gpu_milli_cap[node, j]), int(st.gpu_mem_cap[node, j])) for j in idx
+            ], why
+        fit = share_fit(st, req, rows)[0]
+        if gpu_scores is not None and req.gpus == 1:
+            idx, why = [int(np.argmax(gpu_scores))], "gpu with the best score"
+        elif self.policy.gpu_selector == "random":
+            idx, why = select.select_random(fit, req.gpus, self.rng)
+        else:
+            idx, why = select.select_bestfit(fit, st.gpu_milli_free[node], req.gpus)
+        return [GpuGrant(j, req.gpu_milli, req.gpu_memory_mib) for j in idx], why
+
+    def commit(self, placement: Placement, alloc_id: str, ttl: float | None = None) -> Allocation:
+        """Hold the placement's resources; with a TTL it is an assumption that expires."""
+        expires = None if ttl is None else time.monotonic() + ttl
+        req = placement.request
+        return self.state.allocate(
+            alloc_id, placement.node_index, req.cpu_milli, req.memory_mib, placement.grants, expires
+        )
+
+    def release(self, alloc_id: str) -> Allocation:
+        return self.state.release(alloc_id)
+
+    def prioritize(self, req: PodRequest, node_indices: Sequence[int]) -> list[int]:
+        """Extender-style 0–10 scores for the given nodes (0 for infeasible ones)."""
+        ev = self.evaluate(req)
+        out = np.zeros(len(node_indices), dtype=np.int64)
+        if ev.rows.size == 0:
+            return out.tolist()
+        pos = {int(r): k for k, r in enumerate(ev.rows)}
+        lo, hi = float(ev.node_scores.min()), float(ev.node_scores.max())
+        span = hi - lo
+        for k, i in enumerate(node_indices):
+            p = pos.get(int(i))
+            if p is not None:
+                out[k] = 10 if span <= 0 else round(10 * (float(ev.node_scores[p]) - lo) / span)
+        return out.tolist()

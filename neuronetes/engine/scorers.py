@@ -1,0 +1,282 @@
+"""Scorers: small named units that rate feasible node rows in [0, 1], registered in one table.
+
+A scorer returns either one score per row, or — for a request that takes a share of a single
+GPU — one score per (row, GPU), so the engine can pick the node and the GPU in one step. Every
+scorer depends only on the rows' current state and the request, which lets the engine cache
+scores per request shape and recompute only rows that changed (`volatile` scorers excepted).
+
+The paper baselines (`bestfit`, `dotprod`, `packing`, `clustering`, `fgd`, `random`) are
+reimplemented from the FGD paper's simulator and keep its integer 0–100 score quantisation,
+because the ties it creates (broken at random, as kube-scheduler does) are part of how those
+policies behave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from neuronetes.engine import frag
+from neuronetes.engine.filters import group_free_counts
+from neuronetes.engine.profile import ProfileArrays
+from neuronetes.inventory import ClusterState
+from neuronetes.model import MILLI_PER_GPU, PodRequest
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+BOOL = npt.NDArray[np.bool_]
+
+MAX_SPEC_CPU = 128_000.0  # the paper's normalisers for its baselines (milli-CPU, milli-GPU)
+MAX_SPEC_GPU = 8_000.0
+
+
+@dataclass
+class ScoreContext:
+    state: ClusterState
+    req: PodRequest
+    rows: I64
+    gpu_fit: BOOL  # [R, G] GPUs this request could use (fully free for exclusive requests)
+    profile: ProfileArrays
+    rng: np.random.Generator
+
+    def left(self) -> I64:
+        """Free milli-GPU per usable GPU, 0 elsewhere."""
+        st = self.state
+        return np.where(st.usable_gpus(self.rows), st.gpu_milli_free[self.rows], 0)
+
+    @property
+    def per_gpu(self) -> bool:
+        return self.req.shared and self.req.gpus == 1
+
+
+ScorerFn = Callable[[ScoreContext], F64]
+
+
+@dataclass(frozen=True, slots=True)
+class Scorer:
+    name: str
+    fn: ScorerFn
+    volatile: bool = False
+    """Volatile scorers (random) are recomputed on every decision, never cached."""
+
+
+def _quantise(score: F64) -> F64:
+    """The paper's int64 truncation of a 0–100 score, back on a 0–1 scale."""
+    return np.trunc(score * 100.0) / 100.0
+
+
+# ---- paper baselines -------------------------------------------------------------------------
+def score_random(ctx: ScoreContext) -> F64:
+    return ctx.rng.random(ctx.rows.size)
+
+
+def score_bestfit(ctx: ScoreContext) -> F64:
+    st, req = ctx.state, ctx.req
+    cpu_left = (st.cpu_free[ctx.rows] - req.cpu_milli) / MAX_SPEC_CPU
+    gpu_left = (ctx.left().sum(axis=1) - req.gpu_milli_total) / MAX_SPEC_GPU
+    return _quantise(1.0 - 0.5 * cpu_left - 0.5 * gpu_left)
+
+
+def score_dotprod(ctx: ScoreContext) -> F64:
+    """Tetris-style alignment of the node's free vector with the request (lower dot is better)."""
+    st, req = ctx.state, ctx.req
+    left = ctx.left()
+    cpu = st.cpu_free[ctx.rows] / MAX_SPEC_CPU
+    pod_cpu, pod_gpu = req.cpu_milli / MAX_SPEC_CPU, req.gpu_milli_total / MAX_SPEC_GPU
+    full = left >= MILLI_PER_GPU
+    idle = full.sum(axis=1) * float(MILLI_PER_GPU)
+    best = np.full(ctx.rows.size, -1.0)
+    if req.gpus == 0:
+        best = 1.0 - (cpu * pod_cpu + left.sum(axis=1) / MAX_SPEC_GPU * pod_gpu) / 2.0
+    else:
+        if req.shared:
+            partial = ctx.gpu_fit & ~full
+            cand = 1.0 - (cpu[:, None] * pod_cpu + left / MAX_SPEC_GPU * pod_gpu) / 2.0
+            best = np.where(partial, cand, -1.0).max(axis=1)
+        ok_idle = idle >= req.gpu_milli_total
+        best = np.maximum(
+            best, np.where(ok_idle, 1.0 - (cpu * pod_cpu + idle / MAX_SPEC_GPU * pod_gpu) / 2.0, -1.0)
+        )
+    return _quantise(np.maximum(best, 0.0))
+
+
+def score_packing(ctx: ScoreContext) -> F64:
+    """Prefer shared GPUs, then free GPUs on used nodes, then idle nodes (GPU packing)."""
+    req = ctx.req
+    if req.gpus == 0:
+        return np.zeros(ctx.rows.size)
+    left = ctx.left()
+    exists = ctx.state.gpu_exists[ctx.rows]
+    full = (left >= MILLI_PER_GPU) & exists
+    n_full = full.sum(axis=1)
+    idle_node = n_full == exists.sum(axis=1)
+    # GPUs chosen smallest-free-first among those that fit.
+    fit = (left >= req.gpu_milli) & exists
+    order = np.argsort(np.where(fit, left, 10**9), axis=1, kind="stable")[:, : req.gpus]
+    chosen_left = np.take_along_axis(left, order, axis=1)
+    uses_full = (chosen_left >= MILLI_PER_GPU).sum(axis=1)
+    shared_ratio = (chosen_left * 100 // MILLI_PER_GPU).sum(axis=1)
+    case1 = np.maximum(100 - shared_ratio // 10, 50)
+    case2 = np.maximum(50 - uses_full, 33)
+    case3 = np.maximum(33 - n_full, n_full)
+    score = np.where(idle_node, case3, np.where(uses_full > 0, case2, case1))
+    return score.astype(np.float64) / 100.0  # type: ignore[no-any-return]
+
+
+def _gpu_tag(gpus: int, milli: int) -> int:
+    return gpus * 10_000 + milli
+
+
+def score_clustering(ctx: ScoreContext) -> F64:
+    """Pack pods of the same GPU request type together (GPU clustering)."""
+    st, req = ctx.state, ctx.req
+    if req.gpus == 0:
+        return np.zeros(ctx.rows.size)
+    tag = _gpu_tag(req.gpus, req.gpu_milli)
+    left_total = ctx.left().sum(axis=1)
+    base = (MAX_SPEC_GPU - left_total) / MAX_SPEC_GPU * 25.0
+    out = np.empty(ctx.rows.size)
+    for k, i in enumerate(ctx.rows):
+        tags = {
+            _gpu_tag(len(a.grants), a.grants[0].milli)
+            for a in (st.allocations[x] for x in st.by_node[int(i)])
+            if a.grants
+        }
+        if tag in tags:
+            out[k] = 75.0 if len(tags) == 1 else 50.0
+        else:
+            out[k] = 0.0 if tags else 25.0
+    return np.trunc(base + out) / 100.0  # type: ignore[no-any-return]
+
+
+def _fgd_delta(ctx: ScoreContext, profile: ProfileArrays) -> F64:
+    """Increase of fragmentation caused by the placement: [R] or, per GPU, [R, G]."""
+    st, req = ctx.state, ctx.req
+    left = ctx.left()
+    cpu = st.cpu_free[ctx.rows]
+    model = st.model_id[ctx.rows]
+    before = frag.node_fragmentation(left, cpu, model, profile)
+    if ctx.per_gpu:
+        after = frag.fragmentation_after_share(left, cpu, model, profile, req.gpu_milli, req.cpu_milli)
+        return after - before[:, None]
+    if req.exclusive:
+        after1 = frag.fragmentation_after_whole_gpus(left, cpu, model, profile, req.gpus, req.cpu_milli)
+    elif req.gpus == 0:
+        after1 = frag.node_fragmentation(left, cpu - req.cpu_milli, model, profile)
+    else:  # a share of several GPUs: take the tightest-fitting GPUs, as the engine will
+        after_left = left.copy()
+        order = np.argsort(np.where(ctx.gpu_fit, left, 10**9), axis=1, kind="stable")[:, : req.gpus]
+        np.put_along_axis(after_left, order, np.take_along_axis(left, order, axis=1) - req.gpu_milli, axis=1)
+        after1 = frag.node_fragmentation(after_left, cpu - req.cpu_milli, model, profile)
+    return after1 - before
+
+
+def score_fgd(ctx: ScoreContext) -> F64:
+    """The paper's FGD: sigmoid of the fragmentation decrease, truncated to 0–100."""
+    delta = _fgd_delta(ctx, ctx.profile)
+    return _quantise(1.0 / (1.0 + np.exp(delta / 1000.0)))
+
+
+# ---- NeuroNetes terms ------------------------------------------------------------------------
+def _capacity_delta(ctx: ScoreContext) -> F64:
+    """Increase of capacity fragmentation caused by the placement: [R] or, per GPU, [R, G]."""
+    st, req, p = ctx.state, ctx.req, ctx.profile
+    left = ctx.left()
+    cpu = st.cpu_free[ctx.rows]
+    model = st.model_id[ctx.rows]
+    before = frag.capacity_fragmentation(left, cpu, model, p)
+    if ctx.per_gpu:
+        g = left.shape[1]
+        idx = np.arange(g)
+        after_left = np.repeat(left[:, None, :], g, axis=1)  # [R, choice, G]
+        after_left[:, idx, idx] = np.maximum(after_left[:, idx, idx] - req.gpu_milli, 0)
+        cpu_after = np.repeat((cpu - req.cpu_milli)[:, None], g, axis=1)
+        after = frag.capacity_fragmentation(after_left, cpu_after, np.repeat(model[:, None], g, axis=1), p)
+        return after - before[:, None]
+    after_left = left.copy()
+    if req.gpus:
+        order = np.argsort(np.where(ctx.gpu_fit, left, 10**9), axis=1, kind="stable")[:, : req.gpus]
+        taken = np.maximum(np.take_along_axis(left, order, axis=1) - req.gpu_milli, 0)
+        np.put_along_axis(after_left, order, taken, axis=1)
+    return frag.capacity_fragmentation(after_left, cpu - req.cpu_milli, model, p) - before
+
+
+def score_capacity_frag(ctx: ScoreContext) -> F64:
+    """Capacity-aware fragmentation gradient, continuous: finer than FGD's, breaks its ties."""
+    return np.clip(0.5 - _capacity_delta(ctx) / (2 * MAX_SPEC_GPU), 0.0, 1.0)
+
+
+def score_availability(ctx: ScoreContext) -> F64:
+    """How tightly the node's free GPUs fit the request (1: nothing left over)."""
+    st, req = ctx.state, ctx.req
+    if req.gpus == 0:
+        return np.ones(ctx.rows.size)
+    left = ctx.left()
+    if ctx.per_gpu:
+        return np.where(ctx.gpu_fit, 1.0 - (left - req.gpu_milli) / MILLI_PER_GPU, 0.0)
+    count = np.maximum(st.gpu_count[ctx.rows], 1)
+    spare = ctx.gpu_fit.sum(axis=1) - req.gpus
+    return np.clip(1.0 - spare / count, 0.0, 1.0)  # type: ignore[no-any-return]
+
+
+def score_topology(ctx: ScoreContext) -> F64:
+    """Best achievable GPU grouping for a multi-GPU request: NVLink > NUMA > socket > spread."""
+    st, req = ctx.state, ctx.req
+    if req.gpus <= 1:
+        return np.ones(ctx.rows.size)
+    free = ctx.gpu_fit
+    rows = ctx.rows
+    nv = group_free_counts(st.gpu_nvlink_group[rows], free) >= req.gpus
+    numa = group_free_counts(st.gpu_numa[rows], free) >= req.gpus
+    sock = group_free_counts(st.gpu_socket[rows], free) >= req.gpus
+    level = np.where(nv, 1.0, np.where(numa, 0.66, np.where(sock, 0.33, 0.0)))
+    pcie = np.where(st.gpu_exists[rows], st.gpu_pcie_gen[rows], 0).max(axis=1) / 6.0
+    return 0.9 * level + 0.1 * np.clip(pcie, 0.0, 1.0)  # type: ignore[no-any-return]
+
+
+def score_model_cache(ctx: ScoreContext) -> F64:
+    name = ctx.req.model_name
+    if not name:
+        return np.ones(ctx.rows.size)
+    nodes = ctx.state.nodes
+    return np.array([1.0 if name in nodes[int(i)].cached_models else 0.0 for i in ctx.rows])
+
+
+def score_cost(ctx: ScoreContext) -> F64:
+    st = ctx.state
+    price = st.price_per_hour[ctx.rows]
+    top = float(st.price_per_hour.max(initial=0.0))
+    if top <= 0:
+        return np.ones(ctx.rows.size)
+    return 1.0 - price / top
+
+
+def score_data_locality(ctx: ScoreContext) -> F64:
+    zones = ctx.req.preferred_zones
+    if not zones:
+        return np.ones(ctx.rows.size)
+    st = ctx.state
+    wanted = np.array([z in zones for z in st.zones], dtype=bool)
+    return wanted[st.zone_id[ctx.rows]].astype(np.float64)
+
+
+SCORERS: dict[str, Scorer] = {
+    s.name: s
+    for s in (
+        Scorer("random", score_random, volatile=True),
+        Scorer("bestfit", score_bestfit),
+        Scorer("dotprod", score_dotprod),
+        Scorer("packing", score_packing),
+        Scorer("clustering", score_clustering),
+        Scorer("fgd", score_fgd),
+        Scorer("capacity_frag", score_capacity_frag),
+        Scorer("availability", score_availability),
+        Scorer("topology", score_topology),
+        Scorer("model_cache", score_model_cache),
+        Scorer("cost", score_cost),
+        Scorer("data_locality", score_data_locality),
+    )
+}

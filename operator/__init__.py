@@ -1,0 +1,1 @@
+"""NeuroNetes operator (kopf): reconciles AgentPool, GPUSlice and ToolBinding; admission webhook."""

@@ -74,7 +74,8 @@ def main() -> None:
     real = load_nodes(DATA / "openb_node_list_gpu_node.csv")
     results = [measure(real, ns.policy, ns.seed), measure(synthetic(real, 5000), ns.policy, ns.seed)]
     print(f"policy {ns.policy}, seed {ns.seed}, one process")
-    print(f"{'nodes':>6} {'decisions':>9} {'seed s':>7} {'p50 ms':>8} {'p99 ms':>8} {'cold p50':>9} {'cold p99':>9}")
+    head = ("nodes", "decisions", "seed s", "p50 ms", "p99 ms", "cold p50", "cold p99")
+    print(" ".join(f"{h:>9}" for h in head))
     for r in results:
         print(
             f"{r['nodes']:>6} {r['decisions']:>9} {r['seed_seconds']:>7} {r['decision_ms_p50']:>8} "

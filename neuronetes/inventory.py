@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -187,6 +187,7 @@ class ClusterState:
             raise OversubscriptionError(f"{alloc_id}: insufficient memory on {name}")
         seen: set[int] = set()
         new_layouts: dict[tuple[int, int], mig.MigLayout] = {}
+        recorded: list[GpuGrant] = []  # the grants as held (MIG grants with their start slot)
         for grant in grants:
             j = grant.gpu_index
             if j in seen:
@@ -201,10 +202,16 @@ class ClusterState:
                 if layout is None:
                     raise OversubscriptionError(f"{alloc_id}: GPU {j} on {name} is not in MIG mode")
                 try:
-                    new_layouts[(node_index, j)] = layout.place(grant.mig_profile, grant.mig_start)
-                except mig.MigPlacementError as exc:
+                    placed = layout.place(grant.mig_profile, grant.mig_start)
+                except (mig.MigPlacementError, KeyError) as exc:  # KeyError: unknown profile
                     raise OversubscriptionError(f"{alloc_id}: {exc}") from exc
+                new_layouts[(node_index, j)] = placed
+                if grant.mig_start is None:  # placed at the first fitting slot: remember which
+                    start = next(i.start for i in placed if i not in layout.instances)
+                    grant = replace(grant, mig_start=start)
+                recorded.append(grant)
                 continue
+            recorded.append(grant)
             if self.gpu_mig[node_index, j]:
                 raise OversubscriptionError(f"{alloc_id}: GPU {j} on {name} is MIG-partitioned")
             if grant.milli > self.gpu_milli_free[node_index, j]:
@@ -219,7 +226,7 @@ class ClusterState:
                 self.gpu_milli_free[node_index, grant.gpu_index] -= grant.milli
                 self.gpu_mem_free[node_index, grant.gpu_index] -= grant.memory_mib
         self.mig_layouts.update(new_layouts)
-        alloc = Allocation(alloc_id, node_index, cpu_milli, memory_mib, grants, expires_at)
+        alloc = Allocation(alloc_id, node_index, cpu_milli, memory_mib, tuple(recorded), expires_at)
         self.allocations[alloc_id] = alloc
         self.by_node[node_index].add(alloc_id)
         self._touch(node_index)

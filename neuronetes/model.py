@@ -133,7 +133,12 @@ class PodRequest:
 
     @property
     def exclusive(self) -> bool:
-        return self.gpus > 0 and self.gpu_milli >= MILLI_PER_GPU and self.gpu_memory_mib == 0
+        return (
+            self.gpus > 0
+            and self.gpu_milli >= MILLI_PER_GPU
+            and self.gpu_memory_mib == 0
+            and self.mig_profile is None
+        )
 
     @property
     def shared(self) -> bool:

@@ -80,7 +80,7 @@ def filter_gpu_health(state: ClusterState, req: PodRequest, rows: I64) -> BOOL:
 
 
 def filter_whole_gpus(state: ClusterState, req: PodRequest, rows: I64) -> BOOL:
-    if not req.exclusive:
+    if not req.exclusive or req.mig_profile is not None:  # a MIG instance never takes a whole GPU
         return np.ones(rows.size, dtype=bool)
     return state.fully_free(rows).sum(axis=1) >= req.gpus  # type: ignore[no-any-return]
 

@@ -1,0 +1,229 @@
+"""The vectorised fragmentation measures against plain-Python reference implementations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from neuronetes.engine import frag
+from neuronetes.engine.profile import ProfileArrays, TypicalShape, WorkloadProfile
+from neuronetes.model import PodRequest
+
+pytestmark = pytest.mark.unit
+
+MODELS = ("A100-SXM4-80GB", "T4", "V100M32")
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# ---- references, straight from the definitions ---------------------------------------------------
+def ref_node_frag(left: list[int], cpu: int, model: int, p: ProfileArrays) -> float:
+    """FGD (ATC'23): per typical shape t with weight w —
+    CPU-only t: w·(all free);  t fits (enough GPUs with free >= t.milli, CPU, model): w·(free on
+    GPUs with free < t.milli);  otherwise w·(all free)."""
+    total = sum(left)
+    out = 0.0
+    for k in range(p.weight.size):
+        w, milli, gpus, cpu_t = float(p.weight[k]), int(p.milli[k]), int(p.gpus[k]), int(p.cpu[k])
+        if milli == 0:
+            out += w * total
+            continue
+        big_enough = sum(1 for x in left if x >= milli)
+        if big_enough >= gpus and cpu >= cpu_t and bool(p.access[model, k]):
+            out += w * sum(x for x in left if x < milli)
+        else:
+            out += w * total
+    return out
+
+
+def ref_capacity_frag(left: list[int], cpu: int, model: int, p: ProfileArrays) -> float:
+    """Per shape: instances = min(⌊Σ_g ⌊free_g/milli⌋ / gpus⌋, ⌊cpu/cpu_t⌋); usable = instances·gpus·milli
+    (at most all free); fragment = free − usable. CPU-only or inaccessible shapes: all free."""
+    total = sum(left)
+    out = 0.0
+    for k in range(p.weight.size):
+        w, milli, gpus, cpu_t = float(p.weight[k]), int(p.milli[k]), int(p.gpus[k]), int(p.cpu[k])
+        if milli == 0 or not p.access[model, k]:
+            out += w * total
+            continue
+        by_gpu = sum(x // milli for x in left) // gpus
+        by_cpu = cpu // cpu_t if cpu_t > 0 else by_gpu
+        usable = min(min(by_gpu, by_cpu) * gpus * milli, total)
+        out += w * (total - usable)
+    return out
+
+
+# ---- strategies ------------------------------------------------------------------------------------
+free_st = st.one_of(
+    st.sampled_from([0, 0, 1000, 1000, 1000, 500, 250, 750, 100, 900]),
+    st.integers(0, 1000),
+)
+shape_st = st.one_of(
+    st.builds(
+        TypicalShape,
+        cpu_milli=st.sampled_from([0, 1000, 4000, 8000, 16_000]),
+        gpu_milli=st.one_of(st.sampled_from([100, 250, 500, 1000]), st.integers(1, 1000)),
+        gpus=st.integers(1, 4),
+        gpu_models=st.sampled_from([(), ("T4",), ("A100",), ("T4", "V100M32")]),
+    ),
+    st.builds(
+        TypicalShape, cpu_milli=st.sampled_from([0, 2000, 8000]), gpu_milli=st.just(0), gpus=st.just(0)
+    ),
+)
+
+
+@st.composite
+def profiles(draw) -> ProfileArrays:
+    shapes = draw(st.lists(shape_st, min_size=1, max_size=5, unique=True))
+    counts = draw(st.lists(st.integers(1, 20), min_size=len(shapes), max_size=len(shapes)))
+    total = sum(counts)
+    return ProfileArrays.build([(s, c / total) for s, c in zip(shapes, counts, strict=True)], MODELS)
+
+
+@st.composite
+def node_rows(draw, min_full: int = 0):
+    """left[R, G], cpu[R], model[R]; every row has at least `min_full` fully free GPUs."""
+    r = draw(st.integers(1, 4))
+    g = draw(st.integers(max(1, min_full), 8))
+    left = []
+    for _ in range(r):
+        row = draw(st.lists(free_st, min_size=g, max_size=g))
+        for j in range(min_full):
+            row[j] = 1000
+        left.append(row)
+    cpu = draw(st.lists(st.integers(0, 64).map(lambda c: c * 1000), min_size=r, max_size=r))
+    model = draw(st.lists(st.integers(0, len(MODELS) - 1), min_size=r, max_size=r))
+    return np.array(left, dtype=np.int64), np.array(cpu, dtype=np.int64), np.array(model, dtype=np.int64)
+
+
+# ---- properties ----------------------------------------------------------------------------------
+@SETTINGS
+@given(rows=node_rows(), p=profiles())
+def test_node_fragmentation_matches_reference(rows, p: ProfileArrays) -> None:
+    left, cpu, model = rows
+    got = frag.node_fragmentation(left, cpu, model, p)
+    want = [ref_node_frag(left[i].tolist(), int(cpu[i]), int(model[i]), p) for i in range(left.shape[0])]
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-6)
+    # Fragmentation never exceeds the free capacity (weights sum to 1).
+    assert (got <= left.sum(axis=1) + 1e-6).all() and (got >= -1e-9).all()
+
+
+@SETTINGS
+@given(data=st.data(), p=profiles())
+def test_fragmentation_after_whole_gpus_matches_reference(data, p: ProfileArrays) -> None:
+    n = data.draw(st.integers(1, 4), label="n_gpus")
+    left, cpu, model = data.draw(node_rows(min_full=n), label="rows")
+    cpu_req = data.draw(st.sampled_from([0, 1000, 4000]), label="cpu_req")
+    got = frag.fragmentation_after_whole_gpus(left, cpu, model, p, n, cpu_req)
+    want = []
+    for i in range(left.shape[0]):
+        after = left[i].tolist()
+        full = [j for j, x in enumerate(after) if x == 1000][:n]  # which ones does not matter
+        for j in full:
+            after[j] = 0
+        want.append(ref_node_frag(after, int(cpu[i]) - cpu_req, int(model[i]), p))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-6)
+
+
+@SETTINGS
+@given(
+    rows=node_rows(), p=profiles(), milli=st.one_of(st.sampled_from([100, 500, 1000]), st.integers(1, 1000))
+)
+def test_fragmentation_after_share_matches_reference_on_every_gpu_that_fits(rows, p, milli: int) -> None:
+    left, cpu, model = rows
+    cpu_req = 1000
+    got = frag.fragmentation_after_share(left, cpu, model, p, milli, cpu_req)
+    assert got.shape == left.shape
+    for i in range(left.shape[0]):
+        for j in range(left.shape[1]):
+            if left[i, j] < milli:
+                continue  # documented as meaningless; callers mask it
+            after = left[i].tolist()
+            after[j] -= milli
+            want = ref_node_frag(after, int(cpu[i]) - cpu_req, int(model[i]), p)
+            assert got[i, j] == pytest.approx(want, rel=1e-9, abs=1e-6), (i, j)
+
+
+@SETTINGS
+@given(rows=node_rows(), p=profiles())
+def test_capacity_fragmentation_matches_reference(rows, p: ProfileArrays) -> None:
+    left, cpu, model = rows
+    got = frag.capacity_fragmentation(left, cpu, model, p)
+    want = [ref_capacity_frag(left[i].tolist(), int(cpu[i]), int(model[i]), p) for i in range(left.shape[0])]
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-6)
+    # Any leading batch shape gives the same numbers.
+    batched = frag.capacity_fragmentation(left[None, :, :], cpu[None, :], model[None, :], p)
+    np.testing.assert_allclose(batched[0], got)
+    assert (got <= left.sum(axis=1) + 1e-6).all() and (got >= -1e-9).all()
+
+
+# ---- hand-worked examples from the docstrings ------------------------------------------------------
+def arrays(*shapes: tuple[TypicalShape, float]) -> ProfileArrays:
+    return ProfileArrays.build(list(shapes), MODELS)
+
+
+def test_a_gpu_with_0_9_free_holds_one_half_pod() -> None:
+    p = arrays((TypicalShape(0, 500, 1), 1.0))
+    left = np.array([[900]])
+    one = np.array([0])
+    assert frag.capacity_fragmentation(left, one, one, p)[0] == pytest.approx(400)
+    assert frag.node_fragmentation(left, one, one, p)[0] == 0  # FGD only asks "does one fit"
+
+
+def test_an_8_gpu_node_with_cpu_for_three_pods_strands_five_gpus() -> None:
+    p = arrays((TypicalShape(12_000, 1000, 1), 1.0))
+    left = np.full((1, 8), 1000)
+    cpu = np.array([36_000])
+    model = np.array([0])
+    assert frag.capacity_fragmentation(left, cpu, model, p)[0] == pytest.approx(5000)
+    assert frag.node_fragmentation(left, cpu, model, p)[0] == 0
+
+
+def test_cpu_only_shapes_count_all_free_gpu_and_inaccessible_models_too() -> None:
+    p = arrays((TypicalShape(1000, 0, 0), 0.25), (TypicalShape(0, 1000, 1, ("A100",)), 0.75))
+    left = np.array([[1000, 300], [1000, 300]])
+    cpu = np.array([8000, 8000])
+    model = np.array([MODELS.index("A100-SXM4-80GB"), MODELS.index("T4")])
+    # A100 row: CPU-only shape → 1300·0.25; A100 shape fits → 300·0.75.
+    # T4 row: the A100 shape cannot run there → 1300·0.75.
+    np.testing.assert_allclose(frag.node_fragmentation(left, cpu, model, p), [325 + 225, 1300])
+    np.testing.assert_allclose(frag.capacity_fragmentation(left, cpu, model, p), [325 + 225, 1300])
+
+
+def test_empty_profile_means_no_fragmentation() -> None:
+    p = WorkloadProfile.empty().arrays(MODELS)
+    left = np.array([[1000, 200]])
+    cpu = np.array([1000])
+    model = np.array([0])
+    assert frag.node_fragmentation(left, cpu, model, p).tolist() == [0.0]
+    assert frag.fragmentation_after_whole_gpus(left, cpu, model, p, 1, 0).tolist() == [0.0]
+    assert frag.fragmentation_after_share(left, cpu, model, p, 100, 0).tolist() == [[0.0, 0.0]]
+    assert frag.capacity_fragmentation(left, cpu, model, p).tolist() == [0.0]
+
+
+# ---- the profile itself ------------------------------------------------------------------------------
+def test_profile_from_requests_orders_by_frequency_and_typical_covers() -> None:
+    reqs = (
+        [PodRequest("a", cpu_milli=1000, gpus=1, gpu_milli=500)] * 6
+        + [PodRequest("b", cpu_milli=2000)] * 3
+        + [PodRequest("c", gpus=2, gpu_models=("T4", "A100", "T4"))] * 1
+    )
+    profile = WorkloadProfile.from_requests(reqs)
+    assert profile.shapes == (
+        TypicalShape(1000, 500, 1),
+        TypicalShape(2000, 0, 0),  # CPU-only pods have no GPU milli
+        TypicalShape(0, 1000, 2, ("A100", "T4")),  # models sorted and deduplicated
+    )
+    assert profile.counts == (6.0, 3.0, 1.0)
+    assert profile.typical(0.6) == [(profile.shapes[0], 1.0)]
+    assert profile.typical(0.9) == [(profile.shapes[0], 6 / 9), (profile.shapes[1], 3 / 9)]
+    assert [w for _, w in profile.typical(1.0)] == pytest.approx([0.6, 0.3, 0.1])
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError):
+            profile.typical(bad)
+    arr = profile.arrays(MODELS, 1.0)
+    assert arr.access.shape == (len(MODELS), 3)
+    assert arr.access[:, 2].tolist() == [True, True, False]  # A100 and T4 but not V100M32
+    with pytest.raises(ValueError):
+        WorkloadProfile((TypicalShape(0, 0, 0),), ())

@@ -183,8 +183,20 @@ class PlacementEngine:
         return Placement(req, self.state.nodes[node].name, node, tuple(grants), float(best), why)
 
     def select_gpus(
-        self, req: PodRequest, node: int, gpu_scores: F64 | None = None
+        self,
+        req: PodRequest,
+        node: int,
+        gpu_scores: F64 | None = None,
+        allowed_gpus: BOOL | None = None,
     ) -> tuple[list[GpuGrant], str]:
+        """GPUs on `node` for `req`, and why; RuntimeError when the node cannot supply them.
+
+        Several GPUs under `nvlink` / `same-socket` locality come from the tightest group that
+        holds them all (`select.locality_groups`); the policy's GPU selector chooses inside it.
+        `gpu_scores` (one row of `Evaluation.gpu_scores`) decides a one-GPU share, the selector
+        breaking exact ties. `allowed_gpus` ([G] mask) limits the choice further (a gang keeps
+        its members inside one group); a MIG instance ignores it (MIG has no NVLink peers).
+        """
         st = self.state
         if req.gpus == 0:
             return [], "no gpus requested"
@@ -197,26 +209,57 @@ class PlacementEngine:
                 GpuGrant(j, 0, 0, req.mig_profile, start)
             ], f"mig {req.mig_profile} on gpu {j} slot {start}"
         rows = np.array([node])
+        k = req.gpus
+        cand = st.fully_free(rows)[0] if req.exclusive else share_fit(st, req, rows)[0]
+        if allowed_gpus is not None:
+            cand = cand & allowed_gpus
+        if k > 1:
+            groups = select.locality_groups(st, node, cand, k, req.locality, req.min_bandwidth_gbps)
+            cand = groups[0] if groups else np.zeros_like(cand)
+        if int(cand.sum()) < k:
+            raise RuntimeError(
+                f"{st.nodes[node].name} cannot supply {k} gpus for {req.name!r} ({req.locality.value})"
+            )
+        sel = self.policy.gpu_selector
         if req.exclusive:
-            free = st.fully_free(rows)[0]
-            sel = self.policy.gpu_selector
             if sel == "topology":
-                idx, why = select.select_topology(st, node, free, req.gpus)
+                idx, why = select.select_topology(st, node, cand, k)
             elif sel == "random":
-                idx, why = select.select_random(free, req.gpus, self.rng)
+                idx, why = select.select_random(cand, k, self.rng)
             else:
-                idx, why = select.select_first(free, req.gpus)
+                idx, why = select.select_first(cand, k)
             return [
                 GpuGrant(j, int(st.gpu_milli_cap[node, j]), int(st.gpu_mem_cap[node, j])) for j in idx
             ], why
-        fit = share_fit(st, req, rows)[0]
-        if gpu_scores is not None and req.gpus == 1:
-            idx, why = [int(np.argmax(gpu_scores))], "gpu with the best score"
-        elif self.policy.gpu_selector == "random":
-            idx, why = select.select_random(fit, req.gpus, self.rng)
+        if gpu_scores is not None and k == 1:
+            idx, why = self._best_scored_gpu(node, cand, gpu_scores)
+        elif sel == "random":
+            idx, why = select.select_random(cand, k, self.rng)
         else:
-            idx, why = select.select_bestfit(fit, st.gpu_milli_free[node], req.gpus)
+            idx, why = select.select_bestfit(cand, st.gpu_milli_free[node], k)
         return [GpuGrant(j, req.gpu_milli, req.gpu_memory_mib) for j in idx], why
+
+    def _best_scored_gpu(self, node: int, cand: BOOL, gpu_scores: F64) -> tuple[list[int], str]:
+        """The candidate GPU with the best score; the policy's selector breaks ties.
+
+        Node-level scorers give every GPU of a node the same score, so the selector decides:
+        "bestfit" / "topology" the tightest fit (lowest index among equals), "first" the lowest
+        index (the FGD paper's rule), "random" a random one.
+        """
+        scores = np.where(cand, gpu_scores, -np.inf)
+        ties = cand & (scores >= scores.max() - 1e-12)
+        n = int(ties.sum())
+        if n == 1:
+            return [int(np.argmax(ties))], "gpu with the best score"
+        sel = self.policy.gpu_selector
+        if sel == "random":
+            idx, _ = select.select_random(ties, 1, self.rng)
+            return idx, f"random gpu among {n} with the best score"
+        if sel == "first":
+            idx, _ = select.select_first(ties, 1)
+            return idx, f"lowest-index gpu among {n} with the best score"
+        idx, _ = select.select_bestfit(ties, self.state.gpu_milli_free[node], 1)
+        return idx, f"tightest-fitting gpu among {n} with the best score"
 
     def commit(self, placement: Placement, alloc_id: str, ttl: float | None = None) -> Allocation:
         """Hold the placement's resources; with a TTL it is an assumption that expires."""

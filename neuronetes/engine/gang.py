@@ -4,7 +4,10 @@ A gang is planned and committed in one step by the single-threaded engine, so a 
 never exists and two gangs competing for the same nodes cannot deadlock: whichever is planned
 first takes all it needs or nothing, and the other sees the result. Topology locality for a
 gang means all members on one node (`same-node`), and for `same-socket` / `nvlink` also all of
-their GPUs inside one socket / one NVLink group, chosen as one block and then split.
+their GPUs inside one socket / one NVLink group: the group is chosen first, whole-GPU members
+split one block of it, shared-GPU members are placed inside the rest of it. CPU-only members
+take no GPUs, and MIG members an instance anywhere on the node (MIG has no NVLink peers).
+Every member must pass its own filters on the chosen node.
 """
 
 from __future__ import annotations
@@ -13,10 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from neuronetes.engine import select
-from neuronetes.engine.core import PlacementEngine
+from neuronetes.engine.core import FEASIBLE, PlacementEngine
+from neuronetes.engine.filters import share_fit
 from neuronetes.model import GpuGrant, Locality, Placement, PodRequest
+
+BOOL = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -46,25 +53,40 @@ def plan_gang(
     if locality is Locality.ANY:
         return _commit_all(engine, members, alloc_prefix, ttl, node=None)
     for node in _candidate_nodes(engine, members, locality):
-        plan = _commit_all(engine, members, alloc_prefix, ttl, node=node, locality=locality)
-        if plan is not None:
-            return plan
+        for group in _groups(engine, members, node, locality):
+            plan = _commit_all(engine, members, alloc_prefix, ttl, node, group, locality)
+            if plan is not None:
+                return plan
     return None
 
 
 def _combined(members: Sequence[PodRequest], locality: Locality) -> PodRequest:
-    """The whole gang as one request on one node, so filters check it in one pass."""
+    """The whole gang as one request on one node, so filters check it in one pass.
+
+    CPU and memory are summed; the GPUs are what the gang needs at least: the whole-GPU
+    members' GPUs together, else the largest shared member's share count (CPU-only and MIG
+    members add none). Each member's own constraints are checked in `_candidate_nodes`.
+    """
     first = members[0]
-    exclusive = all(m.exclusive for m in members)
+    whole = sum(m.gpus for m in members if m.exclusive)
+    shared = [m for m in members if m.shared]
+    if whole:
+        gpus, milli, memory = whole, 1000, 0
+    elif shared:
+        gpus = max(m.gpus for m in shared)
+        milli = min(m.gpu_milli for m in shared)
+        memory = min(m.gpu_memory_mib for m in shared)
+    else:
+        gpus, milli, memory = 0, 1000, 0
     return PodRequest(
         name="gang",
         cpu_milli=sum(m.cpu_milli for m in members),
         memory_mib=sum(m.memory_mib for m in members),
-        gpus=sum(m.gpus for m in members) if exclusive else first.gpus,
-        gpu_milli=first.gpu_milli if not exclusive else 1000,
-        gpu_memory_mib=0 if exclusive else first.gpu_memory_mib,
+        gpus=gpus,
+        gpu_milli=milli,
+        gpu_memory_mib=memory,
         gpu_models=first.gpu_models,
-        locality=locality if exclusive else Locality.ANY,
+        locality=locality,
         min_bandwidth_gbps=max(m.min_bandwidth_gbps for m in members),
         model_name=first.model_name,
         preferred_zones=first.preferred_zones,
@@ -74,9 +96,33 @@ def _combined(members: Sequence[PodRequest], locality: Locality) -> PodRequest:
 
 
 def _candidate_nodes(engine: PlacementEngine, members: Sequence[PodRequest], locality: Locality) -> list[int]:
+    """Nodes feasible for the combined gang and for every member on its own, best first."""
     ev = engine.evaluate(_combined(members, locality))
+    ok = ev.reasons == FEASIBLE
+    for shape in dict.fromkeys(m.shape() for m in members):
+        # No candidates: only the per-node reasons are wanted, no (volatile) scores.
+        ok &= engine.evaluate(shape, candidates=()).reasons == FEASIBLE
     order = np.argsort(-ev.node_scores, kind="stable")
-    return [int(ev.rows[k]) for k in order]
+    return [int(ev.rows[k]) for k in order if ok[ev.rows[k]]]
+
+
+def _groups(
+    engine: PlacementEngine, members: Sequence[PodRequest], node: int, locality: Locality
+) -> list[BOOL | None]:
+    """The GPU sets the gang may draw from on `node`: one per socket / NVLink group that could
+    hold it, tightest first; `None` (the whole node) for `same-node` or a gang without GPUs."""
+    whole = sum(m.gpus for m in members if m.exclusive)
+    shared = [m for m in members if m.shared]
+    if locality not in (Locality.NVLINK, Locality.SAME_SOCKET) or (whole == 0 and not shared):
+        return [None]
+    st = engine.state
+    rows = np.array([node])
+    avail = st.fully_free(rows)[0]
+    for m in shared:
+        avail = avail | share_fit(st, m, rows)[0]
+    need = whole + max((m.gpus for m in shared), default=0)
+    bandwidth = max(m.min_bandwidth_gbps for m in members)
+    return list(select.locality_groups(st, node, avail, need, locality, bandwidth))
 
 
 def _commit_all(
@@ -85,23 +131,38 @@ def _commit_all(
     prefix: str,
     ttl: float | None,
     node: int | None,
+    group: BOOL | None = None,
     locality: Locality = Locality.ANY,
 ) -> GangPlan | None:
+    st = engine.state
     placed: dict[int, tuple[Placement, str]] = {}
     try:
-        block = _group_block(engine, members, node, locality) if node is not None else None
+        block: list[int] = []
+        rest = group
+        if group is not None:
+            assert node is not None
+            whole = sum(m.gpus for m in members if m.exclusive)
+            block, _ = select.select_first(st.fully_free(np.array([node]))[0] & group, whole)
+            if len(block) < whole:
+                raise _Abort
+            rest = group.copy()
+            rest[block] = False
         # Largest members first: they are the hardest to fit.
         for i in sorted(range(len(members)), key=lambda k: -members[k].gpu_milli_total):
             member = members[i]
-            if block is not None:
+            p: Placement | None
+            if node is None:
+                p = engine.place(member)
+            elif group is not None and member.exclusive:
                 take, block = block[: member.gpus], block[member.gpus :]
-                grants = tuple(GpuGrant(j, 1000, int(engine.state.gpu_mem_cap[node, j])) for j in take)
-                assert node is not None
-                p: Placement | None = Placement(
-                    member, engine.state.nodes[node].name, node, grants, 0.0, f"gang block ({locality.value})"
+                grants = tuple(GpuGrant(j, 1000, int(st.gpu_mem_cap[node, j])) for j in take)
+                p = Placement(
+                    member, st.nodes[node].name, node, grants, 0.0, f"gang block ({locality.value})"
                 )
+            elif group is not None and member.shared:
+                p = _place_in(engine, member, node, rest)
             else:
-                p = engine.place(member, candidates=None if node is None else [node])
+                p = engine.place(member, candidates=[node])
             if p is None:
                 raise _Abort
             alloc_id = f"{prefix}/{i}"
@@ -116,32 +177,18 @@ def _commit_all(
     )
 
 
-def _group_block(
-    engine: PlacementEngine, members: Sequence[PodRequest], node: int | None, locality: Locality
-) -> list[int] | None:
-    """For group localities with whole-GPU members: one block of GPUs inside a single group."""
-    if node is None or locality is Locality.SAME_NODE or not all(m.exclusive for m in members):
+def _place_in(
+    engine: PlacementEngine, member: PodRequest, node: int, allowed: BOOL | None
+) -> Placement | None:
+    """`member` on `node` with its GPUs among `allowed` (RuntimeError when they cannot hold it)."""
+    ev = engine.evaluate(member, candidates=[node])
+    if ev.rows.size == 0:
         return None
-    total = sum(m.gpus for m in members)
-    st = engine.state
-    free = st.fully_free(np.array([node]))[0]
-    if locality is Locality.NVLINK:
-        fast = free & (st.gpu_nvlink_group[node] >= 0)
-        need_bw = max(m.min_bandwidth_gbps for m in members)
-        if need_bw > 0:
-            fast &= st.gpu_nvlink_bw[node] >= need_bw
-        groups = st.gpu_nvlink_group[node]
-    else:
-        fast, groups = free, st.gpu_socket[node]
-    best: list[int] | None = None
-    for gid in sorted({int(g) for g in groups[fast]}):
-        members_g = [int(j) for j in np.nonzero(fast & (groups == gid))[0]]
-        if len(members_g) >= total and (best is None or len(members_g) < len(best)):
-            best = members_g
-    if best is None:
-        raise _Abort
-    members_sorted, _ = select.select_first(np.isin(np.arange(st.max_gpus), best), total)
-    return members_sorted
+    row = ev.gpu_scores[0] if ev.gpu_scores is not None else None
+    grants, why = engine.select_gpus(member, node, row, allowed_gpus=allowed)
+    return Placement(
+        member, engine.state.nodes[node].name, node, tuple(grants), float(ev.node_scores[0]), why
+    )
 
 
 __all__ = ["GangPlan", "plan_gang"]

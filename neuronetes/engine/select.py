@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from neuronetes.inventory import ClusterState
+from neuronetes.model import Locality
 
 BOOL = npt.NDArray[np.bool_]
 
@@ -29,6 +30,36 @@ def select_bestfit(free: BOOL, left: npt.NDArray[np.int64], k: int) -> tuple[lis
 def select_random(free: BOOL, k: int, rng: np.random.Generator) -> tuple[list[int], str]:
     cand = np.nonzero(free)[0]
     return sorted(int(j) for j in rng.choice(cand, size=k, replace=False)), "random free gpus"
+
+
+def locality_groups(
+    state: ClusterState,
+    node: int,
+    avail: BOOL,
+    k: int,
+    locality: Locality,
+    min_bandwidth_gbps: float = 0.0,
+) -> list[BOOL]:
+    """The sets of `avail` GPUs on `node` that `locality` lets k GPUs come from, tightest first.
+
+    `nvlink`: one NVLink group (nvlink_group >= 0, and NVLink bandwidth >= `min_bandwidth_gbps`
+    when that is set); `same-socket`: one socket. Only groups with at least k available GPUs
+    count; fewest available first, then the lowest group id (as `select_topology` chooses).
+    Any other locality: `avail` itself, when it holds k GPUs — unless a minimum bandwidth is
+    set, which only NVLink provides, so it groups by NVLink group as the bandwidth filter does.
+    """
+    if locality is Locality.NVLINK or (min_bandwidth_gbps > 0 and locality is not Locality.SAME_SOCKET):
+        groups: npt.NDArray[np.int64] = state.gpu_nvlink_group[node]
+        ok = avail & (groups >= 0)
+        if min_bandwidth_gbps > 0:
+            ok &= state.gpu_nvlink_bw[node] >= min_bandwidth_gbps
+    elif locality is Locality.SAME_SOCKET:
+        groups = state.gpu_socket[node]
+        ok = avail & (groups >= 0)
+    else:
+        return [avail] if int(avail.sum()) >= k else []
+    masks = [ok & (groups == gid) for gid in np.unique(groups[ok])]
+    return sorted((m for m in masks if int(m.sum()) >= k), key=lambda m: int(m.sum()))
 
 
 _LEVELS = (("nvlink group", "gpu_nvlink_group"), ("numa node", "gpu_numa"), ("socket", "gpu_socket"))

@@ -73,8 +73,8 @@ def simulate(
     workload = build_workload(pods, capacity, seed, tune)
     engine = PlacementEngine(state, policy, seed=seed, weights=weights)
     engine.set_profile(WorkloadProfile.from_requests(workload), coverage)
-    allocated_pct = [0.0] * (MAX_POINT + 1)
-    next_point = 0
+    allocated_pct = [0.0] * (MAX_POINT + 1)  # point 0: the empty cluster, before any arrival
+    next_point = 1
     arrived = allocated = 0
     placed = failed = 0
     timings: list[float] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -253,10 +254,7 @@ def test_mig_request_gets_a_grant_with_profile_and_slot(nodes) -> None:
         engine.select_gpus(req, 0)  # the T4 node has no MIG GPU
 
 
-# ---- known bugs: GPU selection ignores locality and the policy's GPU selector ----------------------
-@pytest.mark.xfail(
-    strict=True, reason="bug: select_gpus ignores req.locality unless gpu_selector is 'topology'"
-)
+# ---- GPU selection honours locality and the policy's GPU selector (former bugs) ----------------------
 @pytest.mark.parametrize("policy", ["bestfit", "fgd", "packing"])
 def test_exclusive_gpu_selection_honours_nvlink_locality(nodes, policy: str) -> None:
     state = ClusterState([nodes.dgx("dgx")])
@@ -266,9 +264,15 @@ def test_exclusive_gpu_selection_honours_nvlink_locality(nodes, policy: str) -> 
     assert placement is not None and placement.gpu_indices == (4, 5, 6, 7)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="bug: shared multi-GPU selection (select_bestfit) ignores req.locality"
-)
+@pytest.mark.parametrize("policy", ["default", "fgd"])
+def test_min_bandwidth_without_locality_keeps_gpus_in_one_nvlink_group(nodes, policy: str) -> None:
+    state = ClusterState([nodes.dgx("dgx")])
+    hold(state, "dgx", {1: 1000})  # lowest-index free GPUs 0,2,3,4 would span both NVLink groups
+    engine = PlacementEngine(state, policy)
+    placement = engine.place(PodRequest("p", gpus=4, min_bandwidth_gbps=300))
+    assert placement is not None and placement.gpu_indices == (4, 5, 6, 7)
+
+
 @pytest.mark.parametrize("policy", ["default", "bestfit"])
 def test_shared_gpu_selection_honours_nvlink_locality(nodes, policy: str) -> None:
     state = ClusterState([nodes.dgx("dgx")])
@@ -280,11 +284,6 @@ def test_shared_gpu_selection_honours_nvlink_locality(nodes, policy: str) -> Non
     assert len(groups) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: for one-GPU shares, node-level scorers give all GPUs equal scores and argmax takes the "
-    "lowest index instead of the policy's gpu_selector ('bestfit': tightest GPU)",
-)
 @pytest.mark.parametrize("policy", ["bestfit", "packing", "clustering", "dotprod"])
 def test_one_gpu_share_uses_the_policys_gpu_selector_between_equal_scores(nodes, policy: str) -> None:
     state = ClusterState([nodes.t4("t4")])
@@ -293,6 +292,51 @@ def test_one_gpu_share_uses_the_policys_gpu_selector_between_equal_scores(nodes,
     assert engine.policy.gpu_selector == "bestfit"
     placement = engine.place(PodRequest("p", gpus=1, gpu_milli=300))
     assert placement is not None and placement.gpu_indices == (2,)  # packing's score assumes GPU 2
+
+
+def test_same_socket_request_stays_in_one_socket_even_when_an_nvlink_group_spans_both(nodes) -> None:
+    state = ClusterState([nodes.dgx("dgx", groups=1)])  # one NVLink group; sockets {0-3}, {4-7}
+    hold(state, "dgx", {0: 1000})  # socket 0: 3 free, socket 1: 4 free
+    engine = PlacementEngine(state, "default")
+    placement = engine.place(PodRequest("p", gpus=4, locality=Locality.SAME_SOCKET))
+    assert placement is not None and placement.gpu_indices == (4, 5, 6, 7)
+
+
+def test_one_gpu_share_under_the_first_selector_keeps_the_lowest_index(nodes) -> None:
+    state = ClusterState([nodes.t4("t4")])
+    hold(state, "t4", {2: 500})
+    engine = PlacementEngine(state, "fgd")  # no profile: every GPU scores the same
+    assert engine.policy.gpu_selector == "first"
+    placement = engine.place(PodRequest("p", gpus=1, gpu_milli=300))
+    assert placement is not None and placement.gpu_indices == (0,)
+    assert placement.reason == "lowest-index gpu among 4 with the best score"
+
+
+def test_one_gpu_share_under_the_random_selector_spreads_over_equal_gpus(nodes) -> None:
+    chosen = set()
+    for seed in range(20):
+        state = ClusterState([nodes.t4("t4")])
+        pol = Policy("bestfit-randomgpu", {"bestfit": 1.0}, "random")
+        placement = PlacementEngine(state, pol, seed=seed).place(PodRequest("p", gpus=1, gpu_milli=300))
+        assert placement is not None
+        chosen.update(placement.gpu_indices)
+    assert len(chosen) > 1
+
+
+def test_select_gpus_refuses_when_the_allowed_gpus_cannot_hold_the_request(nodes) -> None:
+    state = ClusterState([nodes.dgx("dgx")])
+    engine = PlacementEngine(state, "bestfit")
+    group0 = np.arange(8) < 4
+    grants, _ = engine.select_gpus(PodRequest("p", gpus=1, gpu_milli=300), 0, allowed_gpus=~group0)
+    assert [g.gpu_index for g in grants] == [4]
+    with pytest.raises(RuntimeError, match="cannot supply"):
+        engine.select_gpus(PodRequest("p", gpus=5), 0, allowed_gpus=group0)
+    # GPUs 3 and 4 hold two shares, but not inside one NVLink group.
+    across = (np.arange(8) == 3) | (np.arange(8) == 4)
+    share = PodRequest("p", gpus=2, gpu_milli=300)
+    assert [g.gpu_index for g in engine.select_gpus(share, 0, allowed_gpus=across)[0]] == [3, 4]
+    with pytest.raises(RuntimeError, match="cannot supply"):
+        engine.select_gpus(replace(share, locality=Locality.NVLINK), 0, allowed_gpus=across)
 
 
 # ---- prioritize, tie breaks, policies ---------------------------------------------------------------

@@ -178,9 +178,6 @@ def test_nvlink_gang_tries_the_next_node_when_the_first_cannot_hold_it(nodes) ->
     assert len(nvlink_groups(state, plan)) == 1
 
 
-@pytest.mark.xfail(
-    strict=True, reason="bug: a CPU-only member makes the gang 'not exclusive', dropping NVLink grouping"
-)
 def test_nvlink_gang_with_a_cpu_only_launcher_keeps_gpus_in_one_group(nodes) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     state.allocate("other", 0, 0, 0, [GpuGrant(1, 1000, 0)])
@@ -190,7 +187,6 @@ def test_nvlink_gang_with_a_cpu_only_launcher_keeps_gpus_in_one_group(nodes) -> 
     assert len(nvlink_groups(state, plan)) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="bug: NVLink locality is not enforced for gangs of shared-GPU members")
 def test_nvlink_gang_of_shared_members_keeps_gpus_in_one_group(nodes) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     state.allocate("other", 0, 0, 0, [GpuGrant(0, 600, 0), GpuGrant(4, 600, 0)])
@@ -201,15 +197,47 @@ def test_nvlink_gang_of_shared_members_keeps_gpus_in_one_group(nodes) -> None:
     assert len(nvlink_groups(state, plan)) == 1
 
 
-@pytest.mark.xfail(
-    strict=True, reason="bug: the NVLink block path checks only the first member's constraints"
-)
 def test_nvlink_gang_respects_every_members_gpu_models(nodes) -> None:
     state = ClusterState([nodes.dgx("a100"), nodes.dgx("h100", model="H100-SXM5-80GB")])
     engine = PlacementEngine(state, "default")
     members = [PodRequest("any", gpus=2), PodRequest("h100-only", gpus=2, gpu_models=("H100",))]
     plan = plan_gang(engine, members, Locality.NVLINK, "g")
     assert plan is not None and plan.nodes == {"h100"}
+
+
+def test_nvlink_gang_of_shared_members_moves_to_a_group_that_holds_them_all(nodes) -> None:
+    state = ClusterState([nodes.dgx("dgx")])
+    # Group 0 is the tightest (GPUs 0-2 with 0.5 free each) but cannot hold the 0.6 share.
+    state.allocate("other", 0, 0, 0, [GpuGrant(0, 500, 0), GpuGrant(1, 500, 0), GpuGrant(2, 500, 0)])
+    state.allocate("full", 0, 0, 0, [GpuGrant(3, 1000, 0)])
+    engine = PlacementEngine(state, "bestfit")
+    members = [PodRequest("a", gpus=1, gpu_milli=400), PodRequest("b", gpus=1, gpu_milli=600)]
+    plan = plan_gang(engine, members, Locality.NVLINK, "g")
+    assert plan is not None
+    assert nvlink_groups(state, plan) == {(0, 1)}
+    state.check_invariants()
+
+
+@pytest.mark.parametrize("locality", [Locality.NVLINK, Locality.SAME_SOCKET])
+def test_a_gang_mixing_whole_shared_and_cpu_only_members_stays_in_one_group(
+    nodes, locality: Locality
+) -> None:
+    state = ClusterState([nodes.dgx("dgx")])
+    state.allocate("other", 0, 0, 0, [GpuGrant(0, 1000, 0)])  # group/socket 0: 3 free, 1: 4 free
+    engine = PlacementEngine(state, "default")
+    members = [
+        PodRequest("launcher", cpu_milli=1000),
+        PodRequest("w0", gpus=2),
+        PodRequest("s0", gpus=1, gpu_milli=300),
+        PodRequest("s1", gpus=1, gpu_milli=300),
+    ]
+    plan = plan_gang(engine, members, locality, "g")
+    assert plan is not None and [len(p.grants) for p in plan.placements] == [0, 2, 1, 1]
+    assert len(nvlink_groups(state, plan)) == 1
+    # Too much for any one group: nothing is held.
+    before = snapshot(state)
+    assert plan_gang(engine, [*workers(2, 2), PodRequest("s", gpus=1, gpu_milli=300)], locality, "h") is None
+    assert_same(state, before)
 
 
 # ---- competing gangs ------------------------------------------------------------------------------------

@@ -184,6 +184,7 @@ def test_simulate_allocation_never_decreases_and_stays_within_capacity(tmp_path:
     nodes, pods = tiny_cluster(tmp_path)
     run = simulate(nodes, pods, policy, seed=42, time_decisions=True)
     assert len(run.allocated_pct) == MAX_POINT + 1
+    assert run.allocated_pct[0] == 0.0  # the empty cluster, before any arrival
     assert all(b >= a for a, b in zip(run.allocated_pct, run.allocated_pct[1:], strict=False))
     assert all(0.0 <= x <= 100.0 for x in run.allocated_pct)
     workload = build_workload(pods, 7000, 42, 1.3)

@@ -1,0 +1,409 @@
+"""Names and formats the extender, operator, agent and shim agree on — defined once, here.
+
+See docs/contracts.md for the meaning of each. Import these; never spell them again.
+
+Besides the names, this module holds the one structured format that crosses process
+boundaries in the control plane: the assignment annotation (`neuronetes.io/assigned-gpus`)
+that the extender's Binding carries to the node. `encode_assignment` / `decode_assignment`
+are the only way to write and read it; decoding is strict (exact types, no unknown fields,
+ranges and formats checked, unknown schema versions refused) because the node agent acts on
+it: a document it does not fully understand must stop the container, never be half-applied.
+The builder from engine output and the pod-spec reader live in `neuronetes.assignment`.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid as _uuid
+from dataclasses import dataclass
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+from neuronetes.mig import normalize_profile_name
+
+GROUP: Final = "neuronetes.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+SCHEDULER_NAME: Final = "neuronetes-scheduler"
+
+# ---- extended resources (integers, requests == limits) ----------------------------------------
+RESOURCE_GPU: Final = f"{GROUP}/gpu"  # whole GPUs
+RESOURCE_GPU_MEMORY: Final = f"{GROUP}/gpu-memory"  # MiB of GPU memory
+RESOURCE_GPU_COMPUTE: Final = f"{GROUP}/gpu-compute"  # percent of one GPU's compute
+RESOURCE_MIG_PREFIX: Final = f"{GROUP}/mig-"  # + profile, e.g. neuronetes.io/mig-1g.5gb (instances)
+RESOURCE_PREFIX: Final = f"{GROUP}/"  # every NeuroNetes extended resource starts with this
+FOREIGN_GPU_RESOURCES: Final = ("nvidia.com/gpu",)  # never combined with NeuroNetes resources
+
+
+def mig_resource_name(profile: str) -> str:
+    """The extended resource of a MIG profile: ``1g.5gb`` -> ``neuronetes.io/mig-1g.5gb``.
+
+    Resource names cannot hold ``+``, so the media-extension variant ``1g.5gb+me`` is spelled
+    ``neuronetes.io/mig-1g.5gb.me`` (what `neuronetes.mig.normalize_profile_name` reads back).
+    """
+    return RESOURCE_MIG_PREFIX + normalize_profile_name(profile).replace("+", ".")
+
+
+# ---- node labels (written by the agent; seed 004) --------------------------------------------
+LABEL_GPU_TYPE: Final = f"{GROUP}/gpu-type"
+LABEL_GPU_MEMORY: Final = f"{GROUP}/gpu-memory"
+LABEL_GPU_COUNT: Final = f"{GROUP}/gpu-count"
+LABEL_GPU_TOPOLOGY: Final = f"{GROUP}/gpu-topology"
+LABEL_MIG_CAPABLE: Final = f"{GROUP}/mig-capable"
+LABEL_MIG_CONFIG: Final = f"{GROUP}/mig-config"
+LABEL_PRICE_PER_HOUR: Final = f"{GROUP}/price-per-hour"
+LABEL_SPOT: Final = f"{GROUP}/spot"
+LABEL_ZONE: Final = "topology.kubernetes.io/zone"
+LABEL_REGION: Final = "topology.kubernetes.io/region"
+GPU_TOPOLOGY_VALUES: Final = ("nvlink", "pcie")  # values of LABEL_GPU_TOPOLOGY
+
+# ---- pod annotations / labels ----------------------------------------------------------------
+ANNOTATION_ASSIGNED_GPUS: Final = f"{GROUP}/assigned-gpus"  # set by the extender's Binding
+ASSIGNMENT_SCHEMA_VERSION: Final = 1
+# Fallback for nodes without NRI only: + container name, value "GPU-…,GPU-…" for a downward-API
+# NVIDIA_VISIBLE_DEVICES under the legacy nvidia runtime (docs/contracts.md "handoff").
+ANNOTATION_VISIBLE_DEVICES_PREFIX: Final = f"{GROUP}/visible-devices-"
+LABEL_GANG: Final = f"{GROUP}/gang"
+LABEL_GANG_SIZE: Final = f"{GROUP}/gang-size"
+LABEL_POD_GROUP_X_K8S: Final = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins coscheduling
+ANNOTATION_GROUP_NAME_VOLCANO: Final = "scheduling.k8s.io/group-name"  # Volcano
+GANG_KEYS: Final = (LABEL_GANG, LABEL_POD_GROUP_X_K8S, ANNOTATION_GROUP_NAME_VOLCANO)
+
+# Tenant-set keys the webhook strips or refuses (DESIGN §2 "Fail closed"; docs/threat-model.md).
+TENANT_FORBIDDEN_ENV_PREFIXES: Final = ("NVIDIA_", "CUDA_DEVICE_", "NEURONETES_")
+TENANT_FORBIDDEN_ENV_NAMES: Final = ("LD_PRELOAD", "LD_AUDIT")
+TENANT_FORBIDDEN_ANNOTATION_PREFIXES: Final = (f"{GROUP}/", "cdi.k8s.io/")
+
+# ---- node-side paths (agent <-> NRI plugin <-> shim) ------------------------------------------
+SHIM_REGION_PATH: Final = "/run/neuronetes/region"  # inside the container; = NN_REGION_PATH in the header
+SHIM_LIBRARY_PATH: Final = "/usr/lib/neuronetes/libneuronetes-cuda.so"  # inside the container
+SHIM_PRELOAD_FILE: Final = "/etc/ld.so.preload"  # injected read-only, lists SHIM_LIBRARY_PATH
+
+
+# ---- metrics (seed 004 names; base units, _total counters) ------------------------------------
+METRIC_SCHEDULER_LATENCY: Final = "neuronetes_scheduler_latency_seconds"
+METRIC_SCHEDULER_ATTEMPTS: Final = "neuronetes_scheduler_attempts_total"
+METRIC_SCHEDULER_SUCCESS: Final = "neuronetes_scheduler_success_total"
+METRIC_SCHEDULER_PENDING: Final = "neuronetes_scheduler_pending_pods"
+METRIC_TOPOLOGY_VIOLATIONS: Final = "neuronetes_scheduler_topology_violations_total"
+METRIC_GPU_UTILIZATION: Final = "neuronetes_gpu_utilization_percent"
+# per GPU (agent), DCGM-equivalent
+METRIC_GPU_MEMORY_USED: Final = "neuronetes_gpu_memory_used_bytes"
+METRIC_GPU_MEMORY_FREE: Final = "neuronetes_gpu_memory_free_bytes"
+METRIC_GPU_MEMORY_TOTAL: Final = "neuronetes_gpu_memory_total_bytes"
+METRIC_GPU_TEMPERATURE: Final = "neuronetes_gpu_temperature_celsius"
+METRIC_GPU_POWER: Final = "neuronetes_gpu_power_watts"
+METRIC_GPU_LAST_XID: Final = "neuronetes_gpu_last_xid"
+METRIC_GPU_XID_ERRORS: Final = "neuronetes_gpu_xid_errors_total"
+METRIC_GPU_HEALTH: Final = "neuronetes_gpu_health_state"
+# per slice = per (container, GPU) with an assignment (agent, from the shim's region)
+METRIC_SLICE_MEMORY_LIMIT: Final = "neuronetes_slice_memory_limit_bytes"
+METRIC_SLICE_MEMORY_USED: Final = "neuronetes_slice_memory_used_bytes"
+METRIC_SLICE_COMPUTE_SHARE: Final = "neuronetes_slice_compute_share_ratio"
+METRIC_SLICE_KERNEL_TIME: Final = "neuronetes_slice_kernel_seconds_total"
+METRIC_SLICE_THROTTLED_TIME: Final = "neuronetes_slice_throttled_seconds_total"
+METRIC_SLICE_OOM_REFUSALS: Final = "neuronetes_slice_oom_refusals_total"
+METRIC_SLICE_PAUSED: Final = "neuronetes_slice_paused"
+METRIC_SLICE_EVICTIONS: Final = "neuronetes_slice_evictions_total"
+
+
+class MetricType(enum.StrEnum):
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric: its name, type, label names and help text (what the exporters register)."""
+
+    name: str
+    type: MetricType
+    labels: tuple[str, ...]
+    help: str
+
+
+GPU_LABELS: Final = ("Hostname", "gpu", "UUID", "modelName")  # dcgm-exporter's label names
+SLICE_LABELS: Final = ("Hostname", "namespace", "pod", "container", "UUID")
+
+METRICS: Final[tuple[MetricSpec, ...]] = (
+    MetricSpec(
+        METRIC_SCHEDULER_LATENCY,
+        MetricType.HISTOGRAM,
+        ("verb", "result"),
+        "Extender verb latency (filter, prioritize, bind, preempt) in seconds.",
+    ),
+    MetricSpec(
+        METRIC_SCHEDULER_ATTEMPTS, MetricType.COUNTER, (), "Pods the extender tried to place (filter)."
+    ),
+    MetricSpec(METRIC_SCHEDULER_SUCCESS, MetricType.COUNTER, (), "Pods the extender bound."),
+    MetricSpec(METRIC_SCHEDULER_PENDING, MetricType.GAUGE, (), "GPU pods waiting for a placement."),
+    MetricSpec(
+        METRIC_TOPOLOGY_VIOLATIONS,
+        MetricType.COUNTER,
+        ("locality",),
+        "Placements that could not honour the requested locality (best effort fallbacks).",
+    ),
+    MetricSpec(
+        METRIC_GPU_UTILIZATION,
+        MetricType.GAUGE,
+        GPU_LABELS,
+        "GPU utilization, 0-100 (seed 004 name; the one metric not in base units).",
+    ),
+    MetricSpec(METRIC_GPU_MEMORY_USED, MetricType.GAUGE, GPU_LABELS, "Framebuffer in use, bytes."),
+    MetricSpec(METRIC_GPU_MEMORY_FREE, MetricType.GAUGE, GPU_LABELS, "Framebuffer free, bytes."),
+    MetricSpec(METRIC_GPU_MEMORY_TOTAL, MetricType.GAUGE, GPU_LABELS, "Framebuffer size, bytes."),
+    MetricSpec(METRIC_GPU_TEMPERATURE, MetricType.GAUGE, GPU_LABELS, "GPU temperature, degrees Celsius."),
+    MetricSpec(METRIC_GPU_POWER, MetricType.GAUGE, GPU_LABELS, "Power draw, watts."),
+    MetricSpec(METRIC_GPU_LAST_XID, MetricType.GAUGE, GPU_LABELS, "Last XID error seen (0: none)."),
+    MetricSpec(METRIC_GPU_XID_ERRORS, MetricType.COUNTER, (*GPU_LABELS, "xid"), "XID errors seen."),
+    MetricSpec(
+        METRIC_GPU_HEALTH,
+        MetricType.GAUGE,
+        (*GPU_LABELS, "state"),
+        "1 for the GPU's current health state (Available, Allocated, InUse, Degraded, ...), else 0.",
+    ),
+    MetricSpec(METRIC_SLICE_MEMORY_LIMIT, MetricType.GAUGE, SLICE_LABELS, "Slice memory limit, bytes."),
+    MetricSpec(
+        METRIC_SLICE_MEMORY_USED, MetricType.GAUGE, SLICE_LABELS, "Memory the slice's processes hold, bytes."
+    ),
+    MetricSpec(
+        METRIC_SLICE_COMPUTE_SHARE, MetricType.GAUGE, SLICE_LABELS, "Compute share granted, ratio 0-1."
+    ),
+    MetricSpec(METRIC_SLICE_KERNEL_TIME, MetricType.COUNTER, SLICE_LABELS, "Measured kernel time, seconds."),
+    MetricSpec(
+        METRIC_SLICE_THROTTLED_TIME,
+        MetricType.COUNTER,
+        SLICE_LABELS,
+        "Time the shim delayed kernel launches to keep the slice in its share, seconds.",
+    ),
+    MetricSpec(
+        METRIC_SLICE_OOM_REFUSALS,
+        MetricType.COUNTER,
+        SLICE_LABELS,
+        "Allocations refused with CUDA_ERROR_OUT_OF_MEMORY because of the slice limit.",
+    ),
+    MetricSpec(
+        METRIC_SLICE_PAUSED, MetricType.GAUGE, SLICE_LABELS, "1 while the agent holds the slice paused."
+    ),
+    MetricSpec(
+        METRIC_SLICE_EVICTIONS, MetricType.COUNTER, (*SLICE_LABELS, "reason"), "Slices evicted by the agent."
+    ),
+)
+"""Every metric NeuroNetes exports; docs/contracts.md lists the same table."""
+
+
+# ---- the assignment annotation (versioned JSON, per container) --------------------------------
+
+
+class QoS(enum.StrEnum):
+    """GPU QoS class of a slice (seed 000 §8). Memory limits are hard for every class."""
+
+    GUARANTEED = "Guaranteed"  # compute share reserved: pacing keeps others out of it
+    BURSTABLE = "Burstable"  # compute share is a floor under contention; idle compute may be used
+    BEST_EFFORT = "BestEffort"  # compute only from what others leave idle
+
+
+SUPPORTED_ASSIGNMENT_VERSIONS: Final = (ASSIGNMENT_SCHEMA_VERSION,)
+MAX_ASSIGNMENT_BYTES: Final = 64 * 1024  # far below the API server's 256 KiB for all annotations
+MAX_GPU_INDEX: Final = 255
+MAX_GPU_MEMORY_MIB: Final = 1 << 24  # 16 TiB: any bigger number is a bug or an attack
+MAX_GPUS_PER_CONTAINER: Final = 64
+MAX_CONTAINERS: Final = 256
+MAX_GANG_SIZE: Final = 100_000
+MIG_START_SLOTS: Final = 8  # = neuronetes.mig.MEMORY_SLICES
+PRIORITY_MIN: Final = -(2**31)
+PRIORITY_MAX: Final = 2**31 - 1
+
+GPU_UUID_PATTERN: Final = r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+"""An NVIDIA GPU UUID as NVML reports it (``nvmlDeviceGetUUID``; lower-case hex)."""
+MIG_PROFILE_PATTERN: Final = r"^[1-9][0-9]*g\.[1-9][0-9]*gb(\+me)?$"
+"""A MIG profile name in canonical spelling (same grammar as `neuronetes.mig`)."""
+DNS_LABEL_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+LABEL_VALUE_PATTERN: Final = r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$"
+POD_UID_PATTERN: Final = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+
+_SIMULATED_UUID_NAMESPACE: Final = _uuid.UUID("6c1f1b1e-4e65-4e65-9a1e-0e7572306e65")
+
+
+def simulated_gpu_uuid(node: str, index: int) -> str:
+    """A stable, well-formed GPU UUID for a simulated GPU (kwok nodes, fixtures, fake NVML).
+
+    Real UUIDs come from NVML; simulated nodes need ones that pass the same validation.
+    """
+    return f"GPU-{_uuid.uuid5(_SIMULATED_UUID_NAMESPACE, f'{node}/{index}')}"
+
+
+def _strict(pattern: str) -> str:
+    """`pattern` for msgspec, which uses `re.search`: ``$`` would also match before a final newline."""
+    assert pattern.startswith("^") and pattern.endswith("$")
+    return pattern[:-1] + r"\Z"
+
+
+GpuUuid = Annotated[str, msgspec.Meta(pattern=_strict(GPU_UUID_PATTERN))]
+GpuIndex = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPU_INDEX)]
+MemoryMiB = Annotated[int, msgspec.Meta(ge=1, le=MAX_GPU_MEMORY_MIB)]
+ComputePercent = Annotated[int, msgspec.Meta(ge=1, le=100)]
+MigProfileName = Annotated[str, msgspec.Meta(pattern=_strict(MIG_PROFILE_PATTERN), max_length=32)]
+MigStart = Annotated[int, msgspec.Meta(ge=0, le=MIG_START_SLOTS - 1)]
+Priority = Annotated[int, msgspec.Meta(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
+ContainerName = Annotated[str, msgspec.Meta(pattern=_strict(DNS_LABEL_PATTERN), min_length=1, max_length=63)]
+NodeName = Annotated[str, msgspec.Meta(pattern=_strict(DNS_SUBDOMAIN_PATTERN), min_length=1, max_length=253)]
+GangName = Annotated[str, msgspec.Meta(pattern=_strict(LABEL_VALUE_PATTERN), min_length=1, max_length=63)]
+GangSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_GANG_SIZE)]
+PodUid = Annotated[str, msgspec.Meta(pattern=_strict(POD_UID_PATTERN))]
+
+
+class AssignmentError(ValueError):
+    """An assignment annotation that must not be acted on (malformed, invalid, unknown version)."""
+
+
+class GpuAssignment(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    rename={
+        "memory_mib": "memoryMiB",
+        "compute_percent": "computePercent",
+        "mig_profile": "migProfile",
+        "mig_start": "migStart",
+    },
+):
+    """One GPU (or one MIG instance of it) given to one container.
+
+    `uuid` is the physical GPU's; with `mig_profile` the container gets the MIG instance of
+    that profile whose placement starts at memory slice `mig_start` on that GPU (the agent
+    resolves it to the instance's own ``MIG-…`` UUID). `memory_mib` is the hard memory limit
+    the shim enforces on this device, `compute_percent` the compute share it paces to (100:
+    no pacing; always 100 for a MIG instance, which is isolated in hardware).
+    """
+
+    uuid: GpuUuid
+    index: GpuIndex
+    memory_mib: MemoryMiB
+    compute_percent: ComputePercent
+    mig_profile: MigProfileName | None = None
+    mig_start: MigStart | None = None
+
+    def __post_init__(self) -> None:
+        if (self.mig_profile is None) != (self.mig_start is None):
+            raise ValueError("migProfile and migStart go together (both or neither)")
+        if self.mig_profile is not None and self.compute_percent != 100:
+            raise ValueError(
+                "computePercent of a MIG instance must be 100 (MIG isolates compute in hardware)"
+            )
+
+
+class ContainerAssignment(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What one container (app, init or sidecar) gets: its GPUs, priority and QoS class."""
+
+    gpus: Annotated[tuple[GpuAssignment, ...], msgspec.Meta(min_length=1, max_length=MAX_GPUS_PER_CONTAINER)]
+    priority: Priority
+    qos: QoS
+
+    def __post_init__(self) -> None:
+        seen: set[tuple[str, int | None]] = set()
+        for gpu in self.gpus:
+            key = (gpu.uuid, gpu.mig_start)
+            if key in seen:
+                raise ValueError(f"GPU {gpu.uuid} is listed twice")
+            seen.add(key)
+
+
+class GangAssignment(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The gang (pod group) the pod was placed with: all members were reserved together."""
+
+    name: GangName
+    size: GangSize
+
+
+class Assignment(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    rename={"pod_uid": "podUID"},
+):
+    """The value of `neuronetes.io/assigned-gpus`, schema version 1.
+
+    `containers` maps each container that gets GPUs (init containers and sidecars included) to
+    its assignment; a container not listed gets no GPU. `pod_uid`, when present, must equal the
+    pod's UID (the agent refuses a copied annotation). See docs/contracts.md.
+    """
+
+    version: Literal[1]
+    node: NodeName
+    containers: Annotated[
+        dict[ContainerName, ContainerAssignment], msgspec.Meta(min_length=1, max_length=MAX_CONTAINERS)
+    ]
+    gang: GangAssignment | None = None
+    pod_uid: PodUid | None = None
+
+    def __post_init__(self) -> None:
+        index_of: dict[str, tuple[int, str]] = {}
+        for name, container in self.containers.items():
+            for gpu in container.gpus:
+                first = index_of.setdefault(gpu.uuid, (gpu.index, name))
+                if first[0] != gpu.index:
+                    raise ValueError(
+                        f"container {name!r}: GPU {gpu.uuid} has index {gpu.index}, "
+                        f"but index {first[0]} in container {first[1]!r}"
+                    )
+
+
+class _VersionProbe(msgspec.Struct):
+    version: int
+
+
+_PROBE_DECODER: Final = msgspec.json.Decoder(_VersionProbe, strict=True)
+_DECODERS: Final = {1: msgspec.json.Decoder(Assignment, strict=True)}
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+def decode_assignment(data: str | bytes) -> Assignment:
+    """Parse and validate an `neuronetes.io/assigned-gpus` value.
+
+    Raises:
+        AssignmentError: not JSON, no integer ``version``, a version this reader does not know,
+            an unknown field, a wrong type (no coercion: ``"1"`` is not ``1``), a value out of
+            range or a malformed name; the message names the field (``$.containers[...].gpus[0]
+            .memoryMiB``).
+    """
+    raw = data.encode() if isinstance(data, str) else data
+    where = ANNOTATION_ASSIGNED_GPUS
+    if len(raw) > MAX_ASSIGNMENT_BYTES:
+        raise AssignmentError(f"{where}: {len(raw)} bytes, more than the {MAX_ASSIGNMENT_BYTES} allowed")
+    try:
+        version = _PROBE_DECODER.decode(raw).version
+    except msgspec.DecodeError as exc:
+        raise AssignmentError(f"{where}: not a versioned assignment document: {exc}") from None
+    decoder = _DECODERS.get(version)
+    if decoder is None:
+        known = ", ".join(str(v) for v in SUPPORTED_ASSIGNMENT_VERSIONS)
+        raise AssignmentError(
+            f"{where}: schema version {version} is not supported by this reader (it reads {known}); "
+            "upgrade the node agent before the extender"
+        )
+    try:
+        return decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise AssignmentError(f"{where}: {exc}") from None
+
+
+def encode_assignment(assignment: Assignment) -> str:
+    """Serialise an assignment to the annotation value (compact JSON).
+
+    The result is decoded again before it is returned, so a document that the node would refuse
+    (a value out of range, a malformed UUID) is never written: `AssignmentError` here instead.
+    """
+    try:
+        raw = _ENCODER.encode(assignment)
+    except (TypeError, ValueError) as exc:
+        raise AssignmentError(f"{ANNOTATION_ASSIGNED_GPUS}: cannot encode: {exc}") from None
+    decode_assignment(raw)
+    return raw.decode()

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up the virtual environment, then lint (ruff), type-check (mypy) and run every test (pytest).
+# Set up the virtual environment, then lint (ruff), type-check (mypy), build the local control plane
+# (hack/build-control-plane.sh, cached) and run every test (pytest: unit and e2e).
 # Extra arguments go to pytest, e.g. `bash hack/test.sh -m unit`.
 set -euo pipefail
 
@@ -13,6 +14,22 @@ ruff check .
 
 echo ">> mypy" >&2
 mypy
+
+# The e2e tier runs against a real local control plane built from the Go module proxy (cached
+# under ~/.cache/neuronetes/bin; a no-op when built). Under CI a failed build fails the run; on a
+# workstation the e2e tests then skip. NEURONETES_SKIP_CONTROL_PLANE_BUILD=1 skips this step
+# (e.g. with `-m unit`).
+if [[ "${NEURONETES_SKIP_CONTROL_PLANE_BUILD:-0}" != 1 ]]; then
+    echo ">> hack/build-control-plane.sh" >&2
+    if ! bash "$REPO_ROOT/hack/build-control-plane.sh"; then
+        case "${CI:-}" in
+            1|true|TRUE|True|yes|on)
+                echo "FAILED: building the control plane (needed by the e2e tests)" >&2
+                exit 1 ;;
+            *) echo "WARNING: control plane not built; e2e tests will be skipped" >&2 ;;
+        esac
+    fi
+fi
 
 echo ">> pytest" >&2
 status=0

@@ -68,6 +68,85 @@ def cmd_simulate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dev_cluster(ns: argparse.Namespace) -> int:
+    # Imported here: `simulate` needs none of it.
+    from neuronetes.devcluster import (
+        BuildError,
+        ClusterError,
+        DevCluster,
+        ExtenderConfig,
+        KubectlError,
+        parse_node_counts,
+    )
+    from neuronetes.devcluster.tools import REPO_ROOT
+
+    def log(msg: str) -> None:
+        print(f">> {msg}", file=sys.stderr)
+
+    cluster = DevCluster(ns.name, log=log)
+    if ns.action == "up":
+        try:
+            nodes = parse_node_counts(ns.nodes or [])
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        url = ns.extender_url if ns.extender_url is not None else os.environ.get("NEURONETES_EXTENDER_URL")
+        try:
+            seconds = cluster.up(
+                nodes=nodes,
+                extender=ExtenderConfig.from_url(url),
+                controller_manager=False if ns.no_controller_manager else None,
+                crds_dir=None if ns.no_crds else Path(ns.crds) if ns.crds else REPO_ROOT / "crds",
+                auto_build=ns.build,
+            )
+        except (BuildError, ClusterError, KubectlError, OSError, RuntimeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        log(f"cluster {ns.name!r} up in {seconds:.1f} s; logs in {cluster.log_dir}")
+        print(cluster.kubeconfig)
+        return 0
+    if ns.action == "down":
+        stopped = cluster.down()
+        log(f"cluster {ns.name!r}: stopped {', '.join(stopped) if stopped else 'nothing (not running)'}")
+        return 0
+    if ns.action == "kubeconfig":
+        if not cluster.kubeconfig.exists():
+            print(f"error: cluster {ns.name!r} has no kubeconfig (is it up?)", file=sys.stderr)
+            return 1
+        print(cluster.kubeconfig)
+        return 0
+    st = cluster.status()
+    if ns.json:
+        doc = {
+            "name": st.name,
+            "up": st.up,
+            "stateDir": str(st.state_dir),
+            "kubeconfig": str(st.kubeconfig) if st.kubeconfig else None,
+            "server": st.server,
+            "versions": st.versions,
+            "apiHealthy": st.api_healthy,
+            "apiVersion": st.api_version,
+            "nodes": st.nodes,
+            "extenderURL": st.extender_url,
+            "components": [
+                {"name": c.name, "pid": c.pid, "running": c.running, "healthy": c.healthy, "detail": c.detail}
+                for c in st.components
+            ],
+        }
+        print(json.dumps(doc, indent=2))
+    elif not st.components:
+        print(f"cluster {st.name!r}: not running (state {st.state_dir})")
+    else:
+        print(
+            f"cluster {st.name!r}: {'up' if st.up else 'DEGRADED'}  server {st.server}  api {st.api_version}"
+        )
+        print(f"  kubeconfig {st.kubeconfig}  nodes {st.nodes}  extender {st.extender_url or 'none'}")
+        for c in st.components:
+            health = "healthy" if c.healthy else ("-" if c.healthy is None else f"unhealthy ({c.detail})")
+            print(f"  {c.name:<24} pid {c.pid:<8} {'running' if c.running else 'STOPPED':<8} {health}")
+    return 0 if st.up or not st.components else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuronetes", description="NeuroNetes GPU scheduling")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -83,6 +162,32 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--workers", type=int, default=0, help="processes (default: CPU count)")
     sim.add_argument("-v", "--verbose", action="store_true")
     sim.set_defaults(func=cmd_simulate)
+
+    dev = sub.add_parser("dev", help="development tools").add_subparsers(dest="dev_command", required=True)
+    dc = dev.add_parser(
+        "cluster",
+        help="a local control plane with simulated GPU nodes",
+        description="Local etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok on "
+        "loopback, built by hack/build-control-plane.sh; state in ~/.cache/neuronetes/clusters/NAME.",
+    )
+    dc.add_argument("action", choices=["up", "down", "status", "kubeconfig"])
+    dc.add_argument("--name", default="dev", help="cluster name (default: dev)")
+    dc.add_argument(
+        "--nodes",
+        action="append",
+        metavar="PROFILE=COUNT",
+        help="up: simulated GPU nodes of a profile (repeatable), e.g. dgx-a100-80gb=4",
+    )
+    dc.add_argument(
+        "--extender-url",
+        help="up: kube-scheduler's extender URL prefix (default: $NEURONETES_EXTENDER_URL; none if unset)",
+    )
+    dc.add_argument("--no-controller-manager", action="store_true", help="up: run without it")
+    dc.add_argument("--crds", help="up: folder of CRD YAML to apply (default: the checkout's crds/)")
+    dc.add_argument("--no-crds", action="store_true", help="up: do not apply crds/")
+    dc.add_argument("--build", action="store_true", help="up: build missing binaries first")
+    dc.add_argument("--json", action="store_true", help="status: print JSON")
+    dc.set_defaults(func=cmd_dev_cluster)
     return parser
 
 

@@ -1,0 +1,111 @@
+"""Helpers of the e2e tier: the object the `cluster` fixture yields, polling, prerequisite checks.
+
+Imported by tests/e2e/conftest.py and by e2e tests (``from e2e_cluster import E2ECluster, wait_until``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from neuronetes.devcluster import BuildError, DevCluster, ExtenderConfig, Toolchain, build
+from neuronetes.devcluster.procs import ProcessRecord
+from neuronetes.devcluster.tools import cache_root
+
+T = TypeVar("T")
+
+IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
+
+# Every DevCluster started in this session and the processes it ran, for the session-finish check.
+STARTED: list[DevCluster] = []
+RECORDS: list[ProcessRecord] = []
+
+
+def track(dev: DevCluster) -> None:
+    """Remember `dev` and the processes it runs now (call after `up`)."""
+    if dev not in STARTED:
+        STARTED.append(dev)
+    RECORDS.extend(r for r in dev.processes() if r not in RECORDS)
+
+
+def prerequisites_missing(reason: str) -> None:
+    """Skip on a workstation; fail under CI (an e2e tier that silently skips tests nothing)."""
+    if IN_CI:
+        pytest.fail(f"e2e prerequisites missing under CI=true: {reason}", pytrace=False)
+    pytest.skip(f"e2e prerequisites missing: {reason}")
+
+
+def ensure_toolchain() -> Toolchain:
+    """The pinned binaries, built when missing (set NEURONETES_E2E_BUILD=0 not to build)."""
+    tools = Toolchain.pinned()
+    missing = tools.missing()
+    if not missing:
+        return tools
+    if os.environ.get("NEURONETES_E2E_BUILD", "1") == "0":
+        prerequisites_missing(
+            "control-plane binaries not built (run hack/build-control-plane.sh): "
+            + ", ".join(map(str, missing))
+        )
+    log = cache_root() / "build.log"
+    try:
+        return build(log=log)
+    except BuildError as exc:
+        prerequisites_missing(str(exc))
+    raise AssertionError("unreachable")
+
+
+def wait_until(
+    fn: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"
+) -> T:
+    """Poll `fn` until it returns something truthy; return that, or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: T = fn()
+    while not last:
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+        last = fn()
+    return last
+
+
+class E2ECluster:
+    """What e2e tests get: a running dev cluster and convenient clients for it."""
+
+    def __init__(self, dev: DevCluster) -> None:
+        self.dev = dev
+
+    @property
+    def name(self) -> str:
+        return self.dev.name
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dev.kubeconfig
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return self.dev.kubectl(*args, input=input, check=check)
+
+    def add_nodes(self, profile: str, count: int, prefix: str, **kwargs: Any) -> list[str]:
+        return self.dev.add_nodes(profile, count, prefix, **kwargs)
+
+    def api_client(self) -> Any:
+        """A `kubernetes.client.ApiClient` for this cluster (admin credentials)."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def set_extender(self, extender: str | ExtenderConfig | None) -> None:
+        """Restart kube-scheduler calling `extender` (a URL prefix or a full config; None: none)."""
+        cfg = ExtenderConfig.from_url(extender) if isinstance(extender, str) else extender
+        self.dev.set_extender(cfg)
+        track(self.dev)
+
+    wait_until = staticmethod(wait_until)

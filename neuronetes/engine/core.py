@@ -18,7 +18,7 @@ import numpy.typing as npt
 from neuronetes.engine import select
 from neuronetes.engine.filters import FILTERS, mig_slot, share_fit
 from neuronetes.engine.policy import Policy, get_policy
-from neuronetes.engine.profile import ProfileArrays, WorkloadProfile
+from neuronetes.engine.profile import LargeShapes, ProfileArrays, WorkloadProfile
 from neuronetes.engine.scorers import SCORERS, ScoreContext, Scorer
 from neuronetes.inventory import Allocation, ClusterState
 from neuronetes.model import GpuGrant, Placement, PodRequest
@@ -79,6 +79,7 @@ class PlacementEngine:
         """Replace the workload profile (fragmentation is measured against it); drops cached scores."""
         self.profile = profile
         self._profile: ProfileArrays = profile.arrays(self.state.models, coverage)
+        self._large = LargeShapes.build(profile)
         self._cache.clear()
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
@@ -93,7 +94,7 @@ class PlacementEngine:
             fit = share_fit(st, req, rows)
         else:
             fit = np.zeros((rows.size, st.max_gpus), dtype=bool)
-        return ScoreContext(st, req, rows, fit, self._profile, self.rng)
+        return ScoreContext(st, req, rows, fit, self._profile, self._large, self.rng)
 
     def _combine(self, ctx: ScoreContext, terms: Sequence[tuple[Scorer, float]]) -> F64:
         total: F64 | None = None

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from neuronetes.engine import frag
 from neuronetes.engine.filters import group_free_counts
-from neuronetes.engine.profile import ProfileArrays
+from neuronetes.engine.profile import LargeShapes, ProfileArrays
 from neuronetes.inventory import ClusterState
 from neuronetes.model import MILLI_PER_GPU, PodRequest
 
@@ -40,6 +40,7 @@ class ScoreContext:
     rows: I64
     gpu_fit: BOOL  # [R, G] GPUs this request could use (fully free for exclusive requests)
     profile: ProfileArrays
+    large: LargeShapes
     rng: np.random.Generator
 
     def left(self) -> I64:
@@ -209,6 +210,41 @@ def score_capacity_frag(ctx: ScoreContext) -> F64:
     return np.clip(0.5 - _capacity_delta(ctx) / (2 * MAX_SPEC_GPU), 0.0, 1.0)
 
 
+def score_share_waste(ctx: ScoreContext) -> F64:
+    """For a one-GPU share: how much the GPU's expected final waste grows (Bellman look-ahead)."""
+    if not ctx.per_gpu:
+        return np.ones(ctx.rows.size)
+    waste = ctx.profile.leftover_waste
+    left = np.clip(ctx.left(), 0, MILLI_PER_GPU)
+    after = np.clip(left - ctx.req.gpu_milli, 0, MILLI_PER_GPU)
+    return np.clip(0.5 - (waste[after] - waste[left]) / (2 * MILLI_PER_GPU), 0.0, 1.0)
+
+
+def score_scarcity(ctx: ScoreContext) -> F64:
+    """Penalty for taking away a node's ability to host a large shape few nodes can still host.
+
+    Each large shape t the placement would stop this node from hosting costs its frequency ×
+    GPUs × (nodes / nodes that can host t now): losing one of 39 hosts of a shape costs 31×
+    what losing one of 1,213 does. Depends on cluster-wide counts, hence volatile.
+    """
+    large, st, req, rows = ctx.large, ctx.state, ctx.req, ctx.rows
+    if large.gpus.size == 0:
+        return np.ones(rows.size)
+    full_all = st.fully_free().sum(axis=1)
+    hosts = ((full_all[:, None] >= large.gpus) & (st.cpu_free[:, None] >= large.cpu)).sum(axis=0)
+    cost = large.freq * large.gpus * st.n_nodes / np.maximum(hosts, 1)
+    full, cpu = full_all[rows], st.cpu_free[rows]
+    before = (full[:, None] >= large.gpus) & (cpu[:, None] >= large.cpu)
+    cpu_after = cpu - req.cpu_milli
+    if ctx.per_gpu:
+        full_after = full[:, None] - (ctx.left() >= MILLI_PER_GPU)  # [R, G]: taking GPU g
+        after = (full_after[:, :, None] >= large.gpus) & (cpu_after[:, None, None] >= large.cpu)
+        return 1.0 - ((before[:, None, :] & ~after) * cost).sum(axis=-1)  # type: ignore[no-any-return]
+    full_after = full - (req.gpus if req.exclusive else 0)
+    after = (full_after[:, None] >= large.gpus) & (cpu_after[:, None] >= large.cpu)
+    return 1.0 - ((before & ~after) * cost).sum(axis=-1)  # type: ignore[no-any-return]
+
+
 def score_availability(ctx: ScoreContext) -> F64:
     """How tightly the node's free GPUs fit the request (1: nothing left over)."""
     st, req = ctx.state, ctx.req
@@ -273,6 +309,8 @@ SCORERS: dict[str, Scorer] = {
         Scorer("clustering", score_clustering),
         Scorer("fgd", score_fgd),
         Scorer("capacity_frag", score_capacity_frag),
+        Scorer("share_waste", score_share_waste),
+        Scorer("scarcity", score_scarcity, volatile=True),
         Scorer("availability", score_availability),
         Scorer("topology", score_topology),
         Scorer("model_cache", score_model_cache),

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from neuronetes.engine import PlacementEngine, Policy, WorkloadProfile
+from neuronetes.engine.profile import leftover_waste
 from neuronetes.engine.scorers import SCORERS, ScoreContext
 from neuronetes.inventory import ClusterState
 from neuronetes.model import GpuGrant, GpuHealth, Locality, NodeSpec, PodRequest
@@ -47,7 +48,8 @@ def hold(engine: PlacementEngine, node: str, gpus: dict[int, int], cpu: int = 0,
 
 def test_scorer_table_names_match() -> None:
     assert all(name == s.name for name, s in SCORERS.items())
-    assert {n for n, s in SCORERS.items() if s.volatile} == {"random"}
+    # Volatile: depends on more than the scored rows (randomness; cluster-wide host counts).
+    assert {n for n, s in SCORERS.items() if s.volatile} == {"random", "scarcity"}
 
 
 # ---- paper baselines -------------------------------------------------------------------------
@@ -184,6 +186,49 @@ def test_capacity_frag_per_gpu_prefers_filling_a_gpu_exactly(nodes) -> None:
 
 
 # ---- NeuroNetes terms --------------------------------------------------------------------------
+def test_leftover_waste_is_the_bellman_recursion() -> None:
+    """Shapes 600 (p=¾) and 400 (p=¼): a 400 leftover is filled exactly, a 200 one never."""
+    waste = leftover_waste([(600, 0.75), (400, 0.25)])
+    assert waste[0] == 0 and waste[200] == 200 and waste[399] == 399
+    assert waste[400] == 0  # only 400 fits: 400 → 0
+    assert waste[600] == pytest.approx(0.75 * 0 + 0.25 * 200)  # 600 → 0, or 400 → 200 left
+    assert waste[1000] == pytest.approx(0.75 * waste[400] + 0.25 * waste[600])
+    assert (waste[:400] == np.arange(400)).all()
+
+
+def test_share_waste_prefers_the_gpu_whose_leftover_is_filled(nodes) -> None:
+    """Profile of 600 and 400 shares: a 400 pod fits exactly into a GPU with 400 free."""
+    profile = WorkloadProfile.from_requests(
+        [PodRequest(gpus=1, gpu_milli=600)] * 3 + [PodRequest(gpus=1, gpu_milli=400)]
+    )
+    engine = engine_for([nodes.t4("n", n_gpus=2)], "share_waste", profile)
+    hold(engine, "n", {1: 600})  # GPU 1 has 400 free
+    ev = engine.evaluate(PodRequest("p", gpus=1, gpu_milli=400))
+    assert ev.gpu_scores is not None
+    assert ev.gpu_scores[0, 1] > ev.gpu_scores[0, 0]
+    placement = engine.place(PodRequest("p", gpus=1, gpu_milli=400))
+    assert placement is not None and placement.gpu_indices == (1,)
+    # Not a one-GPU share: neutral.
+    assert (raw(engine, "share_waste", PodRequest("w", gpus=1)) == 1.0).all()
+
+
+def test_scarcity_guards_the_last_hosts_of_a_large_shape(nodes) -> None:
+    """8-GPU pods asking 120 cores fit only the big node; small pods go elsewhere."""
+    big = nodes.dgx("big", cpu_milli=128_000)
+    small = [nodes.dgx(f"s{k}", cpu_milli=96_000) for k in range(3)]
+    profile = WorkloadProfile.from_requests(
+        [PodRequest(cpu_milli=120_000, gpus=8)] + [PodRequest(cpu_milli=8000, gpus=1)] * 20
+    )
+    engine = engine_for([big, *small], "scarcity", profile)
+    s = scores(engine, PodRequest("p", cpu_milli=8000, gpus=1))
+    assert s["big"] < s["s0"] == s["s1"] == s["s2"] == 1.0
+    placement = engine.place(PodRequest("p", cpu_milli=8000, gpus=1))
+    assert placement is not None and placement.node != "big"
+    # No large shape in the workload: neutral everywhere.
+    plain = engine_for([big, *small], "scarcity", WorkloadProfile.from_requests([PodRequest(gpus=1)]))
+    assert set(scores(plain, PodRequest("p", gpus=1)).values()) == {1.0}
+
+
 def test_availability_scores_a_tight_fit_higher(nodes) -> None:
     engine = engine_for([nodes.t4("loose"), nodes.t4("tight")], "availability")
     hold(engine, "tight", {0: 1000, 1: 1000})

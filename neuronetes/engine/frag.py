@@ -112,3 +112,27 @@ def capacity_fragmentation(left: I64, cpu: I64, model: I64, p: ProfileArrays) ->
     usable = np.where((p.milli > 0) & p.access[model], usable, 0)
     total = left.sum(axis=-1)[..., None]
     return (total - np.minimum(usable, total)).astype(np.float64) @ p.weight  # type: ignore[no-any-return]
+
+
+def capacity_fragmentation_after_share(
+    left: I64, cpu: I64, model: I64, p: ProfileArrays, milli: int, cpu_req: int
+) -> F64:
+    """`capacity_fragmentation` `[R, G]` after taking `milli` on GPU g (for every g) and `cpu_req`.
+
+    Only GPU g's instance count changes, so this is O(R·G·T), not a full recount per choice.
+    Entries for GPUs with less than `milli` free are meaningless; callers mask them.
+    """
+    r, g = left.shape
+    if p.weight.size == 0:
+        return np.zeros((r, g))
+    shape_milli = np.maximum(p.milli, 1)
+    per_gpu = left[:, :, None] // shape_milli  # [R, G, T]
+    after_gpu = np.maximum(left - milli, 0)[:, :, None] // shape_milli
+    instances = per_gpu.sum(axis=1)[:, None, :] - per_gpu + after_gpu  # [R, G, T]
+    by_gpu = instances // np.maximum(p.gpus, 1)
+    cpu_after = (cpu - cpu_req)[:, None]
+    by_cpu = np.where(p.cpu > 0, cpu_after // np.maximum(p.cpu, 1), np.iinfo(np.int64).max)  # [R, T]
+    usable = np.minimum(by_gpu, by_cpu[:, None, :]) * (p.gpus * p.milli)
+    usable = np.where((p.milli > 0) & p.access[model][:, None, :], usable, 0)
+    total = (left.sum(axis=1)[:, None] - np.minimum(left, milli))[:, :, None]  # [R, G, 1]
+    return (total - np.minimum(usable, total)).astype(np.float64) @ p.weight  # type: ignore[no-any-return]

@@ -190,12 +190,7 @@ def _capacity_delta(ctx: ScoreContext) -> F64:
     model = st.model_id[ctx.rows]
     before = frag.capacity_fragmentation(left, cpu, model, p)
     if ctx.per_gpu:
-        g = left.shape[1]
-        idx = np.arange(g)
-        after_left = np.repeat(left[:, None, :], g, axis=1)  # [R, choice, G]
-        after_left[:, idx, idx] = np.maximum(after_left[:, idx, idx] - req.gpu_milli, 0)
-        cpu_after = np.repeat((cpu - req.cpu_milli)[:, None], g, axis=1)
-        after = frag.capacity_fragmentation(after_left, cpu_after, np.repeat(model[:, None], g, axis=1), p)
+        after = frag.capacity_fragmentation_after_share(left, cpu, model, p, req.gpu_milli, req.cpu_milli)
         return after - before[:, None]
     after_left = left.copy()
     if req.gpus:

@@ -158,6 +158,27 @@ def test_capacity_fragmentation_matches_reference(rows, p: ProfileArrays) -> Non
     assert (got <= left.sum(axis=1) + 1e-6).all() and (got >= -1e-9).all()
 
 
+@SETTINGS
+@given(
+    rows=node_rows(), p=profiles(), milli=st.one_of(st.sampled_from([100, 500, 1000]), st.integers(1, 1000))
+)
+def test_capacity_fragmentation_after_share_matches_reference_on_every_gpu_that_fits(
+    rows, p, milli: int
+) -> None:
+    left, cpu, model = rows
+    cpu_req = 1000
+    got = frag.capacity_fragmentation_after_share(left, cpu, model, p, milli, cpu_req)
+    assert got.shape == left.shape
+    for i in range(left.shape[0]):
+        for j in range(left.shape[1]):
+            if left[i, j] < milli:
+                continue  # documented as meaningless; callers mask it
+            after = left[i].tolist()
+            after[j] -= milli
+            want = ref_capacity_frag(after, int(cpu[i]) - cpu_req, int(model[i]), p)
+            assert got[i, j] == pytest.approx(want, rel=1e-9, abs=1e-6), (i, j)
+
+
 # ---- hand-worked examples from the docstrings ------------------------------------------------------
 def arrays(*shapes: tuple[TypicalShape, float]) -> ProfileArrays:
     return ProfileArrays.build(list(shapes), MODELS)

@@ -72,6 +72,12 @@ def filter_memory(state: ClusterState, req: PodRequest, rows: I64) -> BOOL:
     return state.mem_free[rows] >= req.memory_mib
 
 
+def filter_gpu_count(state: ClusterState, req: PodRequest, rows: I64) -> BOOL:
+    if req.gpus == 0:
+        return np.ones(rows.size, dtype=bool)
+    return state.gpu_exists[rows].sum(axis=1) >= req.gpus  # type: ignore[no-any-return]
+
+
 def filter_gpu_health(state: ClusterState, req: PodRequest, rows: I64) -> BOOL:
     if req.gpus == 0:
         return np.ones(rows.size, dtype=bool)
@@ -152,6 +158,7 @@ def filter_price(state: ClusterState, req: PodRequest, rows: I64) -> BOOL:
 FILTERS: tuple[Filter, ...] = (
     Filter("NodeSchedulable", "node unschedulable", filter_schedulable),
     Filter("GpuModel", "gpu model mismatch", filter_gpu_model),
+    Filter("GpuCount", "node has fewer gpus than requested", filter_gpu_count),
     Filter("GpuHealth", "gpu offline", filter_gpu_health),
     Filter("Cpu", "insufficient cpu", filter_cpu),
     Filter("Memory", "insufficient memory", filter_memory),

@@ -71,6 +71,12 @@ def _gpu_model(nodes):
     )
 
 
+@scenario("GpuCount")
+def _gpu_count(nodes):
+    e = engine_for([nodes.t4("four"), nodes.dgx("eight")])
+    return e, PodRequest("four", gpus=4), PodRequest("p", gpus=8), {"four": "GpuCount"}
+
+
 @scenario("GpuHealth")
 def _gpu_health(nodes):
     e = engine_for(
@@ -310,6 +316,7 @@ def test_one_reason_per_infeasible_node_and_none_for_feasible(nodes) -> None:
         nodes.dgx("ok-1"),
         nodes.dgx("unschedulable", schedulable=False),
         nodes.t4("wrong-model"),
+        nodes.dgx("small", n_gpus=2, groups=1),
         nodes.dgx("offline", health=dict.fromkeys(range(7), GpuHealth.OFFLINE)),
         nodes.dgx("low-cpu", cpu_milli=1000),
         nodes.dgx("low-mem", memory_mib=1000),
@@ -335,6 +342,7 @@ def test_one_reason_per_infeasible_node_and_none_for_feasible(nodes) -> None:
     expected = {
         "unschedulable": "NodeSchedulable",
         "wrong-model": "GpuModel",
+        "small": "GpuCount",
         "offline": "GpuHealth",
         "low-cpu": "Cpu",
         "low-mem": "Memory",

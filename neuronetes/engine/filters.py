@@ -140,7 +140,7 @@ def mig_slot(state: ClusterState, node_index: int, profile: str) -> tuple[int, i
         try:
             start = layout.can_place(profile)
         except KeyError:
-            return None  # profile unknown for this GPU model
+            continue  # profile unknown for this GPU's model; another GPU may offer it
         if start is not None:
             return j, start
     return None

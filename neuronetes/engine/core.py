@@ -62,16 +62,9 @@ class PlacementEngine:
         weights: Mapping[str, float] | None = None,
     ) -> None:
         self.state = state
-        pol = get_policy(policy) if isinstance(policy, str) else policy
-        self.policy = pol.with_weights(weights) if weights else pol
         self.rng = np.random.default_rng(seed)
         self._cache: OrderedDict[PodRequest, _ShapeCache] = OrderedDict()
-        self._cached_terms = [
-            (SCORERS[n], w) for n, w in self.policy.weights.items() if not SCORERS[n].volatile
-        ]
-        self._volatile_terms = [
-            (SCORERS[n], w) for n, w in self.policy.weights.items() if SCORERS[n].volatile
-        ]
+        self._use_policy(get_policy(policy) if isinstance(policy, str) else policy, weights or {})
         self.set_profile(profile or WorkloadProfile.empty())
 
     # ---- configuration -----------------------------------------------------------------------
@@ -83,7 +76,15 @@ class PlacementEngine:
         self._cache.clear()
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
-        self.__init__(self.state, self.policy.with_weights(weights), self.profile)  # type: ignore[misc]
+        """Override some scorer weights (0 removes a term); drops cached scores."""
+        self._use_policy(self.policy, weights)
+        self._cache.clear()
+
+    def _use_policy(self, policy: Policy, weights: Mapping[str, float]) -> None:
+        self.policy = policy.with_weights(weights) if weights else policy
+        terms = [(SCORERS[n], w) for n, w in self.policy.weights.items()]
+        self._cached_terms = [(s, w) for s, w in terms if not s.volatile]
+        self._volatile_terms = [(s, w) for s, w in terms if s.volatile]
 
     # ---- evaluation --------------------------------------------------------------------------
     def _context(self, req: PodRequest, rows: I64) -> ScoreContext:

@@ -1,5 +1,7 @@
 """Scorers: small named units that rate feasible node rows in [0, 1], registered in one table.
 
+(Exception: `scarcity` is a penalty, at most 1 and unbounded below; see its docstring.)
+
 A scorer returns either one score per row, or — for a request that takes a share of a single
 GPU — one score per (row, GPU), so the engine can pick the node and the GPU in one step. Every
 scorer depends only on the rows' current state and the request, which lets the engine cache
@@ -220,7 +222,10 @@ def score_scarcity(ctx: ScoreContext) -> F64:
 
     Each large shape t the placement would stop this node from hosting costs its frequency ×
     GPUs × (nodes / nodes that can host t now): losing one of 39 hosts of a shape costs 31×
-    what losing one of 1,213 does. Depends on cluster-wide counts, hence volatile.
+    what losing one of 1,213 does. The score is 1 − cost: the one scorer that may go below 0,
+    on purpose — as a shape's last hosts go, the penalty must be able to outweigh every other
+    term (bounding it, by clipping or 1/(1+cost), measured worse on openb). Depends on
+    cluster-wide counts, hence volatile.
     """
     large, st, req, rows = ctx.large, ctx.state, ctx.req, ctx.rows
     if large.gpus.size == 0:

@@ -17,6 +17,8 @@ from neuronetes.model import GpuGrant, GpuHealth, Locality, NodeSpec, PodRequest
 
 pytestmark = pytest.mark.unit
 
+PENALTIES = {"scarcity"}
+
 
 def only(name: str) -> Policy:
     return Policy(f"only-{name}", {name: 1.0}, "bestfit")
@@ -370,8 +372,10 @@ def test_every_scorer_stays_in_the_unit_interval(nodes, used, reqs, pods) -> Non
             assert out.shape[0] == ev.rows.size
             values = out[ctx.gpu_fit] if out.ndim == 2 else out
             assert np.isfinite(values).all(), (name, req)
-            assert ((values >= 0) & (values <= 1)).all(), (name, req, values)
-            assert ((ev.node_scores >= 0) & (ev.node_scores <= 1)).all(), (name, req)
+            # `scarcity` is a penalty: at most 1, unbounded below by design (see its docstring).
+            low = -np.inf if name in PENALTIES else 0.0
+            assert ((values >= low) & (values <= 1)).all(), (name, req, values)
+            assert ((ev.node_scores >= low) & (ev.node_scores <= 1)).all(), (name, req)
             if ev.gpu_scores is not None:
                 # One-GPU shares: a score per GPU, −inf exactly where the GPU cannot take it.
                 assert ctx.per_gpu

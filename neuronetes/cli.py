@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -147,6 +148,13 @@ def cmd_dev_cluster(ns: argparse.Namespace) -> int:
     return 0 if st.up or not st.components else 1
 
 
+def cmd_extender(ns: argparse.Namespace) -> int:
+    # Imported here: the HTTP stack is only the extender's. (Through importlib: the extender lives
+    # in extender/, mapped to neuronetes.extender at install time, which mypy cannot follow.)
+    server = importlib.import_module("neuronetes.extender.server")
+    return int(server.serve(ns))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuronetes", description="NeuroNetes GPU scheduling")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -188,6 +196,24 @@ def build_parser() -> argparse.ArgumentParser:
     dc.add_argument("--build", action="store_true", help="up: build missing binaries first")
     dc.add_argument("--json", action="store_true", help="status: print JSON")
     dc.set_defaults(func=cmd_dev_cluster)
+
+    ext = sub.add_parser("extender", help="the kube-scheduler extender").add_subparsers(
+        dest="extender_command", required=True
+    )
+    srv = ext.add_parser(
+        "serve",
+        help="serve filter/prioritize/bind/preempt for kube-scheduler",
+        description="The NeuroNetes scheduler extender: one uvicorn worker, the GPU cache fed by list+watch.",
+    )
+    srv.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, else ~/.kube/config)")
+    srv.add_argument("--host", default="0.0.0.0", help="listen address (default: 0.0.0.0)")
+    srv.add_argument("--port", type=int, default=8888, help="listen port (default: 8888)")
+    srv.add_argument(
+        "--config", help="settings file, JSON or YAML, hot-reloaded (default: built-in settings)"
+    )
+    srv.add_argument("--resync-period", type=float, default=600.0, help="seconds between full relists")
+    srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    srv.set_defaults(func=cmd_extender)
     return parser
 
 

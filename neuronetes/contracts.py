@@ -88,6 +88,14 @@ METRIC_SCHEDULER_SUCCESS: Final = "neuronetes_scheduler_success_total"
 METRIC_SCHEDULER_PENDING: Final = "neuronetes_scheduler_pending_pods"
 METRIC_TOPOLOGY_VIOLATIONS: Final = "neuronetes_scheduler_topology_violations_total"
 METRIC_GPU_UTILIZATION: Final = "neuronetes_gpu_utilization_percent"
+# extender (beyond seed 004): HTTP outcomes and the GPU cache
+METRIC_SCHEDULER_REQUESTS: Final = "neuronetes_scheduler_requests_total"
+METRIC_CACHE_NODES: Final = "neuronetes_scheduler_cache_nodes"
+METRIC_CACHE_GPUS: Final = "neuronetes_scheduler_cache_gpus"
+METRIC_CACHE_PODS: Final = "neuronetes_scheduler_cache_pods"
+METRIC_CACHE_HOLDS: Final = "neuronetes_scheduler_cache_holds"
+METRIC_CACHE_UNACCOUNTED: Final = "neuronetes_scheduler_cache_unaccounted_pods"
+METRIC_CACHE_SYNC_AGE: Final = "neuronetes_scheduler_cache_sync_age_seconds"
 # per GPU (agent), DCGM-equivalent
 METRIC_GPU_MEMORY_USED: Final = "neuronetes_gpu_memory_used_bytes"
 METRIC_GPU_MEMORY_FREE: Final = "neuronetes_gpu_memory_free_bytes"
@@ -144,6 +152,33 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         MetricType.COUNTER,
         ("locality",),
         "Placements that could not honour the requested locality (best effort fallbacks).",
+    ),
+    MetricSpec(
+        METRIC_SCHEDULER_REQUESTS,
+        MetricType.COUNTER,
+        ("verb", "code"),
+        "Extender HTTP requests by verb and status code (4xx: refused input).",
+    ),
+    MetricSpec(METRIC_CACHE_NODES, MetricType.GAUGE, (), "Nodes in the extender's GPU cache."),
+    MetricSpec(METRIC_CACHE_GPUS, MetricType.GAUGE, (), "GPUs in the extender's GPU cache."),
+    MetricSpec(METRIC_CACHE_PODS, MetricType.GAUGE, (), "Bound pods whose resources the GPU cache counts."),
+    MetricSpec(
+        METRIC_CACHE_HOLDS,
+        MetricType.GAUGE,
+        (),
+        "Filter decisions (and group reservations) holding GPUs until their bind or TTL.",
+    ),
+    MetricSpec(
+        METRIC_CACHE_UNACCOUNTED,
+        MetricType.GAUGE,
+        (),
+        "Bound pods whose GPUs the cache could not count (unreadable assignment, double booking).",
+    ),
+    MetricSpec(
+        METRIC_CACHE_SYNC_AGE,
+        MetricType.GAUGE,
+        ("resource",),
+        "Seconds since the API server last told the GPU cache about a resource (nodes, pods).",
     ),
     MetricSpec(
         METRIC_GPU_UTILIZATION,

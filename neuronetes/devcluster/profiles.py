@@ -23,7 +23,6 @@ seed 004's ``1g.5gb:7,2g.10gb:3`` is not a valid label value.
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -45,6 +44,7 @@ from neuronetes.contracts import (
     RESOURCE_GPU_COMPUTE,
     RESOURCE_GPU_MEMORY,
     RESOURCE_MIG_PREFIX,
+    simulated_gpu_uuid,
 )
 from neuronetes.model import GpuSpec, NodeSpec
 
@@ -74,7 +74,6 @@ LABEL_PROFILE: Final = "node.kubernetes.io/instance-type"
 REGION: Final = "local-1"
 ZONES: Final = ("local-1a", "local-1b", "local-1c")
 
-_UUID_NAMESPACE: Final = uuid.UUID("5d1b2c8e-1f7a-4c41-9a55-6e0f2f7b9c10")
 _PODS_PER_NODE: Final = 110
 
 
@@ -112,7 +111,8 @@ class TopologyProfile:
             mig.catalog_for(self.gpu_model).layout_from_counts(self.mig_per_gpu)
 
     def gpus(self, node_name: str) -> tuple[GpuSpec, ...]:
-        """The GPUs of one node of this profile (UUIDs are stable per node name and index)."""
+        """The GPUs of one node of this profile (UUIDs: `neuronetes.contracts.simulated_gpu_uuid`, the
+        same the extender derives for a node without a GPUNode object)."""
         n = self.gpu_count
         out: list[GpuSpec] = []
         for j in range(n):
@@ -125,7 +125,7 @@ class TopologyProfile:
             out.append(
                 GpuSpec(
                     index=j,
-                    uuid=f"GPU-{uuid.uuid5(_UUID_NAMESPACE, f'{node_name}/{j}')}",
+                    uuid=simulated_gpu_uuid(node_name, j),
                     model=self.gpu_model,
                     memory_mib=self.gpu_memory_mib,
                     numa_node=j * self.numa_nodes // n,

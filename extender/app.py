@@ -1,0 +1,256 @@
+"""The extender's HTTP service (FastAPI): thin handlers over `ExtenderService`.
+
+Each verb reads the raw body (checked for a JSON content type and a size limit before it is
+read whole), decodes it with msgspec into the wire structs, calls the service, and encodes the
+answer with msgspec. Bad input gets a 4xx with a reason — 415 for a content type that is not
+JSON, 413 for a body over the limit, 400 for malformed JSON or a body that does not match the
+protocol — never a 5xx. The OpenAPI document describes the bodies (JSON Schema generated from
+the same msgspec structs), so schemathesis can fuzz the service in-process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import PlainTextResponse, Response
+
+from .cache import GpuCache
+from .metrics import CONTENT_TYPE_LATEST, ExtenderMetrics
+from .service import BadInputError, ExtenderService
+from .wire import (
+    ExtenderArgs,
+    ExtenderArgsSchema,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    HostPriority,
+    decoder,
+    encode,
+)
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+
+_JSON: Final = "application/json"
+
+
+class ErrorBody(msgspec.Struct, rename={"error": "Error"}):
+    """What a refused request gets back (same key as the protocol's own error field)."""
+
+    error: str
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == _JSON or (media.startswith("application/") and media.endswith("+json"))
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    content_type = request.headers.get("content-type", "")
+    if not _is_json(content_type):
+        raise HttpError(415, f"content type must be {_JSON}, got {content_type or 'none'!r}")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            length = int(declared)
+        except ValueError:
+            raise HttpError(400, f"invalid Content-Length {declared!r}") from None
+        if length > limit:
+            raise HttpError(413, f"body of {length} bytes is over the {limit}-byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HttpError(413, f"body over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(obj: object, status: int = 200) -> Response:
+    return Response(content=encode(obj), status_code=status, media_type=_JSON)
+
+
+# ---- OpenAPI: the bodies' JSON Schema, from the msgspec structs ------------------------------------
+
+_REF: Final = "#/components/schemas/{name}"
+_SCHEMA_TYPES: Final[tuple[Any, ...]] = (
+    ExtenderArgsSchema,
+    ExtenderFilterResult,
+    list[HostPriority],
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    ErrorBody,
+)
+_SCHEMAS, _COMPONENTS = msgspec.json.schema_components(_SCHEMA_TYPES, ref_template=_REF)
+_SCHEMA: Final = dict(zip(_SCHEMA_TYPES, _SCHEMAS, strict=True))
+
+
+def _content(schema: dict[str, Any]) -> dict[str, Any]:
+    return {_JSON: {"schema": schema}}
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    text = {
+        400: "malformed JSON, or a body that is not this verb's request",
+        413: "body over the configured limit",
+        415: "content type is not JSON",
+    }
+    return {code: {"description": text[code], "content": _content(_SCHEMA[ErrorBody])} for code in codes}
+
+
+def _verb_doc(request: Any, response: Any, summary: str) -> dict[str, Any]:
+    request = ExtenderArgsSchema if request is ExtenderArgs else request
+    return {
+        "summary": summary,
+        "openapi_extra": {"requestBody": {"required": True, "content": _content(_SCHEMA[request])}},
+        "responses": {
+            200: {"description": "the verb's result", "content": _content(_SCHEMA[response])},
+            **_errors(400, 413, 415),
+        },
+    }
+
+
+def create_app(
+    service: ExtenderService,
+    *,
+    metrics: ExtenderMetrics | None = None,
+    on_startup: Callable[[], None] | None = None,
+    on_shutdown: Callable[[], None] | None = None,
+) -> FastAPI:
+    """The extender app over `service` (its cache's settings give the body-size limit)."""
+    cache: GpuCache = service.cache
+    metrics = metrics or service.metrics or ExtenderMetrics(cache.stats)
+    service.metrics = metrics
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if on_startup is not None:
+            on_startup()
+        try:
+            yield
+        finally:
+            if on_shutdown is not None:
+                on_shutdown()
+
+    app = FastAPI(
+        title="NeuroNetes scheduler extender",
+        version="1",
+        description="kube-scheduler extender verbs (filter, prioritize, bind, preempt) over the GPU cache.",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.state.metrics = metrics
+
+    async def run_verb(
+        verb: str,
+        request: Request,
+        kind: type[Any],
+        handle: Callable[[Any], tuple[Any, str]],
+        *,
+        thread: bool,
+    ) -> Response:
+        limit = cache.settings.get().max_body_bytes
+        try:
+            body = await _read_body(request, limit)
+        except HttpError as exc:
+            metrics.requests.labels(verb, str(exc.status)).inc()
+            return _json(ErrorBody(exc.reason), exc.status)
+        started = time.perf_counter()
+        try:
+            args = decoder(kind).decode(body)
+            result, outcome = await run_in_threadpool(handle, args) if thread else handle(args)
+        except (msgspec.DecodeError, BadInputError) as exc:
+            metrics.requests.labels(verb, "400").inc()
+            metrics.observe(verb, "invalid", time.perf_counter() - started)
+            return _json(ErrorBody(f"invalid {verb} request: {exc}"), 400)
+        response = _json(result)
+        metrics.observe(verb, outcome, time.perf_counter() - started)
+        metrics.requests.labels(verb, "200").inc()
+        return response
+
+    @app.post("/filter", **_verb_doc(ExtenderArgs, ExtenderFilterResult, "Filter nodes for a pod"))
+    async def filter_(request: Request) -> Response:
+        return await run_verb("filter", request, ExtenderArgs, service.filter, thread=False)
+
+    @app.post("/prioritize", **_verb_doc(ExtenderArgs, list[HostPriority], "Score nodes 0..10 for a pod"))
+    async def prioritize(request: Request) -> Response:
+        return await run_verb("prioritize", request, ExtenderArgs, service.prioritize, thread=False)
+
+    @app.post("/bind", **_verb_doc(ExtenderBindingArgs, ExtenderBindingResult, "Bind a pod with its GPUs"))
+    async def bind(request: Request) -> Response:
+        # Posting the Binding is network I/O: off the event loop.
+        return await run_verb("bind", request, ExtenderBindingArgs, service.bind, thread=True)
+
+    @app.post(
+        "/preempt", **_verb_doc(ExtenderPreemptionArgs, ExtenderPreemptionResult, "Refine preemption victims")
+    )
+    async def preempt(request: Request) -> Response:
+        return await run_verb("preempt", request, ExtenderPreemptionArgs, service.preempt, thread=False)
+
+    text = {"text/plain": {"schema": {"type": "string"}}}
+
+    @app.get(
+        "/healthz",
+        summary="Liveness",
+        response_class=PlainTextResponse,
+        responses={200: {"description": "alive", "content": text}},
+    )
+    async def healthz() -> Response:
+        return PlainTextResponse("ok")
+
+    @app.get(
+        "/readyz",
+        summary="Readiness: the GPU cache has synced with the API server",
+        response_class=PlainTextResponse,
+        responses={
+            200: {"description": "ready", "content": text},
+            503: {"description": "not synced", "content": text},
+        },
+    )
+    async def readyz() -> Response:
+        if cache.synced:
+            return PlainTextResponse("ok")
+        return PlainTextResponse("gpu cache not synced yet", status_code=503)
+
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"description": "Prometheus text exposition", "content": text}},
+    )
+    async def metrics_() -> Response:
+        return Response(content=metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = default_openapi()
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(_COMPONENTS)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,108 @@
+"""The extender's Prometheus metrics (seed 004 names from `neuronetes.contracts`).
+
+kube-scheduler has no per-extender latency metric, so the extender exports its own. Each app
+gets its own `CollectorRegistry` (several apps in one process — tests — never collide).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from neuronetes import contracts as c
+
+from .cache import RESOURCES, CacheStats
+
+__all__ = ["CONTENT_TYPE_LATEST", "LATENCY_BUCKETS", "ExtenderMetrics"]
+
+LATENCY_BUCKETS: Final = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.00075,
+    0.001,
+    0.0015,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+"""Sub-millisecond resolution where decisions live; up to kube-scheduler's 5 s httpTimeout."""
+
+
+def _help(name: str) -> str:
+    return next(m.help for m in c.METRICS if m.name == name)
+
+
+class ExtenderMetrics:
+    def __init__(self, stats: Callable[[], CacheStats], registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.latency = Histogram(
+            c.METRIC_SCHEDULER_LATENCY,
+            _help(c.METRIC_SCHEDULER_LATENCY),
+            ("verb", "result"),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        # prometheus-client appends `_total` to counter names: give it the stem.
+        self.attempts = Counter(
+            c.METRIC_SCHEDULER_ATTEMPTS.removesuffix("_total"), _help(c.METRIC_SCHEDULER_ATTEMPTS), registry=r
+        )
+        self.success = Counter(
+            c.METRIC_SCHEDULER_SUCCESS.removesuffix("_total"), _help(c.METRIC_SCHEDULER_SUCCESS), registry=r
+        )
+        self.topology_violations = Counter(
+            c.METRIC_TOPOLOGY_VIOLATIONS.removesuffix("_total"),
+            _help(c.METRIC_TOPOLOGY_VIOLATIONS),
+            ("locality",),
+            registry=r,
+        )
+        self.requests = Counter(
+            c.METRIC_SCHEDULER_REQUESTS.removesuffix("_total"),
+            _help(c.METRIC_SCHEDULER_REQUESTS),
+            ("verb", "code"),
+            registry=r,
+        )
+        self._stats = stats
+        self._snapshot: CacheStats | None = None
+
+        def gauge(name: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(name, _help(name), labels, registry=r)
+
+        gauge(c.METRIC_SCHEDULER_PENDING).set_function(lambda: self._stat().pending_gpu_pods)
+        gauge(c.METRIC_CACHE_NODES).set_function(lambda: self._stat().nodes)
+        gauge(c.METRIC_CACHE_GPUS).set_function(lambda: self._stat().gpus)
+        gauge(c.METRIC_CACHE_PODS).set_function(lambda: self._stat().bound_pods)
+        gauge(c.METRIC_CACHE_HOLDS).set_function(lambda: self._stat().holds)
+        gauge(c.METRIC_CACHE_UNACCOUNTED).set_function(lambda: self._stat().unaccounted_pods)
+        sync_age = gauge(c.METRIC_CACHE_SYNC_AGE, ("resource",))
+        for resource in RESOURCES:
+            sync_age.labels(resource).set_function(
+                lambda resource=resource: self._stat().sync_age_seconds.get(resource, float("inf"))  # type: ignore[misc]
+            )
+
+    def _stat(self) -> CacheStats:
+        # One cache snapshot per scrape: `render` takes it, the gauges' callbacks read it.
+        return self._snapshot if self._snapshot is not None else self._stats()
+
+    def observe(self, verb: str, result: str, seconds: float) -> None:
+        self.latency.labels(verb, result).observe(seconds)
+
+    def render(self) -> bytes:
+        self._snapshot = self._stats()
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self._snapshot = None

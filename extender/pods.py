@@ -1,0 +1,188 @@
+"""Pod objects → what the GPU cache keeps of them: resources held, GPU request, assignment.
+
+Every pod bound to a node holds CPU and memory there (what kube-scheduler counts, init
+containers, sidecars and ``spec.overhead`` included); a GPU pod also holds the GPUs its
+`neuronetes.io/assigned-gpus` annotation names. A pending pod is kept for its GPU request (the
+bind verb may need it) and for the pending-pods gauge.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Final
+
+from neuronetes import contracts as c
+from neuronetes.assignment import PodGpuRequest, ResourceRequestError, pod_gpu_request
+from neuronetes.model import PodRequest
+from neuronetes.quantity import QuantityError, to_mib, to_milli
+
+from .wire import Container, Pod, Quantity, ResourceList, pod_as_mapping
+
+__all__ = ["TERMINAL_PHASES", "PodInfo", "assigned_gpu_uuids", "effective_cpu_memory", "pod_identity"]
+
+TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
+_MAX_AMOUNT: Final = 2**53
+_POD_UID: Final = re.compile(c.POD_UID_PATTERN)
+
+
+def pod_identity(uid: str, namespace: str, name: str) -> str:
+    """The cache's key of a pod: its UID, else ``namespace/name`` (hand-made requests lack UIDs)."""
+    return uid or f"{namespace}/{name}"
+
+
+def _amount(resources: ResourceList | None, key: str) -> int:
+    if not resources:
+        return 0
+    value: Quantity | None = resources.get(key)
+    if value is None:
+        return 0
+    try:
+        amount = to_milli(value) if key == "cpu" else to_mib(value)
+    except (QuantityError, ValueError, ZeroDivisionError):
+        return 0  # the API server validated the pod; an unreadable amount is not ours to refuse
+    return min(max(amount, 0), _MAX_AMOUNT)
+
+
+def _container_amount(container: Container, key: str) -> int:
+    resources = container.resources
+    if resources is None:
+        return 0
+    # Kubernetes defaults a missing request to the limit.
+    if resources.requests and key in resources.requests:
+        return _amount(resources.requests, key)
+    return _amount(resources.limits, key)
+
+
+def _effective(pod: Pod, key: str) -> int:
+    """Kubernetes' effective request of `key` (k8s.io/component-helpers ``PodRequests``).
+
+    App containers and sidecars (init containers with ``restartPolicy: Always``) run together;
+    an init container runs beside the sidecars declared before it; plus the pod overhead.
+    """
+    apps = sum(_container_amount(x, key) for x in pod.spec.containers or ())
+    sidecars = 0
+    init_peak = 0
+    for x in pod.spec.init_containers or ():
+        amount = _container_amount(x, key)
+        if x.restart_policy == "Always":
+            apps += amount
+            sidecars += amount
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, amount + sidecars)
+    return min(max(apps, init_peak) + _amount(pod.spec.overhead, key), _MAX_AMOUNT)
+
+
+def effective_cpu_memory(pod: Pod) -> tuple[int, int]:
+    """(CPU milli, memory MiB) the pod holds on its node, as kube-scheduler counts them."""
+    return _effective(pod, "cpu"), _effective(pod, "memory")
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """The cache's record of one pod."""
+
+    id: str  # `pod_identity`
+    uid: str
+    namespace: str
+    name: str
+    node: str  # spec.nodeName; "" while pending
+    phase: str
+    deleting: bool
+    priority: int
+    cpu_milli: int
+    memory_mib: int
+    gpu: PodGpuRequest | None  # None: asks for no NeuroNetes resource (or `gpu_error`)
+    gpu_error: str  # why the NeuroNetes request cannot be served ("" when it can)
+    assignment: c.Assignment | None
+    assignment_error: str
+    resource_version: str
+
+    @classmethod
+    def from_pod(cls, pod: Pod) -> PodInfo:
+        meta = pod.metadata
+        gpu: PodGpuRequest | None = None
+        gpu_error = ""
+        try:
+            gpu = pod_gpu_request(pod_as_mapping(pod), name=pod.key)
+        except (ResourceRequestError, ValueError) as exc:
+            gpu_error = str(exc)
+        assignment: c.Assignment | None = None
+        assignment_error = ""
+        raw = (meta.annotations or {}).get(c.ANNOTATION_ASSIGNED_GPUS)
+        if raw is not None:
+            try:
+                assignment = c.decode_assignment(raw)
+            except c.AssignmentError as exc:
+                assignment_error = str(exc)
+        cpu, memory = effective_cpu_memory(pod)
+        return cls(
+            id=pod_identity(meta.uid, meta.namespace, meta.name),
+            uid=meta.uid,
+            namespace=meta.namespace,
+            name=meta.name,
+            node=pod.spec.node_name,
+            phase=pod.status.phase,
+            deleting=meta.deletion_timestamp is not None,
+            priority=pod.spec.priority or 0,
+            cpu_milli=cpu,
+            memory_mib=memory,
+            gpu=gpu,
+            gpu_error=gpu_error,
+            assignment=assignment,
+            assignment_error=assignment_error,
+            resource_version=meta.resource_version,
+        )
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def holds_resources(self) -> bool:
+        """Bound and not finished: its node counts its resources (deleting pods too, until gone)."""
+        return bool(self.node) and not self.terminal
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.gpu is not None or bool(self.gpu_error)
+
+    @property
+    def pending_gpu(self) -> bool:
+        """A GPU pod waiting for a placement."""
+        return not self.node and not self.terminal and not self.deleting and self.wants_gpu
+
+    @property
+    def request(self) -> PodRequest:
+        """What the engine places: the GPU request with the pod's CPU/memory (overhead included)."""
+        if self.gpu is not None:
+            return replace(
+                self.gpu.request, name=self.key, cpu_milli=self.cpu_milli, memory_mib=self.memory_mib
+            )
+        return PodRequest(
+            name=self.key, cpu_milli=self.cpu_milli, memory_mib=self.memory_mib, priority=self.priority
+        )
+
+    @property
+    def assignment_uid(self) -> str | None:
+        """The UID to record in an assignment (the contract's format), or None."""
+        return self.uid if _POD_UID.fullmatch(self.uid) else None
+
+    def bound_to(self, node: str, assignment: c.Assignment | None) -> PodInfo:
+        """This pod as bound by our Binding (before the watch reports it)."""
+        return replace(self, node=node, assignment=assignment, assignment_error="")
+
+
+def assigned_gpu_uuids(assignment: c.Assignment) -> Iterable[tuple[str, str | None, int | None]]:
+    """Distinct (GPU UUID, MIG profile, MIG start) the assignment's containers use."""
+    seen: dict[tuple[str, int | None], tuple[str, str | None, int | None]] = {}
+    for container in assignment.containers.values():
+        for gpu in container.gpus:
+            seen.setdefault((gpu.uuid, gpu.mig_start), (gpu.uuid, gpu.mig_profile, gpu.mig_start))
+    return seen.values()

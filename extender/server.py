@@ -1,0 +1,142 @@
+"""Running the extender: the `neuronetes extender serve` command and an in-thread runner.
+
+One uvicorn worker (uvloop + httptools when installed) serves the app; two background threads
+keep the GPU cache in step with the API server. One worker is deliberate: the cache is the
+single picture of every GPU, and the decisions it makes under its lock are sub-millisecond.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from .app import create_app
+from .cache import GpuCache
+from .config import ConfigError, SettingsSource
+from .kube import KubeApi, KubeError
+from .metrics import ExtenderMetrics
+from .service import ExtenderService
+from .watch import Reflectors, start_reflectors
+
+__all__ = ["Extender", "ExtenderThread", "build", "free_port", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Extender:
+    """An assembled extender: cache, service, app, and (once started) the reflectors."""
+
+    cache: GpuCache
+    service: ExtenderService
+    app: FastAPI
+    metrics: ExtenderMetrics
+    reflectors: Reflectors | None = None
+
+
+def build(
+    *,
+    kubeconfig: str | Path | None = None,
+    config: str | Path | None = None,
+    api: KubeApi | None = None,
+    watch: bool = True,
+    resync_period: float = 600.0,
+    service_class: type[ExtenderService] = ExtenderService,
+) -> Extender:
+    """Cache + service + app; with `watch`, the app's startup starts the list+watch threads.
+
+    `service_class` may be a subclass that instruments the verbs (tests, benchmarks).
+    """
+    settings = SettingsSource(config)
+    cache = GpuCache(settings)
+    api = api or KubeApi.from_kubeconfig(kubeconfig)
+    metrics = ExtenderMetrics(cache.stats)
+    service = service_class(cache, api, metrics)
+    holder: dict[str, Reflectors] = {}
+
+    def startup() -> None:
+        if watch:
+            holder["r"] = start_reflectors(cache, api, resync_period=resync_period)
+            extender.reflectors = holder["r"]
+
+    def shutdown() -> None:
+        if "r" in holder:
+            holder.pop("r").stop()
+
+    app = create_app(service, metrics=metrics, on_startup=startup, on_shutdown=shutdown)
+    extender = Extender(cache, service, app, metrics)
+    return extender
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _uvicorn_config(app: Any, host: str, port: int, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_keep_alive=120,  # kube-scheduler keeps one connection per extender
+    )
+
+
+class ExtenderThread:
+    """The extender's uvicorn server in a background thread (e2e tests, benchmarks, demos)."""
+
+    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.server = uvicorn.Server(_uvicorn_config(app, self.host, self.port, "warning"))
+        self._thread = threading.Thread(target=self.server.run, name="extender-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ExtenderThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"extender did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout)
+
+    def __enter__(self) -> ExtenderThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(ns: argparse.Namespace) -> int:
+    """`neuronetes extender serve` (arguments from `neuronetes.cli`): run until interrupted."""
+    logging.basicConfig(
+        level=getattr(logging, ns.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        extender = build(kubeconfig=ns.kubeconfig, config=ns.config, resync_period=ns.resync_period)
+    except (ConfigError, KubeError) as exc:
+        log.error("%s", exc)
+        return 2
+    uvicorn.Server(_uvicorn_config(extender.app, ns.host, ns.port, ns.log_level)).run()
+    return 0

@@ -1,0 +1,260 @@
+"""List + watch of nodes and pods into the `GpuCache` (one background thread per resource).
+
+The usual reflector loop: list (paged) → replace the cache's set → watch from the list's
+resourceVersion (with bookmarks) → apply events; relist when the server answers 410 Gone (the
+resourceVersion fell out of its window), after any error (with capped exponential backoff),
+and every `resync_period` seconds regardless, so a missed event cannot linger. The cache is
+ready (`GpuCache.synced`) once both first lists are in.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Final, Generic, Protocol, TypeVar
+
+import msgspec
+
+from .cache import GpuCache
+from .kube import KubeApi, KubeError, WatchStream
+from .wire import Node, NodeList, ObjectMeta, Pod, PodList, WatchEvent, decoder
+
+__all__ = ["Reflector", "Reflectors", "start_reflectors"]
+
+log = logging.getLogger(__name__)
+
+
+class _Object(Protocol):
+    @property
+    def metadata(self) -> ObjectMeta: ...
+
+
+T = TypeVar("T", bound=_Object)
+GONE: Final = 410
+
+
+class _Status(msgspec.Struct):
+    code: int = 0
+    message: str = ""
+    reason: str = ""
+
+
+class _Meta(msgspec.Struct):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+
+
+class _Gone(Exception):
+    pass
+
+
+class Reflector(Generic[T]):
+    """Keeps one resource of the cache in step with the API server."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        resource: str,
+        path: str,
+        item: type[T],
+        list_type: type[NodeList] | type[PodList],
+        *,
+        on_replace: Callable[[Iterable[T]], None],
+        on_upsert: Callable[[T], None],
+        on_delete: Callable[[T], None],
+        on_synced: Callable[[], None],
+        on_heard: Callable[[], None],
+        page_size: int = 500,
+        watch_timeout: float = 300.0,
+        resync_period: float = 600.0,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self.api = api
+        self.resource = resource
+        self.path = path
+        self._item = decoder(item)
+        self._list = decoder(list_type)
+        self._on_replace: Callable[[Iterable[T]], None] = on_replace
+        self._on_upsert: Callable[[T], None] = on_upsert
+        self._on_delete: Callable[[T], None] = on_delete
+        self._on_synced = on_synced
+        self._on_heard = on_heard
+        self.page_size = page_size
+        self.watch_timeout = watch_timeout
+        self.resync_period = resync_period
+        self.max_backoff = max_backoff
+        self.relists = 0
+        self.synced = False
+        self._stop = threading.Event()
+        self._stream: WatchStream | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name=f"reflector-{self.resource}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        stream = self._stream
+        if stream is not None:
+            stream.close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run(self) -> None:
+        backoff = 0.0
+        while not self._stop.is_set():
+            try:
+                rv = self.relist()
+                backoff = 0.0
+                self.watch(rv)
+            except _Gone:
+                log.info("%s: resourceVersion too old (410 Gone), relisting", self.resource)
+            except KubeError as exc:
+                if self._stop.is_set():
+                    break
+                backoff = min(self.max_backoff, max(0.5, backoff * 2))
+                log.warning("%s: %s; relisting in %.1fs", self.resource, exc, backoff)
+                self._stop.wait(backoff * random.uniform(0.8, 1.2))
+            except Exception:
+                if self._stop.is_set():
+                    break
+                backoff = min(self.max_backoff, max(0.5, backoff * 2))
+                log.exception("%s: reflector failed; relisting in %.1fs", self.resource, backoff)
+                self._stop.wait(backoff)
+
+    # ---- list and watch --------------------------------------------------------------------------
+    def relist(self) -> str:
+        """List every object (paged) and hand the set to the cache; returns the resourceVersion."""
+        items: list[T] = []
+        token = ""
+        rv = ""
+        while True:
+            query = [("limit", str(self.page_size))]
+            if token:
+                query.append(("continue", token))
+            try:
+                page: NodeList | PodList = self._list.decode(self.api.get(self.path, query, timeout=120.0))
+            except KubeError as exc:
+                if exc.status == GONE:  # the continue token expired: start over
+                    raise _Gone from None
+                raise
+            except msgspec.DecodeError as exc:
+                raise KubeError(0, f"{self.resource}: undecodable list: {exc}") from None
+            items.extend(page.items or ())  # type: ignore[arg-type]
+            rv = page.metadata.resource_version
+            token = page.metadata.continue_
+            if not token:
+                break
+        self._on_replace(items)
+        self.relists += 1
+        if not self.synced:
+            self.synced = True
+            self._on_synced()
+        log.info("%s: listed %d at resourceVersion %s", self.resource, len(items), rv)
+        return rv
+
+    def watch(self, rv: str) -> None:
+        """Apply watch events from `rv` until the resync period ends (or 410: raises `_Gone`)."""
+        deadline = time.monotonic() + self.resync_period
+        while not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 1:
+                return
+            timeout = max(1, int(min(self.watch_timeout, remaining) * random.uniform(0.9, 1.0)))
+            query = [
+                ("watch", "true"),
+                ("resourceVersion", rv),
+                ("allowWatchBookmarks", "true"),
+                ("timeoutSeconds", str(timeout)),
+            ]
+            with self.api.watch(self.path, query, read_timeout=timeout + 30.0) as stream:
+                self._stream = stream
+                try:
+                    for line in stream:
+                        rv = self._event(line, rv)
+                        if self._stop.is_set():
+                            return
+                finally:
+                    self._stream = None
+
+    def _event(self, line: bytes, rv: str) -> str:
+        try:
+            event = decoder(WatchEvent).decode(line)
+        except msgspec.DecodeError as exc:
+            raise KubeError(0, f"{self.resource}: undecodable watch event: {exc}") from None
+        kind = event.type
+        if kind == "ERROR":
+            status = msgspec.json.decode(event.object, type=_Status)
+            if status.code == GONE:
+                raise _Gone
+            raise KubeError(status.code, status.message or status.reason or "watch error")
+        if kind == "BOOKMARK":
+            self._on_heard()
+            meta = msgspec.json.decode(event.object, type=_Meta).metadata
+            return meta.resource_version or rv
+        try:
+            obj: T = self._item.decode(event.object)
+        except msgspec.DecodeError as exc:
+            log.warning("%s: skipping an undecodable %s event: %s", self.resource, kind, exc)
+            return rv
+        if kind in ("ADDED", "MODIFIED"):
+            self._on_upsert(obj)
+        elif kind == "DELETED":
+            self._on_delete(obj)
+        return obj.metadata.resource_version or rv
+
+
+class Reflectors:
+    """The node and pod reflectors of one cache."""
+
+    def __init__(self, nodes: Reflector[Node], pods: Reflector[Pod]) -> None:
+        self.nodes, self.pods = nodes, pods
+
+    def start(self) -> None:
+        self.nodes.start()
+        self.pods.start()
+
+    def stop(self) -> None:
+        self.nodes.stop()
+        self.pods.stop()
+
+
+def start_reflectors(
+    cache: GpuCache, api: KubeApi, *, resync_period: float = 600.0, watch_timeout: float = 300.0
+) -> Reflectors:
+    """Feed `cache` from the API server in two background threads (returned, started)."""
+    nodes: Reflector[Node] = Reflector(
+        api,
+        "nodes",
+        "/api/v1/nodes",
+        Node,
+        NodeList,
+        on_replace=cache.replace_nodes,
+        on_upsert=cache.upsert_node,
+        on_delete=lambda n: cache.delete_node(n.metadata.name),
+        on_synced=lambda: cache.mark_synced("nodes"),
+        on_heard=lambda: cache.touch("nodes"),
+        resync_period=resync_period,
+        watch_timeout=watch_timeout,
+    )
+    pods: Reflector[Pod] = Reflector(
+        api,
+        "pods",
+        "/api/v1/pods",
+        Pod,
+        PodList,
+        on_replace=cache.replace_pods,
+        on_upsert=cache.upsert_pod,
+        on_delete=cache.delete_pod,
+        on_synced=lambda: cache.mark_synced("pods"),
+        on_heard=lambda: cache.touch("pods"),
+        resync_period=resync_period,
+        watch_timeout=watch_timeout,
+    )
+    reflectors = Reflectors(nodes, pods)
+    reflectors.start()
+    return reflectors

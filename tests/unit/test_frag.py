@@ -126,14 +126,24 @@ def test_fragmentation_after_whole_gpus_matches_reference(data, p: ProfileArrays
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-6)
 
 
+# Each vectorised "after a share on GPU g" function against its reference applied to the node
+# with that GPU reduced.
+AFTER_SHARE = {
+    "fgd": (frag.fragmentation_after_share, ref_node_frag),
+    "capacity": (frag.capacity_fragmentation_after_share, ref_capacity_frag),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(AFTER_SHARE))
 @SETTINGS
 @given(
     rows=node_rows(), p=profiles(), milli=st.one_of(st.sampled_from([100, 500, 1000]), st.integers(1, 1000))
 )
-def test_fragmentation_after_share_matches_reference_on_every_gpu_that_fits(rows, p, milli: int) -> None:
+def test_after_share_matches_reference_on_every_gpu_that_fits(kind: str, rows, p, milli: int) -> None:
+    fast, reference = AFTER_SHARE[kind]
     left, cpu, model = rows
     cpu_req = 1000
-    got = frag.fragmentation_after_share(left, cpu, model, p, milli, cpu_req)
+    got = fast(left, cpu, model, p, milli, cpu_req)
     assert got.shape == left.shape
     for i in range(left.shape[0]):
         for j in range(left.shape[1]):
@@ -141,8 +151,8 @@ def test_fragmentation_after_share_matches_reference_on_every_gpu_that_fits(rows
                 continue  # documented as meaningless; callers mask it
             after = left[i].tolist()
             after[j] -= milli
-            want = ref_node_frag(after, int(cpu[i]) - cpu_req, int(model[i]), p)
-            assert got[i, j] == pytest.approx(want, rel=1e-9, abs=1e-6), (i, j)
+            want = reference(after, int(cpu[i]) - cpu_req, int(model[i]), p)
+            assert got[i, j] == pytest.approx(want, rel=1e-9, abs=1e-6), (kind, i, j)
 
 
 @SETTINGS
@@ -156,27 +166,6 @@ def test_capacity_fragmentation_matches_reference(rows, p: ProfileArrays) -> Non
     batched = frag.capacity_fragmentation(left[None, :, :], cpu[None, :], model[None, :], p)
     np.testing.assert_allclose(batched[0], got)
     assert (got <= left.sum(axis=1) + 1e-6).all() and (got >= -1e-9).all()
-
-
-@SETTINGS
-@given(
-    rows=node_rows(), p=profiles(), milli=st.one_of(st.sampled_from([100, 500, 1000]), st.integers(1, 1000))
-)
-def test_capacity_fragmentation_after_share_matches_reference_on_every_gpu_that_fits(
-    rows, p, milli: int
-) -> None:
-    left, cpu, model = rows
-    cpu_req = 1000
-    got = frag.capacity_fragmentation_after_share(left, cpu, model, p, milli, cpu_req)
-    assert got.shape == left.shape
-    for i in range(left.shape[0]):
-        for j in range(left.shape[1]):
-            if left[i, j] < milli:
-                continue  # documented as meaningless; callers mask it
-            after = left[i].tolist()
-            after[j] -= milli
-            want = ref_capacity_frag(after, int(cpu[i]) - cpu_req, int(model[i]), p)
-            assert got[i, j] == pytest.approx(want, rel=1e-9, abs=1e-6), (i, j)
 
 
 # ---- hand-worked examples from the docstrings ------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -45,10 +46,13 @@ class ScoreContext:
     large: LargeShapes
     rng: np.random.Generator
 
-    def left(self) -> I64:
-        """Free milli-GPU per usable GPU, 0 elsewhere."""
+    @cached_property
+    def free_milli(self) -> I64:
+        """Free milli-GPU per usable GPU, 0 elsewhere (read-only; computed once for all scorers)."""
         st = self.state
-        return np.where(st.usable_gpus(self.rows), st.gpu_milli_free[self.rows], 0)
+        free = np.where(st.usable_gpus(self.rows), st.gpu_milli_free[self.rows], 0)
+        free.setflags(write=False)
+        return free
 
     @property
     def per_gpu(self) -> bool:
@@ -79,14 +83,14 @@ def score_random(ctx: ScoreContext) -> F64:
 def score_bestfit(ctx: ScoreContext) -> F64:
     st, req = ctx.state, ctx.req
     cpu_left = (st.cpu_free[ctx.rows] - req.cpu_milli) / MAX_SPEC_CPU
-    gpu_left = (ctx.left().sum(axis=1) - req.gpu_milli_total) / MAX_SPEC_GPU
+    gpu_left = (ctx.free_milli.sum(axis=1) - req.gpu_milli_total) / MAX_SPEC_GPU
     return _quantise(1.0 - 0.5 * cpu_left - 0.5 * gpu_left)
 
 
 def score_dotprod(ctx: ScoreContext) -> F64:
     """Tetris-style alignment of the node's free vector with the request (lower dot is better)."""
     st, req = ctx.state, ctx.req
-    left = ctx.left()
+    left = ctx.free_milli
     cpu = st.cpu_free[ctx.rows] / MAX_SPEC_CPU
     pod_cpu, pod_gpu = req.cpu_milli / MAX_SPEC_CPU, req.gpu_milli_total / MAX_SPEC_GPU
     full = left >= MILLI_PER_GPU
@@ -111,7 +115,7 @@ def score_packing(ctx: ScoreContext) -> F64:
     req = ctx.req
     if req.gpus == 0:
         return np.zeros(ctx.rows.size)
-    left = ctx.left()
+    left = ctx.free_milli
     exists = ctx.state.gpu_exists[ctx.rows]
     full = (left >= MILLI_PER_GPU) & exists
     n_full = full.sum(axis=1)
@@ -139,7 +143,7 @@ def score_clustering(ctx: ScoreContext) -> F64:
     if req.gpus == 0:
         return np.zeros(ctx.rows.size)
     tag = _gpu_tag(req.gpus, req.gpu_milli)
-    left_total = ctx.left().sum(axis=1)
+    left_total = ctx.free_milli.sum(axis=1)
     base = (MAX_SPEC_GPU - left_total) / MAX_SPEC_GPU * 25.0
     out = np.empty(ctx.rows.size)
     for k, i in enumerate(ctx.rows):
@@ -158,7 +162,7 @@ def score_clustering(ctx: ScoreContext) -> F64:
 def _fgd_delta(ctx: ScoreContext, profile: ProfileArrays) -> F64:
     """Increase of fragmentation caused by the placement: [R] or, per GPU, [R, G]."""
     st, req = ctx.state, ctx.req
-    left = ctx.left()
+    left = ctx.free_milli
     cpu = st.cpu_free[ctx.rows]
     model = st.model_id[ctx.rows]
     before = frag.node_fragmentation(left, cpu, model, profile)
@@ -187,7 +191,7 @@ def score_fgd(ctx: ScoreContext) -> F64:
 def _capacity_delta(ctx: ScoreContext) -> F64:
     """Increase of capacity fragmentation caused by the placement: [R] or, per GPU, [R, G]."""
     st, req, p = ctx.state, ctx.req, ctx.profile
-    left = ctx.left()
+    left = ctx.free_milli
     cpu = st.cpu_free[ctx.rows]
     model = st.model_id[ctx.rows]
     before = frag.capacity_fragmentation(left, cpu, model, p)
@@ -212,7 +216,7 @@ def score_share_waste(ctx: ScoreContext) -> F64:
     if not ctx.per_gpu:
         return np.ones(ctx.rows.size)
     waste = ctx.profile.leftover_waste
-    left = np.clip(ctx.left(), 0, MILLI_PER_GPU)
+    left = np.clip(ctx.free_milli, 0, MILLI_PER_GPU)
     after = np.clip(left - ctx.req.gpu_milli, 0, MILLI_PER_GPU)
     return np.clip(0.5 - (waste[after] - waste[left]) / (2 * MILLI_PER_GPU), 0.0, 1.0)
 
@@ -237,7 +241,7 @@ def score_scarcity(ctx: ScoreContext) -> F64:
     before = (full[:, None] >= large.gpus) & (cpu[:, None] >= large.cpu)
     cpu_after = cpu - req.cpu_milli
     if ctx.per_gpu:
-        full_after = full[:, None] - (ctx.left() >= MILLI_PER_GPU)  # [R, G]: taking GPU g
+        full_after = full[:, None] - (ctx.free_milli >= MILLI_PER_GPU)  # [R, G]: taking GPU g
         after = (full_after[:, :, None] >= large.gpus) & (cpu_after[:, None, None] >= large.cpu)
         return 1.0 - ((before[:, None, :] & ~after) * cost).sum(axis=-1)  # type: ignore[no-any-return]
     full_after = full - (req.gpus if req.exclusive else 0)
@@ -250,7 +254,7 @@ def score_availability(ctx: ScoreContext) -> F64:
     st, req = ctx.state, ctx.req
     if req.gpus == 0:
         return np.ones(ctx.rows.size)
-    left = ctx.left()
+    left = ctx.free_milli
     if ctx.per_gpu:
         return np.where(ctx.gpu_fit, 1.0 - (left - req.gpu_milli) / MILLI_PER_GPU, 0.0)
     count = np.maximum(st.gpu_count[ctx.rows], 1)

@@ -387,6 +387,6 @@ def test_score_context_left_hides_unusable_gpus(nodes) -> None:
     engine = engine_for([nodes.t4("t4"), nodes.mig("mig")], "bestfit")
     engine.state.set_gpu_health(0, 1, GpuHealth.OFFLINE)
     ctx: ScoreContext = engine._context(PodRequest("p", cpu_milli=1), np.array([0, 1]))
-    assert ctx.left()[0, :4].tolist() == [1000, 0, 1000, 1000]
-    assert ctx.left()[1].sum() == 0  # MIG GPUs never count as free milli-GPU
+    assert ctx.free_milli[0, :4].tolist() == [1000, 0, 1000, 1000]
+    assert ctx.free_milli[1].sum() == 0  # MIG GPUs never count as free milli-GPU
     assert not ctx.per_gpu

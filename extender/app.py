@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
+import anyio.to_thread
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -42,6 +43,7 @@ __all__ = ["create_app"]
 log = logging.getLogger(__name__)
 
 _JSON: Final = "application/json"
+BIND_THREADS: Final = 1100  # > the largest gang a GangReservation holds (1,024 members)
 
 
 class ErrorBody(msgspec.Struct, rename={"error": "Error"}):
@@ -144,6 +146,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Gang members' binds wait at the barrier in worker threads: room for the largest gang
+        # beside ordinary binds (anyio's default is 40 threads).
+        anyio.to_thread.current_default_thread_limiter().total_tokens = BIND_THREADS
         if on_startup is not None:
             on_startup()
         try:

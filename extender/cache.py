@@ -17,8 +17,11 @@ What is counted (allocation ids in the `ClusterState`):
   (the Binding carries exactly those GPUs) and turns it into ``pod/<id>``; otherwise it expires.
   A hold whose node leaves the inventory stays, dormant, until the node returns (its Binding may
   be in flight) or its TTL ends.
-- ``group/<name>/<i>``: holds of a group reservation (`reserve_group`, the gang building block:
-  all members placed atomically by `neuronetes.engine.gang.plan_gang`, or none).
+- ``group/<namespace>/<group>/<i>``: a gang reservation's member *slots* (`neuronetes.extender.gangs`):
+  the whole group placed at once by `neuronetes.engine.gang.plan_gang` at its first member's
+  filter, or not at all. Members claim slots at their filter, wait at the bind barrier
+  (`await_gang`) until every member has reached bind, and turn their slot into ``pod/<id>`` when
+  bound. The slots expire together; a restarted extender restores them (`restore_gangs`).
 
 Pods are identified by UID (``namespace/name`` for hand-made requests without one). A pod's
 ``nodeName`` is write-once in Kubernetes, so a watch event showing a pod unbound after this cache
@@ -39,8 +42,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Any, Final
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -55,6 +59,7 @@ from neuronetes.inventory import Allocation, ClusterState, OversubscriptionError
 from neuronetes.model import GpuGrant, Locality, NodeSpec, Placement, PodRequest
 
 from .config import ExtenderSettings, SettingsSource
+from .gangs import GangGroup, GangSlot, GangSpec, RestoredGang, same_shape, wall_now
 from .nodes import NodeSpecError, node_spec_from_node, unusable_node
 from .pods import PodInfo, assigned_gpu_uuids
 from .wire import Node, Pod
@@ -78,6 +83,9 @@ REASON_UNKNOWN_NODE: Final = "node not in the gpu inventory yet"
 REASON_NOT_CHOSEN: Final = "gpus chosen on another node"
 _MAX_REASON: Final = 240
 RESOURCES: Final = ("nodes", "pods")
+GangListener = Callable[[GangGroup, dict[str, NodeSpec], bool], None]
+"""Told (under the cache's lock: it must not block) of every change of a gang reservation:
+the group, the node specs, and whether the reservation has ended (its phase says how)."""
 
 
 class PodUnknownError(LookupError):
@@ -128,6 +136,8 @@ class BindPlan:
     alloc_id: str | None  # the hold this bind realises (None for a pod without GPUs)
     assignment: c.Assignment | None = None
     already_bound: bool = False
+    group: str = ""  # the gang whose slot this bind realises ("" for a lone pod)
+    reservation_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +148,7 @@ class CacheStats:
     bound_pods: int
     pending_gpu_pods: int
     holds: int
+    gangs: int
     unaccounted_pods: int
     conflicts: int
     rebuilds: int
@@ -155,6 +166,18 @@ class _NodeLookup:
     rows: npt.NDArray[np.int64]  # per name: its row, -1 when unknown
     candidates: npt.NDArray[np.int64]  # known rows, first occurrence order, no duplicates
     unknown: tuple[str, ...]
+
+
+def _held_for(pod: PodInfo) -> dict[str, Any]:
+    """The fields of a `Hold` that say whose it is."""
+    return {
+        "pod": pod.id,
+        "gpu": pod.gpu,
+        "uid": pod.uid,
+        "namespace": pod.namespace,
+        "name": pod.name,
+        "priority": pod.priority,
+    }
 
 
 def _short(text: str) -> str:
@@ -177,6 +200,10 @@ class GpuCache:
             self.settings = SettingsSource(initial=settings)
         self._clock = clock
         self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)  # bind barriers wait on it
+        self._groups: dict[str, GangGroup] = {}
+        self.on_gang_change: GangListener | None = None
+        self._required: set[str] = set(RESOURCES)
         self._specs: dict[str, NodeSpec] = {}
         self._pods: dict[str, PodInfo] = {}
         self._holds: dict[str, Hold] = {}
@@ -213,6 +240,14 @@ class GpuCache:
         if self._dirty:
             self._rebuild()
         now = self._clock()
+        for group in [g for g in self._groups.values() if g.expires_at <= now]:
+            log.info(
+                "gang %s: reservation expired with %d of %d members at bind",
+                group.id,
+                group.ready_members + group.prebound,
+                group.size,
+            )
+            self._end_group(group, "Expired")
         for hold in [h for h in self._holds.values() if h.expires_at <= now]:
             log.info("hold %s for %s on %s expired", hold.alloc_id, hold.pod or hold.group, hold.node)
             self._drop_hold(hold.alloc_id)
@@ -262,9 +297,18 @@ class GpuCache:
             self._state.release(alloc_id)
         return hold
 
-    def _drop_hold_of(self, pod: str) -> None:
+    def _drop_hold_of(self, pod: str, *, bound: bool = False) -> None:
+        """The pod no longer needs its hold: bound (`bound`), gone, finished or re-filtered.
+
+        A gang slot is not dropped but handed back to the group (or marked bound).
+        """
         alloc_id = self._hold_of.get(pod)
-        if alloc_id is not None:
+        if alloc_id is None:
+            return
+        hold = self._holds.get(alloc_id)
+        if hold is not None and hold.group and hold.group in self._groups:
+            self._leave_slot(hold, bound=bound)
+        else:
             self._drop_hold(alloc_id)
 
     # ---- bound pods ------------------------------------------------------------------------------
@@ -334,7 +378,7 @@ class GpuCache:
         if alloc_id in st.allocations:
             st.release(alloc_id)
         self._bound_sig.pop(info.id, None)
-        self._drop_hold_of(info.id)  # bound: its hold (if any) is fulfilled
+        self._drop_hold_of(info.id, bound=True)  # bound: its hold (if any) is fulfilled
         grants = self._grants_of(info, i)
         if grants is None:
             self._unaccounted.add(info.id)
@@ -469,9 +513,18 @@ class GpuCache:
             self._synced.add(resource)
         self.touch(resource)
 
+    def require_sync(self, resource: str) -> None:
+        """`synced` also waits for `resource` (e.g. the gang reservations a restart restores)."""
+        with self._lock:
+            self._required.add(resource)
+
+    def is_synced(self, resource: str) -> bool:
+        with self._lock:
+            return resource in self._synced
+
     @property
     def synced(self) -> bool:
-        return all(r in self._synced for r in RESOURCES)
+        return all(r in self._synced for r in self._required)
 
     def sync_age(self, resource: str) -> float:
         """Seconds since the API server last told this cache anything about `resource` (inf: never)."""
@@ -552,18 +605,13 @@ class GpuCache:
             return None
         hold = Hold(
             alloc_id=alloc_id,
-            pod=pod.id,
             node=placement.node,
             request=req,
-            gpu=pod.gpu,
             grants=alloc.grants,
             expires_at=expires,
             score=placement.score,
             reason=placement.reason,
-            uid=pod.uid,
-            namespace=pod.namespace,
-            name=pod.name,
-            priority=pod.priority,
+            **_held_for(pod),
         )
         self._holds[alloc_id] = hold
         self._hold_of[pod.id] = alloc_id
@@ -582,17 +630,23 @@ class GpuCache:
             ok = len({int(st.gpu_socket[i, j]) for j in cols}) == 1
         return None if ok else req.locality.value
 
-    def filter(self, pod: PodInfo, node_names: Sequence[str]) -> FilterDecision:
+    def filter(self, pod: PodInfo, node_names: Sequence[str], gang: GangSpec | None = None) -> FilterDecision:
         """The engine's choice for a GPU pod among `node_names`, held at once for the assume TTL.
 
         Any earlier hold of the pod is replaced. Rejected nodes get their engine filter's
-        categorical reason (unresolvable ones separately: preemption cannot help there).
+        categorical reason (unresolvable ones separately: preemption cannot help there). A gang
+        member (`pod.gang`, with the group's size and TTL in `gang`) gets its slot of the group's
+        reservation, made now for the whole group if there is none.
         """
         with self._lock:
             self._ensure()
-            self._drop_hold_of(pod.id)
             lookup = self._lookup(node_names)
             unknown = dict.fromkeys(lookup.unknown, REASON_UNKNOWN_NODE)
+            if gang is not None and pod.gang is not None and not pod.gpu_error:
+                decided = self._filter_gang(pod, lookup, unknown, gang)
+                if decided is not None:
+                    return decided
+            self._drop_hold_of(pod.id)
             if pod.gpu_error:
                 reason = _short(f"invalid gpu request: {pod.gpu_error}")
                 nodes = self._state.nodes
@@ -664,6 +718,9 @@ class GpuCache:
             info = pod or known
             alloc_id = self._hold_of.get(pod_id)
             hold = self._holds.get(alloc_id) if alloc_id is not None else None
+            group = self._groups.get(hold.group) if hold is not None and hold.group else None
+            if hold is not None and group is not None and hold.node != node:
+                raise BindRefusedError(f"gang {group.name}: this member's gpus are reserved on {hold.node}")
             if hold is not None and hold.node != node:
                 log.info(
                     "pod %s binds to %s, not to %s where its hold was: placing again", pod_id, node, hold.node
@@ -688,25 +745,38 @@ class GpuCache:
                 if hold is None:
                     raise BindRefusedError(f"{node}: gpu placement conflict")
             elif node not in self._state.index:
-                self._drop_hold(hold.alloc_id)
+                if group is None:
+                    self._drop_hold(hold.alloc_id)
                 raise BindRefusedError(f"{node}: {REASON_UNKNOWN_NODE}")
-            else:
+            elif group is None:
                 hold = replace(hold, expires_at=self._clock() + self._current.assume_ttl_seconds)
                 self._holds[hold.alloc_id] = hold
             assert hold.gpu is not None
             i = self._state.index[node]
             placement = Placement(hold.request, node, i, hold.grants, hold.score, hold.reason)
             uid = info.assignment_uid if info is not None else (hold.uid or None)
+            gang_doc = self._gang_assignment(group)
             try:
                 assignment = build_assignment(
-                    placement, self._state.nodes[i], hold.gpu, pod_uid=uid if uid else None
+                    placement, self._state.nodes[i], hold.gpu, pod_uid=uid if uid else None, gang=gang_doc
                 )
             except ValueError as exc:
-                self._drop_hold(hold.alloc_id)
+                if group is None:
+                    self._drop_hold(hold.alloc_id)
                 raise BindRefusedError(_short(f"cannot build the gpu assignment: {exc}")) from None
             annotations = {c.ANNOTATION_ASSIGNED_GPUS: c.encode_assignment(assignment)}
             if self._current.visible_devices_annotations:
                 annotations.update(visible_devices_annotations(assignment))
+            if group is not None:
+                return BindPlan(
+                    pod_id,
+                    node,
+                    annotations,
+                    hold.alloc_id,
+                    assignment,
+                    group=group.id,
+                    reservation_id=group.reservation_id,
+                )
             return BindPlan(pod_id, node, annotations, hold.alloc_id, assignment)
 
     def bind_done(self, plan: BindPlan, *, ok: bool, ambiguous: bool = False, pod: Pod | None = None) -> None:
@@ -720,7 +790,13 @@ class GpuCache:
             hold = self._holds.get(plan.alloc_id) if plan.alloc_id else None
             if not ok:
                 if hold is not None and not ambiguous:
-                    self._drop_hold(hold.alloc_id)
+                    group = self._groups.get(hold.group) if hold.group else None
+                    if group is not None:
+                        # After the barrier: a partial gang. The operator recreates the group.
+                        log.warning("gang %s: binding %s failed after the barrier", group.id, plan.pod)
+                        self._end_group(group, "Failed")
+                    else:
+                        self._drop_hold(hold.alloc_id)
                 return
             if pod is not None:
                 self._upsert(PodInfo.from_pod(pod))
@@ -747,7 +823,9 @@ class GpuCache:
             if info is None:
                 return  # a pod without GPUs the watch will report
             if hold is not None:
-                self._drop_hold(hold.alloc_id)
+                self._drop_hold_of(plan.pod, bound=True)
+                if plan.alloc_id in self._holds:
+                    self._drop_hold(hold.alloc_id)
             self._upsert(info.bound_to(plan.node, plan.assignment))
 
     def refine_victims(self, pod: PodInfo, node: str, victims: Sequence[tuple[str, int]]) -> list[str] | None:
@@ -801,31 +879,63 @@ class GpuCache:
                 scratch.release(alloc.id)
         return [pod_id for pod_id, _, _ in removed if pod_id not in kept]
 
-    # ---- group reservations (the gang building block) ----------------------------------------------
-    def reserve_group(
-        self,
-        group: str,
-        members: Sequence[PodRequest],
-        locality: Locality = Locality.ANY,
-        ttl: float | None = None,
-    ) -> tuple[Hold, ...] | None:
-        """Hold GPUs for every member of `group` at once (`plan_gang`), or for none.
+    # ---- gang reservations ---------------------------------------------------------------------
+    def _emit(self, group: GangGroup, ended: bool = False) -> None:
+        listener = self.on_gang_change
+        if listener is not None:
+            try:
+                listener(group, self._specs, ended)
+            except Exception:  # a listener's failure must not break a decision
+                log.exception("gang %s: reservation listener failed", group.id)
 
-        The holds (``group/<group>/<i>``) expire together after `ttl` (default: the assume TTL)
-        unless released; members claim them when they bind (gang support builds on this).
-        """
-        with self._lock:
-            self._ensure()
-            self._release_group(group)
-            expires = self._clock() + (self._current.assume_ttl_seconds if ttl is None else ttl)
-            plan = plan_gang(self._engine, members, locality, alloc_prefix=f"group/{group}")
-            if plan is None:
-                return None
-            holds = []
-            for placement, alloc_id in zip(plan.placements, plan.alloc_ids, strict=True):
-                alloc = self._state.allocations[alloc_id]
-                self._state.release(alloc_id)  # re-held below with the hold's deadline
-                hold = Hold(
+    def _end_group(self, group: GangGroup, phase: str) -> int:
+        """Release every unbound slot of `group` and forget it; returns how many were held."""
+        if self._groups.get(group.id) is group:
+            del self._groups[group.id]
+        held = 0
+        for slot in group.slots:
+            if not slot.bound and slot.alloc_id in self._holds:
+                self._drop_hold(slot.alloc_id)
+                held += 1
+        group.phase = phase
+        self._emit(group, ended=True)
+        self._cond.notify_all()
+        return held
+
+    def _plan_group(
+        self,
+        group_id: str,
+        namespace: str,
+        name: str,
+        size: int,
+        members: Sequence[PodRequest],
+        locality: Locality,
+        ttl: float,
+        candidates: Sequence[int] | None = None,
+    ) -> GangGroup | None:
+        """Plan and hold every member of a group at once (`plan_gang`), or nothing."""
+        prefix = f"group/{group_id}"
+        plan = plan_gang(self._engine, members, locality, alloc_prefix=prefix, candidates=candidates)
+        if plan is None:
+            return None
+        expires = self._clock() + ttl
+        group = GangGroup(
+            id=group_id,
+            namespace=namespace,
+            name=name,
+            size=size,
+            locality=locality,
+            expires_at=expires,
+            expires_wall=wall_now() + ttl,
+            slots=[],
+            prebound=size - len(members),
+        )
+        holds = []
+        for k, (placement, alloc_id) in enumerate(zip(plan.placements, plan.alloc_ids, strict=True)):
+            alloc = self._state.allocations[alloc_id]
+            self._state.release(alloc_id)  # re-held below, as a hold with the group's deadline
+            holds.append(
+                Hold(
                     alloc_id=alloc_id,
                     pod="",
                     node=placement.node,
@@ -835,25 +945,317 @@ class GpuCache:
                     expires_at=expires,
                     score=placement.score,
                     reason=placement.reason,
-                    group=group,
+                    group=group_id,
                 )
-                holds.append(hold)
-            for hold in holds:
-                ok = self._allocate_hold(hold)
-                assert ok, "a group plan that was just committed must fit again"
-                self._holds[hold.alloc_id] = hold
-            return tuple(holds)
+            )
+            group.slots.append(GangSlot(k, alloc_id, members[k], placement.node, alloc.grants))
+        for hold in holds:
+            ok = self._allocate_hold(hold)
+            assert ok, "a group plan that was just committed must fit again"
+            self._holds[hold.alloc_id] = hold
+        self._groups[group_id] = group
+        self._emit(group)
+        return group
 
-    def _release_group(self, group: str) -> int:
-        ids = [a for a, h in self._holds.items() if h.group == group]
-        for alloc_id in ids:
-            self._drop_hold(alloc_id)
-        return len(ids)
+    def _claim(self, group: GangGroup, slot: GangSlot, pod: PodInfo) -> Hold:
+        """`pod` takes `slot` (its hold now carries the pod's identity and GPU request)."""
+        old = self._hold_of.get(pod.id)
+        if old is not None and old != slot.alloc_id:
+            self._drop_hold_of(pod.id)
+        hold = replace(self._holds[slot.alloc_id], request=pod.request, **_held_for(pod))
+        self._holds[slot.alloc_id] = hold
+        self._hold_of[pod.id] = slot.alloc_id
+        slot.pod, slot.pod_name, slot.pod_uid = pod.id, pod.name, pod.uid
+        self._emit(group)
+        return hold
+
+    def _leave_slot(self, hold: Hold, *, bound: bool) -> None:
+        """A member's slot: bound (its GPUs are the pod's now), or handed back to the group."""
+        group = self._groups[hold.group]
+        slot = next(s for s in group.slots if s.alloc_id == hold.alloc_id)
+        group.arrived.discard(hold.pod)
+        if bound:
+            slot.bound = True
+            self._drop_hold(hold.alloc_id)
+            if all(s.bound for s in group.slots):
+                log.info("gang %s: all %d members bound", group.id, group.size)
+                self._end_group(group, "Bound")
+                return
+        else:
+            if self._hold_of.get(hold.pod) == hold.alloc_id:
+                del self._hold_of[hold.pod]
+            self._holds[hold.alloc_id] = replace(
+                hold, pod="", request=slot.request, gpu=None, uid="", namespace="", name="", priority=0
+            )
+            slot.pod = slot.pod_name = slot.pod_uid = ""
+        self._emit(group)
+        self._cond.notify_all()
+
+    def _gang_reject(
+        self, lookup: _NodeLookup, unknown: dict[str, str], reason: str, keep: int = -1
+    ) -> dict[str, str]:
+        nodes = self._state.nodes
+        failed = {nodes[i].name: reason for i in lookup.candidates.tolist() if i != keep}
+        failed.update(unknown)
+        return failed
+
+    def _filter_gang(
+        self, pod: PodInfo, lookup: _NodeLookup, unknown: dict[str, str], spec: GangSpec
+    ) -> FilterDecision | None:
+        """A gang member's filter: its slot in the group's reservation (None: place it alone)."""
+        gang = pod.gang
+        group_id = pod.gang_id
+        assert gang is not None and group_id is not None
+        group = self._groups.get(group_id)
+        if group is not None and any(not s.bound and s.alloc_id not in self._holds for s in group.slots):
+            log.info("gang %s: a reserved slot was lost (node change or eviction); planning again", group_id)
+            self._end_group(group, "Released")
+            group = None
+        if group is None:
+            mates = [p for p in self._pods.values() if p.gang_id == group_id and p.id != pod.id]
+            bound = sum(1 for p in mates if p.holds_resources and p.gpu is not None)
+            needed = spec.size - bound
+            if needed <= 0:
+                return None  # the gang is complete: an extra member is placed like any pod
+            waiting = sorted(
+                (p for p in mates if p.pending_gpu and p.gpu is not None and not p.gpu_error),
+                key=lambda p: p.name,
+            )
+            members = [pod.request, *(p.request for p in waiting[: needed - 1])]
+            members += [pod.request] * (needed - len(members))
+            locality = pod.request.locality
+            group = self._plan_group(
+                group_id,
+                pod.namespace,
+                gang.name,
+                spec.size,
+                members,
+                locality,
+                spec.ttl_seconds,
+                lookup.candidates.tolist(),
+            )
+            if group is None:
+                where = "" if locality is Locality.ANY else f" {locality.value}"
+                reason = f"gang {gang.name}: no room for all {needed} members{where}"
+                return FilterDecision((), self._gang_reject(lookup, unknown, reason), {}, None)
+        slot = next((s for s in group.slots if s.pod == pod.id and not s.bound), None)
+        if slot is None:
+            free = [s for s in group.slots if not s.pod and not s.bound]
+            slot = next((s for s in free if same_shape(s.request, pod.request)), None)
+            if slot is None:
+                reason = (
+                    f"gang {gang.name}: no reserved member slot has this pod's resources"
+                    if free
+                    else f"gang {gang.name}: all {len(group.slots)} reserved member slots are taken"
+                )
+                return FilterDecision((), self._gang_reject(lookup, unknown, reason), {}, None)
+            hold = self._claim(group, slot, pod)
+        else:
+            hold = self._holds[slot.alloc_id]
+        row = self._state.index.get(slot.node, -1)
+        if row < 0 or not bool((lookup.candidates == row).any()):
+            reason = (
+                f"gang {gang.name}: this member's gpus are reserved on {slot.node}, not among these nodes"
+            )
+            return FilterDecision((), self._gang_reject(lookup, unknown, reason), {}, None)
+        reason = f"gang {gang.name}: gpus reserved on {slot.node}"
+        placement = Placement(hold.request, slot.node, row, hold.grants, hold.score, hold.reason)
+        return FilterDecision(
+            (slot.node,),
+            self._gang_reject(lookup, unknown, reason, keep=row),
+            {},
+            hold,
+            self._violated_locality(placement),
+        )
+
+    @staticmethod
+    def _gang_assignment(group: GangGroup | None) -> c.GangAssignment | None:
+        if group is None:
+            return None
+        try:
+            return msgspec.convert({"name": group.name, "size": group.size}, c.GangAssignment)
+        except msgspec.ValidationError:
+            return None  # e.g. a Volcano group name longer than a label value: not recorded
+
+    def await_gang(self, plan: BindPlan, *, timeout: float | None = None) -> str | None:
+        """The bind barrier: wait until every member of `plan.group` has reached bind.
+
+        Returns None when the Binding may be posted, else why not (the reservation expired or
+        was released first, or `timeout` passed). Called from the bind's own thread; the lock is
+        released while waiting.
+        """
+        give_up = None if timeout is None else self._clock() + timeout
+        with self._cond:
+            while True:
+                self._ensure()
+                group = self._groups.get(plan.group)
+                if group is None or group.reservation_id != plan.reservation_id:
+                    return "gang reservation ended before every member reached bind (expired or released)"
+                slot = next((s for s in group.slots if s.pod == plan.pod), None)
+                if slot is None or (not slot.bound and slot.alloc_id not in self._holds):
+                    return f"gang {group.name}: this member's reserved gpus were released"
+                if plan.pod not in group.arrived and not slot.bound:
+                    group.arrived.add(plan.pod)
+                    self._emit(group)
+                    self._cond.notify_all()
+                if group.open or group.ready_members + group.prebound >= group.size:
+                    if not group.open:
+                        self._open_barrier(group)
+                    return None
+                now = self._clock()
+                if give_up is not None and now >= give_up:
+                    return (
+                        f"gang {group.name}: {group.ready_members + group.prebound} of {group.size} "
+                        "members at bind; still waiting"
+                    )
+                limit = group.expires_at if give_up is None else min(group.expires_at, give_up)
+                self._cond.wait(min(max(limit - now, 0.01), 0.5))
+
+    def _open_barrier(self, group: GangGroup) -> None:
+        """Every member reached bind: the Bindings go out; holds last the assume TTL from now."""
+        group.open = True
+        group.phase = "Binding"
+        ttl = self._current.assume_ttl_seconds
+        deadline = self._clock() + ttl
+        if deadline > group.expires_at:
+            group.expires_wall += deadline - group.expires_at
+            group.expires_at = deadline
+        for slot in group.slots:
+            hold = self._holds.get(slot.alloc_id)
+            if hold is not None:
+                self._holds[slot.alloc_id] = replace(hold, expires_at=group.expires_at)
+        log.info("gang %s: all %d members at bind, binding", group.id, group.size)
+        self._emit(group)
+        self._cond.notify_all()
+
+    def restore_gangs(self, restored: Iterable[RestoredGang]) -> int:
+        """Hold the slots of reservations read back from the API (an extender restart).
+
+        Expired ones are ended (their objects updated); slots whose pod is bound already count
+        as bound; a reservation whose slots no longer fit is released. Returns how many groups
+        were restored.
+        """
+        count = 0
+        with self._lock:
+            now, wall = self._clock(), wall_now()
+            for r in restored:
+                group_id = f"{r.namespace}/{r.name}"
+                if group_id in self._groups or r.phase not in ("Reserved", "Binding"):
+                    continue
+                remaining = r.expires_wall - wall
+                group = GangGroup(
+                    id=group_id,
+                    namespace=r.namespace,
+                    name=r.name,
+                    size=r.size,
+                    locality=r.locality,
+                    expires_at=now + remaining,
+                    expires_wall=r.expires_wall,
+                    slots=[replace(s) for s in r.slots],
+                    prebound=r.size - len(r.slots),
+                    phase=r.phase,
+                    open=r.phase == "Binding",
+                )
+                if r.reservation_id:
+                    group.reservation_id = r.reservation_id
+                if remaining <= 0:
+                    self._end_group(group, "Expired")
+                    continue
+                self._groups[group_id] = group
+                by_name = {
+                    (p.namespace, p.name): p for p in self._pods.values() if p.namespace == r.namespace
+                }
+                intact = True
+                for slot in group.slots:
+                    pod = self._pods.get(slot.pod_uid) if slot.pod_uid else None
+                    if pod is None and slot.pod_name:
+                        pod = by_name.get((r.namespace, slot.pod_name))
+                    if pod is not None and pod.holds_resources:
+                        slot.bound = True
+                    if slot.bound:
+                        continue
+                    spec = self._specs.get(slot.node)
+                    if spec is not None and slot.request.exclusive:
+                        mem = {g.index: g.memory_mib for g in spec.gpus}
+                        slot.grants = tuple(
+                            replace(g, memory_mib=mem.get(g.gpu_index, g.memory_mib)) for g in slot.grants
+                        )
+                    hold = Hold(
+                        alloc_id=slot.alloc_id,
+                        pod="",
+                        node=slot.node,
+                        request=slot.request,
+                        gpu=None,
+                        grants=slot.grants,
+                        expires_at=group.expires_at,
+                        reason="restored gang reservation",
+                        group=group_id,
+                    )
+                    self._holds[slot.alloc_id] = hold
+                    if not self._dirty and slot.node in self._state.index and not self._allocate_hold(hold):
+                        intact = False
+                    slot.pod = slot.pod_name = slot.pod_uid = ""
+                    if pod is not None and pod.pending_gpu and not pod.gpu_error:
+                        self._claim(group, slot, pod)
+                if not intact:
+                    log.warning("gang %s: restored reservation no longer fits; released", group_id)
+                    self._end_group(group, "Released")
+                    continue
+                if all(s.bound for s in group.slots):
+                    self._end_group(group, "Bound")
+                    continue
+                log.info("gang %s: reservation restored (%d slots)", group_id, len(group.slots))
+                self._emit(group)
+                count += 1
+        return count
+
+    def release_gang(self, group_id: str, reservation_id: str | None = None) -> int:
+        """Release every slot of `group_id` (only if it is still `reservation_id`, when given)."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None or (reservation_id is not None and group.reservation_id != reservation_id):
+                return 0
+            return self._end_group(group, "Released")
+
+    def reserve_group(
+        self,
+        group: str,
+        members: Sequence[PodRequest],
+        locality: Locality = Locality.ANY,
+        ttl: float | None = None,
+    ) -> tuple[Hold, ...] | None:
+        """Hold GPUs for every member of `group` at once (`plan_gang`), or for none.
+
+        The slots (``group/<group>/<i>``) expire together after `ttl` (default: the assume TTL)
+        unless released; members of the group claim them at their filter.
+        """
+        with self._lock:
+            self._ensure()
+            existing = self._groups.get(group)
+            if existing is not None:
+                self._end_group(existing, "Released")
+            namespace, _, name = group.rpartition("/")
+            planned = self._plan_group(
+                group,
+                namespace,
+                name,
+                len(members),
+                members,
+                locality,
+                self._current.assume_ttl_seconds if ttl is None else ttl,
+            )
+            if planned is None:
+                return None
+            return tuple(self._holds[s.alloc_id] for s in planned.slots)
 
     def release_group(self, group: str) -> int:
         """Release every hold of `group`; returns how many there were."""
+        return self.release_gang(group)
+
+    def gangs(self) -> list[GangGroup]:
         with self._lock:
-            return self._release_group(group)
+            self._ensure()
+            return list(self._groups.values())
 
     # ---- introspection -------------------------------------------------------------------------
     @property
@@ -917,6 +1319,7 @@ class GpuCache:
                 bound_pods=sum(1 for p in pods if p.holds_resources),
                 pending_gpu_pods=sum(1 for p in pods if p.pending_gpu),
                 holds=len(self._holds),
+                gangs=len(self._groups),
                 unaccounted_pods=len(self._unaccounted),
                 conflicts=self.conflicts,
                 rebuilds=self.rebuilds,

@@ -11,6 +11,11 @@ Example (every key optional; camelCase as in Kubernetes manifests)::
       data_locality: 0.10
     assumeTTLSeconds: 30       # how long a filter decision holds its GPUs before the bind
     filterTopK: 1              # nodes a filter answer lists, best first
+    gangTTLSeconds: 120        # how long a gang reservation waits for every member's bind
+                               # (a PodGroup's scheduleTimeoutSeconds or the pod annotation
+                               # neuronetes.io/gang-timeout-seconds override it per group)
+    bindWaitSeconds: 110       # longest a gang member's bind waits at the barrier; keep it
+                               # below kube-scheduler's httpTimeout of the bind extender entry
     maxBodyBytes: 67108864     # larger request bodies get 413
     visibleDevicesAnnotations: false  # also write the no-NRI fallback annotations at bind
 
@@ -53,6 +58,8 @@ class ExtenderSettings(
     rename={
         "assume_ttl_seconds": "assumeTTLSeconds",
         "filter_top_k": "filterTopK",
+        "gang_ttl_seconds": "gangTTLSeconds",
+        "bind_wait_seconds": "bindWaitSeconds",
         "max_body_bytes": "maxBodyBytes",
         "visible_devices_annotations": "visibleDevicesAnnotations",
     },
@@ -61,6 +68,8 @@ class ExtenderSettings(
     weights: dict[str, Annotated[float, msgspec.Meta(ge=0)]] = {}
     assume_ttl_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
     filter_top_k: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
+    gang_ttl_seconds: Annotated[float, msgspec.Meta(ge=1, le=86400)] = 120.0
+    bind_wait_seconds: Annotated[float, msgspec.Meta(ge=1, le=86400)] = 110.0
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 31)] = DEFAULT_MAX_BODY_BYTES
     visible_devices_annotations: bool = False
 

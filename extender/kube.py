@@ -27,6 +27,7 @@ __all__ = ["Binder", "KubeApi", "KubeError", "WatchStream", "load_api_client"]
 log = logging.getLogger(__name__)
 
 _JSON: Final = "application/json"
+_APPLY: Final = "application/apply-patch+yaml"  # JSON is YAML: the client sends it as JSON
 _AUTH: Final = ["BearerToken"]
 
 
@@ -117,10 +118,11 @@ class KubeApi:
         query: Sequence[tuple[str, str]] = (),
         body: Any = None,
         timeout: float | tuple[float, float] | None = None,
+        content_type: str = _JSON,
     ) -> urllib3.BaseHTTPResponse:
         headers = {"Accept": _JSON}
         if body is not None:
-            headers["Content-Type"] = _JSON
+            headers["Content-Type"] = content_type
         try:
             response: urllib3.BaseHTTPResponse = self.api_client.call_api(
                 path,
@@ -151,6 +153,19 @@ class KubeApi:
 
     def post(self, path: str, body: Mapping[str, Any], *, timeout: float | None = None) -> bytes:
         return self._body("POST", path, self._call("POST", path, body=dict(body), timeout=timeout))
+
+    def apply(
+        self, path: str, body: Mapping[str, Any], *, field_manager: str, timeout: float | None = None
+    ) -> bytes:
+        """Server-side apply of `body` at `path` (forced: this manager owns the fields it sets)."""
+        query = [("fieldManager", field_manager), ("force", "true")]
+        response = self._call(
+            "PATCH", path, query=query, body=dict(body), timeout=timeout, content_type=_APPLY
+        )
+        return self._body("PATCH", path, response)
+
+    def delete(self, path: str, *, timeout: float | None = None) -> bytes:
+        return self._body("DELETE", path, self._call("DELETE", path, timeout=timeout))
 
     def watch(self, path: str, query: Sequence[tuple[str, str]], *, read_timeout: float) -> WatchStream:
         """A watch stream (iterate its lines; `close` it, from any thread, to end it)."""

@@ -11,16 +11,23 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Any, Final
 
 from neuronetes import contracts as c
-from neuronetes.assignment import PodGpuRequest, ResourceRequestError, pod_gpu_request
+from neuronetes.assignment import PodGpuRequest, ResourceRequestError, gang_of, pod_gpu_request
 from neuronetes.model import PodRequest
 from neuronetes.quantity import QuantityError, to_mib, to_milli
 
 from .wire import Container, Pod, Quantity, ResourceList, pod_as_mapping
 
-__all__ = ["TERMINAL_PHASES", "PodInfo", "assigned_gpu_uuids", "effective_cpu_memory", "pod_identity"]
+__all__ = [
+    "TERMINAL_PHASES",
+    "GangRef",
+    "PodInfo",
+    "assigned_gpu_uuids",
+    "effective_cpu_memory",
+    "pod_identity",
+]
 
 TERMINAL_PHASES: Final = frozenset({"Succeeded", "Failed"})
 _MAX_AMOUNT: Final = 2**53
@@ -81,6 +88,36 @@ def effective_cpu_memory(pod: Pod) -> tuple[int, int]:
 
 
 @dataclass(frozen=True, slots=True)
+class GangRef:
+    """The gang (pod group) a pod belongs to, as its labels/annotations say."""
+
+    key: str  # the label or annotation it was read from (`contracts.GANG_KEYS`)
+    name: str
+    size: int | None  # None: the size is the group object's minMember
+    timeout_s: float | None = None  # `neuronetes.io/gang-timeout-seconds`, if set
+
+
+def _gang_ref(pod: Pod, mapping: dict[str, Any]) -> GangRef | None:
+    """The pod's gang (raises ResourceRequestError for a malformed size or timeout)."""
+    found = gang_of(mapping)
+    if found is None:
+        return None
+    key, name, size = found
+    timeout: float | None = None
+    raw = (pod.metadata.annotations or {}).get(c.ANNOTATION_GANG_TIMEOUT)
+    if raw is not None:
+        try:
+            timeout = float(raw)
+        except ValueError:
+            timeout = -1.0
+        if not 1.0 <= timeout <= 86400.0:
+            raise ResourceRequestError(
+                f"annotation {c.ANNOTATION_GANG_TIMEOUT}: {raw!r} is not a number of seconds in 1..86400"
+            )
+    return GangRef(key, name, size, timeout)
+
+
+@dataclass(frozen=True, slots=True)
 class PodInfo:
     """The cache's record of one pod."""
 
@@ -99,14 +136,18 @@ class PodInfo:
     assignment: c.Assignment | None
     assignment_error: str
     resource_version: str
+    gang: GangRef | None = None
 
     @classmethod
     def from_pod(cls, pod: Pod) -> PodInfo:
         meta = pod.metadata
         gpu: PodGpuRequest | None = None
         gpu_error = ""
+        gang: GangRef | None = None
         try:
-            gpu = pod_gpu_request(pod_as_mapping(pod), name=pod.key)
+            mapping = pod_as_mapping(pod)
+            gpu = pod_gpu_request(mapping, name=pod.key)
+            gang = _gang_ref(pod, mapping)
         except (ResourceRequestError, ValueError) as exc:
             gpu_error = str(exc)
         assignment: c.Assignment | None = None
@@ -134,11 +175,17 @@ class PodInfo:
             assignment=assignment,
             assignment_error=assignment_error,
             resource_version=meta.resource_version,
+            gang=gang if gpu is not None else None,
         )
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def gang_id(self) -> str | None:
+        """``namespace/group`` of the pod's gang (groups are namespaced), or None."""
+        return None if self.gang is None else f"{self.namespace}/{self.gang.name}"
 
     @property
     def terminal(self) -> bool:

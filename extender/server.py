@@ -24,6 +24,7 @@ from .cache import GpuCache
 from .config import ConfigError, SettingsSource
 from .kube import KubeApi, KubeError
 from .metrics import ExtenderMetrics
+from .reservations import GroupDirectory, ReservationStore
 from .service import ExtenderService
 from .watch import Reflectors, start_reflectors
 
@@ -41,6 +42,7 @@ class Extender:
     app: FastAPI
     metrics: ExtenderMetrics
     reflectors: Reflectors | None = None
+    store: ReservationStore | None = None
 
 
 def build(
@@ -60,20 +62,25 @@ def build(
     cache = GpuCache(settings)
     api = api or KubeApi.from_kubeconfig(kubeconfig)
     metrics = ExtenderMetrics(cache.stats)
-    service = service_class(cache, api, metrics)
+    service = service_class(cache, api, metrics, GroupDirectory(api))
+    store = ReservationStore(cache, api, resync_period=resync_period) if watch else None
     holder: dict[str, Reflectors] = {}
 
     def startup() -> None:
         if watch:
             holder["r"] = start_reflectors(cache, api, resync_period=resync_period)
             extender.reflectors = holder["r"]
+        if store is not None:
+            store.start()
 
     def shutdown() -> None:
         if "r" in holder:
             holder.pop("r").stop()
+        if store is not None:
+            store.stop()
 
     app = create_app(service, metrics=metrics, on_startup=startup, on_shutdown=shutdown)
-    extender = Extender(cache, service, app, metrics)
+    extender = Extender(cache, service, app, metrics, store=store)
     return extender
 
 

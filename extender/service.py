@@ -16,9 +16,11 @@ from typing import Final
 import msgspec
 
 from .cache import BindRefusedError, GpuCache, PodUnknownError
+from .gangs import GangSpec
 from .kube import Binder, KubeError
 from .metrics import ExtenderMetrics
 from .pods import PodInfo, pod_identity
+from .reservations import GroupDirectory
 from .wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -84,11 +86,16 @@ class NodeSet:
 
 class ExtenderService:
     def __init__(
-        self, cache: GpuCache, binder: Binder | None = None, metrics: ExtenderMetrics | None = None
+        self,
+        cache: GpuCache,
+        binder: Binder | None = None,
+        metrics: ExtenderMetrics | None = None,
+        groups: GroupDirectory | None = None,
     ) -> None:
         self.cache = cache
         self.binder = binder
         self.metrics = metrics
+        self.groups = groups or GroupDirectory(None)
 
     # ---- filter ------------------------------------------------------------------------------------
     def filter(self, args: ExtenderArgs) -> tuple[ExtenderFilterResult, str]:
@@ -101,7 +108,15 @@ class ExtenderService:
             return ExtenderFilterResult(error=NOT_SYNCED), "error"
         if self.metrics is not None:
             self.metrics.attempts.inc()
-        decision = self.cache.filter(pod, nodes.names)
+        gang: GangSpec | None = None
+        if pod.gang is not None and not pod.gpu_error:
+            found = self.groups.spec_for(pod, self.cache.settings.get().gang_ttl_seconds)
+            if isinstance(found, str):
+                failed = dict.fromkeys(nodes.names, found)
+                names, raw = nodes.answer(())
+                return ExtenderFilterResult(node_names=names, nodes=raw, failed_nodes=failed), "unschedulable"
+            gang = found
+        decision = self.cache.filter(pod, nodes.names, gang)
         if decision.topology_violation is not None and self.metrics is not None:
             self.metrics.topology_violations.labels(decision.topology_violation).inc()
         names, raw = nodes.answer(decision.feasible)
@@ -162,6 +177,12 @@ class ExtenderService:
             ), "error"
         if plan.already_bound:
             return ExtenderBindingResult(), "ok"
+        if plan.group:
+            # The barrier: no member is bound before every member has reached bind. On a refusal
+            # kube-scheduler forgets what it assumed for the pod and retries it later.
+            why = self.cache.await_gang(plan, timeout=self.cache.settings.get().bind_wait_seconds)
+            if why is not None:
+                return ExtenderBindingResult(error=f"neuronetes extender: {why}"), "refused"
         try:
             binder.bind(ns, name, uid, node, plan.annotations)
         except KubeError as exc:

@@ -14,7 +14,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -59,7 +59,7 @@ class Reflector(Generic[T]):
         resource: str,
         path: str,
         item: type[T],
-        list_type: type[NodeList] | type[PodList],
+        list_type: type[Any],
         *,
         on_replace: Callable[[Iterable[T]], None],
         on_upsert: Callable[[T], None],
@@ -137,16 +137,16 @@ class Reflector(Generic[T]):
             if token:
                 query.append(("continue", token))
             try:
-                page: NodeList | PodList = self._list.decode(self.api.get(self.path, query, timeout=120.0))
+                page: Any = self._list.decode(self.api.get(self.path, query, timeout=120.0))
             except KubeError as exc:
                 if exc.status == GONE:  # the continue token expired: start over
                     raise _Gone from None
                 raise
             except msgspec.DecodeError as exc:
                 raise KubeError(0, f"{self.resource}: undecodable list: {exc}") from None
-            items.extend(page.items or ())  # type: ignore[arg-type]
-            rv = page.metadata.resource_version
-            token = page.metadata.continue_
+            items.extend(page.items or ())
+            rv = str(page.metadata.resource_version)
+            token = str(page.metadata.continue_)
             if not token:
                 break
         self._on_replace(items)

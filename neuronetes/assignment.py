@@ -36,7 +36,7 @@ from neuronetes.mig import (
     is_valid_profile_name,
     normalize_profile_name,
 )
-from neuronetes.model import MILLI_PER_GPU, GpuGrant, NodeSpec, Placement, PodRequest
+from neuronetes.model import MILLI_PER_GPU, GpuGrant, Locality, NodeSpec, Placement, PodRequest
 from neuronetes.quantity import QuantityError, parse_quantity, to_mib, to_milli
 
 __all__ = [
@@ -314,6 +314,33 @@ def _container_request(ask: _Ask, priority: int) -> PodRequest:
     return PodRequest(**base, gpus=1, mig_profile=profile)
 
 
+def _topology(pod: Mapping[str, Any]) -> tuple[Locality, float]:
+    """The locality and minimum NVLink bandwidth a Pod object's annotations ask for."""
+    if "spec" not in pod or "containers" in pod:
+        return Locality.ANY, 0.0
+    meta = _mapping(pod.get("metadata"), "metadata")
+    annotations = _mapping(meta.get("annotations"), "metadata.annotations")
+    raw = annotations.get(c.ANNOTATION_LOCALITY)
+    try:
+        locality = Locality.parse(raw if isinstance(raw, str) else None)
+    except ValueError as exc:
+        raise ResourceRequestError(f"annotation {c.ANNOTATION_LOCALITY}: {exc}") from None
+    if raw is not None and not isinstance(raw, str):
+        raise ResourceRequestError(f"annotation {c.ANNOTATION_LOCALITY}: {raw!r} is not a string")
+    bandwidth = 0.0
+    raw_bw = annotations.get(c.ANNOTATION_MIN_BANDWIDTH)
+    if raw_bw is not None:
+        try:
+            bandwidth = float(raw_bw)
+        except (TypeError, ValueError):
+            bandwidth = -1.0
+        if not (0.0 <= bandwidth < 1e6) or bandwidth != bandwidth:
+            raise ResourceRequestError(
+                f"annotation {c.ANNOTATION_MIN_BANDWIDTH}: {raw_bw!r} is not a non-negative number of GB/s"
+            )
+    return locality, bandwidth
+
+
 def _pod_parts(pod: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
     if "spec" in pod and "containers" not in pod:
         spec = _mapping(pod["spec"], "spec")
@@ -384,11 +411,14 @@ def pod_gpu_request(pod: Mapping[str, Any], *, name: str | None = None) -> PodGp
 
     cpu = _effective(asks, lambda a: a.cpu_milli)
     memory = _effective(asks, lambda a: a.memory_mib)
+    locality, bandwidth = _topology(pod)
     base: dict[str, Any] = {
         "name": request_name,
         "cpu_milli": cpu,
         "memory_mib": memory,
         "priority": priority,
+        "locality": locality,
+        "min_bandwidth_gbps": bandwidth,
     }
     if kind is GpuKind.WHOLE:
         effective = PodRequest(**base, gpus=_effective(asks, lambda a: a.gpu))

@@ -69,6 +69,12 @@ LABEL_GANG_SIZE: Final = f"{GROUP}/gang-size"
 LABEL_POD_GROUP_X_K8S: Final = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins coscheduling
 ANNOTATION_GROUP_NAME_VOLCANO: Final = "scheduling.k8s.io/group-name"  # Volcano
 GANG_KEYS: Final = (LABEL_GANG, LABEL_POD_GROUP_X_K8S, ANNOTATION_GROUP_NAME_VOLCANO)
+# Topology a pod asks for (an AgentPool's spec.topology, written on its pods by the operator):
+# where the pod's own GPUs sit relative to each other and, for a gang, where its members sit
+# (`same-node`: one node; `same-socket` / `nvlink`: one socket / NVLink group of one node).
+ANNOTATION_LOCALITY: Final = f"{GROUP}/locality"  # any | same-node | same-socket | nvlink
+ANNOTATION_MIN_BANDWIDTH: Final = f"{GROUP}/min-bandwidth-gbps"  # NVLink GB/s between the GPUs
+ANNOTATION_GANG_TIMEOUT: Final = f"{GROUP}/gang-timeout-seconds"  # how long a gang reservation holds
 
 # Tenant-set keys the webhook strips or refuses (DESIGN §2 "Fail closed"; docs/threat-model.md).
 TENANT_FORBIDDEN_ENV_PREFIXES: Final = ("NVIDIA_", "CUDA_DEVICE_", "NEURONETES_")

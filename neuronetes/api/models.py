@@ -406,6 +406,7 @@ class GangMember(_Object):
     memory_mib: NonNegative | None = field(default=None, name="memoryMiB")
     compute_percent: Annotated[int, Meta(ge=1, le=100)] = 100
     mig_profile: MigProfile | None = None
+    mig_start: Annotated[int, Meta(ge=0, le=7)] | None = None
     bound: bool = False
 
 

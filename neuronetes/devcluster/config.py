@@ -54,6 +54,9 @@ class ExtenderConfig:
     preempt_verb: str | None = "preempt"
     weight: int = 1
     http_timeout_s: float = 5.0
+    bind_http_timeout_s: float = 130.0
+    """The bind entry's timeout: a gang member's bind waits at the barrier (up to the extender's
+    ``bindWaitSeconds``, 110 s by default) until every member has reached bind."""
     node_cache_capable: bool = True
     ignorable: bool = False
     managed_resources: tuple[str, ...] = field(default_factory=default_managed_resources)
@@ -82,11 +85,30 @@ class ExtenderConfig:
         if self.prioritize_verb:
             doc["prioritizeVerb"] = self.prioritize_verb
             doc["weight"] = self.weight
-        if self.bind_verb:
-            doc["bindVerb"] = self.bind_verb
         if self.preempt_verb:
             doc["preemptVerb"] = self.preempt_verb
         return doc
+
+    def entries(self) -> list[dict[str, Any]]:
+        """kube-scheduler's ``extenders`` list: the decision verbs, and bind on its own entry.
+
+        Bind gets a second entry (same URL) so its long timeout (the gang barrier) does not
+        become the filter's: a hung filter must fail fast. That entry manages no resources, so
+        it binds every pod this kube-scheduler schedules (pods without GPUs just get bound).
+        """
+        out = [self.to_json()]
+        if self.bind_verb:
+            out.append(
+                {
+                    "urlPrefix": self.url,
+                    "enableHTTPS": self.url.startswith("https://"),
+                    "httpTimeout": f"{self.bind_http_timeout_s:g}s",
+                    "nodeCacheCapable": self.node_cache_capable,
+                    "ignorable": False,
+                    "bindVerb": self.bind_verb,
+                }
+            )
+        return out
 
 
 def scheduler_config(kubeconfig_path: Path, extender: ExtenderConfig | None) -> dict[str, Any]:
@@ -125,7 +147,7 @@ def scheduler_config(kubeconfig_path: Path, extender: ExtenderConfig | None) -> 
         ],
     }
     if extender is not None:
-        doc["extenders"] = [extender.to_json()]
+        doc["extenders"] = extender.entries()
     return doc
 
 

@@ -46,13 +46,20 @@ def plan_gang(
     locality: Locality = Locality.ANY,
     alloc_prefix: str = "gang",
     ttl: float | None = None,
+    candidates: Sequence[int] | None = None,
 ) -> GangPlan | None:
-    """Place and commit all `members` (each with id `{alloc_prefix}/{i}`) or nothing."""
+    """Place and commit all `members` (each with id `{alloc_prefix}/{i}`) or nothing.
+
+    `candidates` (node rows) limits where members may go (default: every node).
+    """
     if not members:
         raise ValueError("a gang needs at least one member")
     if locality is Locality.ANY:
-        return _commit_all(engine, members, alloc_prefix, ttl, node=None)
+        return _commit_all(engine, members, alloc_prefix, ttl, node=None, candidates=candidates)
+    allowed = None if candidates is None else set(candidates)
     for node in _candidate_nodes(engine, members, locality):
+        if allowed is not None and node not in allowed:
+            continue
         for group in _groups(engine, members, node, locality):
             plan = _commit_all(engine, members, alloc_prefix, ttl, node, group, locality)
             if plan is not None:
@@ -133,6 +140,7 @@ def _commit_all(
     node: int | None,
     group: BOOL | None = None,
     locality: Locality = Locality.ANY,
+    candidates: Sequence[int] | None = None,
 ) -> GangPlan | None:
     st = engine.state
     placed: dict[int, tuple[Placement, str]] = {}
@@ -152,7 +160,7 @@ def _commit_all(
             member = members[i]
             p: Placement | None
             if node is None:
-                p = engine.place(member)
+                p = engine.place(member, candidates=candidates)
             elif group is not None and member.exclusive:
                 take, block = block[: member.gpus], block[member.gpus :]
                 grants = tuple(GpuGrant(j, 1000, int(st.gpu_mem_cap[node, j])) for j in take)

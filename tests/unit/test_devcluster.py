@@ -133,10 +133,14 @@ def test_scheduler_config_profile_and_extender() -> None:
     ext = ExtenderConfig.from_url("http://127.0.0.1:9999/scheduler/")
     assert ext is not None
     doc = scheduler_config(Path("/k"), ext)
-    (e,) = doc["extenders"]
+    e, b = doc["extenders"]
     assert e["urlPrefix"] == "http://127.0.0.1:9999/scheduler"
     assert e["nodeCacheCapable"] is True and e["ignorable"] is False
-    assert e["filterVerb"] == "filter" and e["bindVerb"] == "bind" and e["weight"] > 0
+    assert e["filterVerb"] == "filter" and e["weight"] > 0 and "bindVerb" not in e
+    assert e["httpTimeout"] == "5s"
+    # Bind on its own entry: the gang barrier's long timeout is not the filter's.
+    assert b["urlPrefix"] == e["urlPrefix"] and b["bindVerb"] == "bind" and "filterVerb" not in b
+    assert "managedResources" not in b and float(b["httpTimeout"].rstrip("s")) > 110
     managed = {r["name"] for r in e["managedResources"]}
     assert {RESOURCE_GPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_COMPUTE, "neuronetes.io/mig-1g.5gb"} <= managed
     assert len(default_managed_resources()) == len(set(default_managed_resources()))

@@ -1,0 +1,752 @@
+"""Pods/s through the real kube-scheduler with and without the NeuroNetes extender, on one kwok cluster.
+
+One local control plane (`neuronetes.devcluster.DevCluster`, named ``bench-e2e-<pid>``) with
+``--nodes`` simulated 8-GPU nodes (``--profile``, DGX A100 80GB by default). Two batches of
+``--pods`` identical pods (``schedulerName: neuronetes-scheduler``, ``neuronetes.io/gpu: 1``,
+100m CPU, 128Mi, tolerating the kwok taint), each in its own namespace, go through:
+
+1. kube-scheduler calling the extender (filter, prioritize, bind, preempt; the extender runs as a
+   separate ``neuronetes extender serve`` process, its GPU cache fed by list+watch);
+2. kube-scheduler alone (the same ``neuronetes-scheduler`` profile, no extender; the extender
+   process is stopped first, so it takes no CPU).
+
+The first batch stays bound during the second (the cluster has room for both), and the runs go
+in this order so the extender never sees GPU pods bound without its assignment annotation.
+
+How a batch is timed (``--mode``):
+
+- ``backlog`` (default): kube-scheduler is stopped, the whole batch is created, then kube-scheduler
+  is started (with or without the extender) and drains it. Throughput is (pods − 1) / (last bind
+  − first bind), the bind times being when a watch on the namespace first sees ``spec.nodeName``:
+  the scheduler's own rate, free of how fast this client creates pods and of the scheduler's
+  start-up.
+- ``stream``: kube-scheduler runs; the batch is created from a thread pool as fast as the API
+  server takes it. Throughput is pods / (last bind − first create).
+
+``added_ms_per_pod`` is 1000 / with − 1000 / without. The extender's own per-verb latency comes
+from its ``neuronetes_scheduler_latency_seconds`` histogram (the difference of two scrapes around
+the run), kube-scheduler's from its ``/metrics``, and the CPU seconds every process used during
+each run from ``/proc``. The cluster is always torn down and purged, leaving no process.
+
+    python bench/e2e_throughput.py --nodes 1000 --pods 2000 --json OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from prometheus_client.parser import text_string_to_metric_families
+
+from neuronetes import contracts as c
+from neuronetes.devcluster import DevCluster, ExtenderConfig, procs
+from neuronetes.devcluster.profiles import KWOK_TAINT, PROFILES, profile
+
+HOST = "127.0.0.1"
+EXTENDER_LATENCY = c.METRIC_SCHEDULER_LATENCY
+SCHEDULER_HISTOGRAMS = (
+    "scheduler_scheduling_attempt_duration_seconds",
+    "scheduler_scheduling_algorithm_duration_seconds",
+    "scheduler_pod_scheduling_sli_duration_seconds",
+)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(msg: str) -> None:
+    print(f">> {msg}", file=sys.stderr, flush=True)
+
+
+# ---- the API server over keep-alive connections ------------------------------------------------
+
+
+class Api:
+    """Raw JSON requests to the dev cluster's API server, one keep-alive connection per thread."""
+
+    def __init__(self, dev: DevCluster) -> None:
+        api = dev.api()
+        self.host, port = api.server.removeprefix("https://").rsplit(":", 1)
+        self.port = int(port)
+        self.token = api.token
+        self.context = api.context
+        self._local = threading.local()
+
+    def connection(self, timeout: float | None = 60.0) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=timeout)
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "Authorization": f"Bearer {self.token}",
+            "Accept": "application/json",
+            "Content-Type": "application/json",
+        }
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        for attempt in range(2):
+            conn: http.client.HTTPSConnection | None = getattr(self._local, "conn", None)
+            if conn is None:
+                conn = self._local.conn = self.connection()
+            try:
+                conn.request(method, path, body=body, headers=self.headers())
+                response = conn.getresponse()
+                return response.status, response.read()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                self._local.conn = None
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def call(self, method: str, path: str, body: Any = None, ok: Sequence[int] = (200, 201)) -> Any:
+        status, data = self.request(method, path, None if body is None else json.dumps(body).encode())
+        if status not in ok:
+            raise RuntimeError(f"{method} {path}: HTTP {status}: {data[:300].decode(errors='replace')}")
+        return json.loads(data) if data else None
+
+
+# ---- watching binds --------------------------------------------------------------------------
+
+
+class _Meta(msgspec.Struct):
+    name: str = ""
+    resourceVersion: str = ""  # the API's spelling
+
+
+class _Spec(msgspec.Struct):
+    nodeName: str = ""
+
+
+class _Obj(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _Spec = msgspec.field(default_factory=_Spec)
+
+
+class _Event(msgspec.Struct):
+    type: str
+    object: _Obj
+
+
+class BindWatch:
+    """Watches one namespace's pods and records when each is first seen with ``spec.nodeName``."""
+
+    def __init__(self, api: Api, namespace: str, expected: int) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.expected = expected
+        self.bound_at: dict[str, float] = {}
+        self.nodes: dict[str, str] = {}
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self._stop = False
+        self._conn: http.client.HTTPSConnection | None = None
+        listing = api.call("GET", f"/api/v1/namespaces/{namespace}/pods?limit=1")
+        self._rv = str(listing["metadata"]["resourceVersion"])
+        self._decoder = msgspec.json.Decoder(_Event)
+        self._thread = threading.Thread(target=self._run, name=f"watch-{namespace}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop and not self.done.is_set():
+                self._watch_once()
+        except BaseException as exc:  # reported by wait()
+            if not self._stop:
+                self.error = exc
+                self.done.set()
+
+    def _watch_once(self) -> None:
+        path = (
+            f"/api/v1/namespaces/{self.namespace}/pods?watch=1&resourceVersion={self._rv}"
+            "&allowWatchBookmarks=true&timeoutSeconds=1800"
+        )
+        conn = self._conn = self.api.connection(timeout=None)
+        try:
+            conn.request("GET", path, headers=self.api.headers())
+            response = conn.getresponse()
+            if response.status != 200:
+                raise RuntimeError(
+                    f"watch {self.namespace}: HTTP {response.status}: {response.read()[:300]!r}"
+                )
+            while line := response.readline():
+                now = time.monotonic()
+                event = self._decoder.decode(line)
+                obj = event.object
+                if event.type == "ERROR":
+                    raise RuntimeError(f"watch {self.namespace}: {line[:300]!r}")
+                if obj.metadata.resourceVersion:
+                    self._rv = obj.metadata.resourceVersion
+                if event.type == "BOOKMARK":
+                    continue
+                if obj.spec.nodeName and obj.metadata.name not in self.bound_at:
+                    self.bound_at[obj.metadata.name] = now
+                    self.nodes[obj.metadata.name] = obj.spec.nodeName
+                    if len(self.bound_at) >= self.expected:
+                        self.done.set()
+                        return
+        finally:
+            conn.close()
+
+    def wait(self, timeout: float) -> bool:
+        self.done.wait(timeout)
+        if self.error is not None:
+            raise RuntimeError(f"watching {self.namespace} failed: {self.error}") from self.error
+        return len(self.bound_at) >= self.expected
+
+    def stop(self) -> None:
+        self._stop = True
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(5)
+
+
+# ---- pods ------------------------------------------------------------------------------------
+
+
+def pod_manifest(name: str, namespace: str, gpus: int) -> dict[str, Any]:
+    """The one pod template of both runs: whole GPUs through the extender's managed resource."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "bench-e2e"}},
+        "spec": {
+            "schedulerName": c.SCHEDULER_NAME,
+            "tolerations": [dict(KWOK_TAINT, operator="Equal")],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example/worker:1",
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "128Mi"},
+                        "limits": {"cpu": "100m", "memory": "128Mi", c.RESOURCE_GPU: str(gpus)},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def create_pods(api: Api, namespace: str, count: int, gpus: int, workers: int) -> tuple[float, float]:
+    """Create `count` pods from `workers` threads; (monotonic time of the first create, seconds)."""
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    bodies = [json.dumps(pod_manifest(f"p-{k:05d}", namespace, gpus)).encode() for k in range(count)]
+
+    def create(body: bytes) -> None:
+        status, data = api.request("POST", path, body)
+        if status != 201:
+            raise RuntimeError(f"creating a pod: HTTP {status}: {data[:300].decode(errors='replace')}")
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(workers) as pool:
+        for _ in pool.map(create, bodies):
+            pass
+    return t0, time.monotonic() - t0
+
+
+# ---- metrics ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Hist:
+    """A Prometheus histogram (cumulative buckets by upper bound), summed over other labels."""
+
+    buckets: dict[float, float] = field(default_factory=dict)
+    sum: float = 0.0
+    count: float = 0.0
+
+    def minus(self, other: Hist | None) -> Hist:
+        if other is None:
+            return self
+        return Hist(
+            {le: v - other.buckets.get(le, 0.0) for le, v in self.buckets.items()},
+            self.sum - other.sum,
+            self.count - other.count,
+        )
+
+    def quantile(self, q: float) -> float:
+        """histogram_quantile: linear within the bucket; the last finite bound past it."""
+        if self.count <= 0:
+            return math.nan
+        rank = q * self.count
+        lower, below = 0.0, 0.0
+        for le in sorted(self.buckets):
+            cum = self.buckets[le]
+            if cum >= rank:
+                if math.isinf(le):
+                    return lower
+                inside = cum - below
+                return lower + (le - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+            lower, below = le, cum
+        return lower
+
+    def summary_ms(self) -> dict[str, Any]:
+        """count, and mean/p50/p99 in ms (None without observations: JSON has no NaN)."""
+        if self.count <= 0:
+            return {"count": 0, "mean": None, "p50": None, "p99": None}
+        return {
+            "count": int(self.count),
+            "mean": round(self.sum / self.count * 1000, 3),
+            "p50": round(self.quantile(0.5) * 1000, 3),
+            "p99": round(self.quantile(0.99) * 1000, 3),
+        }
+
+
+def histograms(text: str, metric: str, by: str | None = None, **where: str) -> dict[str, Hist]:
+    """Histogram `metric` from exposition `text`, keyed by the value of label `by` ("" for none)."""
+    out: dict[str, Hist] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != metric:
+            continue
+        for s in family.samples:
+            if any(s.labels.get(k) != v for k, v in where.items()):
+                continue
+            h = out.setdefault(s.labels.get(by, "") if by else "", Hist())
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                h.buckets[le] = h.buckets.get(le, 0.0) + s.value
+            elif s.name.endswith("_sum"):
+                h.sum += s.value
+            elif s.name.endswith("_count"):
+                h.count += s.value
+    return out
+
+
+def counters(text: str, metric: str, by: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == metric.removesuffix("_total"):
+            for s in family.samples:
+                if s.name.endswith("_total"):
+                    key = s.labels.get(by, "")
+                    out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def gauge(text: str, metric: str) -> float:
+    for family in text_string_to_metric_families(text):
+        if family.name == metric:
+            return float(sum(s.value for s in family.samples))
+    return math.nan
+
+
+def scrape(url: str, *, token: str | None = None, context: ssl.SSLContext | None = None) -> str:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=30, context=context) as response:
+        return str(response.read().decode())
+
+
+def scheduler_metrics(dev: DevCluster, token: str) -> str | None:
+    """kube-scheduler's /metrics (None when unreachable: the benchmark does not depend on it)."""
+    try:
+        port = int(json.loads((dev.state_dir / "state.json").read_text())["ports"]["scheduler"])
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        return scrape(f"https://{HOST}:{port}/metrics", token=token, context=insecure)
+    except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
+        log(f"kube-scheduler metrics unavailable: {exc}")
+        return None
+
+
+# ---- CPU accounting --------------------------------------------------------------------------
+
+
+def cpu_of(pid: int) -> float | None:
+    """User + system CPU seconds of `pid` (all its threads), None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = raw[raw.rindex(")") + 2 :].split()
+    return (int(rest[11]) + int(rest[12])) / CLK_TCK
+
+
+def cpu_sample(dev: DevCluster, extra: dict[str, int]) -> dict[tuple[str, int], float]:
+    pids = {(r.name, r.pid) for r in dev.processes() if procs.is_running(r)}
+    pids |= {(name, pid) for name, pid in extra.items()}
+    out = {k: v for k in pids if (v := cpu_of(k[1])) is not None}
+    t = os.times()
+    out[("bench client", os.getpid())] = t.user + t.system
+    return out
+
+
+def cpu_delta(before: dict[tuple[str, int], float], after: dict[tuple[str, int], float]) -> dict[str, float]:
+    """CPU seconds per component between two samples (a process started in between counts from 0)."""
+    out: dict[str, float] = {}
+    for key, v in after.items():
+        out[key[0]] = round(out.get(key[0], 0.0) + v - before.get(key, 0.0), 2)
+    return dict(sorted(out.items()))
+
+
+# ---- the extender process --------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class ExtenderProcess:
+    """``neuronetes extender serve`` in its own session, cwd a temporary folder (never the repo)."""
+
+    def __init__(self, kubeconfig: Path, workdir: Path, config: Path | None) -> None:
+        self.port = free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        self.log = workdir / "extender.log"
+        if config is None:
+            config = workdir / "extender.json"
+            config.write_text("{}\n")
+        argv = [
+            sys.executable,
+            "-m",
+            "neuronetes.cli",
+            "extender",
+            "serve",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--config",
+            str(config),
+            "--log-level",
+            "warning",
+        ]
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def metrics(self) -> str:
+        return scrape(f"{self.url}/metrics")
+
+    def wait_ready(self, nodes: int, timeout: float) -> None:
+        """Until /readyz answers 200 and the cache holds `nodes` nodes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the extender exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
+                    if response.status == 200 and gauge(self.metrics(), c.METRIC_CACHE_NODES) >= nodes:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the extender was not ready in {timeout:.0f} s:\n{self.tail()}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        # Anything left in its session (there should be nothing).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+# ---- one run ---------------------------------------------------------------------------------
+
+
+def stop_scheduler(dev: DevCluster) -> None:
+    """Stop kube-scheduler (the next `DevCluster.set_extender` starts it again)."""
+    procs.stop_all([r for r in dev.processes() if r.name == "kube-scheduler" and procs.is_running(r)])
+
+
+@contextlib.contextmanager
+def watching(api: Api, namespace: str, expected: int) -> Iterator[BindWatch]:
+    watch = BindWatch(api, namespace, expected)
+    try:
+        yield watch
+    finally:
+        watch.stop()
+
+
+def run_batch(
+    dev: DevCluster,
+    api: Api,
+    *,
+    label: str,
+    namespace: str,
+    extender: ExtenderConfig | None,
+    ext_proc: ExtenderProcess | None,
+    ns: argparse.Namespace,
+) -> dict[str, Any]:
+    """Schedule one batch of `ns.pods` pods; its figures (times in seconds, latencies in ms)."""
+    log(f"{label}: namespace {namespace}, {ns.pods} pods, mode {ns.mode}")
+    api.call(
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+    )
+    extra = {"extender": ext_proc.proc.pid} if ext_proc is not None else {}
+    ext_before = ext_proc.metrics() if ext_proc is not None else None
+    with watching(api, namespace, ns.pods) as watch:
+        if ns.mode == "backlog":
+            stop_scheduler(dev)
+            first_create, create_s = create_pods(api, namespace, ns.pods, ns.gpus_per_pod, ns.create_workers)
+            log(f"{label}: {ns.pods} pods created in {create_s:.1f} s, kube-scheduler stopped; starting it")
+            cpu0 = cpu_sample(dev, extra)
+            t_start = time.monotonic()
+            dev.set_extender(extender, timeout_s=120)
+            t_ready = time.monotonic()
+        else:
+            dev.set_extender(extender, timeout_s=120)
+            cpu0 = cpu_sample(dev, extra)
+            t_start = t_ready = time.monotonic()
+            first_create, create_s = create_pods(api, namespace, ns.pods, ns.gpus_per_pod, ns.create_workers)
+            log(f"{label}: {ns.pods} pods created in {create_s:.1f} s")
+        if not watch.wait(ns.timeout):
+            raise RuntimeError(
+                f"{label}: only {len(watch.bound_at)} of {ns.pods} pods bound after {ns.timeout:.0f} s\n"
+                + (f"extender log:\n{ext_proc.tail()}" if ext_proc is not None else "")
+            )
+        cpu1 = cpu_sample(dev, extra)
+    binds = sorted(watch.bound_at.values())
+    first_bind, last_bind = binds[0], binds[-1]
+    if ns.mode == "backlog":
+        span = last_bind - first_bind
+        pods_per_s = (ns.pods - 1) / span if span > 0 else math.inf
+    else:
+        span = last_bind - first_create
+        pods_per_s = ns.pods / span
+    out: dict[str, Any] = {
+        "pods_per_s": round(pods_per_s, 2),
+        "ms_per_pod": round(1000 / pods_per_s, 3),
+        "measured_s": round(span, 3),
+        "create_s": round(create_s, 3),
+        "create_pods_per_s": round(ns.pods / create_s, 1),
+        "scheduler_start_s": round(t_ready - t_start, 3),
+        "start_to_first_bind_s": round(first_bind - t_start, 3),
+        "start_to_last_bind_s": round(last_bind - t_start, 3),
+        "nodes_used": len(set(watch.nodes.values())),
+        "cpu_s": cpu_delta(cpu0, cpu1),
+    }
+    # kube-scheduler restarted for this run: its counters cover this batch (and nothing earlier).
+    text = scheduler_metrics(dev, api.token)
+    if text is not None:
+        sched: dict[str, Any] = {}
+        for metric in SCHEDULER_HISTOGRAMS:
+            h = histograms(text, metric, profile=c.SCHEDULER_NAME) or histograms(text, metric)
+            merged = Hist()
+            for part in h.values():
+                merged = Hist(
+                    {le: merged.buckets.get(le, 0.0) + v for le, v in part.buckets.items()},
+                    merged.sum + part.sum,
+                    merged.count + part.count,
+                )
+            if merged.count:
+                sched[metric.removeprefix("scheduler_").removesuffix("_seconds") + "_ms"] = (
+                    merged.summary_ms()
+                )
+        sched["schedule_attempts"] = {
+            k: int(v) for k, v in counters(text, "scheduler_schedule_attempts_total", "result").items()
+        }
+        out["kube_scheduler"] = sched
+    if ext_proc is not None and ext_before is not None:
+        after = ext_proc.metrics()
+        before_h = histograms(ext_before, EXTENDER_LATENCY, "verb")
+        verbs = {
+            verb: h.minus(before_h.get(verb)).summary_ms()
+            for verb, h in sorted(histograms(after, EXTENDER_LATENCY, "verb").items())
+        }
+        out["extender_verbs_ms"] = {v: s for v, s in verbs.items() if s["count"]}
+        before_r = histograms(ext_before, EXTENDER_LATENCY, "result")
+        out["extender_results"] = {
+            r: int(h.count - (before_r[r].count if r in before_r else 0.0))
+            for r, h in sorted(histograms(after, EXTENDER_LATENCY, "result").items())
+            if h.count - (before_r[r].count if r in before_r else 0.0)
+        }
+    log(f"{label}: {pods_per_s:.1f} pods/s ({span:.2f} s measured)")
+    return out
+
+
+# ---- the benchmark ---------------------------------------------------------------------------
+
+
+def num(x: Any, width: int, digits: int = 2) -> str:
+    return f"{x:>{width}.{digits}f}" if isinstance(x, int | float) else f"{'-':>{width}}"
+
+
+def print_table(result: dict[str, Any]) -> None:
+    runs = result["runs"]
+    header = (
+        f"{'run':<17} | {'pods/s':>8} {'ms/pod':>7} | {'measured s':>10} | {'create/s':>8} | "
+        f"{'attempt p50':>11} {'p99':>7} | {'algorithm p50':>13} {'p99':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, r in runs.items():
+        ks = r.get("kube_scheduler", {})
+        att = ks.get("scheduling_attempt_duration_ms", {})
+        alg = ks.get("scheduling_algorithm_duration_ms", {})
+        print(
+            f"{name:<17} | {num(r['pods_per_s'], 8, 1)} {num(r['ms_per_pod'], 7)} | "
+            f"{num(r['measured_s'], 10)} | {num(r['create_pods_per_s'], 8, 0)} | "
+            f"{num(att.get('p50'), 11)} {num(att.get('p99'), 7)} | "
+            f"{num(alg.get('p50'), 13)} {num(alg.get('p99'), 7)}"
+        )
+    print(
+        f"ratio {result['ratio']:.3f}  added {result['added_ms_per_pod']:.2f} ms/pod  "
+        f"({result['nodes']} nodes, {result['pods']} pods per run, mode {result['mode']}; "
+        "kube-scheduler latencies in ms)"
+    )
+    verbs = runs["with_extender"].get("extender_verbs_ms", {})
+    if verbs:
+        parts = [
+            f"{v} n={s['count']} mean {num(s['mean'], 0)} p50 {num(s['p50'], 0)} p99 {num(s['p99'], 0)}"
+            for v, s in verbs.items()
+        ]
+        print("extender verbs (ms, its own histogram): " + "; ".join(parts))
+    names = sorted({k for r in runs.values() for k in r["cpu_s"]})
+    cpu = "; ".join(f"{n} " + "/".join(f"{r['cpu_s'].get(n, 0.0):.1f}" for r in runs.values()) for n in names)
+    print(f"CPU seconds during each run ({' / '.join(runs)}): {cpu}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--nodes", type=int, default=1000, help="simulated GPU nodes (default 1000)")
+    ap.add_argument("--pods", type=int, default=2000, help="pods per run (default 2000)")
+    ap.add_argument("--profile", default="dgx-a100-80gb", choices=sorted(PROFILES), help="node profile")
+    ap.add_argument("--gpus-per-pod", type=int, default=1)
+    ap.add_argument("--mode", choices=("backlog", "stream"), default="backlog", help="how a batch is timed")
+    ap.add_argument("--create-workers", type=int, default=8, help="threads creating pods")
+    ap.add_argument("--extender-config", type=Path, help="the extender's settings file (default: built-in)")
+    ap.add_argument(
+        "--no-controller-manager", action="store_true", help="run without kube-controller-manager"
+    )
+    ap.add_argument(
+        "--apiserver-arg", action="append", default=[], help="extra kube-apiserver flag (repeatable)"
+    )
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds one batch may take to bind")
+    ap.add_argument(
+        "--logs", type=Path, help="copy the cluster's and the extender's logs here before purging"
+    )
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ns = ap.parse_args()
+    prof = profile(ns.profile)
+    if ns.nodes < 1 or ns.pods < 2:
+        ap.error("--nodes must be >= 1 and --pods >= 2")
+    if prof.gpu_count * ns.nodes < 2 * ns.pods * ns.gpus_per_pod:
+        ap.error(
+            f"{ns.nodes} × {prof.gpu_count} GPUs cannot hold two batches of {ns.pods} × {ns.gpus_per_pod}"
+        )
+
+    dev = DevCluster(f"bench-e2e-{os.getpid()}", log=log)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    ext_proc: ExtenderProcess | None = None
+    leftover: list[int] = []
+    t_total = time.monotonic()
+    try:
+        seconds = dev.up(
+            controller_manager=False if ns.no_controller_manager else None,
+            apiserver_args=ns.apiserver_arg,
+        )
+        log(f"cluster {dev.name} up in {seconds:.1f} s ({dev.state_dir})")
+        t0 = time.monotonic()
+        for start in range(0, ns.nodes, 250):
+            dev.add_nodes(ns.profile, min(250, ns.nodes - start), "gpu")
+        log(f"{ns.nodes} {ns.profile} nodes Ready in {time.monotonic() - t0:.1f} s")
+        api = Api(dev)
+
+        ext_proc = ExtenderProcess(dev.kubeconfig, workdir, ns.extender_config)
+        ext_proc.wait_ready(ns.nodes, timeout=300)
+        log(f"extender at {ext_proc.url} (pid {ext_proc.proc.pid}) ready with {ns.nodes} nodes cached")
+        with_ext = run_batch(
+            dev,
+            api,
+            label="with extender",
+            namespace="bench-with",
+            extender=ExtenderConfig(url=ext_proc.url),
+            ext_proc=ext_proc,
+            ns=ns,
+        )
+        ext_proc.stop()
+        without = run_batch(
+            dev, api, label="without extender", namespace="bench-without", extender=None, ext_proc=None, ns=ns
+        )
+        w, wo = with_ext["pods_per_s"], without["pods_per_s"]
+        result: dict[str, Any] = {
+            "with_extender_pods_per_s": w,
+            "without_extender_pods_per_s": wo,
+            "ratio": round(w / wo, 4),
+            "added_ms_per_pod": round(1000 / w - 1000 / wo, 3),
+            "nodes": ns.nodes,
+            "pods": ns.pods,
+            "profile": ns.profile,
+            "gpus_per_pod": ns.gpus_per_pod,
+            "mode": ns.mode,
+            "cpus": os.cpu_count(),
+            "extender_verbs_ms": with_ext.get("extender_verbs_ms", {}),
+            "runs": {"with_extender": with_ext, "without_extender": without},
+        }
+    finally:
+        if ext_proc is not None:
+            ext_proc.stop()
+        dev.down()
+        leftover = dev.leftover_processes()
+        if ns.logs is not None:
+            ns.logs.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                shutil.copytree(dev.log_dir, ns.logs / "cluster", dirs_exist_ok=True)
+            with contextlib.suppress(OSError):
+                shutil.copy2(workdir / "extender.log", ns.logs / "extender.log")
+        dev.purge()
+        shutil.rmtree(workdir, ignore_errors=True)
+        log(f"cluster {dev.name} down and purged after {time.monotonic() - t_total:.0f} s")
+    if leftover:
+        print(f"error: processes of {dev.name} left after down: {leftover}", file=sys.stderr)
+        return 1
+    result["seconds"] = round(time.monotonic() - t_total, 1)
+    print_table(result)
+    if ns.json is not None:
+        ns.json.parent.mkdir(parents=True, exist_ok=True)
+        ns.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""Gang reservations in the API, and the group objects that say how big a gang is.
+
+`ReservationStore` mirrors the cache's gang reservations into ``GangReservation`` objects (one
+per group, server-side applied by a background writer so no decision waits on the API server),
+restores them when the extender starts (before it reports ready), and releases a reservation
+whose object somebody deletes. `GroupDirectory` reads a group's size and timeout from its group
+object: the scheduler-plugins ``PodGroup`` (``scheduling.x-k8s.io/v1alpha1``) or Volcano's
+(``scheduling.volcano.sh/v1beta1``), ``spec.minMember`` and ``scheduleTimeoutSeconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any, Final
+from urllib.parse import quote
+
+import msgspec
+
+from neuronetes import contracts as c
+from neuronetes.model import NodeSpec
+
+from .cache import GpuCache
+from .gangs import (
+    ANNOTATION_RESERVATION_ID,
+    GangGroup,
+    GangSpec,
+    ReservationDecodeError,
+    decode_reservation,
+    encode_reservation,
+    reservation_name,
+)
+from .kube import KubeApi, KubeError
+from .pods import PodInfo
+from .watch import Reflector
+from .wire import ListMeta, ObjectMeta
+
+__all__ = ["RESERVATIONS", "GroupDirectory", "ReservationStore"]
+
+log = logging.getLogger(__name__)
+
+RESERVATIONS: Final = "gangreservations"
+FIELD_MANAGER: Final = "neuronetes-extender"
+_BASE: Final = f"/apis/{c.API_VERSION}"
+_DELETE_PHASES: Final = frozenset({"Bound", "Released"})
+NOT_FOUND: Final = 404
+
+
+class ReservationObject(msgspec.Struct, kw_only=True):
+    """A ``GangReservation`` as listed/watched (validated against the CRD model on restore)."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: dict[str, Any] = msgspec.field(default_factory=dict)
+    status: dict[str, Any] | None = None
+
+    def as_object(self) -> dict[str, Any]:
+        meta = msgspec.to_builtins(self.metadata)
+        for key in ("uid", "resourceVersion", "deletionTimestamp", "generateName"):
+            meta.pop(key, None)
+        out: dict[str, Any] = {
+            "apiVersion": c.API_VERSION,
+            "kind": "GangReservation",
+            "metadata": meta,
+            "spec": self.spec,
+        }
+        if self.status is not None:
+            out["status"] = self.status
+        return out
+
+
+class ReservationList(msgspec.Struct, kw_only=True):
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[ReservationObject] | None = None
+
+
+def _path(namespace: str, name: str = "") -> str:
+    base = f"{_BASE}/namespaces/{quote(namespace, safe='')}/{RESERVATIONS}"
+    return f"{base}/{quote(name, safe='')}" if name else base
+
+
+class ReservationStore:
+    """Keeps ``GangReservation`` objects in step with `cache`'s gang reservations."""
+
+    def __init__(self, cache: GpuCache, api: KubeApi, *, resync_period: float = 600.0) -> None:
+        self.cache = cache
+        self.api = api
+        self.resync_period = resync_period
+        self.enabled = True  # False when the CRD is not installed: reservations live in memory only
+        self.writes = 0
+        self.errors = 0
+        self._pending: dict[str, tuple[dict[str, Any], bool, str]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._reflector: Reflector[ReservationObject] | None = None
+        self._restored = False
+        cache.require_sync(RESERVATIONS)
+        cache.on_gang_change = self._changed
+
+    # ---- cache -> API ------------------------------------------------------------------------
+    def _changed(self, group: GangGroup, specs: dict[str, NodeSpec], ended: bool) -> None:
+        """Called under the cache's lock: encode now, write later (latest state per group wins)."""
+        obj = encode_reservation(group, specs)
+        with self._lock:
+            self._pending[group.id] = (obj, ended, group.phase)
+        self._wake.set()
+
+    def _write(self, obj: dict[str, Any], ended: bool, phase: str) -> None:
+        meta = obj["metadata"]
+        path = _path(meta["namespace"], meta["name"])
+        if ended and phase in _DELETE_PHASES:
+            try:
+                self.api.delete(path)
+            except KubeError as exc:
+                if exc.status != NOT_FOUND:
+                    raise
+            return
+        status = obj["status"]
+        body = {k: v for k, v in obj.items() if k != "status"}
+        self.api.apply(path, body, field_manager=FIELD_MANAGER)
+        self.api.apply(
+            path + "/status",
+            {
+                "apiVersion": body["apiVersion"],
+                "kind": body["kind"],
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                "status": status,
+            },
+            field_manager=FIELD_MANAGER,
+        )
+
+    def flush(self) -> None:
+        """Write every pending change now (the writer thread's body; tests call it directly)."""
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                batch = list(self._pending.items())
+                self._pending.clear()
+            for group_id, (obj, ended, phase) in batch:
+                if not self.enabled:
+                    continue
+                try:
+                    self._write(obj, ended, phase)
+                    self.writes += 1
+                except KubeError as exc:
+                    self.errors += 1
+                    log.warning("gang %s: writing its GangReservation failed: %s", group_id, exc)
+                    if exc.ambiguous or exc.status in (409, 429):
+                        with self._lock:  # retry, unless a newer state is already queued
+                            self._pending.setdefault(group_id, (obj, ended, phase))
+                        self._stop.wait(0.5)
+
+    def _writer(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            self.flush()
+
+    # ---- API -> cache ------------------------------------------------------------------------
+    def _replace(self, items: Iterable[ReservationObject]) -> None:
+        if self._restored:
+            return  # the cache is the truth once running: a relist must not resurrect ended groups
+        restored = []
+        for item in items:
+            try:
+                restored.append(decode_reservation(item.as_object()))
+            except ReservationDecodeError as exc:
+                meta = item.metadata
+                log.warning("GangReservation %s/%s ignored: %s", meta.namespace, meta.name, exc)
+        n = self.cache.restore_gangs(restored)
+        self._restored = True
+        if n:
+            log.info("restored %d gang reservation(s) from the API", n)
+
+    def _deleted(self, item: ReservationObject) -> None:
+        """Somebody deleted a reservation's object: release it (unless it is an older one)."""
+        rid = (item.metadata.annotations or {}).get(ANNOTATION_RESERVATION_ID)
+        group = str(item.spec.get("groupName") or "")
+        if rid and group:
+            released = self.cache.release_gang(f"{item.metadata.namespace}/{group}", rid)
+            if released:
+                log.info(
+                    "gang %s/%s: reservation object deleted, %d slots released",
+                    item.metadata.namespace,
+                    group,
+                    released,
+                )
+
+    def _start_reflector(self) -> None:
+        # Restore only once nodes and pods are in: a slot whose pod is already bound is not held.
+        while not self._stop.is_set():
+            if self.cache.is_synced("nodes") and self.cache.is_synced("pods"):
+                break
+            self._stop.wait(0.1)
+        if self._stop.is_set():
+            return
+        try:
+            self.api.get(f"{_BASE}/{RESERVATIONS}", [("limit", "1")])
+        except KubeError as exc:
+            if exc.status == NOT_FOUND:
+                log.warning(
+                    "the GangReservation CRD is not installed: gang reservations are kept in memory only "
+                    "and do not survive a restart"
+                )
+                self.enabled = False
+                self.cache.mark_synced(RESERVATIONS)
+                return
+        reflector: Reflector[ReservationObject] = Reflector(
+            self.api,
+            RESERVATIONS,
+            f"{_BASE}/{RESERVATIONS}",
+            ReservationObject,
+            ReservationList,
+            on_replace=self._replace,
+            on_upsert=lambda _: None,
+            on_delete=self._deleted,
+            on_synced=lambda: self.cache.mark_synced(RESERVATIONS),
+            on_heard=lambda: self.cache.touch(RESERVATIONS),
+            resync_period=self.resync_period,
+        )
+        self._reflector = reflector
+        reflector.run()
+
+    def start(self) -> None:
+        for target, name in ((self._writer, "gang-writer"), (self._start_reflector, "reflector-gangs")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._reflector is not None:
+            self._reflector.stop(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
+        self.flush()
+
+
+class GroupDirectory:
+    """Group size and timeout of a gang, from its pod labels or its group object (cached)."""
+
+    SOURCES: Final = {
+        c.LABEL_POD_GROUP_X_K8S: "/apis/scheduling.x-k8s.io/v1alpha1",
+        c.ANNOTATION_GROUP_NAME_VOLCANO: "/apis/scheduling.volcano.sh/v1beta1",
+    }
+
+    def __init__(self, api: KubeApi | None, *, ttl: float = 10.0) -> None:
+        self.api = api
+        self.ttl = ttl
+        self._cache: dict[tuple[str, str, str], tuple[float, tuple[int, float | None] | str]] = {}
+        self._lock = threading.Lock()
+
+    def _group_object(self, key: str, namespace: str, name: str) -> tuple[int, float | None] | str:
+        """(minMember, scheduleTimeoutSeconds) of the group object, or why it cannot be read."""
+        base = self.SOURCES.get(key)
+        if base is None or self.api is None:
+            return f"label {c.LABEL_GANG_SIZE} is missing"
+        path = f"{base}/namespaces/{quote(namespace, safe='')}/podgroups/{quote(name, safe='')}"
+        try:
+            doc = msgspec.json.decode(self.api.get(path, timeout=2.0))
+        except KubeError as exc:
+            if exc.status == NOT_FOUND:
+                return f"PodGroup {namespace}/{name} not found"
+            return f"PodGroup {namespace}/{name} unreadable: {exc}"
+        except msgspec.DecodeError:
+            return f"PodGroup {namespace}/{name} undecodable"
+        spec = doc.get("spec") if isinstance(doc, dict) else None
+        size = spec.get("minMember") if isinstance(spec, dict) else None
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            return f"PodGroup {namespace}/{name} has no positive spec.minMember"
+        timeout = spec.get("scheduleTimeoutSeconds") if isinstance(spec, dict) else None
+        return size, float(timeout) if isinstance(timeout, int) and timeout > 0 else None
+
+    def spec_for(self, pod: PodInfo, default_ttl: float) -> GangSpec | str:
+        """The gang's size and reservation TTL, or why they cannot be told (a filter reason)."""
+        gang = pod.gang
+        assert gang is not None
+        size, timeout = gang.size, gang.timeout_s
+        if size is None:
+            key = (gang.key, pod.namespace, gang.name)
+            now = time.monotonic()
+            with self._lock:
+                hit = self._cache.get(key)
+            if hit is None or hit[0] <= now:
+                found = self._group_object(*key)
+                with self._lock:
+                    self._cache[key] = (now + self.ttl, found)
+            else:
+                found = hit[1]
+            if isinstance(found, str):
+                return f"gang {gang.name}: size unknown ({found})"
+            size, group_timeout = found
+            timeout = timeout or group_timeout
+        return GangSpec(size=size, ttl_seconds=timeout or default_ttl)
+
+
+def reservation_path(namespace: str, group: str) -> str:
+    """API path of the ``GangReservation`` of `group` in `namespace`."""
+    return _path(namespace, reservation_name(group))

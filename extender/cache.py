@@ -1252,6 +1252,11 @@ class GpuCache:
         """Release every hold of `group`; returns how many there were."""
         return self.release_gang(group)
 
+    def tick(self) -> None:
+        """Apply what time has done (expired holds and reservations) without a decision."""
+        with self._lock:
+            self._ensure()
+
     def gangs(self) -> list[GangGroup]:
         with self._lock:
             self._ensure()

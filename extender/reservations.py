@@ -158,6 +158,8 @@ class ReservationStore:
         while not self._stop.is_set():
             self._wake.wait(1.0)
             self._wake.clear()
+            if self.cache.synced:
+                self.cache.tick()  # a reservation expires (and says so) even when no pod is scheduled
             self.flush()
 
     # ---- API -> cache ------------------------------------------------------------------------

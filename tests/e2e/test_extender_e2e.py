@@ -29,12 +29,19 @@ pytestmark = pytest.mark.e2e
 
 NAMESPACE = "extender-e2e"
 SUITE_LABEL = ("neuronetes.io/e2e-suite", "extender")
-NODE_COUNTS = {"dgx-a100-80gb": 12, "t4x4-pcie": 6, "a100-40gb-mig": 2, "cpu-only": 2}
+NODE_COUNTS = {"dgx-a100-80gb": 40, "t4x4-pcie": 40, "a100-40gb-mig": 12, "cpu-only": 8}  # 100 nodes
 TOO_MUCH_MEMORY_MIB = 100_000  # fits a DGX's total GPU memory, no single GPU: only the extender can tell
 
 
 def get_json(cluster: E2ECluster, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", "-o", "json", *args).stdout)
+
+
+def gang_manifest(name: str, group: str, size: int, gpus: int, locality: str = "same-node") -> dict[str, Any]:
+    pod = pod_manifest(name, {c.RESOURCE_GPU: gpus})
+    pod["metadata"]["labels"] = {c.LABEL_GANG: group, c.LABEL_GANG_SIZE: str(size)}
+    pod["metadata"]["annotations"] = {c.ANNOTATION_LOCALITY: locality}
+    return pod
 
 
 def pod_manifest(name: str, limits: dict[str, Any], *, init: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -233,3 +240,59 @@ def test_pod_that_fits_nowhere_stays_pending_with_the_extenders_reasons(
     assert reason in described
     assert ext.cache.hold_of(got["metadata"]["uid"]) is None
     ext.cache.check_invariants()
+
+
+def test_gang_of_four_lands_on_one_node_or_not_at_all(
+    cluster: E2ECluster, extender: tuple[Extender, str], nodes: dict[str, list[str]]
+) -> None:
+    ext, url = extender
+    before = scrape(url)
+    train = [gang_manifest(f"train-{k}", "train", 4, 2) for k in range(4)]
+    huge = [gang_manifest(f"huge-{k}", "huge", 4, 8) for k in range(4)]  # 32 GPUs on one node: nowhere
+    cluster.kubectl(
+        "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": train + huge})
+    )
+
+    def running(prefix: str, n: int) -> list[dict[str, Any]] | None:
+        items = get_json(cluster, "pods", "-n", NAMESPACE)["items"]
+        mine = [p for p in items if p["metadata"]["name"].startswith(prefix)]
+        ok = len(mine) == n and all(p["status"].get("phase") == "Running" for p in mine)
+        return mine if ok else None
+
+    pods = wait_until(lambda: running("train-", 4), timeout=120, what="the 4-member gang Running")
+    on = {p["spec"]["nodeName"] for p in pods}
+    assert len(on) == 1 and on <= set(nodes["dgx-a100-80gb"]), on
+    gpus = set()
+    for p in pods:
+        doc = c.decode_assignment(p["metadata"]["annotations"][c.ANNOTATION_ASSIGNED_GPUS])
+        assert doc.gang is not None and (doc.gang.name, doc.gang.size) == ("train", 4)
+        gpus |= {g.index for x in doc.containers.values() for g in x.gpus}
+    assert len(gpus) == 8  # 4 members × 2 GPUs, none shared
+    # The spent reservation's object is gone; the one that fits nowhere never had one.
+    wait_until(
+        lambda: not get_json(cluster, "gangreservations", "-n", NAMESPACE)["items"],
+        timeout=30,
+        what="the spent GangReservation deleted",
+    )
+
+    def all_unschedulable() -> list[str] | None:
+        items = get_json(cluster, "pods", "-n", NAMESPACE)["items"]
+        messages = []
+        for p in (p for p in items if p["metadata"]["name"].startswith("huge-")):
+            assert not p["spec"].get("nodeName"), "a member of the unplaceable gang was bound"
+            conds = [x for x in p["status"].get("conditions") or [] if x["type"] == "PodScheduled"]
+            if not conds or conds[0].get("reason") != "Unschedulable":
+                return None
+            messages.append(conds[0]["message"])
+        return messages if len(messages) == 4 else None
+
+    messages = wait_until(all_unschedulable, timeout=60, what="the 32-GPU gang Unschedulable")
+    assert all("gang huge: no room for all 4 members same-node" in m for m in messages), messages
+    after = scrape(url)
+    binds = metric_value(after, "neuronetes_scheduler_latency_seconds_count", verb="bind", result="ok")
+    assert (
+        binds - metric_value(before, "neuronetes_scheduler_latency_seconds_count", verb="bind", result="ok")
+        == 4
+    )
+    ext.cache.check_invariants()
+    assert ext.cache.gangs() == []

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Set up the virtual environment, then run the placement-quality simulation on the openb
-# trace (FGD protocol, seeds 42-44) and compare it with the FGD authors' results.
-#   NEURONETES_TRACE_DIR  folder of the openb CSVs     (default ../shared/data/openb/csv)
-#   NEURONETES_FGD_DIR    folder of the FGD results    (default ../shared/data/fgd-expected)
-# Writes out/demo.json.
+# Set up the virtual environment and the local control plane (built once from the Go module
+# proxy, cached under ~/.cache/neuronetes), then run the demo: a local cluster with simulated GPU
+# nodes (kwok), kube-scheduler calling the NeuroNetes extender, sample GPU pods (whole GPUs,
+# NVLink, shared slices, MIG, a gang, one that fits nowhere) and where each landed and why.
+#   NEURONETES_DEMO_KEEP=1   leave the cluster running (neuronetes dev cluster down --name demo)
+# The placement-quality simulation on the openb traces: see README ("Simulator").
 set -euo pipefail
 
 # shellcheck source=hack/lib.sh
@@ -11,16 +12,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 neuronetes_setup_venv
 
-DATA="${NEURONETES_TRACE_DIR:-$REPO_ROOT/../shared/data/openb/csv}"
-FGD="${NEURONETES_FGD_DIR:-$REPO_ROOT/../shared/data/fgd-expected}"
-mkdir -p out
+echo ">> hack/build-control-plane.sh (a no-op once built)" >&2
+bash "$REPO_ROOT/hack/build-control-plane.sh"
 
-neuronetes simulate \
-    --nodes "$DATA/openb_node_list_gpu_node.csv" \
-    --pods "$DATA/openb_pod_list_default.csv" \
-    --policy bestfit,fgd,default \
-    --seeds 42-44 \
-    --tune 1.3 \
-    --compare "$FGD" \
-    --json out/demo.json \
-    --plot out/demo.png
+args=()
+if [[ "${NEURONETES_DEMO_KEEP:-0}" == 1 ]]; then
+    args+=(--keep)
+fi
+# Not from the checkout's root: its operator/ folder would shadow Python's operator module.
+cd /
+neuronetes demo "${args[@]}"

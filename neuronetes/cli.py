@@ -155,6 +155,17 @@ def cmd_extender(ns: argparse.Namespace) -> int:
     return int(server.serve(ns))
 
 
+def cmd_demo(ns: argparse.Namespace) -> int:
+    demo = importlib.import_module("neuronetes.extender.demo")
+    from neuronetes.devcluster import BuildError, ClusterError, KubectlError
+
+    try:
+        return int(demo.run_demo(name=ns.name, keep=ns.keep, timeout=ns.timeout))
+    except (BuildError, ClusterError, KubectlError, OSError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuronetes", description="NeuroNetes GPU scheduling")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -214,6 +225,20 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--resync-period", type=float, default=600.0, help="seconds between full relists")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     srv.set_defaults(func=cmd_extender)
+
+    demo = sub.add_parser(
+        "demo",
+        help="local cluster + simulated GPU nodes + the extender; sample pods and where they landed",
+        description=(
+            "Start the local control plane with a few dozen simulated GPU nodes and the extender, "
+            "submit sample pods (whole GPUs, NVLink, shared slices, MIG, a gang, one that fits "
+            "nowhere) and print where each landed and why."
+        ),
+    )
+    demo.add_argument("--name", default="demo", help="cluster name (default: demo)")
+    demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the pods")
+    demo.set_defaults(func=cmd_demo)
     return parser
 
 

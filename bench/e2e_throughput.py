@@ -146,6 +146,34 @@ class _Event(msgspec.Struct):
     object: _Obj
 
 
+class _Taint(msgspec.Struct):
+    key: str
+    effect: str = ""
+
+
+class _Condition(msgspec.Struct):
+    type: str
+    status: str
+
+
+class _NodeSpec(msgspec.Struct):
+    taints: list[_Taint] = []
+
+
+class _NodeStatus(msgspec.Struct):
+    conditions: list[_Condition] = []
+
+
+class _Node(msgspec.Struct):
+    metadata: _Meta
+    spec: _NodeSpec = msgspec.field(default_factory=_NodeSpec)
+    status: _NodeStatus = msgspec.field(default_factory=_NodeStatus)
+
+
+class _NodeList(msgspec.Struct):
+    items: list[_Node]
+
+
 class BindWatch:
     """Watches one namespace's pods and records when each is first seen with ``spec.nodeName``."""
 
@@ -491,6 +519,47 @@ class ExtenderProcess:
 # ---- one run ---------------------------------------------------------------------------------
 
 
+def node_taints(api: Api) -> tuple[int, dict[str, int]]:
+    """(nodes our pods can use: Ready and no taint but kwok's, count of nodes per other taint)."""
+    status, data = api.request("GET", "/api/v1/nodes")
+    if status != 200:
+        raise RuntimeError(f"listing nodes: HTTP {status}")
+    usable = 0
+    taints: dict[str, int] = {}
+    for node in msgspec.json.decode(data, type=_NodeList).items:
+        other = {f"{t.key}:{t.effect}" for t in node.spec.taints if t.key != KWOK_TAINT["key"]}
+        for t in other:
+            taints[t] = taints.get(t, 0) + 1
+        ready = any(cond.type == "Ready" and cond.status == "True" for cond in node.status.conditions)
+        usable += ready and not other
+    return usable, dict(sorted(taints.items()))
+
+
+def wait_usable(api: Api, nodes: int, timeout: float) -> float:
+    """Until every node is Ready and untainted but for kwok's taint; the seconds it took.
+
+    kube-controller-manager's node lifecycle controller taints each new node
+    ``node.kubernetes.io/not-ready:NoSchedule`` and lifts the taints at its client's QPS
+    (~5 nodes/s here): scheduling right after the nodes turn Ready would measure that, not the
+    scheduler.
+    """
+    t0 = time.monotonic()
+    next_log = t0 + 10
+    while True:
+        usable, taints = node_taints(api)
+        if usable >= nodes:
+            return time.monotonic() - t0
+        now = time.monotonic()
+        if now - t0 > timeout:
+            raise RuntimeError(
+                f"only {usable} of {nodes} nodes usable after {timeout:.0f} s: taints {taints}"
+            )
+        if now >= next_log:
+            log(f"waiting for node taints to clear: {usable}/{nodes} usable, {taints}")
+            next_log = now + 10
+        time.sleep(1.0)
+
+
 def stop_scheduler(dev: DevCluster) -> None:
     """Stop kube-scheduler (the next `DevCluster.set_extender` starts it again)."""
     procs.stop_all([r for r in dev.processes() if r.name == "kube-scheduler" and procs.is_running(r)])
@@ -522,6 +591,9 @@ def run_batch(
         "/api/v1/namespaces",
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
     )
+    waited = wait_usable(api, ns.nodes, ns.timeout)
+    if waited > 1:
+        log(f"{label}: all {ns.nodes} nodes usable after {waited:.0f} s")
     extra = {"extender": ext_proc.proc.pid} if ext_proc is not None else {}
     ext_before = ext_proc.metrics() if ext_proc is not None else None
     with watching(api, namespace, ns.pods) as watch:
@@ -545,6 +617,7 @@ def run_batch(
                 + (f"extender log:\n{ext_proc.tail()}" if ext_proc is not None else "")
             )
         cpu1 = cpu_sample(dev, extra)
+    usable_after, taints_after = node_taints(api)
     binds = sorted(watch.bound_at.values())
     first_bind, last_bind = binds[0], binds[-1]
     if ns.mode == "backlog":
@@ -563,6 +636,9 @@ def run_batch(
         "start_to_first_bind_s": round(first_bind - t_start, 3),
         "start_to_last_bind_s": round(last_bind - t_start, 3),
         "nodes_used": len(set(watch.nodes.values())),
+        "waited_for_taints_s": round(waited, 1),
+        "usable_nodes_after": usable_after,
+        "taints_after": taints_after,
         "cpu_s": cpu_delta(cpu0, cpu1),
     }
     # kube-scheduler restarted for this run: its counters cover this batch (and nothing earlier).

@@ -49,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from neuronetes import contracts as c
+from neuronetes.api.models import GPUNode
 from neuronetes.assignment import PodGpuRequest, build_assignment, visible_devices_annotations
 from neuronetes.engine import PlacementEngine
 from neuronetes.engine.core import FEASIBLE
@@ -60,7 +61,7 @@ from neuronetes.model import GpuGrant, Locality, NodeSpec, Placement, PodRequest
 
 from .config import ExtenderSettings, SettingsSource
 from .gangs import GangGroup, GangSlot, GangSpec, RestoredGang, same_shape, wall_now
-from .nodes import NodeSpecError, node_spec_from_node, unusable_node
+from .nodes import NodeSpecError, apply_gpunode, node_spec_from_node, unusable_node
 from .pods import PodInfo, assigned_gpu_uuids
 from .wire import Node, Pod
 
@@ -83,6 +84,7 @@ REASON_UNKNOWN_NODE: Final = "node not in the gpu inventory yet"
 REASON_NOT_CHOSEN: Final = "gpus chosen on another node"
 _MAX_REASON: Final = 240
 RESOURCES: Final = ("nodes", "pods")
+GPUNODES: Final = "gpunodes"
 GangListener = Callable[[GangGroup, dict[str, NodeSpec], bool], None]
 """Told (under the cache's lock: it must not block) of every change of a gang reservation:
 the group, the node specs, and whether the reservation has ended (its phase says how)."""
@@ -205,6 +207,8 @@ class GpuCache:
         self.on_gang_change: GangListener | None = None
         self._required: set[str] = set(RESOURCES)
         self._specs: dict[str, NodeSpec] = {}
+        self._node_specs: dict[str, NodeSpec] = {}  # from the Node objects alone
+        self._gpunodes: dict[str, GPUNode] = {}  # the agents' GPUNode objects, by node name
         self._pods: dict[str, PodInfo] = {}
         self._holds: dict[str, Hold] = {}
         self._hold_of: dict[str, str] = {}  # pod identity -> alloc id of its hold
@@ -425,10 +429,30 @@ class GpuCache:
             log.warning("%s: nothing will be placed there", exc)
             return unusable_node(node.metadata.name)
 
+    def _merged(self, spec: NodeSpec) -> NodeSpec:
+        gpunode = self._gpunodes.get(spec.name)
+        return (
+            spec
+            if gpunode is None or (not spec.schedulable and not spec.gpus)
+            else apply_gpunode(spec, gpunode)
+        )
+
+    def _set_spec(self, name: str) -> None:
+        """Recompute `name`'s spec from its Node and GPUNode (lock held)."""
+        base = self._node_specs.get(name)
+        spec = None if base is None else self._merged(base)
+        if self._specs.get(name) != spec:
+            if spec is None:
+                del self._specs[name]
+            else:
+                self._specs[name] = spec
+            self._dirty = True
+
     def set_node_specs(self, specs: Iterable[NodeSpec]) -> None:
-        """Replace the node set with ready-made specs (tests, benchmarks, a future GPUNode feed)."""
-        new = {s.name: s for s in specs}
+        """Replace the node set with ready-made specs (tests, benchmarks)."""
         with self._lock:
+            self._node_specs = {s.name: s for s in specs}
+            new = {name: self._merged(s) for name, s in self._node_specs.items()}
             if new != self._specs:
                 self._specs = new
                 self._dirty = True
@@ -443,16 +467,41 @@ class GpuCache:
             return
         spec = self._spec_of(node)
         with self._lock:
-            if self._specs.get(spec.name) != spec:
-                self._specs[spec.name] = spec
-                self._dirty = True
+            self._node_specs[spec.name] = spec
+            self._set_spec(spec.name)
         self.touch("nodes")
 
     def delete_node(self, name: str) -> None:
         with self._lock:
-            if self._specs.pop(name, None) is not None:
-                self._dirty = True
+            self._node_specs.pop(name, None)
+            self._set_spec(name)
         self.touch("nodes")
+
+    # ---- the agents' GPUNode objects -------------------------------------------------------------
+    def replace_gpunodes(self, objs: Iterable[GPUNode]) -> None:
+        """Every GPUNode after a (re)list: each node's GPUs as its agent discovered them."""
+        with self._lock:
+            new = {str(o.metadata.get("name") or ""): o for o in objs}
+            new.pop("", None)
+            names = set(new) | set(self._gpunodes)
+            self._gpunodes = new
+            for name in names:
+                self._set_spec(name)
+        self.touch(GPUNODES)
+
+    def upsert_gpunode(self, obj: GPUNode) -> None:
+        name = str(obj.metadata.get("name") or "")
+        if name:
+            with self._lock:
+                self._gpunodes[name] = obj
+                self._set_spec(name)
+        self.touch(GPUNODES)
+
+    def delete_gpunode(self, name: str) -> None:
+        with self._lock:
+            if self._gpunodes.pop(name, None) is not None:
+                self._set_spec(name)
+        self.touch(GPUNODES)
 
     def _merge(self, info: PodInfo) -> PodInfo:
         old = self._pods.get(info.id)

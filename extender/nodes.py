@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from fractions import Fraction
 from typing import Any, Final
 
@@ -32,8 +33,9 @@ import msgspec
 
 from neuronetes import contracts as c
 from neuronetes import mig
+from neuronetes.api import models as m
 from neuronetes.api.units import nominal_nvlink_gbps
-from neuronetes.model import GpuSpec, NodeSpec
+from neuronetes.model import GpuHealth, GpuSpec, NodeSpec
 from neuronetes.quantity import QuantityError, parse_quantity, to_mib, to_milli
 
 from .wire import Node
@@ -206,3 +208,45 @@ def node_spec_from_node(node: Node | Mapping[str, Any]) -> NodeSpec:
 def unusable_node(name: str) -> NodeSpec:
     """A placeholder for a node whose inventory cannot be read: nothing is ever placed on it."""
     return NodeSpec(name=name, cpu_milli=0, memory_mib=0, gpus=(), schedulable=False)
+
+
+def apply_gpunode(spec: NodeSpec, gpunode: m.GPUNode) -> NodeSpec:
+    """`spec` with the GPUs its node agent discovered (the ``GPUNode`` object's status).
+
+    The agent's view (UUIDs, NUMA node, socket, NVLink group and peers, health, cached models)
+    replaces what the labels imply; GPUs in ``spec.cordonedGPUs`` count as offline. A GPUNode
+    without GPUs in its status (the agent has not reported yet) changes nothing.
+    """
+    status = gpunode.status
+    if status is None or not status.gpus:
+        return spec
+    cordoned = set(gpunode.spec.cordoned_gpus or ())
+    by_index = {g.index: g for g in spec.gpus}
+    gpus = []
+    cached: set[str] = set(spec.cached_models)
+    for info in sorted(status.gpus, key=lambda g: g.index):
+        base = by_index.get(info.index)
+        model = info.model or (base.model if base is not None else spec.gpu_model)
+        health = GpuHealth(info.health) if info.health else GpuHealth.AVAILABLE
+        if info.uuid in cordoned:
+            health = GpuHealth.OFFLINE
+        gpus.append(
+            GpuSpec(
+                index=info.index,
+                uuid=info.uuid,
+                model=model,
+                memory_mib=info.memory_mib or (base.memory_mib if base is not None else 0),
+                numa_node=max(
+                    info.numa_node if info.numa_node is not None else (base.numa_node if base else 0), 0
+                ),
+                socket=info.socket if info.socket is not None else (base.socket if base else 0),
+                pcie_gen=info.pcie_gen or (base.pcie_gen if base else 4),
+                nvlink_group=info.nvlink_group if info.nvlink_group is not None else -1,
+                nvlink_bandwidth_gbps=info.nvlink_bandwidth_gbps or 0.0,
+                nvlink_peers=tuple(info.nvlink_peers or ()),
+                mig_enabled=info.mig_mode == "Enabled",
+                health=health,
+            )
+        )
+        cached.update(info.cached_models or ())
+    return replace(spec, gpus=tuple(gpus), cached_models=frozenset(cached))

@@ -34,8 +34,7 @@ from .gangs import (
 )
 from .kube import KubeApi, KubeError
 from .pods import PodInfo
-from .watch import Reflector
-from .wire import ListMeta, ObjectMeta
+from .watch import CustomObject, CustomObjectList, Reflector, crd_installed
 
 __all__ = ["RESERVATIONS", "GroupDirectory", "ReservationStore"]
 
@@ -48,31 +47,8 @@ _DELETE_PHASES: Final = frozenset({"Bound", "Released"})
 NOT_FOUND: Final = 404
 
 
-class ReservationObject(msgspec.Struct, kw_only=True):
-    """A ``GangReservation`` as listed/watched (validated against the CRD model on restore)."""
-
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
-    spec: dict[str, Any] = msgspec.field(default_factory=dict)
-    status: dict[str, Any] | None = None
-
-    def as_object(self) -> dict[str, Any]:
-        meta = msgspec.to_builtins(self.metadata)
-        for key in ("uid", "resourceVersion", "deletionTimestamp", "generateName"):
-            meta.pop(key, None)
-        out: dict[str, Any] = {
-            "apiVersion": c.API_VERSION,
-            "kind": "GangReservation",
-            "metadata": meta,
-            "spec": self.spec,
-        }
-        if self.status is not None:
-            out["status"] = self.status
-        return out
-
-
-class ReservationList(msgspec.Struct, kw_only=True):
-    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
-    items: list[ReservationObject] | None = None
+ReservationObject = CustomObject
+ReservationList = CustomObjectList
 
 
 def _path(namespace: str, name: str = "") -> str:
@@ -169,7 +145,7 @@ class ReservationStore:
         restored = []
         for item in items:
             try:
-                restored.append(decode_reservation(item.as_object()))
+                restored.append(decode_reservation(item.as_object("GangReservation")))
             except ReservationDecodeError as exc:
                 meta = item.metadata
                 log.warning("GangReservation %s/%s ignored: %s", meta.namespace, meta.name, exc)
@@ -200,17 +176,14 @@ class ReservationStore:
             self._stop.wait(0.1)
         if self._stop.is_set():
             return
-        try:
-            self.api.get(f"{_BASE}/{RESERVATIONS}", [("limit", "1")])
-        except KubeError as exc:
-            if exc.status == NOT_FOUND:
-                log.warning(
-                    "the GangReservation CRD is not installed: gang reservations are kept in memory only "
-                    "and do not survive a restart"
-                )
-                self.enabled = False
-                self.cache.mark_synced(RESERVATIONS)
-                return
+        if not crd_installed(self.api, f"{_BASE}/{RESERVATIONS}"):
+            log.warning(
+                "the GangReservation CRD is not installed: gang reservations are kept in memory only "
+                "and do not survive a restart"
+            )
+            self.enabled = False
+            self.cache.mark_synced(RESERVATIONS)
+            return
         reflector: Reflector[ReservationObject] = Reflector(
             self.api,
             RESERVATIONS,

@@ -18,9 +18,13 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 import msgspec
 
-from .cache import GpuCache
+from neuronetes import contracts as c
+from neuronetes.api import models as m
+from neuronetes.api.models import GPUNode
+
+from .cache import GPUNODES, GpuCache
 from .kube import KubeApi, KubeError, WatchStream
-from .wire import Node, NodeList, ObjectMeta, Pod, PodList, WatchEvent, decoder
+from .wire import ListMeta, Node, NodeList, ObjectMeta, Pod, PodList, WatchEvent, decoder
 
 __all__ = ["Reflector", "Reflectors", "start_reflectors"]
 
@@ -34,6 +38,7 @@ class _Object(Protocol):
 
 T = TypeVar("T", bound=_Object)
 GONE: Final = 410
+NOT_FOUND: Final = 404
 
 
 class _Status(msgspec.Struct):
@@ -208,19 +213,108 @@ class Reflector(Generic[T]):
         return obj.metadata.resource_version or rv
 
 
-class Reflectors:
-    """The node and pod reflectors of one cache."""
+class CustomObject(msgspec.Struct, kw_only=True):
+    """A NeuroNetes custom object as listed/watched (validated against its model when used)."""
 
-    def __init__(self, nodes: Reflector[Node], pods: Reflector[Pod]) -> None:
-        self.nodes, self.pods = nodes, pods
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: dict[str, Any] = msgspec.field(default_factory=dict)
+    status: dict[str, Any] | None = None
+
+    def as_object(self, kind: str) -> dict[str, Any]:
+        meta = msgspec.to_builtins(self.metadata)
+        for key in ("uid", "resourceVersion", "deletionTimestamp", "generateName"):
+            meta.pop(key, None)
+        out: dict[str, Any] = {"apiVersion": c.API_VERSION, "kind": kind, "metadata": meta, "spec": self.spec}
+        if self.status is not None:
+            out["status"] = self.status
+        return out
+
+
+class CustomObjectList(msgspec.Struct, kw_only=True):
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
+    items: list[CustomObject] | None = None
+
+
+def crd_installed(api: KubeApi, path: str) -> bool:
+    """Whether the API serves `path` (a custom resource's collection); errors other than 404 retry."""
+    while True:
+        try:
+            api.get(path, [("limit", "1")])
+            return True
+        except KubeError as exc:
+            if exc.status == NOT_FOUND:
+                return False
+            log.warning("%s: %s; retrying", path, exc)
+            time.sleep(1.0)
+
+
+def _gpunode(obj: CustomObject) -> GPUNode | None:
+    try:
+        return m.decode(obj.as_object("GPUNode"), GPUNode)
+    except msgspec.ValidationError as exc:
+        log.warning("GPUNode %s ignored (not valid): %s", obj.metadata.name, exc)
+        return None
+
+
+def gpunode_reflector(
+    cache: GpuCache, api: KubeApi, *, resync_period: float = 600.0
+) -> Reflector[CustomObject]:
+    """Feeds `cache` the agents' GPUNode objects (the GPUs as NVML discovered them)."""
+
+    def replace(items: Iterable[CustomObject]) -> None:
+        cache.replace_gpunodes(g for g in map(_gpunode, items) if g is not None)
+
+    def upsert(obj: CustomObject) -> None:
+        g = _gpunode(obj)
+        if g is not None:
+            cache.upsert_gpunode(g)
+
+    return Reflector(
+        api,
+        GPUNODES,
+        f"/apis/{c.API_VERSION}/gpunodes",
+        CustomObject,
+        CustomObjectList,
+        on_replace=replace,
+        on_upsert=upsert,
+        on_delete=lambda obj: cache.delete_gpunode(obj.metadata.name),
+        on_synced=lambda: cache.mark_synced(GPUNODES),
+        on_heard=lambda: cache.touch(GPUNODES),
+        resync_period=resync_period,
+    )
+
+
+class Reflectors:
+    """The node, pod and GPUNode reflectors of one cache."""
+
+    def __init__(
+        self, nodes: Reflector[Node], pods: Reflector[Pod], gpunodes: Reflector[CustomObject]
+    ) -> None:
+        self.nodes, self.pods, self.gpunodes = nodes, pods, gpunodes
+        self._probe: threading.Thread | None = None
+        self._stopped = threading.Event()
 
     def start(self) -> None:
         self.nodes.start()
         self.pods.start()
 
+        def probe() -> None:
+            # Without the GPUNode CRD (no agents yet) node labels/capacity are the inventory.
+            if crd_installed(self.gpunodes.api, self.gpunodes.path):
+                if not self._stopped.is_set():
+                    self.gpunodes.start()
+            else:
+                log.info("no GPUNode CRD: the GPU inventory comes from node labels and capacity")
+                self.gpunodes._on_synced()
+
+        self._probe = threading.Thread(target=probe, name="probe-gpunodes", daemon=True)
+        self._probe.start()
+
     def stop(self) -> None:
+        self._stopped.set()
         self.nodes.stop()
         self.pods.stop()
+        self.gpunodes.stop()
 
 
 def start_reflectors(
@@ -255,6 +349,7 @@ def start_reflectors(
         resync_period=resync_period,
         watch_timeout=watch_timeout,
     )
-    reflectors = Reflectors(nodes, pods)
+    cache.require_sync(GPUNODES)
+    reflectors = Reflectors(nodes, pods, gpunode_reflector(cache, api, resync_period=resync_period))
     reflectors.start()
     return reflectors

@@ -296,3 +296,35 @@ def test_gang_of_four_lands_on_one_node_or_not_at_all(
     )
     ext.cache.check_invariants()
     assert ext.cache.gangs() == []
+
+
+def test_the_agents_gpunode_objects_reach_the_cache(
+    cluster: E2ECluster, extender: tuple[Extender, str], nodes: dict[str, list[str]]
+) -> None:
+    ext, _ = extender
+    node = nodes["t4x4-pcie"][-1]
+    gpus = [
+        {"uuid": f"GPU-agent-{k}", "index": k, "model": "Tesla T4", "memoryMiB": 15360, "numaNode": k // 2}
+        for k in range(4)
+    ]
+    obj = {"apiVersion": c.API_VERSION, "kind": "GPUNode", "metadata": {"name": node}, "spec": {}}
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(obj))
+    status = {
+        "apiVersion": c.API_VERSION,
+        "kind": "GPUNode",
+        "metadata": {"name": node},
+        "status": {"gpus": gpus},
+    }
+    cluster.kubectl("apply", "--server-side", "--subresource=status", "-f", "-", input=json.dumps(status))
+
+    def uuids() -> list[str] | None:
+        spec = ext.cache.node_spec(node)
+        got = [g.uuid for g in spec.gpus] if spec is not None else []
+        return got if got and got[0].startswith("GPU-agent-") else None
+
+    assert wait_until(uuids, timeout=30, what="the GPUNode in the cache") == [
+        f"GPU-agent-{k}" for k in range(4)
+    ]
+    cluster.kubectl("delete", "gpunode", node)
+    wait_until(lambda: uuids() is None, timeout=30, what="the label inventory back")
+    ext.cache.check_invariants()

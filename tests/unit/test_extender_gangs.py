@@ -309,7 +309,7 @@ def test_reservations_are_persisted_and_restored_after_a_restart() -> None:
     s2.service = ExtenderService(s2.cache, s2.api)
     s2.api.cache = s2.cache
     listed = msgspec.json.decode(msgspec.json.encode(obj), type=ReservationObject)  # as a list returns it
-    restored = decode_reservation(listed.as_object())
+    restored = decode_reservation(listed.as_object("GangReservation"))
     assert s2.cache.restore_gangs([restored]) == 1
     (group,) = s2.cache.gangs()
     assert {sl.node for sl in group.slots} == {node} and free_gpus(s2.cache, node) == 0

@@ -204,6 +204,8 @@ class GpuCache:
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)  # bind barriers wait on it
         self._groups: dict[str, GangGroup] = {}
+        self._rejected: dict[str, tuple[str, str]] = {}  # pod id -> (namespace, name): filter found no node
+        self._nudge = False  # GPUs were released that rejected pods may now use
         self.on_gang_change: GangListener | None = None
         self._required: set[str] = set(RESOURCES)
         self._specs: dict[str, NodeSpec] = {}
@@ -534,6 +536,7 @@ class GpuCache:
 
     def _remove(self, pod_id: str) -> None:
         self._pods.pop(pod_id, None)
+        self._rejected.pop(pod_id, None)
         self._drop_hold_of(pod_id)
         alloc_id = "pod/" + pod_id
         if alloc_id in self._state.allocations:
@@ -680,6 +683,31 @@ class GpuCache:
         return None if ok else req.locality.value
 
     def filter(self, pod: PodInfo, node_names: Sequence[str], gang: GangSpec | None = None) -> FilterDecision:
+        decision = self._filter(pod, node_names, gang)
+        with self._lock:
+            if decision.feasible:
+                self._rejected.pop(pod.id, None)
+            elif pod.gpu is not None:
+                self._rejected[pod.id] = (pod.namespace, pod.name)
+        return decision
+
+    def take_nudges(self) -> list[tuple[str, str]]:
+        """Pending pods the filter rejected, once GPUs they may fit were released since (then the
+        list is cleared): kube-scheduler parks extender-rejected pods for up to 5 minutes unless
+        something about them changes, so the caller touches them (`ReservationStore`)."""
+        with self._lock:
+            if not self._nudge:
+                return []
+            self._nudge = False
+            out = [
+                key
+                for pod_id, key in self._rejected.items()
+                if (p := self._pods.get(pod_id)) is not None and p.pending_gpu
+            ]
+            self._rejected.clear()
+            return out
+
+    def _filter(self, pod: PodInfo, node_names: Sequence[str], gang: GangSpec | None) -> FilterDecision:
         """The engine's choice for a GPU pod among `node_names`, held at once for the assume TTL.
 
         Any earlier hold of the pod is replaced. Rejected nodes get their engine filter's
@@ -947,6 +975,8 @@ class GpuCache:
                 self._drop_hold(slot.alloc_id)
                 held += 1
         group.phase = phase
+        if held:
+            self._nudge = True
         self._emit(group, ended=True)
         self._cond.notify_all()
         return held

@@ -164,6 +164,12 @@ class KubeApi:
         )
         return self._body("PATCH", path, response)
 
+    def merge_patch(self, path: str, body: Mapping[str, Any], *, timeout: float | None = None) -> bytes:
+        response = self._call(
+            "PATCH", path, body=dict(body), timeout=timeout, content_type="application/merge-patch+json"
+        )
+        return self._body("PATCH", path, response)
+
     def delete(self, path: str, *, timeout: float | None = None) -> bytes:
         return self._body("DELETE", path, self._call("DELETE", path, timeout=timeout))
 

@@ -175,7 +175,7 @@ class PodInfo:
             assignment=assignment,
             assignment_error=assignment_error,
             resource_version=meta.resource_version,
-            gang=gang if gpu is not None else None,
+            gang=gang if gpu is not None and not pod.spec.native_gang else None,
         )
 
     @property

@@ -45,6 +45,8 @@ FIELD_MANAGER: Final = "neuronetes-extender"
 _BASE: Final = f"/apis/{c.API_VERSION}"
 _DELETE_PHASES: Final = frozenset({"Bound", "Released"})
 NOT_FOUND: Final = 404
+ANNOTATION_NUDGED_AT: Final = f"{c.GROUP}/nudged-at"
+"""Written on a pending pod so kube-scheduler retries it now (GPUs it may fit were released)."""
 
 
 ReservationObject = CustomObject
@@ -137,6 +139,24 @@ class ReservationStore:
             if self.cache.synced:
                 self.cache.tick()  # a reservation expires (and says so) even when no pod is scheduled
             self.flush()
+            self.nudge()
+
+    def nudge(self) -> int:
+        """Touch pending pods the filter rejected once a reservation freed GPUs (kube-scheduler
+        retries a parked pod when it changes); returns how many were touched."""
+        touched = 0
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        for namespace, name in self.cache.take_nudges():
+            path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+            try:
+                self.api.merge_patch(path, {"metadata": {"annotations": {ANNOTATION_NUDGED_AT: stamp}}})
+                touched += 1
+            except KubeError as exc:
+                if exc.status != NOT_FOUND:
+                    log.warning("nudging pod %s/%s failed: %s", namespace, name, exc)
+        if touched:
+            log.info("nudged %d pending pod(s): gang reservations released GPUs", touched)
+        return touched
 
     # ---- API -> cache ------------------------------------------------------------------------
     def _replace(self, items: Iterable[ReservationObject]) -> None:

@@ -91,6 +91,14 @@ class PodSpec(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
     scheduler_name: str = ""
     priority: Int32 | None = None
     overhead: ResourceList | None = None
+    # Kubernetes' native gang scheduling (1.35+ Workload API): kube-scheduler's own Permit
+    # plugin holds the group, so the extender does not run a barrier of its own.
+    workload_ref: dict[str, Any] | None = None
+    scheduling_group: dict[str, Any] | None = None
+
+    @property
+    def native_gang(self) -> bool:
+        return bool(self.workload_ref) or bool(self.scheduling_group)
 
 
 class PodStatus(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -415,3 +415,37 @@ def test_concurrent_gangs_never_oversubscribe(n: int) -> None:
     assert set(errs.values()) == {""} and len(errs) == 12
     s.cache.check_invariants()
     assert all(free_gpus(s.cache, node) == 0 for node in placed.values())
+
+
+def test_native_kubernetes_gangs_get_no_barrier_of_ours() -> None:
+    pod = gang_pod("native", 2, "wl", 4)
+    pod["spec"]["workloadRef"] = {"name": "training", "podGroup": "workers"}
+    info = PodInfo.from_pod(as_pod(pod))
+    assert info.gang is None and info.gpu is not None
+    s = Setup()
+    s.add(pod)
+    assert len(s.filter(pod).node_names) == 1 and s.cache.gangs() == []
+
+
+def test_pods_rejected_while_a_reservation_held_the_gpus_are_nudged_when_it_ends() -> None:
+    s = Setup(ttl=15, nodes={"dgx-a100-80gb": 1})
+    store_api = StoreApi()
+    patched: list[tuple[str, Any]] = []
+    store_api.merge_patch = lambda path, body, timeout=None: patched.append((path, body)) or b"{}"  # type: ignore[attr-defined]
+    store = ReservationStore(s.cache, store_api)  # type: ignore[arg-type]
+    s.cache.mark_synced("gangreservations")
+    members = [s.add(gang_pod(f"n{k}", 4, "hog", 2)) for k in range(2)]
+    assert s.filter(members[0]).node_names
+    lone = s.add(gpu_pod("lone", 8))
+    assert s.filter(lone).node_names == []
+    assert s.cache.take_nudges() == []  # nothing was released yet
+    s.clock.now += 16
+    s.cache.tick()
+    assert store.nudge() == 1
+    ((path, body),) = patched
+    assert (
+        path == "/api/v1/namespaces/default/pods/lone"
+        and "neuronetes.io/nudged-at" in body["metadata"]["annotations"]
+    )
+    assert s.cache.take_nudges() == []
+    assert s.filter(lone).node_names == ["ndgx-a100-80gb-0"]

@@ -10,8 +10,10 @@ One local control plane (`neuronetes.devcluster.DevCluster`, named ``bench-e2e-<
 2. kube-scheduler alone (the same ``neuronetes-scheduler`` profile, no extender; the extender
    process is stopped first, so it takes no CPU).
 
-The first batch stays bound during the second (the cluster has room for both), and the runs go
-in this order so the extender never sees GPU pods bound without its assignment annotation.
+Before each run every node must be Ready and free of the ``node.kubernetes.io/not-ready`` taint
+the API server gives new nodes (kube-controller-manager lifts it slowly; ``--lift-taints`` lifts
+it here). The first batch stays bound during the second (the cluster has room for both), and the
+runs go in this order so the extender never sees GPU pods bound without its assignment annotation.
 
 How a batch is timed (``--mode``):
 
@@ -94,20 +96,22 @@ class Api:
     def connection(self, timeout: float | None = 60.0) -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=timeout)
 
-    def headers(self) -> dict[str, str]:
+    def headers(self, content_type: str = "application/json") -> dict[str, str]:
         return {
             "Authorization": f"Bearer {self.token}",
             "Accept": "application/json",
-            "Content-Type": "application/json",
+            "Content-Type": content_type,
         }
 
-    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    def request(
+        self, method: str, path: str, body: bytes | None = None, content_type: str = "application/json"
+    ) -> tuple[int, bytes]:
         for attempt in range(2):
             conn: http.client.HTTPSConnection | None = getattr(self._local, "conn", None)
             if conn is None:
                 conn = self._local.conn = self.connection()
             try:
-                conn.request(method, path, body=body, headers=self.headers())
+                conn.request(method, path, body=body, headers=self.headers(content_type))
                 response = conn.getresponse()
                 return response.status, response.read()
             except (OSError, http.client.HTTPException):
@@ -146,8 +150,9 @@ class _Event(msgspec.Struct):
     object: _Obj
 
 
-class _Taint(msgspec.Struct):
+class _Taint(msgspec.Struct, omit_defaults=True):
     key: str
+    value: str = ""
     effect: str = ""
 
 
@@ -519,36 +524,73 @@ class ExtenderProcess:
 # ---- one run ---------------------------------------------------------------------------------
 
 
-def node_taints(api: Api) -> tuple[int, dict[str, int]]:
-    """(nodes our pods can use: Ready and no taint but kwok's, count of nodes per other taint)."""
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
+def _ready(node: _Node) -> bool:
+    return any(cond.type == "Ready" and cond.status == "True" for cond in node.status.conditions)
+
+
+def list_nodes(api: Api) -> list[_Node]:
     status, data = api.request("GET", "/api/v1/nodes")
     if status != 200:
         raise RuntimeError(f"listing nodes: HTTP {status}")
+    return msgspec.json.decode(data, type=_NodeList).items
+
+
+def node_taints(nodes: Sequence[_Node]) -> tuple[int, dict[str, int]]:
+    """(nodes our pods can use: Ready and no taint but kwok's, count of nodes per other taint)."""
     usable = 0
     taints: dict[str, int] = {}
-    for node in msgspec.json.decode(data, type=_NodeList).items:
+    for node in nodes:
         other = {f"{t.key}:{t.effect}" for t in node.spec.taints if t.key != KWOK_TAINT["key"]}
         for t in other:
             taints[t] = taints.get(t, 0) + 1
-        ready = any(cond.type == "Ready" and cond.status == "True" for cond in node.status.conditions)
-        usable += ready and not other
+        usable += _ready(node) and not other
     return usable, dict(sorted(taints.items()))
 
 
-def wait_usable(api: Api, nodes: int, timeout: float) -> float:
+def lift_not_ready(api: Api, nodes: Sequence[_Node], workers: int) -> int:
+    """Remove the not-ready taint from Ready nodes, as the node lifecycle controller would; the count.
+
+    A merge patch replaces the taint list; the resourceVersion makes it fail (409, retried on the
+    next pass) rather than overwrite a concurrent change.
+    """
+    todo = [n for n in nodes if _ready(n) and any(t.key == NOT_READY_TAINT for t in n.spec.taints)]
+
+    def lift(node: _Node) -> bool:
+        keep = [msgspec.to_builtins(t) for t in node.spec.taints if t.key != NOT_READY_TAINT]
+        patch = {"metadata": {"resourceVersion": node.metadata.resourceVersion}, "spec": {"taints": keep}}
+        status, _ = api.request(
+            "PATCH",
+            f"/api/v1/nodes/{node.metadata.name}",
+            json.dumps(patch).encode(),
+            content_type="application/merge-patch+json",
+        )
+        return status == 200
+
+    with ThreadPoolExecutor(workers) as pool:
+        return sum(pool.map(lift, todo))
+
+
+def wait_usable(api: Api, nodes: int, timeout: float, *, lift: bool, workers: int) -> float:
     """Until every node is Ready and untainted but for kwok's taint; the seconds it took.
 
-    kube-controller-manager's node lifecycle controller taints each new node
-    ``node.kubernetes.io/not-ready:NoSchedule`` and lifts the taints at its client's QPS
-    (~5 nodes/s here): scheduling right after the nodes turn Ready would measure that, not the
-    scheduler.
+    The API server's TaintNodesByCondition admission taints each new node
+    ``node.kubernetes.io/not-ready:NoSchedule``; kube-controller-manager's node lifecycle
+    controller lifts it once the node is Ready, at its client's QPS (~5 nodes/s here).
+    Scheduling before that would measure the controller, not the scheduler. With `lift`, this
+    process lifts the taints itself (without kube-controller-manager nothing else would).
     """
     t0 = time.monotonic()
     next_log = t0 + 10
     while True:
-        usable, taints = node_taints(api)
+        items = list_nodes(api)
+        usable, taints = node_taints(items)
         if usable >= nodes:
             return time.monotonic() - t0
+        if lift and lift_not_ready(api, items, workers):
+            continue
         now = time.monotonic()
         if now - t0 > timeout:
             raise RuntimeError(
@@ -591,7 +633,7 @@ def run_batch(
         "/api/v1/namespaces",
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
     )
-    waited = wait_usable(api, ns.nodes, ns.timeout)
+    waited = wait_usable(api, ns.nodes, ns.timeout, lift=ns.lift_taints, workers=ns.create_workers)
     if waited > 1:
         log(f"{label}: all {ns.nodes} nodes usable after {waited:.0f} s")
     extra = {"extender": ext_proc.proc.pid} if ext_proc is not None else {}
@@ -617,7 +659,7 @@ def run_batch(
                 + (f"extender log:\n{ext_proc.tail()}" if ext_proc is not None else "")
             )
         cpu1 = cpu_sample(dev, extra)
-    usable_after, taints_after = node_taints(api)
+    usable_after, taints_after = node_taints(list_nodes(api))
     binds = sorted(watch.bound_at.values())
     first_bind, last_bind = binds[0], binds[-1]
     if ns.mode == "backlog":
@@ -732,7 +774,14 @@ def main() -> int:
     ap.add_argument("--create-workers", type=int, default=8, help="threads creating pods")
     ap.add_argument("--extender-config", type=Path, help="the extender's settings file (default: built-in)")
     ap.add_argument(
-        "--no-controller-manager", action="store_true", help="run without kube-controller-manager"
+        "--no-controller-manager",
+        action="store_true",
+        help="run without kube-controller-manager (implies --lift-taints)",
+    )
+    ap.add_argument(
+        "--lift-taints",
+        action="store_true",
+        help="lift the new nodes' not-ready taints here instead of waiting for kube-controller-manager",
     )
     ap.add_argument(
         "--apiserver-arg", action="append", default=[], help="extra kube-apiserver flag (repeatable)"
@@ -743,6 +792,7 @@ def main() -> int:
     )
     ap.add_argument("--json", type=Path, help="write the results here")
     ns = ap.parse_args()
+    ns.lift_taints = ns.lift_taints or ns.no_controller_manager
     prof = profile(ns.profile)
     if ns.nodes < 1 or ns.pods < 2:
         ap.error("--nodes must be >= 1 and --pods >= 2")
@@ -751,6 +801,11 @@ def main() -> int:
             f"{ns.nodes} × {prof.gpu_count} GPUs cannot hold two batches of {ns.pods} × {ns.gpus_per_pod}"
         )
 
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")  # the cluster is still torn down (finally)
+
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGHUP, interrupted)
     dev = DevCluster(f"bench-e2e-{os.getpid()}", log=log)
     workdir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     ext_proc: ExtenderProcess | None = None
@@ -795,6 +850,8 @@ def main() -> int:
             "profile": ns.profile,
             "gpus_per_pod": ns.gpus_per_pod,
             "mode": ns.mode,
+            "controller_manager": not ns.no_controller_manager,
+            "lifted_taints": ns.lift_taints,
             "cpus": os.cpu_count(),
             "extender_verbs_ms": with_ext.get("extender_verbs_ms", {}),
             "runs": {"with_extender": with_ext, "without_extender": without},

@@ -76,7 +76,17 @@ class WorkloadProfile:
             for s, n in zip(self.shapes, self.counts, strict=True)
             if s.gpus == 1 and s.gpu_milli > 0
         ]
-        return ProfileArrays.build(self.typical(coverage), models, leftover_waste(one_gpu))
+        return ProfileArrays.build(
+            self.typical(coverage), models, leftover_waste(one_gpu), self.cpu_per_gpu_milli()
+        )
+
+    def cpu_per_gpu_milli(self) -> float:
+        """Milli-CPU that GPU pods ask per milli-GPU, over every shape seen (0: no GPU pods).
+
+        The workload's aggregate ratio: a node whose free CPU is below this × its free GPU
+        capacity will run out of CPU before its GPUs fill (`score_cpu_strand`).
+        """
+        return _cpu_per_gpu_milli(zip(self.shapes, self.counts, strict=True))
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,8 @@ class ProfileArrays:
     leftover_waste: npt.NDArray[np.float64]
     """[0..1000]: expected milli-GPU a GPU with that much free ends up wasting (see below);
     from every single-GPU shape seen, rare ones included: they are what fills small leftovers."""
+    cpu_per_gpu_milli: float = 0.0
+    """Milli-CPU GPU pods ask per milli-GPU (`WorkloadProfile.cpu_per_gpu_milli`); 0: unknown."""
 
     @classmethod
     def build(
@@ -98,8 +110,9 @@ class ProfileArrays:
         typical: list[tuple[TypicalShape, float]],
         models: tuple[str, ...],
         waste: npt.NDArray[np.float64] | None = None,
+        cpu_per_gpu_milli: float | None = None,
     ) -> ProfileArrays:
-        """`waste` defaults to the leftover waste of the typical single-GPU shapes."""
+        """`waste` and `cpu_per_gpu_milli` default to those of the typical shapes."""
         from neuronetes.engine.filters import model_matches
 
         access = np.ones((max(len(models), 1), len(typical)), dtype=bool)
@@ -116,7 +129,19 @@ class ProfileArrays:
             gpus=np.array([s.gpus for s, _ in typical], dtype=np.int64),
             weight=np.array([w for _, w in typical], dtype=np.float64),
             access=access,
+            cpu_per_gpu_milli=cpu_per_gpu_milli
+            if cpu_per_gpu_milli is not None
+            else _cpu_per_gpu_milli(typical),
         )
+
+
+def _cpu_per_gpu_milli(shapes: Iterable[tuple[TypicalShape, float]]) -> float:
+    cpu = gpu = 0.0
+    for s, n in shapes:
+        if s.gpus > 0 and s.gpu_milli > 0:
+            cpu += n * s.cpu_milli
+            gpu += n * s.gpus * s.gpu_milli
+    return cpu / gpu if gpu > 0 else 0.0
 
 
 def leftover_waste(one_gpu_shapes: list[tuple[int, float]]) -> npt.NDArray[np.float64]:

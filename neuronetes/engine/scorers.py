@@ -221,6 +221,34 @@ def score_share_waste(ctx: ScoreContext) -> F64:
     return np.clip(0.5 - (waste[after] - waste[left]) / (2 * MILLI_PER_GPU), 0.0, 1.0)
 
 
+def _cpu_stranded(gpu_free: F64, cpu_free: F64, ratio: float) -> F64:
+    """Free milli-GPU the node's free CPU cannot feed at `ratio` milli-CPU per milli-GPU."""
+    return np.maximum(gpu_free - cpu_free / ratio, 0.0)
+
+
+def score_cpu_strand(ctx: ScoreContext) -> F64:
+    """How much GPU capacity the placement leaves without the CPU to use it.
+
+    GPU pods bring CPU with them: `ratio` milli-CPU per milli-GPU on average over the workload
+    (`ProfileArrays.cpu_per_gpu_milli`). A node with G free milli-GPU and C free milli-CPU can
+    feed at most C / ratio of its free GPU capacity; the rest is stranded (without this term,
+    15–28 GPUs' worth of whole GPUs and ≥ 0.2 leftovers end an openb run on nodes without the
+    CPU for any pod that fits them, seed 42). Placing a CPU-hungry pod on a node whose CPU is
+    already short strands GPUs; placing it where CPU is plentiful does not. FGD sees CPU only through whether each typical shape fits, and
+    `capacity_frag` only per shape as if the node filled with that one shape. Same scale as
+    `capacity_frag`: 0.5 − Δstranded / 16 GPUs; neutral (1) without GPU pods in the profile.
+    """
+    ratio = ctx.profile.cpu_per_gpu_milli
+    if ratio <= 0:
+        return np.ones(ctx.rows.size)
+    st, req = ctx.state, ctx.req
+    gpu = ctx.free_milli.sum(axis=1).astype(np.float64)
+    cpu = st.cpu_free[ctx.rows].astype(np.float64)
+    before = _cpu_stranded(gpu, cpu, ratio)
+    after = _cpu_stranded(gpu - req.gpu_milli_total, cpu - req.cpu_milli, ratio)
+    return np.clip(0.5 - (after - before) / (2 * MAX_SPEC_GPU), 0.0, 1.0)
+
+
 def score_scarcity(ctx: ScoreContext) -> F64:
     """Penalty for taking away a node's ability to host a large shape few nodes can still host.
 
@@ -314,6 +342,7 @@ SCORERS: dict[str, Scorer] = {
         Scorer("fgd", score_fgd),
         Scorer("capacity_frag", score_capacity_frag),
         Scorer("share_waste", score_share_waste),
+        Scorer("cpu_strand", score_cpu_strand),
         Scorer("scarcity", score_scarcity, volatile=True),
         Scorer("availability", score_availability),
         Scorer("topology", score_topology),

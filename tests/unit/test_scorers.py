@@ -214,6 +214,28 @@ def test_share_waste_prefers_the_gpu_whose_leftover_is_filled(nodes) -> None:
     assert (raw(engine, "share_waste", PodRequest("w", gpus=1)) == 1.0).all()
 
 
+def test_cpu_strand_keeps_cpu_where_gpus_need_it(nodes) -> None:
+    """GPU pods ask 8 cores per GPU: a 32-core 4-GPU node has no CPU to spare, a 64-core one does."""
+    profile = WorkloadProfile.from_requests([PodRequest(cpu_milli=8000, gpus=1)] * 4)
+    assert profile.cpu_per_gpu_milli() == pytest.approx(8.0)
+    engine = engine_for([nodes.t4("lean", cpu_milli=32_000), nodes.t4("rich")], "cpu_strand", profile)
+    # 1 GPU + 16 cores on lean: 3 GPUs left with 16 cores, which feed 2 of them → 1 GPU stranded.
+    s = scores(engine, PodRequest("p", cpu_milli=16_000, gpus=1))
+    assert s == pytest.approx({"lean": 0.5 - 1000 / 16000, "rich": 0.5})
+    placement = engine.place(PodRequest("p", cpu_milli=16_000, gpus=1))
+    assert placement is not None and placement.node == "rich"
+    # A CPU-only pod strands two of lean's GPUs; a pod within the ratio strands nothing.
+    assert scores(engine, PodRequest("c", cpu_milli=16_000)) == pytest.approx(
+        {"lean": 0.5 - 2000 / 16000, "rich": 0.5}
+    )
+    assert set(scores(engine, PodRequest("q", cpu_milli=4000, gpus=1)).values()) == {0.5}
+    # No GPU pods in the profile: neutral.
+    plain = engine_for(
+        [nodes.t4("n")], "cpu_strand", WorkloadProfile.from_requests([PodRequest(cpu_milli=1)])
+    )
+    assert set(scores(plain, PodRequest("p", cpu_milli=16_000, gpus=1)).values()) == {1.0}
+
+
 def test_scarcity_guards_the_last_hosts_of_a_large_shape(nodes) -> None:
     """8-GPU pods asking 120 cores fit only the big node; small pods go elsewhere."""
     big = nodes.dgx("big", cpu_milli=128_000)

@@ -234,8 +234,9 @@ def score_cpu_strand(ctx: ScoreContext) -> F64:
     feed at most C / ratio of its free GPU capacity; the rest is stranded (without this term,
     15–28 GPUs' worth of whole GPUs and ≥ 0.2 leftovers end an openb run on nodes without the
     CPU for any pod that fits them, seed 42). Placing a CPU-hungry pod on a node whose CPU is
-    already short strands GPUs; placing it where CPU is plentiful does not. FGD sees CPU only through whether each typical shape fits, and
-    `capacity_frag` only per shape as if the node filled with that one shape. Same scale as
+    already short strands GPUs; placing it where CPU is plentiful does not. FGD sees CPU only
+    through whether each typical shape fits, and `capacity_frag` only per shape as if the node
+    filled with that one shape. Same scale as
     `capacity_frag`: 0.5 − Δstranded / 16 GPUs; neutral (1) without GPU pods in the profile.
     """
     ratio = ctx.profile.cpu_per_gpu_milli

@@ -45,7 +45,6 @@ import shutil
 import signal
 import socket
 import ssl
-import subprocess
 import sys
 import tempfile
 import threading
@@ -64,6 +63,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from neuronetes import contracts as c
 from neuronetes.devcluster import DevCluster, ExtenderConfig, procs
 from neuronetes.devcluster.profiles import KWOK_TAINT, PROFILES, profile
+from neuronetes.extender.server import ExtenderProcess
 
 HOST = "127.0.0.1"
 EXTENDER_LATENCY = c.METRIC_SCHEDULER_LATENCY
@@ -438,87 +438,18 @@ def cpu_delta(before: dict[tuple[str, int], float], after: dict[tuple[str, int],
 # ---- the extender process --------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
+def start_extender(kubeconfig: Path, workdir: Path, config: Path | None, nodes: int) -> ExtenderProcess:
+    """The extender in its own process, ready once its cache holds `nodes` nodes."""
+    if config is None:
+        config = workdir / "extender.json"
+        config.write_text("{}\n")
+    ext = ExtenderProcess(kubeconfig, workdir, config, host=HOST, log_level="warning")
 
+    def cached() -> bool:
+        return gauge(scrape(f"{ext.url}/metrics"), c.METRIC_CACHE_NODES) >= nodes
 
-class ExtenderProcess:
-    """``neuronetes extender serve`` in its own session, cwd a temporary folder (never the repo)."""
-
-    def __init__(self, kubeconfig: Path, workdir: Path, config: Path | None) -> None:
-        self.port = free_port()
-        self.url = f"http://{HOST}:{self.port}"
-        self.log = workdir / "extender.log"
-        if config is None:
-            config = workdir / "extender.json"
-            config.write_text("{}\n")
-        argv = [
-            sys.executable,
-            "-m",
-            "neuronetes.cli",
-            "extender",
-            "serve",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--host",
-            HOST,
-            "--port",
-            str(self.port),
-            "--config",
-            str(config),
-            "--log-level",
-            "warning",
-        ]
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def metrics(self) -> str:
-        return scrape(f"{self.url}/metrics")
-
-    def wait_ready(self, nodes: int, timeout: float) -> None:
-        """Until /readyz answers 200 and the cache holds `nodes` nodes."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the extender exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
-                    if response.status == 200 and gauge(self.metrics(), c.METRIC_CACHE_NODES) >= nodes:
-                        return
-            except (OSError, urllib.error.URLError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the extender was not ready in {timeout:.0f} s:\n{self.tail()}")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        # Anything left in its session (there should be nothing).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+    ext.start(timeout=300, ready=cached)
+    return ext
 
 
 # ---- one run ---------------------------------------------------------------------------------
@@ -636,8 +567,8 @@ def run_batch(
     waited = wait_usable(api, ns.nodes, ns.timeout, lift=ns.lift_taints, workers=ns.create_workers)
     if waited > 1:
         log(f"{label}: all {ns.nodes} nodes usable after {waited:.0f} s")
-    extra = {"extender": ext_proc.proc.pid} if ext_proc is not None else {}
-    ext_before = ext_proc.metrics() if ext_proc is not None else None
+    extra = {"extender": ext_proc.proc.pid} if ext_proc is not None and ext_proc.proc is not None else {}
+    ext_before = scrape(f"{ext_proc.url}/metrics") if ext_proc is not None else None
     with watching(api, namespace, ns.pods) as watch:
         if ns.mode == "backlog":
             stop_scheduler(dev)
@@ -705,7 +636,7 @@ def run_batch(
         }
         out["kube_scheduler"] = sched
     if ext_proc is not None and ext_before is not None:
-        after = ext_proc.metrics()
+        after = scrape(f"{ext_proc.url}/metrics")
         before_h = histograms(ext_before, EXTENDER_LATENCY, "verb")
         verbs = {
             verb: h.minus(before_h.get(verb)).summary_ms()
@@ -823,9 +754,8 @@ def main() -> int:
         log(f"{ns.nodes} {ns.profile} nodes Ready in {time.monotonic() - t0:.1f} s")
         api = Api(dev)
 
-        ext_proc = ExtenderProcess(dev.kubeconfig, workdir, ns.extender_config)
-        ext_proc.wait_ready(ns.nodes, timeout=300)
-        log(f"extender at {ext_proc.url} (pid {ext_proc.proc.pid}) ready with {ns.nodes} nodes cached")
+        ext_proc = start_extender(dev.kubeconfig, workdir, ns.extender_config, ns.nodes)
+        log(f"extender at {ext_proc.url} ready with {ns.nodes} nodes cached")
         with_ext = run_batch(
             dev,
             api,

@@ -60,7 +60,7 @@ from neuronetes.inventory import Allocation, ClusterState, OversubscriptionError
 from neuronetes.model import GpuGrant, Locality, NodeSpec, Placement, PodRequest
 
 from .config import ExtenderSettings, SettingsSource
-from .gangs import GangGroup, GangSlot, GangSpec, RestoredGang, same_shape, wall_now
+from .gangs import GangGroup, GangSlot, GangSpec, RestoredGang, same_shape
 from .nodes import NodeSpecError, apply_gpunode, node_spec_from_node, unusable_node
 from .pods import PodInfo, assigned_gpu_uuids
 from .wire import Node, Pod
@@ -250,7 +250,7 @@ class GpuCache:
             log.info(
                 "gang %s: reservation expired with %d of %d members at bind",
                 group.id,
-                group.ready_members + group.prebound,
+                group.ready_members,
                 group.size,
             )
             self._end_group(group, "Expired")
@@ -1005,9 +1005,8 @@ class GpuCache:
             size=size,
             locality=locality,
             expires_at=expires,
-            expires_wall=wall_now() + ttl,
+            expires_wall=time.time() + ttl,
             slots=[],
-            prebound=size - len(members),
         )
         holds = []
         for k, (placement, alloc_id) in enumerate(zip(plan.placements, plan.alloc_ids, strict=True)):
@@ -1177,14 +1176,14 @@ class GpuCache:
                     group.arrived.add(plan.pod)
                     self._emit(group)
                     self._cond.notify_all()
-                if group.open or group.ready_members + group.prebound >= group.size:
+                if group.open or group.ready_members >= group.size:
                     if not group.open:
                         self._open_barrier(group)
                     return None
                 now = self._clock()
                 if give_up is not None and now >= give_up:
                     return (
-                        f"gang {group.name}: {group.ready_members + group.prebound} of {group.size} "
+                        f"gang {group.name}: {group.ready_members} of {group.size} "
                         "members at bind; still waiting"
                     )
                 limit = group.expires_at if give_up is None else min(group.expires_at, give_up)
@@ -1216,7 +1215,7 @@ class GpuCache:
         """
         count = 0
         with self._lock:
-            now, wall = self._clock(), wall_now()
+            now, wall = self._clock(), time.time()
             for r in restored:
                 group_id = f"{r.namespace}/{r.name}"
                 if group_id in self._groups or r.phase not in ("Reserved", "Binding"):
@@ -1231,7 +1230,6 @@ class GpuCache:
                     expires_at=now + remaining,
                     expires_wall=r.expires_wall,
                     slots=[replace(s) for s in r.slots],
-                    prebound=r.size - len(r.slots),
                     phase=r.phase,
                     open=r.phase == "Binding",
                 )
@@ -1326,10 +1324,6 @@ class GpuCache:
             if planned is None:
                 return None
             return tuple(self._holds[s.alloc_id] for s in planned.slots)
-
-    def release_group(self, group: str) -> int:
-        """Release every hold of `group`; returns how many there were."""
-        return self.release_gang(group)
 
     def tick(self) -> None:
         """Apply what time has done (expired holds and reservations) without a decision."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -47,7 +46,6 @@ __all__ = [
 ANNOTATION_RESERVATION_ID: Final = f"{c.GROUP}/reservation-id"
 """Marks which in-memory reservation a ``GangReservation`` object describes (one object per group
 is reused, so a late DELETED event of an older reservation must not release a newer one)."""
-ANNOTATION_LOCALITY: Final = c.ANNOTATION_LOCALITY  # the group's locality, kept for a restart
 ANNOTATION_POD_RESOURCES: Final = f"{c.GROUP}/member-resources"
 """CPU milli and memory MiB per member slot ("cpu:mem,cpu:mem,…"), kept for a restart: the CRD's
 member entries carry the GPUs only."""
@@ -90,15 +88,19 @@ class GangGroup:
     expires_wall: float  # wall clock (what the API object says)
     slots: list[GangSlot]
     reservation_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    prebound: int = 0  # members bound before this reservation was made (it holds the rest)
     arrived: set[str] = field(default_factory=set)  # member pods waiting at the bind barrier
     open: bool = False  # the barrier opened: every member reached bind
     phase: str = "Reserved"
 
     @property
+    def prebound(self) -> int:
+        """Members bound before this reservation was made (it holds slots for the rest)."""
+        return self.size - len(self.slots)
+
+    @property
     def ready_members(self) -> int:
-        """Members bound or waiting at the barrier."""
-        return sum(1 for s in self.slots if s.bound or (s.pod and s.pod in self.arrived))
+        """Members bound (before or through this reservation) or waiting at the barrier."""
+        return self.prebound + sum(1 for s in self.slots if s.bound or (s.pod and s.pod in self.arrived))
 
     @property
     def bound_members(self) -> int:
@@ -183,7 +185,7 @@ def encode_reservation(group: GangGroup, specs: dict[str, NodeSpec]) -> dict[str
             "namespace": group.namespace,
             "annotations": {
                 ANNOTATION_RESERVATION_ID: group.reservation_id,
-                ANNOTATION_LOCALITY: group.locality.value,
+                c.ANNOTATION_LOCALITY: group.locality.value,  # kept for a restart
                 ANNOTATION_POD_RESOURCES: ",".join(resources),
             },
         },
@@ -216,7 +218,7 @@ def decode_reservation(obj: dict[str, Any]) -> RestoredGang:
     annotations = meta.get("annotations") or {}
     namespace = str(meta.get("namespace") or "")
     try:
-        locality = Locality.parse(annotations.get(ANNOTATION_LOCALITY))
+        locality = Locality.parse(annotations.get(c.ANNOTATION_LOCALITY))
         resources = [
             tuple(int(x) for x in part.split(":"))
             for part in annotations[ANNOTATION_POD_RESOURCES].split(",")
@@ -272,7 +274,3 @@ def decode_reservation(obj: dict[str, Any]) -> RestoredGang:
         reservation_id=str(annotations.get(ANNOTATION_RESERVATION_ID) or ""),
         phase=(res.status.phase if res.status is not None and res.status.phase else "Reserved"),
     )
-
-
-def wall_now() -> float:
-    return time.time()

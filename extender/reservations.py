@@ -30,11 +30,10 @@ from .gangs import (
     ReservationDecodeError,
     decode_reservation,
     encode_reservation,
-    reservation_name,
 )
 from .kube import KubeApi, KubeError
 from .pods import PodInfo
-from .watch import CustomObject, CustomObjectList, Reflector, crd_installed
+from .watch import CustomObject, CustomObjectList, Reflector
 
 __all__ = ["RESERVATIONS", "GroupDirectory", "ReservationStore"]
 
@@ -47,10 +46,6 @@ _DELETE_PHASES: Final = frozenset({"Bound", "Released"})
 NOT_FOUND: Final = 404
 ANNOTATION_NUDGED_AT: Final = f"{c.GROUP}/nudged-at"
 """Written on a pending pod so kube-scheduler retries it now (GPUs it may fit were released)."""
-
-
-ReservationObject = CustomObject
-ReservationList = CustomObjectList
 
 
 def _path(namespace: str, name: str = "") -> str:
@@ -73,7 +68,7 @@ class ReservationStore:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._reflector: Reflector[ReservationObject] | None = None
+        self._reflector: Reflector[CustomObject] | None = None
         self._restored = False
         cache.require_sync(RESERVATIONS)
         cache.on_gang_change = self._changed
@@ -159,7 +154,7 @@ class ReservationStore:
         return touched
 
     # ---- API -> cache ------------------------------------------------------------------------
-    def _replace(self, items: Iterable[ReservationObject]) -> None:
+    def _replace(self, items: Iterable[CustomObject]) -> None:
         if self._restored:
             return  # the cache is the truth once running: a relist must not resurrect ended groups
         restored = []
@@ -174,7 +169,7 @@ class ReservationStore:
         if n:
             log.info("restored %d gang reservation(s) from the API", n)
 
-    def _deleted(self, item: ReservationObject) -> None:
+    def _deleted(self, item: CustomObject) -> None:
         """Somebody deleted a reservation's object: release it (unless it is an older one)."""
         rid = (item.metadata.annotations or {}).get(ANNOTATION_RESERVATION_ID)
         group = str(item.spec.get("groupName") or "")
@@ -188,6 +183,13 @@ class ReservationStore:
                     released,
                 )
 
+    def _no_crd(self) -> None:
+        log.warning(
+            "the GangReservation CRD is not installed: gang reservations are kept in memory only "
+            "and do not survive a restart"
+        )
+        self.enabled = False
+
     def _start_reflector(self) -> None:
         # Restore only once nodes and pods are in: a slot whose pod is already bound is not held.
         while not self._stop.is_set():
@@ -196,26 +198,19 @@ class ReservationStore:
             self._stop.wait(0.1)
         if self._stop.is_set():
             return
-        if not crd_installed(self.api, f"{_BASE}/{RESERVATIONS}"):
-            log.warning(
-                "the GangReservation CRD is not installed: gang reservations are kept in memory only "
-                "and do not survive a restart"
-            )
-            self.enabled = False
-            self.cache.mark_synced(RESERVATIONS)
-            return
-        reflector: Reflector[ReservationObject] = Reflector(
+        reflector: Reflector[CustomObject] = Reflector(
             self.api,
             RESERVATIONS,
             f"{_BASE}/{RESERVATIONS}",
-            ReservationObject,
-            ReservationList,
+            CustomObject,
+            CustomObjectList,
             on_replace=self._replace,
             on_upsert=lambda _: None,
             on_delete=self._deleted,
             on_synced=lambda: self.cache.mark_synced(RESERVATIONS),
             on_heard=lambda: self.cache.touch(RESERVATIONS),
             resync_period=self.resync_period,
+            on_missing=self._no_crd,
         )
         self._reflector = reflector
         reflector.run()
@@ -292,8 +287,3 @@ class GroupDirectory:
             size, group_timeout = found
             timeout = timeout or group_timeout
         return GangSpec(size=size, ttl_seconds=timeout or default_ttl)
-
-
-def reservation_path(namespace: str, group: str) -> str:
-    """API path of the ``GangReservation`` of `group` in `namespace`."""
-    return _path(namespace, reservation_name(group))

@@ -75,7 +75,10 @@ class Reflector(Generic[T]):
         watch_timeout: float = 300.0,
         resync_period: float = 600.0,
         max_backoff: float = 30.0,
+        on_missing: Callable[[], None] | None = None,
     ) -> None:
+        """`on_missing` makes the resource optional (a CRD that may not be installed): when the API
+        does not serve `path`, `run` calls it, counts the resource synced and returns."""
         self.api = api
         self.resource = resource
         self.path = path
@@ -86,6 +89,7 @@ class Reflector(Generic[T]):
         self._on_delete: Callable[[T], None] = on_delete
         self._on_synced = on_synced
         self._on_heard = on_heard
+        self._on_missing = on_missing
         self.page_size = page_size
         self.watch_timeout = watch_timeout
         self.resync_period = resync_period
@@ -110,6 +114,11 @@ class Reflector(Generic[T]):
             self._thread.join(timeout)
 
     def run(self) -> None:
+        if self._on_missing is not None and not crd_installed(self.api, self.path):
+            self._on_missing()
+            self.synced = True
+            self._on_synced()
+            return
         backoff = 0.0
         while not self._stop.is_set():
             try:
@@ -281,6 +290,8 @@ def gpunode_reflector(
         on_synced=lambda: cache.mark_synced(GPUNODES),
         on_heard=lambda: cache.touch(GPUNODES),
         resync_period=resync_period,
+        # Without the GPUNode CRD (no agents yet) node labels and capacity are the inventory.
+        on_missing=lambda: log.info("no GPUNode CRD: the GPU inventory comes from node labels and capacity"),
     )
 
 
@@ -291,27 +302,13 @@ class Reflectors:
         self, nodes: Reflector[Node], pods: Reflector[Pod], gpunodes: Reflector[CustomObject]
     ) -> None:
         self.nodes, self.pods, self.gpunodes = nodes, pods, gpunodes
-        self._probe: threading.Thread | None = None
-        self._stopped = threading.Event()
 
     def start(self) -> None:
         self.nodes.start()
         self.pods.start()
-
-        def probe() -> None:
-            # Without the GPUNode CRD (no agents yet) node labels/capacity are the inventory.
-            if crd_installed(self.gpunodes.api, self.gpunodes.path):
-                if not self._stopped.is_set():
-                    self.gpunodes.start()
-            else:
-                log.info("no GPUNode CRD: the GPU inventory comes from node labels and capacity")
-                self.gpunodes._on_synced()
-
-        self._probe = threading.Thread(target=probe, name="probe-gpunodes", daemon=True)
-        self._probe.start()
+        self.gpunodes.start()
 
     def stop(self) -> None:
-        self._stopped.set()
         self.nodes.stop()
         self.pods.stop()
         self.gpunodes.stop()

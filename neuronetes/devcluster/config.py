@@ -71,15 +71,18 @@ class ExtenderConfig:
         """The extender named by ``$NEURONETES_EXTENDER_URL`` (None when unset or empty)."""
         return cls.from_url((os.environ if env is None else env).get(EXTENDER_URL_ENV))
 
-    def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
+    def _entry(self, http_timeout_s: float, *, ignorable: bool) -> dict[str, Any]:
+        return {
             "urlPrefix": self.url,
             "enableHTTPS": self.url.startswith("https://"),
-            "httpTimeout": f"{self.http_timeout_s:g}s",
+            "httpTimeout": f"{http_timeout_s:g}s",
             "nodeCacheCapable": self.node_cache_capable,
-            "ignorable": self.ignorable,
-            "managedResources": [{"name": r, "ignoredByScheduler": False} for r in self.managed_resources],
+            "ignorable": ignorable,
         }
+
+    def to_json(self) -> dict[str, Any]:
+        doc = self._entry(self.http_timeout_s, ignorable=self.ignorable)
+        doc["managedResources"] = [{"name": r, "ignoredByScheduler": False} for r in self.managed_resources]
         if self.filter_verb:
             doc["filterVerb"] = self.filter_verb
         if self.prioritize_verb:
@@ -98,16 +101,7 @@ class ExtenderConfig:
         """
         out = [self.to_json()]
         if self.bind_verb:
-            out.append(
-                {
-                    "urlPrefix": self.url,
-                    "enableHTTPS": self.url.startswith("https://"),
-                    "httpTimeout": f"{self.bind_http_timeout_s:g}s",
-                    "nodeCacheCapable": self.node_cache_capable,
-                    "ignorable": False,
-                    "bindVerb": self.bind_verb,
-                }
-            )
+            out.append(self._entry(self.bind_http_timeout_s, ignorable=False) | {"bindVerb": self.bind_verb})
         return out
 
 

@@ -10,12 +10,6 @@ GPUs are free again. No GPU is ever given twice.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +20,7 @@ from e2e_cluster import E2ECluster, wait_until
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
 from neuronetes.devcluster.profiles import KWOK_TAINT
-from neuronetes.extender.server import free_port
+from neuronetes.extender.server import ExtenderProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -34,72 +28,14 @@ NAMESPACE = "restart-e2e"
 SUITE_LABEL = ("neuronetes.io/e2e-suite", "restart")
 
 
-class ExtenderProcess:
-    """`neuronetes extender serve` in a subprocess on a fixed port (restartable)."""
-
-    def __init__(self, cluster: E2ECluster, workdir: Path) -> None:
-        self.cluster = cluster
-        self.workdir = workdir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.config = workdir / "extender.yaml"
-        self.config.write_text("assumeTTLSeconds: 60\ngangTTLSeconds: 120\nbindWaitSeconds: 100\n")
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        log = (self.workdir / f"extender-{self.starts}.log").open("wb")
-        argv = [sys.executable, "-m", "neuronetes.cli", "extender", "serve"]
-        argv += [
-            "--kubeconfig",
-            str(self.cluster.kubeconfig),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
-        argv += ["--config", str(self.config), "--log-level", "info"]
-        # cwd: not the checkout (its operator/ folder would shadow the stdlib module).
-        self.proc = subprocess.Popen(argv, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        wait_until(self.ready, timeout=60, what="the extender process ready")
-
-    def ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"extender exited with {self.proc.returncode}: {self.log_tail()}")
-        try:
-            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.proc = None
-
-    def log_tail(self) -> str:
-        text = (self.workdir / f"extender-{self.starts}.log").read_text(errors="replace")
-        return text[-3000:]
-
-
 @pytest.fixture(scope="module")
 def extender_process(
     cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ExtenderProcess]:
-    ext = ExtenderProcess(cluster, Path(tmp_path_factory.mktemp("restart")))
+    workdir = Path(tmp_path_factory.mktemp("restart"))
+    config = workdir / "extender.yaml"
+    config.write_text("assumeTTLSeconds: 60\ngangTTLSeconds: 120\nbindWaitSeconds: 100\n")
+    ext = ExtenderProcess(cluster.kubeconfig, workdir, config)
     cluster.add_nodes("dgx-a100-80gb", 3, "rs-dgx", labels=dict([SUITE_LABEL]))
     cluster.kubectl("create", "namespace", NAMESPACE)
     ext.start()
@@ -201,7 +137,7 @@ def test_gang_completes_on_its_reserved_node_after_the_extender_is_killed(
     wait_until(
         lambda: reservation(cluster, "resume") is None, timeout=30, what="the spent reservation deleted"
     )
-    assert "reservation restored" in ext.log_tail()
+    assert "reservation restored" in ext.tail(lines=1000)
 
 
 def test_reservation_expires_after_a_restart_and_its_gpus_are_free_again(

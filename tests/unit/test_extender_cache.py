@@ -385,7 +385,7 @@ def test_group_reservations_are_all_or_nothing_and_expire() -> None:
     too_big = [PodRequest(name=f"x{k}", gpus=4) for k in range(3)]
     assert cache.reserve_group("g2", too_big, Locality.SAME_NODE) is None
     assert {h.group for h in cache.holds()} == {"g1"}
-    assert cache.release_group("g1") == 4 and cache.holds() == []
+    assert cache.release_gang("g1") == 4 and cache.holds() == []
     assert cache.reserve_group("g3", members, Locality.SAME_NODE, ttl=30) is not None
     clock.now += 31
     cache.check_invariants()

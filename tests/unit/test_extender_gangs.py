@@ -17,8 +17,9 @@ from neuronetes.extender.config import ExtenderSettings
 from neuronetes.extender.gangs import GangSpec, decode_reservation, encode_reservation, reservation_name
 from neuronetes.extender.kube import KubeError
 from neuronetes.extender.pods import PodInfo
-from neuronetes.extender.reservations import GroupDirectory, ReservationObject, ReservationStore
+from neuronetes.extender.reservations import GroupDirectory, ReservationStore
 from neuronetes.extender.service import ExtenderService
+from neuronetes.extender.watch import CustomObject
 from neuronetes.extender.wire import ExtenderArgs, ExtenderBindingArgs, Pod
 
 NODES = {"dgx-a100-80gb": 2, "t4x4-pcie": 2}
@@ -308,7 +309,7 @@ def test_reservations_are_persisted_and_restored_after_a_restart() -> None:
         s2.cache.upsert_pod(as_pod(p))
     s2.service = ExtenderService(s2.cache, s2.api)
     s2.api.cache = s2.cache
-    listed = msgspec.json.decode(msgspec.json.encode(obj), type=ReservationObject)  # as a list returns it
+    listed = msgspec.json.decode(msgspec.json.encode(obj), type=CustomObject)  # as a list returns it
     restored = decode_reservation(listed.as_object("GangReservation"))
     assert s2.cache.restore_gangs([restored]) == 1
     (group,) = s2.cache.gangs()

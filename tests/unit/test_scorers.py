@@ -198,6 +198,23 @@ def test_leftover_waste_is_the_bellman_recursion() -> None:
     assert (waste[:400] == np.arange(400)).all()
 
 
+def test_leftover_waste_counts_rare_fillers_as_unlikely() -> None:
+    """A leftover only rare pods fit is mostly wasted; one common pods fit is filled."""
+    shapes = [(1000, 0.50), (800, 0.48), (150, 0.02)]  # 150 pods: 2 % of single-GPU pods
+    optimistic = leftover_waste(shapes, reliable_share=0)
+    waste = leftover_waste(shapes, reliable_share=0.1)
+    assert optimistic[200] == pytest.approx(50)  # the recursion alone: a 150 pod surely comes
+    filled = 0.02 / 0.1
+    assert waste[200] == pytest.approx(filled * 50 + (1 - filled) * 200)
+    assert waste[149] == 149 and waste[0] == 0
+    # 800 and 1000 pods are common (98 %, 100 % fit): those leftovers are filled for sure.
+    assert waste[800] == pytest.approx((0.48 * waste[0] + 0.02 * waste[650]) / 0.50)
+    # A pod leaving 200 free costs more than one leaving a common pod's room.
+    assert waste[200] > waste[1000 - 800 - 150]
+    with pytest.raises(ValueError):
+        leftover_waste(shapes, reliable_share=-1)
+
+
 def test_share_waste_prefers_the_gpu_whose_leftover_is_filled(nodes) -> None:
     """Profile of 600 and 400 shares: a 400 pod fits exactly into a GPU with 400 free."""
     profile = WorkloadProfile.from_requests(

@@ -1,0 +1,163 @@
+"""Derive openb-style workload variants from the default trace, to test that a policy generalises.
+
+The openb repository ships variants of its default pod list that emphasise one kind of workload
+(GPU-sharing, multi-GPU, CPU-only, GPU-type constraints). Only three of them are bundled here,
+so a policy could fit those three by accident. This script derives more, the same way, from
+`openb_pod_list_default.csv`, with a seed of its own:
+
+- `gpushareXX`: the GPU pods resampled (with replacement, pod count kept) so that GPU-sharing
+  pods hold XX % of the GPU demand; CPU-only pods kept as they are. (openb's gpushare40 keeps the
+  default's 8,152 pods and its 1,088 CPU-only ones, with 40 % of GPU demand in shares.)
+- `multigpuXX`: multi-GPU pods sampled and added until they hold XX % of the GPU demand; every
+  default pod kept. (openb's multigpu20 keeps all 8,152 and adds 172.)
+- `gpuspecXX`: XX % of the GPU pods restricted to one GPU model (`gpu_spec`), drawn in
+  proportion to the GPUs of that model whose nodes are large enough for the pod.
+
+    python bench/openb_variants.py --out out/variants [--seed 7] [--share 20,60,80] \
+        [--multi 50] [--spec 33]
+
+then, per written file F: `neuronetes simulate --nodes ... --pods F --policy fgd,default ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(os.environ.get("NEURONETES_TRACE_DIR", ROOT.parent / "shared" / "data" / "openb" / "csv"))
+COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
+
+Row = dict[str, str]
+
+
+def _demand(row: Row) -> int:
+    gpus = int(row["num_gpu"])
+    return gpus * int(row["gpu_milli"]) if gpus else 0
+
+
+def _is_share(row: Row) -> bool:
+    return int(row["num_gpu"]) == 1 and int(row["gpu_milli"]) < 1000
+
+
+def _is_multi(row: Row) -> bool:
+    return int(row["num_gpu"]) >= 2
+
+
+def read_rows(path: Path) -> list[Row]:
+    with path.open(newline="") as fh:
+        rows = [{c: (r.get(c) or "") for c in COLUMNS} for r in csv.DictReader(fh)]
+    for r in rows:
+        if r["gpu_spec"] == "nan":
+            r["gpu_spec"] = ""
+    return rows
+
+
+def write_rows(path: Path, rows: Sequence[Row]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w.writeheader()
+        for k, r in enumerate(rows):
+            w.writerow({**r, "name": f"openb-pod-{k:04d}"})
+
+
+def share_variant(rows: Sequence[Row], fraction: float, rng: random.Random) -> list[Row]:
+    """GPU pods resampled so that shares hold `fraction` of GPU demand; pod count kept."""
+    if not 0 < fraction < 1:
+        raise ValueError("share fraction must be in (0, 1)")
+    cpu = [r for r in rows if not int(r["num_gpu"])]
+    share = [r for r in rows if _is_share(r)]
+    other = [r for r in rows if int(r["num_gpu"]) and not _is_share(r)]
+    n = len(share) + len(other)
+    m_share = sum(map(_demand, share)) / len(share)
+    m_other = sum(map(_demand, other)) / len(other)
+    # n_s * m_s / (n_s * m_s + (n - n_s) * m_o) = fraction
+    n_share = round(fraction * n * m_other / (m_share * (1 - fraction) + fraction * m_other))
+    n_share = min(max(n_share, 1), n - 1)
+    picked = rng.choices(share, k=n_share) + rng.choices(other, k=n - n_share)
+    out = cpu + picked
+    rng.shuffle(out)
+    return out
+
+
+def multi_variant(rows: Sequence[Row], fraction: float, rng: random.Random) -> list[Row]:
+    """Every pod kept, multi-GPU pods added until they hold `fraction` of GPU demand."""
+    if not 0 < fraction < 1:
+        raise ValueError("multi-GPU fraction must be in (0, 1)")
+    multi = [r for r in rows if _is_multi(r)]
+    out = list(rows)
+    total = sum(map(_demand, out))
+    held = sum(map(_demand, multi))
+    while held < fraction * total:
+        r = rng.choice(multi)
+        out.append(dict(r))
+        held += _demand(r)
+        total += _demand(r)
+    rng.shuffle(out)
+    return out
+
+
+def spec_variant(rows: Sequence[Row], nodes: Sequence[Row], fraction: float, rng: random.Random) -> list[Row]:
+    """`fraction` of GPU pods pinned to one GPU model that has nodes large enough for them."""
+    if not 0 < fraction <= 1:
+        raise ValueError("gpu-spec fraction must be in (0, 1]")
+    out = [dict(r) for r in rows]
+    gpu_pods = [r for r in out if int(r["num_gpu"])]
+    for r in rng.sample(gpu_pods, round(fraction * len(gpu_pods))):
+        want_gpus, want_cpu = int(r["num_gpu"]), int(r["cpu_milli"])
+        weight: dict[str, int] = {}
+        for n in nodes:
+            if n["model"] and int(n["gpu"]) >= want_gpus and int(n["cpu_milli"]) >= want_cpu:
+                weight[n["model"]] = weight.get(n["model"], 0) + int(n["gpu"])
+        if weight:
+            models = sorted(weight)
+            r["gpu_spec"] = rng.choices(models, weights=[weight[m] for m in models])[0]
+    return out
+
+
+def _fractions(spec: str) -> list[int]:
+    return [int(x) for x in spec.split(",") if x.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "out" / "variants")
+    ap.add_argument("--pods", type=Path, default=DATA / "openb_pod_list_default.csv")
+    ap.add_argument("--nodes", type=Path, default=DATA / "openb_node_list_gpu_node.csv")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--share", default="20,60,80", help="gpushare variants, %% of GPU demand")
+    ap.add_argument("--multi", default="50", help="multigpu variants, %% of GPU demand")
+    ap.add_argument("--spec", default="33", help="gpuspec variants, %% of GPU pods")
+    ns = ap.parse_args(argv)
+    rows = read_rows(ns.pods)
+    with ns.nodes.open(newline="") as fh:
+        nodes = list(csv.DictReader(fh))
+    made: list[tuple[str, list[Row]]] = []
+    for pct in _fractions(ns.share):
+        made.append((f"gpushare{pct}", share_variant(rows, pct / 100, random.Random(ns.seed * 1000 + pct))))
+    for pct in _fractions(ns.multi):
+        made.append((f"multigpu{pct}", multi_variant(rows, pct / 100, random.Random(ns.seed * 2000 + pct))))
+    for pct in _fractions(ns.spec):
+        made.append(
+            (f"gpuspec{pct}", spec_variant(rows, nodes, pct / 100, random.Random(ns.seed * 3000 + pct)))
+        )
+    for name, variant in made:
+        path = ns.out / f"openb_pod_list_{name}_s{ns.seed}.csv"
+        write_rows(path, variant)
+        gpu = sum(map(_demand, variant))
+        share = sum(_demand(r) for r in variant if _is_share(r))
+        multi = sum(_demand(r) for r in variant if _is_multi(r))
+        print(
+            f"{path}: {len(variant)} pods, GPU demand {gpu / 1000:.0f}, "
+            f"shares {100 * share / gpu:.1f} %, multi-GPU {100 * multi / gpu:.1f} %"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

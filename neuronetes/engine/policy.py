@@ -18,7 +18,7 @@ SEED_004_WEIGHTS: Mapping[str, float] = MappingProxyType(
 """Seed 004's scoring split: availability 30 %, topology 25 %, model cache 20 %, cost 15 %, data 10 %."""
 
 DEFAULT_FRAG_WEIGHTS: Mapping[str, float] = MappingProxyType(
-    {"fgd": 100.0, "capacity_frag": 30.0, "share_waste": 100.0, "cpu_strand": 400.0, "scarcity": 0.5}
+    {"fgd": 100.0, "capacity_frag": 30.0, "share_waste": 300.0, "cpu_strand": 400.0, "scarcity": 0.5}
 )
 """The fragmentation terms of `default`, on the scale of the seed 004 terms (which sum to 1).
 
@@ -26,11 +26,13 @@ FGD's gradient, bucketed to 1/100, decides first; within a bucket the capacity-a
 (± ~0.02 per placement, × 30), the guard on scarce hosts of large pods and the seed 004 terms
 trade off; exact ties go to node order. Two terms may override FGD: `cpu_strand` (× 400 makes
 one GPU stranded for lack of CPU cost 25 points, what one GPU of fragmentation costs FGD's own
-sigmoid (× 100) at its midpoint) and, for a share of one GPU, `share_waste` (× 100: 0.1 GPU
-more expected final waste costs 5 points). FGD looks one pod ahead and counts a leftover as
+sigmoid (× 100) at its midpoint) and, for a share of one GPU, `share_waste` (× 300: 0.1 GPU
+more expected final waste costs 15 points). FGD looks one pod ahead and counts a leftover as
 fine once any typical shape fits it; the look-ahead knows how rarely small leftovers are
-filled, so on the GPU choice for a share it has the last word (at × 10, a tie-breaker only,
-gpushare40 left 5.46 % of GPUs unallocated instead of 5.39 %, median of 10 seeds).
+filled, so on the GPU choice for a share it has the last word. Measured (median of 10 seeds):
+at × 10, a tie-breaker only, gpushare40 left 5.46 % of GPUs unallocated, at × 100 5.39 %, at
+× 300 5.39 %; the bundled traces are flat from 100 to 300, share-heavier derived variants
+(`bench/openb_variants.py`) gain at 300 (gpushare80: 10.30 → 10.04 %).
 """
 
 

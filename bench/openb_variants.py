@@ -73,6 +73,8 @@ def share_variant(rows: Sequence[Row], fraction: float, rng: random.Random) -> l
     cpu = [r for r in rows if not int(r["num_gpu"])]
     share = [r for r in rows if _is_share(r)]
     other = [r for r in rows if int(r["num_gpu"]) and not _is_share(r)]
+    if not share or not other:
+        raise ValueError("the pod list needs both GPU-sharing and other GPU pods to resample")
     n = len(share) + len(other)
     m_share = sum(map(_demand, share)) / len(share)
     m_other = sum(map(_demand, other)) / len(other)
@@ -90,6 +92,8 @@ def multi_variant(rows: Sequence[Row], fraction: float, rng: random.Random) -> l
     if not 0 < fraction < 1:
         raise ValueError("multi-GPU fraction must be in (0, 1)")
     multi = [r for r in rows if _is_multi(r)]
+    if not multi:
+        raise ValueError("the pod list has no multi-GPU pods to sample")
     out = list(rows)
     total = sum(map(_demand, out))
     held = sum(map(_demand, multi))
@@ -108,12 +112,15 @@ def spec_variant(rows: Sequence[Row], nodes: Sequence[Row], fraction: float, rng
         raise ValueError("gpu-spec fraction must be in (0, 1]")
     out = [dict(r) for r in rows]
     gpu_pods = [r for r in out if int(r["num_gpu"])]
+    hosts: dict[tuple[int, int], dict[str, int]] = {}  # (GPUs, CPU) → GPUs per model that fit
     for r in rng.sample(gpu_pods, round(fraction * len(gpu_pods))):
-        want_gpus, want_cpu = int(r["num_gpu"]), int(r["cpu_milli"])
-        weight: dict[str, int] = {}
-        for n in nodes:
-            if n["model"] and int(n["gpu"]) >= want_gpus and int(n["cpu_milli"]) >= want_cpu:
-                weight[n["model"]] = weight.get(n["model"], 0) + int(n["gpu"])
+        want = (int(r["num_gpu"]), int(r["cpu_milli"]))
+        weight = hosts.get(want)
+        if weight is None:
+            weight = hosts[want] = {}
+            for n in nodes:
+                if n["model"] and int(n["gpu"]) >= want[0] and int(n["cpu_milli"]) >= want[1]:
+                    weight[n["model"]] = weight.get(n["model"], 0) + int(n["gpu"])
         if weight:
             models = sorted(weight)
             r["gpu_spec"] = rng.choices(models, weights=[weight[m] for m in models])[0]

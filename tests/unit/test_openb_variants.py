@@ -46,10 +46,8 @@ ROWS = (
 )
 
 
-def _fraction(rows, keep) -> float:
-    def demand(r):
-        return int(r["num_gpu"]) * int(r["gpu_milli"])
-
+def _fraction(variants, rows, keep) -> float:
+    demand = variants._demand
     return sum(demand(r) for r in rows if keep(r)) / sum(demand(r) for r in rows)
 
 
@@ -59,19 +57,23 @@ def test_share_variant_holds_the_share_of_demand_and_the_pod_count(variants, fra
     out = variants.share_variant(rows, fraction, random.Random(1))
     assert len(out) == len(rows)
     assert sum(1 for r in out if r["num_gpu"] == "0") == 20 * 50  # CPU-only pods kept
-    assert _fraction(out, variants._is_share) == pytest.approx(fraction, abs=0.03)
+    assert _fraction(variants, out, variants._is_share) == pytest.approx(fraction, abs=0.03)
     with pytest.raises(ValueError):
         variants.share_variant(ROWS, 1.0, random.Random(1))
+    with pytest.raises(ValueError, match="both"):  # nothing to resample from
+        variants.share_variant([r for r in ROWS if not variants._is_share(r)], 0.5, random.Random(1))
 
 
 def test_multi_variant_adds_multi_gpu_pods_until_their_share(variants) -> None:
     out = variants.multi_variant(ROWS, 0.5, random.Random(2))
     assert len(out) > len(ROWS)
-    assert _fraction(out, variants._is_multi) >= 0.5
+    assert _fraction(variants, out, variants._is_multi) >= 0.5
     # Only multi-GPU pods were added.
     assert sum(1 for r in out if not variants._is_multi(r)) == sum(
         1 for r in ROWS if not variants._is_multi(r)
     )
+    with pytest.raises(ValueError, match="no multi-GPU"):
+        variants.multi_variant([r for r in ROWS if not variants._is_multi(r)], 0.5, random.Random(2))
 
 
 def test_spec_variant_pins_pods_to_models_that_can_host_them(variants) -> None:

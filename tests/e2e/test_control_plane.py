@@ -276,7 +276,7 @@ class StubExtender:
 
         self.chosen = chosen
         self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.api_client = cluster.api_client()
+        self.api_client = cluster.extender_api_client()  # the policies let only it set GPUs
         api = client.CoreV1Api(self.api_client)
         stub = self
 
@@ -408,7 +408,14 @@ def test_cli_lifecycle_warm_start_and_down_leaves_no_process(cluster: E2ECluster
         assert doc["up"] and doc["apiHealthy"] and doc["nodes"] == 3
         assert doc["apiVersion"] == read_versions().kubernetes
         comps = {c["name"]: c for c in doc["components"]}
-        assert set(comps) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}
+        assert set(comps) == {
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "extender",
+            "kwok",
+        }
         assert all(c["running"] and c["healthy"] for c in comps.values()), comps
         pids = [c["pid"] for c in comps.values()]
 

@@ -9,7 +9,7 @@ import pytest
 from e2e_cluster import ensure_toolchain
 
 from neuronetes.devcluster import DevCluster
-from neuronetes.extender.demo import run_demo
+from neuronetes.devcluster.demo import run_demo
 
 pytestmark = pytest.mark.e2e
 

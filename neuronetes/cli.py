@@ -109,6 +109,7 @@ def _dev_cluster_up(ns: argparse.Namespace, cluster: DevCluster, log: Callable[[
         controller_manager=False if ns.no_controller_manager else None,
         crds_dir=None if ns.no_crds else Path(ns.crds) if ns.crds else REPO_ROOT / "crds",
         policies_dir=None if ns.no_policies or ns.no_crds else POLICIES_DIR,
+        apiserver_args=[f"--runtime-config={ns.runtime_config}"] if ns.runtime_config else [],
         auto_build=ns.build,
     )
     log(f"cluster {ns.name!r} up in {seconds:.1f} s; logs in {cluster.log_dir}")
@@ -253,6 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME=BOOL,...",
         help="up: feature gates of kube-apiserver and kube-scheduler (repeatable)",
+    )
+    dc.add_argument(
+        "--runtime-config",
+        metavar="GROUP/VERSION=true,...",
+        help="up: kube-apiserver's --runtime-config (alpha APIs, e.g. scheduling.k8s.io/v1alpha2=true)",
     )
     dc.add_argument("--no-policies", action="store_true", help="up: do not apply crds/policies/")
     dc.add_argument("--no-controller-manager", action="store_true", help="up: run without it")

@@ -59,7 +59,9 @@ def tokens(cluster: E2ECluster) -> Iterator[dict[str, str]]:
         "-n",
         NAMESPACE,
     )
-    cluster.kubectl("create", "role", "binder", "--verb=create", "--resource=pods/binding", "-n", NAMESPACE)
+    cluster.kubectl(
+        "create", "role", "binder", "--verb=create", "--resource=pods/binding,bindings", "-n", NAMESPACE
+    )
     cluster.kubectl(
         "create",
         "rolebinding",
@@ -107,18 +109,12 @@ def binding(name: str, annotations: dict[str, str] | None = None) -> dict[str, A
 
 
 def post_binding(
-    cluster: E2ECluster, token: str, name: str, annotations: dict[str, str] | None = None
+    cluster: E2ECluster, token: str, name: str, annotations: dict[str, str] | None = None, *, via: str = "pod"
 ) -> Any:
-    return as_user(
-        cluster,
-        token,
-        "create",
-        "--raw",
-        f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/binding",
-        "-f",
-        "-",
-        input=json.dumps(binding(name, annotations)),
-    )
+    """POST a Binding through ``pods/{name}/binding`` (`via` "pod") or the ``bindings`` resource."""
+    path = f"/api/v1/namespaces/{NAMESPACE}/" + (f"pods/{name}/binding" if via == "pod" else "bindings")
+    body = json.dumps(binding(name, annotations))
+    return as_user(cluster, token, "create", "--raw", path, "-f", "-", input=body)
 
 
 def pod_json(cluster: E2ECluster, name: str) -> dict[str, Any]:
@@ -162,8 +158,9 @@ def test_only_the_extender_writes_the_assignment(cluster: E2ECluster, tokens: di
     assert "may not set or change it" in forged.stderr
     # ... nor bind one of its pods with an assignment (the Binding's annotations reach the pod).
     assert create(cluster, tenant, unscheduled("mine", {c.RESOURCE_GPU: 1})).returncode == 0
-    bound = post_binding(cluster, tenant, "mine", {key: ASSIGNMENT})
-    assert bound.returncode != 0 and "written only by the NeuroNetes scheduler extender" in bound.stderr
+    for via in ("pod", "bindings"):
+        bound = post_binding(cluster, tenant, "mine", {key: ASSIGNMENT}, via=via)
+        assert bound.returncode != 0 and "written only by the NeuroNetes scheduler extender" in bound.stderr
     # The extender's own Binding passes, assignment and all.
     assert post_binding(cluster, extender, "mine", {key: ASSIGNMENT}).returncode == 0
     pod = pod_json(cluster, "mine")

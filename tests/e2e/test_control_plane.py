@@ -305,7 +305,9 @@ class StubExtender:
                         ),
                         target=client.V1ObjectReference(api_version="v1", kind="Node", name=body["Node"]),
                     )
-                    api.create_namespaced_binding(body["PodNamespace"], binding, _preload_content=False)
+                    api.create_namespaced_pod_binding(  # pods/binding, as the extender posts it
+                        body["PodName"], body["PodNamespace"], binding, _preload_content=False
+                    )
                     reply = {"Error": ""}
                 else:  # preempt: no refinement
                     reply = {"NodeNameToMetaVictims": body.get("NodeNameToMetaVictims") or {}}

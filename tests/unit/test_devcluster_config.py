@@ -162,7 +162,8 @@ def test_the_assignment_policy_trusts_exactly_the_extender_identity() -> None:
     assert variables["extenderUser"] == repr(EXTENDER_USERNAME)
     assert variables["key"] == repr(ANNOTATION_ASSIGNED_GPUS)
     (rule,) = pol["spec"]["matchConstraints"]["resourceRules"]
-    assert set(rule["operations"]) == {"CREATE", "UPDATE"} and set(rule["resources"]) == {"pods", "pods/*"}
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    assert set(rule["resources"]) == {"pods", "pods/*", "bindings"}
 
 
 def test_state_records_the_shape_of_the_cluster() -> None:

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from neuronetes.engine import POLICIES, PlacementEngine
-from neuronetes.engine.gang import GangPlan, plan_gang
-from neuronetes.inventory import ClusterState
+from neuronetes.engine import POLICIES, PlacementEngine, gang
+from neuronetes.engine.gang import GangPlan, commit_gang
+from neuronetes.inventory import ClusterState, OversubscriptionError
 from neuronetes.model import GpuGrant, Locality, PodRequest
 
 pytestmark = pytest.mark.unit
@@ -42,6 +42,30 @@ def nvlink_groups(state: ClusterState, plan: GangPlan) -> set[tuple[int, int]]:
         for p in plan.placements
         for j in p.gpu_indices
     }
+
+
+class Committed(GangPlan):
+    """A plan as `commit_gang` held it (the ids of its allocations)."""
+
+    alloc_ids: tuple[str, ...]
+
+
+def plan_gang(
+    engine: PlacementEngine,
+    members: list[PodRequest],
+    locality: Locality = Locality.ANY,
+    prefix: str = "gang",
+    ttl: float | None = None,
+) -> Committed | None:
+    """`gang.plan_gang` (pure: the state is checked unchanged) then `commit_gang`."""
+    before = snapshot(engine.state)
+    plan = gang.plan_gang(engine, members, locality)
+    assert_same(engine.state, before)
+    if plan is None:
+        return None
+    committed = Committed(plan.placements)
+    object.__setattr__(committed, "alloc_ids", commit_gang(engine, plan, prefix, ttl))
+    return committed
 
 
 def workers(n: int, gpus: int, cpu: int = 1000, **kw: Any) -> list[PodRequest]:
@@ -119,7 +143,9 @@ def test_an_alloc_id_clash_rolls_the_whole_gang_back(nodes) -> None:
     engine = PlacementEngine(state, "default")
     state.allocate("g/1", 0, 0, 0, [])  # the second member's id is taken
     before = snapshot(state)
-    assert plan_gang(engine, workers(3, 1), Locality.ANY, "g") is None
+    # Planning is pure; committing is all or nothing and says why (never "no fit").
+    with pytest.raises(OversubscriptionError, match="already exists"):
+        plan_gang(engine, workers(3, 1), Locality.ANY, "g")
     assert_same(state, before)
 
 

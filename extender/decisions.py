@@ -90,6 +90,23 @@ def explain(snap: Snapshot, placement: Placement, *, terms: bool) -> Explanation
     )
 
 
+def _explain_held(snap: Snapshot, hold: Hold, placement: Placement) -> Explanation:
+    """The held placement explained with its score terms, the node seen as the filter saw it
+    (the hold's own resources given back for the moment)."""
+    st = snap.state
+    alloc = st.allocations.get(hold.alloc_id)
+    if alloc is not None:
+        st.release(hold.alloc_id)
+    try:
+        explanation = explain(snap, placement, terms=True)
+    finally:
+        if alloc is not None:
+            st.allocate(alloc.id, alloc.node_index, alloc.cpu_milli, alloc.memory_mib, alloc.grants)
+    if hold.explanation is not None:
+        return replace(hold.explanation, terms=explanation.terms)
+    return explanation
+
+
 # ---- filter ---------------------------------------------------------------------------------------
 def _reasons(
     state: ClusterState, candidates: npt.NDArray[np.int64], codes_all: npt.NDArray[np.int16]
@@ -195,7 +212,7 @@ def filter_pod(parts: Parts, pod: PodInfo, lookup: NodeLookup, gang: GangSpec | 
     failed.update(unknown)
     if placement is None:
         return FilterDecision((), failed, unresolvable, None)
-    explanation = explain(snap, placement, terms=True)  # before the hold takes the GPUs
+    explanation = explain(snap, placement, terms=False)  # the terms are worked out at bind
     hold = _assume(parts, pod, placement, explanation)
     if hold is None:
         failed[placement.node] = "gpu placement conflict, retry"
@@ -293,7 +310,7 @@ def prepare_bind(parts: Parts, pod_id: str, node: str, pod: PodInfo | None) -> B
     annotations = {c.ANNOTATION_ASSIGNED_GPUS: c.encode_assignment(assignment)}
     if snap.settings.visible_devices_annotations:
         annotations.update(visible_devices_annotations(assignment))
-    explanation = hold.explanation or explain(snap, placement, terms=False)
+    explanation = _explain_held(snap, hold, placement)
     if group is not None:
         return BindPlan(
             pod_id,

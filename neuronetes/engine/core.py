@@ -244,17 +244,22 @@ class PlacementEngine:
         best = ev.node_scores.max()
         ties = np.nonzero(ev.node_scores >= best - 1e-12)[0]
         k = int(ties[0]) if ties.size == 1 or self.policy.tie_break == "first" else int(self.rng.choice(ties))
-        order = [k, *(int(j) for j in np.argsort(-ev.node_scores, kind="stable") if int(j) != k)]
-        for j in order:
-            node = int(ev.rows[j])
-            gpu_row = ev.gpu_scores[j] if ev.gpu_scores is not None else None
-            chosen = self.select_gpus(req, node, gpu_row)
-            if isinstance(chosen, Unschedulable):
-                continue
-            grants, why = chosen
-            score = float(ev.node_scores[j])
-            return Placement(req, self.state.nodes[node].name, node, tuple(grants), score, why)
+        chosen = self._placement(req, ev, k)
+        if chosen is not None:
+            return chosen
+        for j in np.argsort(-ev.node_scores, kind="stable").tolist():  # rare: the next nodes by score
+            if j != k and (chosen := self._placement(req, ev, j)) is not None:
+                return chosen
         return None
+
+    def _placement(self, req: PodRequest, ev: Evaluation, k: int) -> Placement | None:
+        node = int(ev.rows[k])
+        gpu_row = ev.gpu_scores[k] if ev.gpu_scores is not None else None
+        chosen = self.select_gpus(req, node, gpu_row)
+        if isinstance(chosen, Unschedulable):
+            return None
+        grants, why = chosen
+        return Placement(req, self.state.nodes[node].name, node, tuple(grants), float(ev.node_scores[k]), why)
 
     def select_gpus(
         self,

@@ -8,7 +8,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from neuronetes.engine import POLICIES, PlacementEngine, Policy, Unschedulable, WorkloadProfile, get_policy
+from neuronetes.engine import (
+    POLICIES,
+    PlacementEngine,
+    Policy,
+    Unschedulable,
+    WorkloadProfile,
+    get_policy,
+    scale_scores,
+)
 from neuronetes.engine.select import select_bestfit, select_first, select_random, select_topology
 from neuronetes.inventory import ClusterState
 from neuronetes.model import GpuGrant, GpuHealth, Locality, NodeSpec, PodRequest
@@ -426,3 +434,27 @@ def test_engine_weights_override(nodes) -> None:
     assert dict(engine.policy.weights) == {"bestfit": 1.0}
     placement = engine.place(PodRequest("p", gpus=1))
     assert placement is not None and placement.node == "dear"  # tie: first node
+
+
+# ---- explanations and the one normaliser (issue 9) ------------------------------------------------------
+def test_explain_breaks_a_nodes_score_down_by_term(nodes) -> None:
+    state = ClusterState([nodes.dgx("a"), nodes.t4("b")])
+    engine = PlacementEngine(state, "default")
+    req = PodRequest("p", gpus=2)
+    terms = engine.explain(req, 0)
+    assert set(terms) == set(engine.policy.weights)
+    assert sum(terms.values()) == pytest.approx(float(engine.evaluate(req, [0]).node_scores[0]))
+    assert engine.explain(PodRequest("big", gpus=8), 1) == {}  # infeasible: nothing to explain
+    share = PodRequest("s", gpus=1, gpu_milli=300, gpu_memory_mib=1024)
+    assert sum(engine.explain(share, 1).values()) == pytest.approx(
+        float(engine.evaluate(share, [1]).node_scores[0])
+    )
+
+
+def test_scale_scores_maps_to_0_10_and_zeroes_unknown_and_infeasible_rows(nodes) -> None:
+    state = ClusterState([nodes.dgx("a"), nodes.t4("b"), nodes.cpu("c")])
+    engine = PlacementEngine(state, "default")
+    ev = engine.evaluate(PodRequest("p", gpus=1))
+    out = scale_scores(ev, np.array([0, 1, 2, -1]))
+    assert out.max() == 10 and out[2] == 0 and out[3] == 0
+    assert engine.prioritize(PodRequest("p", gpus=1), [0, 1, 2]) == out[:3].tolist()

@@ -315,3 +315,28 @@ def test_many_competing_gangs_each_all_or_nothing(nodes) -> None:
     assert state.allocated_gpu_milli() == sum(
         n * gpus * 1000 for (n, gpus), ok in zip(sizes, outcomes, strict=True) if ok
     )
+
+
+# ---- one GPU model per gang (issue 9) -------------------------------------------------------------------
+def test_plan_gang_is_pure(nodes) -> None:
+    state = ClusterState([nodes.dgx("a"), nodes.t4("t4")])
+    engine = PlacementEngine(state, "default")
+    before = snapshot(state)
+    plan = gang.plan_gang(engine, workers(3, 2), Locality.ANY)
+    assert plan is not None and len(plan.placements) == 3
+    assert_same(state, before)  # nothing held until the caller commits
+
+
+def test_a_gang_without_locality_keeps_to_one_gpu_model(nodes) -> None:
+    state = ClusterState([nodes.t4("t4"), nodes.dgx("dgx")])
+    engine = PlacementEngine(state, "bestfit")
+    plan = gang.plan_gang(engine, workers(4, 2), Locality.ANY)
+    assert plan is not None and plan.nodes == {"dgx"}
+    small = gang.plan_gang(engine, workers(2, 1), Locality.ANY)
+    assert small is not None and len({p.node for p in small.placements}) == 1
+    # 12 GPUs fit only across both models: refused rather than split across them.
+    assert gang.plan_gang(engine, workers(6, 2), Locality.ANY) is None
+    # Members that name both models themselves may span them.
+    both = tuple(sorted({s.gpu_model for s in state.nodes}))
+    spread = gang.plan_gang(engine, workers(6, 2, gpu_models=both), Locality.ANY)
+    assert spread is not None and spread.nodes == {"t4", "dgx"}

@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from typing import Any
 
 import msgspec
 import pytest
-from extender_support import FakeApi, FakeClock, cpu_pod, gpu_pod, node_objects, shared_pod, synced_cache
+from extender_support import (
+    FakeApi,
+    FakeClock,
+    bound_with,
+    cpu_pod,
+    gpu_pod,
+    node_objects,
+    shared_pod,
+    synced_cache,
+)
 
 from neuronetes import contracts as c
 from neuronetes.assignment import ResourceRequestError, pod_gpu_request
@@ -43,25 +51,7 @@ def whole_free(cache: GpuCache, node: str) -> list[int]:
 
 def annotate(pod: dict[str, Any], node: str, gpus: dict[int, tuple[int, int]]) -> dict[str, Any]:
     """`pod` bound to `node` with an assignment naming GPU j -> (memoryMiB, computePercent)."""
-    out = copy.deepcopy(pod)
-    out["spec"]["nodeName"] = node
-    out["status"]["phase"] = "Running"
-    doc = {
-        "version": 1,
-        "node": node,
-        "containers": {
-            "main": {
-                "gpus": [
-                    {"uuid": c.simulated_gpu_uuid(node, j), "index": j, "memoryMiB": m, "computePercent": p}
-                    for j, (m, p) in gpus.items()
-                ],
-                "priority": 0,
-                "qos": "Guaranteed",
-            }
-        },
-    }
-    out["metadata"]["annotations"] = {c.ANNOTATION_ASSIGNED_GPUS: json.dumps(doc)}
-    return out
+    return bound_with(pod, node, gpus)
 
 
 class Env:

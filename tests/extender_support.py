@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import threading
 import uuid
 from collections.abc import Mapping, Sequence
@@ -109,6 +110,27 @@ def pod_object(
         "spec": spec,
         "status": {"phase": "Pending", "qosClass": "Burstable", "conditions": []},
     }
+
+
+def bound_with(
+    pod: Mapping[str, Any], node: str, gpus: Mapping[int, tuple[int, int]], *, uuid_node: str | None = None
+) -> dict[str, Any]:
+    """`pod` bound to `node` with an assignment giving its container ``main`` GPU j ->
+    (memoryMiB, computePercent); the UUIDs are the simulated ones of `uuid_node` (default `node`)."""
+    out = copy.deepcopy(dict(pod))
+    out["spec"]["nodeName"] = node
+    out["status"]["phase"] = "Running"
+    entries = [
+        {"uuid": c.simulated_gpu_uuid(uuid_node or node, j), "index": j, "memoryMiB": m, "computePercent": p}
+        for j, (m, p) in gpus.items()
+    ]
+    doc = {
+        "version": 1,
+        "node": node,
+        "containers": {"main": {"gpus": entries, "priority": 0, "qos": "Guaranteed"}},
+    }
+    out["metadata"]["annotations"] = {c.ANNOTATION_ASSIGNED_GPUS: json.dumps(doc)}
+    return out
 
 
 def gpu_pod(name: str, gpus: int = 1, **kw: Any) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""Who may do what in the dev cluster: the admin credential and the extender's own identity.
+"""Who may do what in the dev cluster: the admin, kube-scheduler and the extender's own identity.
 
 The admin is a static-token user in ``system:masters`` (kube-apiserver's ``--token-auth-file``);
-kube-scheduler, kube-controller-manager and kwok use it. The extender runs as the ServiceAccount
-``neuronetes-system/neuronetes-scheduler`` with a ClusterRole holding exactly the calls its code
-makes (the extender's modules ``kube``, ``watch``, ``reservations`` and ``service``), and a token
-from the TokenRequest API in a kubeconfig of its own. `EXTENDER_USERNAME` is the one name the
+kube-controller-manager and kwok use it. kube-scheduler runs as its stock identity
+``system:kube-scheduler`` (a second static token; the bootstrap RBAC grants it what it needs).
+The extender runs as the ServiceAccount ``neuronetes-system/neuronetes-scheduler`` with a
+ClusterRole holding exactly the calls its code makes (the extender's modules ``kube``, ``watch``,
+``reservations`` and ``service``), and a token from the TokenRequest API in a kubeconfig of its
+own. `EXTENDER_USERNAME` is the one name the
 admission policies in ``crds/policies/`` trust to write ``neuronetes.io/assigned-gpus``; a unit
 test checks that the policy file names the same identity.
 """
@@ -29,17 +31,24 @@ __all__ = [
     "EXTENDER_TOKEN_SECONDS",
     "EXTENDER_USERNAME",
     "FIELD_MANAGER",
+    "SCHEDULER_USER",
     "extender_identity",
     "extender_rules",
     "generate_service_account_key",
     "install_extender_identity",
     "kubeconfig",
+    "scheduler_lease_access",
+    "static_tokens",
     "token_request",
     "write_private",
 ]
 
 ADMIN_USER: Final = "neuronetes-admin"
 ADMIN_GROUP: Final = "system:masters"
+SCHEDULER_USER: Final = "system:kube-scheduler"
+"""kube-scheduler's stock identity: the API server's bootstrap RBAC binds the ClusterRoles
+``system:kube-scheduler`` and ``system:volume-scheduler`` (and the role that reads the
+authentication ConfigMap) to this user."""
 EXTENDER_NAMESPACE: Final = "neuronetes-system"
 EXTENDER_SERVICE_ACCOUNT: Final = "neuronetes-scheduler"
 EXTENDER_USERNAME: Final = f"system:serviceaccount:{EXTENDER_NAMESPACE}:{EXTENDER_SERVICE_ACCOUNT}"
@@ -83,6 +92,34 @@ def extender_rules() -> list[dict[str, Any]]:
     ]
 
 
+def scheduler_lease_access(lease: str) -> list[dict[str, Any]]:
+    """Lets ``system:kube-scheduler`` hold NeuroNetes' Lease too (its stock role names only
+    the ``kube-scheduler`` Lease; it may create leases, not update another's)."""
+    meta = {"name": f"neuronetes:scheduler-lease-{lease}", "namespace": "kube-system"}
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "resourceNames": [lease],
+                    "verbs": ["get", "update"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": meta["name"]},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": SCHEDULER_USER}],
+        },
+    ]
+
+
 def extender_identity() -> list[dict[str, Any]]:
     """Namespace, ServiceAccount, ClusterRole and ClusterRoleBinding of the extender."""
     labels = {"app.kubernetes.io/name": "neuronetes", "app.kubernetes.io/component": "scheduler-extender"}
@@ -109,6 +146,13 @@ def extender_identity() -> list[dict[str, Any]]:
             ],
         },
     ]
+
+
+def static_tokens(admin: str, scheduler: str) -> str:
+    """kube-apiserver's ``--token-auth-file``: the admin and kube-scheduler's stock identity."""
+    return (
+        f'{admin},{ADMIN_USER},{ADMIN_USER},"{ADMIN_GROUP}"\n{scheduler},{SCHEDULER_USER},{SCHEDULER_USER}\n'
+    )
 
 
 def token_request(seconds: int = EXTENDER_TOKEN_SECONDS) -> tuple[str, dict[str, Any]]:

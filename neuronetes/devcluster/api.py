@@ -149,6 +149,8 @@ _RESOURCES = {
     "ServiceAccount": "serviceaccounts",
     "ClusterRole": "clusterroles",
     "ClusterRoleBinding": "clusterrolebindings",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
 }

@@ -20,8 +20,6 @@ a pytest session) and `down` is idempotent.
 from __future__ import annotations
 
 import contextlib
-import json
-import secrets
 import shutil
 import subprocess
 import time
@@ -31,26 +29,13 @@ from typing import Any, Final
 
 from neuronetes.devcluster import components as cmd
 from neuronetes.devcluster import procs
-from neuronetes.devcluster.access import (
-    ADMIN_GROUP,
-    ADMIN_USER,
-    EXTENDER_SERVICE_ACCOUNT,
-    FIELD_MANAGER,
-    generate_service_account_key,
-    install_extender_identity,
-    kubeconfig,
-    write_private,
-)
-from neuronetes.devcluster.api import Api, ApiError, KubectlError, free_ports, http_ok, run_kubectl
+from neuronetes.devcluster.api import Api, ApiError, KubectlError, free_ports, run_kubectl
 from neuronetes.devcluster.config import (
-    BUILTIN_EXTENDER_WEIGHT,
-    DEV_LEADER_ELECTION,
     ExtenderConfig,
-    extender_settings,
-    scheduler_config,
 )
 from neuronetes.devcluster.nodes import create_nodes
 from neuronetes.devcluster.profiles import REGION, ZONES, parse_node_counts, profile
+from neuronetes.devcluster.startup import Startup, apply_crds, apply_manifests
 from neuronetes.devcluster.state import ClusterError, RunState, StateStore
 from neuronetes.devcluster.status import ClusterStatus, component_statuses, leader_index, probes
 from neuronetes.devcluster.supervisor import Supervisor
@@ -184,7 +169,7 @@ class DevCluster:
                 self.log("building the control plane (hack/build-control-plane.sh)")
                 self.tools = build()
             self.store.wipe()
-            keys = ["etcd", "etcd_peer", "apiserver", "controller_manager", "kwok"]
+            keys = ["etcd", "etcd_peer", "apiserver", "controller_manager", "default_scheduler", "kwok"]
             for _, _, sfx in (cmd.pair_names(i, schedulers) for i in range(schedulers)):
                 keys += ["scheduler" + sfx] + (["extender" + sfx] if run_extender else [])
             state = RunState(
@@ -202,9 +187,9 @@ class DevCluster:
                 controller_manager=controller_manager,
                 started_at=time.time(),
             )
+            startup = Startup(self.sup, self._layout(state), state, self.log, self.kubectl)
             try:
-                self._start(
-                    state,
+                startup.run(
                     extender,
                     dict(extender_overrides or {}),
                     crds_dir,
@@ -229,87 +214,6 @@ class DevCluster:
         """The last `lines` lines of a component's log."""
         return self.sup.tail(name, lines)
 
-    def _start(
-        self,
-        state: RunState,
-        extender: ExtenderConfig | None,
-        overrides: dict[str, Any],
-        crds_dir: Path | None,
-        policies_dir: Path | None,
-        apiserver_args: Sequence[str],
-        deadline: float,
-    ) -> None:
-        at = self._layout(state)
-        token = secrets.token_urlsafe(32)
-        write_private(self.state_dir / "token", token + "\n")
-        write_private(at.pki / "tokens.csv", f'{token},{ADMIN_USER},{ADMIN_USER},"{ADMIN_GROUP}"\n')
-        generate_service_account_key(at.pki / "sa.key", at.pki / "sa.pub")
-        self.store.save(state)
-        probe = probes(state, token)
-
-        self.log(f"etcd {state.versions['etcd']} on 127.0.0.1:{state.ports['etcd']}")
-        self.sup.spawn(state, "etcd", cmd.etcd_argv(at))
-        self.sup.wait(state, "etcd", probe["etcd"], deadline)
-        self.log(f"kube-apiserver {state.versions['kubernetes']} on {at.server}")
-        self.sup.spawn(
-            state,
-            "kube-apiserver",
-            cmd.apiserver_argv(at, feature_gates=state.feature_gates, extra=apiserver_args),
-        )
-
-        def api_ready() -> tuple[bool, str]:
-            return (
-                probe["kube-apiserver"]() if self.ca_file.exists() else (False, "no serving certificate yet")
-            )
-
-        self.sup.wait(state, "kube-apiserver", api_ready, deadline)
-        ca_pem = self.ca_file.read_bytes()
-        write_private(
-            self.kubeconfig,
-            json.dumps(kubeconfig(name=self.name, server=at.server, ca_pem=ca_pem, token=token), indent=2)
-            + "\n",
-        )
-        # From here on, verify the API server against its certificate.
-        api = Api(at.server, token, self.ca_file)
-        ok, detail = http_ok(f"{at.server}/readyz", context=api.context, token=token)
-        if not ok:
-            raise ClusterError(f"the API server's certificate does not verify: {detail}")
-        if state.controller_manager:
-            self.log(f"kube-controller-manager on 127.0.0.1:{state.ports['controller_manager']}")
-            self.sup.spawn(state, "kube-controller-manager", cmd.controller_manager_argv(at))
-        self.log(f"kwok {state.versions['kwok']}")
-        self.sup.spawn(state, "kwok", cmd.kwok_argv(at))
-        if crds_dir is not None:
-            self.apply_crds(crds_dir, timeout_s=max(5.0, deadline - time.monotonic()))
-        if policies_dir is not None:
-            self.apply_manifests(policies_dir)
-        # The identity exists even when the cluster runs no extender: an extender started by hand
-        # or by a test uses extender.kubeconfig (the admission policies trust no one else).
-        install_extender_identity(api, at.extender_kubeconfig, cluster=self.name, ca_pem=ca_pem)
-        if state.run_extender:
-            at.extender_settings.write_text(json.dumps(extender_settings(**overrides), indent=2) + "\n")
-        self._spawn_pairs(state, extender)
-        for name in [n for n in state.processes if n in probe and n not in ("etcd", "kube-apiserver")]:
-            self.sup.wait(state, name, probe[name], deadline)
-
-    def _spawn_pairs(self, state: RunState, extender: ExtenderConfig | None) -> None:
-        """Each pair's extender (when the cluster runs it), then its kube-scheduler."""
-        at = self._layout(state)
-        count = state.schedulers
-        election = DEV_LEADER_ELECTION if count > 1 else None
-        urls: list[str | None] = [*state.extender_urls()] or [None] * count
-        for i, ((scheduler, ext_name, sfx), url) in enumerate(zip(state.pairs(), urls, strict=True)):
-            entry = extender
-            if state.run_extender and url is not None:
-                self.log(f"{ext_name} on {url} (as ServiceAccount {EXTENDER_SERVICE_ACCOUNT})")
-                self.sup.spawn(state, ext_name, cmd.extender_argv(at, i, count))
-                entry = ExtenderConfig(url=url, weight=BUILTIN_EXTENDER_WEIGHT)
-            doc = scheduler_config(self.kubeconfig, entry, leader_election=election)
-            at.scheduler_config(i, count).write_text(json.dumps(doc, indent=2) + "\n")
-            self.log(f"{scheduler} on 127.0.0.1:{at.ports['scheduler' + sfx]} (extender: {url or 'none'})")
-            argv = cmd.scheduler_argv(at, i, count, feature_gates=state.feature_gates)
-            self.sup.spawn(state, scheduler, argv)
-
     def set_extender(self, extender: ExtenderConfig | None, *, timeout_s: float = 30.0) -> None:
         """Restart kube-scheduler with `extender` (None: no extender) on the running cluster.
 
@@ -324,7 +228,7 @@ class DevCluster:
             procs.stop_all([state.processes["kube-scheduler"]])
             self.sup.reap()
             state.extender = extender.to_json() if extender else None
-            self._spawn_pairs(state, extender)
+            Startup(self.sup, self._layout(state), state, self.log, self.kubectl).spawn_pairs(extender)
             self.sup.wait(
                 state,
                 "kube-scheduler",
@@ -334,24 +238,11 @@ class DevCluster:
 
     def apply_manifests(self, folder: Path) -> list[Path]:
         """Server-side apply every YAML file in `folder` (not its subfolders)."""
-        files = sorted(p for p in folder.glob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
-        if not files:
-            return []
-        self.log(f"applying {len(files)} file(s) from {folder}")
-        args = ["apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}"]
-        for f in files:
-            args += ["-f", str(f)]
-        self.kubectl(*args)
-        return files
+        return apply_manifests(self.kubectl, folder, self.log)
 
     def apply_crds(self, crds_dir: Path, *, timeout_s: float = 60.0) -> list[Path]:
         """Server-side apply every YAML file in `crds_dir` and wait until the CRDs are Established."""
-        files = self.apply_manifests(crds_dir)
-        if files:
-            self.kubectl(
-                "wait", "--for=condition=Established", "crd", "--all", f"--timeout={int(timeout_s)}s"
-            )
-        return files
+        return apply_crds(self.kubectl, crds_dir, self.log, timeout_s=timeout_s)
 
     def down(self, *, grace_s: float = 10.0) -> list[str]:
         """Stop every process this cluster started (idempotent); return the components stopped.
@@ -372,6 +263,13 @@ class DevCluster:
     def kill(self, *names: str) -> None:
         """SIGKILL the named processes (a crash, for failover tests); `down` still cleans up."""
         self.sup.kill(self.store.running(), names)
+
+    def restart(self, name: str, *, timeout_s: float = 60.0) -> None:
+        """Start a process again with its recorded command line (SIGTERM first if it still runs)
+        and wait until it is healthy: a crashed extender or kube-scheduler rejoins."""
+        with self.store.locked():
+            state = self.store.running()
+            self.sup.restart(state, name, probes(state, self._token())[name], time.monotonic() + timeout_s)
 
     def purge(self) -> None:
         """`down`, then delete the state folder (logs included) and the lock file."""

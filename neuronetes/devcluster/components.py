@@ -1,8 +1,10 @@
 """The command lines of the dev cluster's host processes, as pure functions of one `Layout`.
 
-Every component listens on 127.0.0.1 only. kube-scheduler and the extender come in pairs (one
-pair per ``--schedulers``): pair *i* is ``kube-scheduler-i`` beside ``extender-i`` on its own
-loopback port; with one pair the names carry no number (``kube-scheduler``, ``extender``).
+Every component listens on 127.0.0.1 only. NeuroNetes' kube-scheduler (the
+``neuronetes-scheduler`` profile) and the extender come in pairs (one pair per ``--schedulers``):
+pair *i* is ``kube-scheduler-i`` beside ``extender-i`` on its own loopback port; with one pair
+the names carry no number (``kube-scheduler``, ``extender``). The cluster's own scheduler (the
+``default-scheduler`` profile) is the process ``default-scheduler``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "StatePaths",
     "apiserver_argv",
     "controller_manager_argv",
+    "default_scheduler_argv",
     "etcd_argv",
     "extender_argv",
     "feature_gates_flag",
@@ -71,6 +74,11 @@ class StatePaths:
         return self.state_dir / "extender.kubeconfig"
 
     @property
+    def scheduler_kubeconfig(self) -> Path:
+        """kube-scheduler's kubeconfig (``system:kube-scheduler``)."""
+        return self.state_dir / "scheduler.kubeconfig"
+
+    @property
     def ca_file(self) -> Path:
         """The CA bundle that verifies the API server (its self-signed serving certificate)."""
         return self.pki / "apiserver" / "apiserver.crt"
@@ -91,6 +99,10 @@ class Layout(StatePaths):
     @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    @property
+    def default_scheduler_config(self) -> Path:
+        return self.state_dir / "default-scheduler-config.json"
 
     def scheduler_config(self, index: int, count: int) -> Path:
         return self.state_dir / f"scheduler-config{pair_names(index, count)[2]}.json"
@@ -165,20 +177,30 @@ def controller_manager_argv(at: Layout) -> list[str]:
     ]
 
 
-def scheduler_argv(at: Layout, index: int, count: int, *, feature_gates: Mapping[str, bool]) -> list[str]:
-    kc = str(at.kubeconfig)
-    suffix = pair_names(index, count)[2]
+def _kube_scheduler(at: Layout, config: Path, port_key: str, gates: Mapping[str, bool]) -> list[str]:
+    kc = str(at.scheduler_kubeconfig)
     return [
         str(at.tools.kube_scheduler),
-        f"--config={at.scheduler_config(index, count)}",
+        f"--config={config}",
         f"--authentication-kubeconfig={kc}",
         f"--authorization-kubeconfig={kc}",
         "--bind-address=127.0.0.1",
-        f"--secure-port={at.ports['scheduler' + suffix]}",
-        f"--cert-dir={at.pki / ('scheduler' + suffix)}",
-        *feature_gates_flag(feature_gates),
+        f"--secure-port={at.ports[port_key]}",
+        f"--cert-dir={at.pki / port_key}",
+        *feature_gates_flag(gates),
         "--v=2",
     ]
+
+
+def default_scheduler_argv(at: Layout, *, feature_gates: Mapping[str, bool]) -> list[str]:
+    """The cluster's own kube-scheduler (``default-scheduler`` profile only)."""
+    return _kube_scheduler(at, at.default_scheduler_config, "default_scheduler", feature_gates)
+
+
+def scheduler_argv(at: Layout, index: int, count: int, *, feature_gates: Mapping[str, bool]) -> list[str]:
+    """NeuroNetes' kube-scheduler of pair `index` (``neuronetes-scheduler`` profile)."""
+    suffix = pair_names(index, count)[2]
+    return _kube_scheduler(at, at.scheduler_config(index, count), "scheduler" + suffix, feature_gates)
 
 
 def extender_argv(at: Layout, index: int, count: int) -> list[str]:

@@ -1,9 +1,10 @@
 """What kube-scheduler and the extender read: the scheduler configuration and the extender's settings.
 
 This is the one place that renders them for the dev cluster (and the shape a Helm chart renders):
-`scheduler_config` gives kube-scheduler's ``KubeSchedulerConfiguration`` — the stock profile, the
+`scheduler_config` gives NeuroNetes' kube-scheduler's ``KubeSchedulerConfiguration`` — the
 ``neuronetes-scheduler`` profile, the extender entries and leader election — and
-`extender_settings` the settings file of ``neuronetes extender serve``.
+`extender_settings` the settings file of ``neuronetes extender serve``. The cluster's own
+scheduler (`default_scheduler_config`) runs apart, as in any cluster NeuroNetes is installed in.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "ExtenderConfig",
     "LeaderElection",
     "default_managed_resources",
+    "default_scheduler_config",
     "extender_settings",
     "scheduler_config",
 ]
@@ -125,7 +127,8 @@ class LeaderElection:
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
     namespace: str = "kube-system"
-    name: str = "kube-scheduler"
+    name: str = "neuronetes-scheduler"
+    """Not ``kube-scheduler``: that Lease is the cluster's own kube-scheduler's."""
 
     def __post_init__(self) -> None:
         # client-go's own check: the leader must renew before the lease can be taken from it.
@@ -157,13 +160,31 @@ def extender_settings(*, filter_top_k: int = 3, **overrides: Any) -> dict[str, A
     return {"filterTopK": filter_top_k, **overrides}
 
 
+def _base(kubeconfig_path: Path, leader_election: LeaderElection | None) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig_path), "qps": 200, "burst": 400},
+        "leaderElection": leader_election.to_json() if leader_election else {"leaderElect": False},
+    }
+
+
+def default_scheduler_config(kubeconfig_path: Path) -> dict[str, Any]:
+    """The cluster's own kube-scheduler: the stock ``default-scheduler`` profile, no extenders.
+
+    It runs apart from NeuroNetes' kube-scheduler because extenders apply to every profile of a
+    kube-scheduler, and the extender binds only pods of the ``neuronetes-scheduler``.
+    """
+    return _base(kubeconfig_path, None) | {"profiles": [{"schedulerName": "default-scheduler"}]}
+
+
 def scheduler_config(
     kubeconfig_path: Path,
     extender: ExtenderConfig | None,
     *,
     leader_election: LeaderElection | None = None,
 ) -> dict[str, Any]:
-    """KubeSchedulerConfiguration with the stock profile and the ``neuronetes-scheduler`` one.
+    """NeuroNetes' KubeSchedulerConfiguration: the ``neuronetes-scheduler`` profile and `extender`.
 
     `leader_election` None: this kube-scheduler is the only one and always active.
 
@@ -184,14 +205,9 @@ def scheduler_config(
             ],
         },
     }
-    doc: dict[str, Any] = {
-        "apiVersion": "kubescheduler.config.k8s.io/v1",
-        "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(kubeconfig_path), "qps": 200, "burst": 400},
-        "leaderElection": leader_election.to_json() if leader_election else {"leaderElect": False},
+    doc = _base(kubeconfig_path, leader_election) | {
         "percentageOfNodesToScore": 100,
         "profiles": [
-            {"schedulerName": "default-scheduler"},
             {
                 "schedulerName": SCHEDULER_NAME,
                 "percentageOfNodesToScore": 100,

@@ -73,6 +73,7 @@ def probes(state: RunState, token: str) -> dict[str, Probe]:
             f"https://127.0.0.1:{ports['apiserver']}/readyz", context=insecure, token=token
         ),
         "kube-controller-manager": https("controller_manager"),
+        "default-scheduler": https("default_scheduler"),
         "kwok": lambda: http_ok(f"http://127.0.0.1:{ports['kwok']}/healthz"),
     }
     for scheduler, extender, suffix in state.pairs():
@@ -102,7 +103,7 @@ def component_statuses(state: RunState, token: str) -> list[ComponentStatus]:
     """Each recorded process: running, healthy, and (kube-scheduler with election) leading."""
     probe = probes(state, token)
     electing = state.schedulers > 1
-    fixed = ("etcd", "kube-apiserver", "kube-controller-manager")
+    fixed = ("etcd", "kube-apiserver", "kube-controller-manager", "default-scheduler")
     order = [*fixed, *(n for pair in state.pairs() for n in pair[:2]), "kwok"]
     out: list[ComponentStatus] = []
     for name in order:

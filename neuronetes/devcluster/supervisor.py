@@ -69,6 +69,18 @@ class Supervisor:
                     os.killpg(rec.pid, signal.SIGKILL)
         self.reap()
 
+    def restart(
+        self, state: RunState, name: str, probe: Callable[[], tuple[bool, str]], deadline: float
+    ) -> None:
+        """The process `name` again, with the command line it was started with."""
+        rec = state.processes.get(name)
+        if rec is None:
+            raise ClusterError(f"cluster {self.store.name!r} has no process {name!r}")
+        procs.stop_all([rec])
+        self.reap()
+        self.spawn(state, name, rec.argv)
+        self.wait(state, name, probe, deadline)
+
     def stop(self, state: RunState, *, grace_s: float = 10.0) -> None:
         """Stop every process of `state`: clients, then the API server, then etcd."""
         records = list(state.processes.values())

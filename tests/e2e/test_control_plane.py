@@ -414,6 +414,7 @@ def test_cli_lifecycle_warm_start_and_down_leaves_no_process(cluster: E2ECluster
             "etcd",
             "kube-apiserver",
             "kube-controller-manager",
+            "default-scheduler",
             "kube-scheduler",
             "extender",
             "kwok",

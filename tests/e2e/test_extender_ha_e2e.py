@@ -155,3 +155,8 @@ def test_killing_the_leader_pair_loses_no_pod_and_gives_no_gpu_twice(ha: DevClus
     assert no_gpu_given_twice(pods, gpu_memory_of(nodes)) == []
     gang_nodes = {p["spec"]["nodeName"] for p in pods if p["metadata"]["name"].startswith("gang-")}
     assert len(gang_nodes) == 1, f"the same-node gang was split: {gang_nodes}"
+    # The crashed pair comes back (same ports, same configuration) as the standby.
+    ha.restart(extender)
+    ha.restart(scheduler)
+    assert ha.leader() == new_leader
+    assert all(comp.healthy for comp in ha.status().components), ha.status().components

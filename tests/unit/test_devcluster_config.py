@@ -15,9 +15,12 @@ from neuronetes.devcluster.access import (
     EXTENDER_NAMESPACE,
     EXTENDER_SERVICE_ACCOUNT,
     EXTENDER_USERNAME,
+    SCHEDULER_USER,
     extender_identity,
     extender_rules,
     kubeconfig,
+    scheduler_lease_access,
+    static_tokens,
     token_request,
 )
 from neuronetes.devcluster.api import object_path
@@ -47,7 +50,18 @@ def test_leader_election_uses_one_lease_with_short_dev_timings() -> None:
     doc = scheduler_config(Path("/k"), None, leader_election=DEV_LEADER_ELECTION)
     le = doc["leaderElection"]
     assert le["leaderElect"] is True and le["resourceLock"] == "leases"
-    assert (le["resourceNamespace"], le["resourceName"]) == ("kube-system", "kube-scheduler")
+    # Not the cluster's own kube-scheduler's Lease; kube-scheduler's stock identity may hold it.
+    assert (le["resourceNamespace"], le["resourceName"]) == ("kube-system", "neuronetes-scheduler")
+    role, binding = scheduler_lease_access(le["resourceName"])
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["neuronetes-scheduler"],
+            "verbs": ["get", "update"],
+        }
+    ]
+    assert binding["subjects"][0]["name"] == SCHEDULER_USER and role["metadata"]["namespace"] == "kube-system"
     assert (le["leaseDuration"], le["renewDeadline"], le["retryPeriod"]) == ("4s", "3s", "1s")
     assert LeaderElection().to_json()["leaseDuration"] == "15s"  # kube-scheduler's own default
     with pytest.raises(ValueError, match="leaseDuration > renewDeadline"):
@@ -79,7 +93,17 @@ def test_scheduler_config_calls_its_pairs_extender_with_both_entries() -> None:
     decide, bind = doc["extenders"]
     assert decide["urlPrefix"] == bind["urlPrefix"] == "http://127.0.0.1:200"
     assert decide["weight"] == 20 and bind["bindVerb"] == "bind" and not bind["ignorable"]
-    assert [p["schedulerName"] for p in doc["profiles"]] == ["default-scheduler", SCHEDULER_NAME]
+    assert [p["schedulerName"] for p in doc["profiles"]] == [SCHEDULER_NAME]
+
+
+def test_kube_scheduler_runs_as_its_stock_identity() -> None:
+    admin, scheduler = static_tokens("a", "s").splitlines()
+    assert admin == 'a,neuronetes-admin,neuronetes-admin,"system:masters"'
+    assert scheduler == "s,system:kube-scheduler,system:kube-scheduler"
+    at = layout(1)
+    argv = scheduler_argv(at, 0, 1, feature_gates={})
+    assert f"--authentication-kubeconfig={at.scheduler_kubeconfig}" in argv
+    assert all(str(at.kubeconfig) not in a for a in argv)
 
 
 def test_extender_settings_file_keys() -> None:

@@ -1,0 +1,3 @@
+module neuronetes.io/node-agent/nri
+
+go 1.26

@@ -91,8 +91,11 @@ type Plan struct {
 	RemoveDevices []string           // GPU device nodes already in the spec that are not ours
 	Mounts        []Mount
 	SetEnv        []EnvVar
-	RemoveEnv     []string
-	Hooks         []inventory.Hook // createContainer hooks
+	// ClearEnv are tenant-set forbidden keys, overridden with an empty value: NRI's adaptation
+	// drops removal-only env adjustments, and an empty LD_PRELOAD, LD_AUDIT, CUDA_VISIBLE_DEVICES
+	// or NVIDIA_* variable is inert.
+	ClearEnv []string
+	Hooks    []inventory.Hook // createContainer hooks
 }
 
 // Refusal is why a container must not be created.
@@ -148,7 +151,7 @@ func Decide(pod Pod, ctr Container, host Host) (*Plan, error) {
 // noGPU: a container without an entry gets no GPU device and no way to ask the runtime for one.
 func noGPU(ctr Container) *Plan {
 	plan := &Plan{SetEnv: []EnvVar{{EnvNvidiaVisibleDevices, NvidiaVoid}}}
-	plan.RemoveEnv = tenantEnv(ctr.Env, plan.SetEnv)
+	plan.ClearEnv = tenantEnv(ctr.Env, plan.SetEnv)
 	plan.RemoveDevices = foreignDevices(ctr.Devices, nil)
 	return plan
 }
@@ -184,7 +187,7 @@ func withGPUs(pod Pod, ctr Container, entry *assignment.Container, inv *inventor
 		// CUDA numbers devices in this order; UUIDs keep it right whatever the enumeration
 		{EnvCudaVisibleDevices, strings.Join(visible, ",")},
 	}
-	plan.RemoveEnv = tenantEnv(ctr.Env, plan.SetEnv)
+	plan.ClearEnv = tenantEnv(ctr.Env, plan.SetEnv)
 	plan.RemoveDevices = foreignDevices(ctr.Devices, plan.Devices)
 	return plan, ""
 }
@@ -252,6 +255,57 @@ func regularFile(path string, size int64) error {
 	}
 	if size >= 0 && info.Size() != size {
 		return fmt.Errorf("%s has %d bytes, not %d", path, info.Size(), size)
+	}
+	return nil
+}
+
+// Verify checks a container about to start against its plan: the runtime must have applied the
+// adjustment. Some runtimes drop env overrides of keys the container already has (containerd
+// issue 13432: the image's NVIDIA_VISIBLE_DEVICES=all would survive), and NRI does not carry a
+// plugin's device removals to the runtime, so this is the gate that keeps such a container from
+// starting. mounts are the destinations of the container's mounts.
+func Verify(plan *Plan, ctr Container, mounts []string) error {
+	want := map[string]string{}
+	for _, key := range plan.ClearEnv {
+		want[key] = ""
+	}
+	for _, e := range plan.SetEnv {
+		want[e.Key] = e.Value
+	}
+	seen := map[string]bool{}
+	for _, kv := range ctr.Env {
+		key, value, _ := strings.Cut(kv, "=")
+		if !IsForbiddenEnv(key) {
+			continue
+		}
+		expected, planned := want[key]
+		switch {
+		case !planned:
+			return fmt.Errorf("env %s is set but was not planned", key)
+		case seen[key]:
+			return fmt.Errorf("env %s is set twice (the runtime did not replace the tenant's value)", key)
+		case value != expected:
+			return fmt.Errorf("env %s=%q, the plan says %q", key, value, expected)
+		}
+		seen[key] = true
+	}
+	for _, e := range plan.SetEnv {
+		if !seen[e.Key] {
+			return fmt.Errorf("env %s is missing", e.Key)
+		}
+	}
+	if foreign := foreignDevices(ctr.Devices, plan.Devices); len(foreign) > 0 {
+		return fmt.Errorf("GPU device %s is in the container but not assigned to it", foreign[0])
+	}
+	for _, d := range plan.Devices {
+		if !containsString(ctr.Devices, d.Path) {
+			return fmt.Errorf("device %s is missing", d.Path)
+		}
+	}
+	for _, m := range plan.Mounts {
+		if !containsString(mounts, m.Destination) {
+			return fmt.Errorf("mount %s is missing", m.Destination)
+		}
 	}
 	return nil
 }

@@ -178,6 +178,9 @@ func withGPUs(pod Pod, ctr Container, entry *assignment.Container, inv *inventor
 	}
 	plan.Mounts = mounts
 	for _, m := range inv.DriverMounts {
+		if reserved := shadowedBy(m.ContainerPath); reserved != "" {
+			return nil, fmt.Sprintf("node inventory: driver mount %s would cover %s", m.ContainerPath, reserved)
+		}
 		plan.Mounts = append(plan.Mounts, Mount{m.HostPath, m.ContainerPath, []string{"rbind", "ro", "nosuid", "nodev"}})
 	}
 	plan.Hooks = inv.DriverHooks
@@ -243,6 +246,17 @@ func shimMounts(pod Pod, ctr Container, inv *inventory.Inventory, host Host) ([]
 		{regionDir, filepath.Dir(ShimRegionPath), []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
 		{region, ShimRegionPath, []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 	}, ""
+}
+
+// shadowedBy names the path of ours (or the kernel's) that a driver mount at dest would cover or
+// sit inside, or "".
+func shadowedBy(dest string) string {
+	for _, reserved := range []string{ShimLibraryPath, ShimPreloadFile, filepath.Dir(ShimRegionPath), "/dev", "/proc", "/sys"} {
+		if dest == reserved || strings.HasPrefix(dest, reserved+"/") || strings.HasPrefix(reserved, dest+"/") {
+			return reserved
+		}
+	}
+	return ""
 }
 
 func regularFile(path string, size int64) error {

@@ -309,6 +309,18 @@ func TestMissingShimOrRegionIsRefused(t *testing.T) {
 	refused(t, h, pod, ctr, "must name exactly "+ShimLibraryPath)
 }
 
+func TestDriverMountCannotCoverTheShim(t *testing.T) {
+	pod := annotated(map[string]any{"trainer": entry(gpu(nodetest.UUID0, 0, 81920, 100))})
+	for _, dest := range []string{"/etc/ld.so.preload", "/run", "/run/neuronetes/region", "/usr/lib/neuronetes", "/dev/nvidia1"} {
+		h := nodetest.New(t)
+		h.Region(nodetest.PodUID, "trainer")
+		doc := nodetest.InventoryDoc(nodetest.Node, h.Now, h.ShimDir)
+		doc["driver"].(map[string]any)["mounts"] = []any{map[string]any{"hostPath": "/usr/lib/x.so", "containerPath": dest}}
+		h.WriteInventory(doc)
+		refused(t, h, pod, Container{Name: "trainer"}, "driver mount "+dest+" would cover")
+	}
+}
+
 func TestInventoryMissingStaleOrForeignIsRefused(t *testing.T) {
 	pod := annotated(map[string]any{"trainer": entry(gpu(nodetest.UUID0, 0, 81920, 100))})
 	ctr := Container{Name: "trainer"}

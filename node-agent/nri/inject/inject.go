@@ -68,6 +68,10 @@ type Host struct {
 	Node      string                               // this node's name
 	StateDir  string                               // /run/neuronetes (regions under StateDir/containers)
 	Inventory func() (*inventory.Inventory, error) // loaded only for containers with GPUs
+	// PodRequests names the containers of the pod that ask for NeuroNetes resources (from the
+	// pod spec: CRI and NRI do not carry extended resources). nil, or an error, means unknown:
+	// such a container then gets no GPU, which is safe, instead of a clear refusal.
+	PodRequests func(Pod) (map[string]bool, error)
 }
 
 // Mount is a bind mount to add.
@@ -116,6 +120,10 @@ func Decide(pod Pod, ctr Container, host Host) (*Plan, error) {
 	}
 	value, annotated := pod.Annotations[assignment.Annotation]
 	if !annotated {
+		if host.asks(pod, ctr.Name) {
+			return refuse("it asks for NeuroNetes resources but the pod has no %s annotation "+
+				"(bound by another scheduler, or spec.nodeName set)", assignment.Annotation)
+		}
 		return noGPU(ctr), nil
 	}
 	a, err := assignment.Decode([]byte(value))
@@ -132,6 +140,9 @@ func Decide(pod Pod, ctr Container, host Host) (*Plan, error) {
 	}
 	entry, listed := a.Containers[ctr.Name]
 	if !listed {
+		if host.asks(pod, ctr.Name) {
+			return refuse("it asks for NeuroNetes resources but %s has no entry for it", assignment.Annotation)
+		}
 		return noGPU(ctr), nil
 	}
 	if !podUIDPattern.MatchString(pod.UID) {
@@ -146,6 +157,15 @@ func Decide(pod Pod, ctr Container, host Host) (*Plan, error) {
 		return refuse("%s", reason)
 	}
 	return plan, nil
+}
+
+// asks reports whether the pod spec is known to give the container NeuroNetes resources.
+func (h Host) asks(pod Pod, container string) bool {
+	if h.PodRequests == nil {
+		return false
+	}
+	requests, err := h.PodRequests(pod)
+	return err == nil && requests[container]
 }
 
 // noGPU: a container without an entry gets no GPU device and no way to ask the runtime for one.

@@ -216,6 +216,32 @@ func TestPodWithoutAssignmentGetsNoGPU(t *testing.T) {
 	}
 }
 
+func TestContainerAskingForGPUsWithoutAnEntryIsRefused(t *testing.T) {
+	h := nodetest.New(t)
+	host := h.Host()
+	host.PodRequests = func(Pod) (map[string]bool, error) {
+		return map[string]bool{"trainer": true, "fetch": true, "logs": false}, nil
+	}
+	bare := Pod{UID: nodetest.PodUID, Namespace: "team-a", Name: "trainer-0"}
+	if _, err := Decide(bare, Container{Name: "trainer"}, host); err == nil ||
+		!strings.Contains(err.Error(), "has no neuronetes.io/assigned-gpus annotation") {
+		t.Fatalf("pod bound without an assignment: %v", err)
+	}
+	partial := annotated(map[string]any{"trainer": entry(gpu(nodetest.UUID0, 0, 81920, 100))})
+	if _, err := Decide(partial, Container{Name: "fetch"}, host); err == nil ||
+		!strings.Contains(err.Error(), "has no entry for it") {
+		t.Fatalf("asking container without an entry: %v", err)
+	}
+	if plan, err := Decide(partial, Container{Name: "logs"}, host); err != nil || plan.GPUs {
+		t.Fatalf("a container that asks for nothing: %v %+v", err, plan)
+	}
+	// the pod spec cannot be read: no refusal, and still no GPU
+	host.PodRequests = func(Pod) (map[string]bool, error) { return nil, errors.New("API server down") }
+	if plan, err := Decide(bare, Container{Name: "trainer"}, host); err != nil || plan.GPUs || len(plan.Devices) != 0 {
+		t.Fatalf("unknown requests: %v %+v", err, plan)
+	}
+}
+
 func TestMalformedAssignmentIsRefusedForEveryContainerOfThePod(t *testing.T) {
 	h := nodetest.New(t)
 	pod := annotated(map[string]any{"trainer": entry(gpu(nodetest.UUID0, 0, 81920, 100))})

@@ -14,10 +14,12 @@ import (
 	"neuronetes.io/node-agent/nri/inventory"
 )
 
-// Plugin implements the stub's CreateContainer handler.
+// Plugin implements the stub's CreateContainer, StartContainer and RemovePodSandbox handlers.
 type Plugin struct {
 	Host inject.Host
 	Log  *slog.Logger
+	// Forget, when set, is told the UID of each removed pod sandbox (the pod-spec cache).
+	Forget func(podUID string)
 }
 
 // CreateContainer adjusts every container: GPUs for listed ones, none for the rest, and the
@@ -51,6 +53,14 @@ func (p *Plugin) StartContainer(_ context.Context, pod *api.PodSandbox, ctr *api
 	if err != nil {
 		p.Log.Warn("container start refused", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", ctr.GetName(), "error", err)
 		return fmt.Errorf("neuronetes: refusing to start container %q of pod %s/%s: %w", ctr.GetName(), pod.GetNamespace(), pod.GetName(), err)
+	}
+	return nil
+}
+
+// RemovePodSandbox forgets what was cached about the pod.
+func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	if p.Forget != nil {
+		p.Forget(pod.GetUid())
 	}
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"neuronetes.io/node-agent/nri/inject"
 	"neuronetes.io/node-agent/nri/inventory"
 	"neuronetes.io/node-agent/nri/plugin"
+	"neuronetes.io/node-agent/nri/podspec"
 )
 
 func main() {
@@ -47,6 +48,13 @@ func run() error {
 	p := &plugin.Plugin{
 		Host: inject.Host{Node: *node, StateDir: *stateDir, Inventory: source.Current},
 		Log:  log,
+	}
+	if pods, err := podspec.InCluster(); err != nil {
+		// containers asking for GPUs without an assignment entry then get no GPU (safe) instead
+		// of a refusal naming the reason
+		log.Warn("pod spec lookups off", "error", err)
+	} else {
+		p.Host.PodRequests, p.Forget = pods.Requests, pods.Forget
 	}
 	opts := []stub.Option{stub.WithPluginName("neuronetes"), stub.WithPluginIdx(*pluginIdx)}
 	if *socket != "" {

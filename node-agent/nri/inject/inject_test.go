@@ -422,3 +422,28 @@ func TestVerifyRefusesAContainerTheRuntimeDidNotAdjust(t *testing.T) {
 		}
 	}
 }
+
+// TestContractConstantsMatchPython: the paths and forbidden env names are neuronetes/contracts.py's
+// (tests/fixtures/assignment-vectors.json pins them; tests/unit/test_assignment_vectors.py checks
+// the Python side of the same file).
+func TestContractConstantsMatchPython(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "..", "tests", "fixtures", "assignment-vectors.json"))
+	nodetest.Must(t, err)
+	var doc struct {
+		Contract struct {
+			ForbiddenEnvPrefixes []string `json:"forbiddenEnvPrefixes"`
+			ForbiddenEnvNames    []string `json:"forbiddenEnvNames"`
+			ShimLibraryPath      string   `json:"shimLibraryPath"`
+			ShimPreloadFile      string   `json:"shimPreloadFile"`
+			ShimRegionPath       string   `json:"shimRegionPath"`
+		} `json:"contract"`
+	}
+	nodetest.Must(t, json.Unmarshal(raw, &doc))
+	c := doc.Contract
+	if !slices.Equal(c.ForbiddenEnvPrefixes, ForbiddenEnvPrefixes) || !slices.Equal(c.ForbiddenEnvNames, ForbiddenEnvNames) {
+		t.Fatalf("forbidden env drifted: %+v", c)
+	}
+	if c.ShimLibraryPath != ShimLibraryPath || c.ShimPreloadFile != ShimPreloadFile || c.ShimRegionPath != ShimRegionPath {
+		t.Fatalf("shim paths drifted: %+v", c)
+	}
+}

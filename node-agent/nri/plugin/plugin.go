@@ -121,8 +121,8 @@ func Adjustment(plan *inject.Plan) *api.ContainerAdjustment {
 func linuxDevice(d inventory.Device) *api.LinuxDevice {
 	return &api.LinuxDevice{
 		Path: d.Path, Type: "c", Major: d.Major, Minor: d.Minor,
-		// owner-only mode of NVIDIA's device nodes is widened by the runtime to the container's
-		// user only through the cgroup rule; 0666 matches what nvidia-modprobe creates on the host
+		// 0666 as nvidia-modprobe creates them on the host (any user in the container may use
+		// the GPU it was given); which devices can be opened at all is the cgroup rule's job
 		FileMode: api.FileMode(0o666),
 	}
 }

@@ -90,9 +90,12 @@ type EnvVar struct {
 // Plan is the adjustment for one container.
 type Plan struct {
 	// GPUs is true when the container is listed in the assignment and gets devices.
-	GPUs          bool
-	Devices       []inventory.Device // to add, each with an allow rule in the device cgroup
-	RemoveDevices []string           // GPU device nodes already in the spec that are not ours
+	GPUs    bool
+	Devices []inventory.Device // to add, each with an allow rule in the device cgroup
+	// RemoveDevices are GPU device nodes in the container that are not its own. NRI applies the
+	// removal to what earlier plugins added; one already in the runtime's spec is caught at
+	// start (Verify).
+	RemoveDevices []string
 	Mounts        []Mount
 	SetEnv        []EnvVar
 	// ClearEnv are tenant-set forbidden keys, overridden with an empty value: NRI's adaptation

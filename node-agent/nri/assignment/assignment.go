@@ -136,16 +136,20 @@ func probeVersion(root *sj.Value) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	version := ""
 	for _, m := range members {
-		if m.Key == "version" {
+		if m.Key == "version" { // every occurrence is checked, the last one counts
 			n, err := m.Val.BigInt("$.version")
 			if err != nil {
 				return "", err
 			}
-			return n.String(), nil
+			version = n.String()
 		}
 	}
-	return "", sj.RequireFields("$", nil, "version")
+	if version == "" {
+		return "", sj.RequireFields("$", nil, "version")
+	}
+	return version, nil
 }
 
 func supported(version string) bool {

@@ -3,8 +3,8 @@
 // integers of any size compared exactly, and errors worded like msgspec's ("Expected `int` >= 1 -
 // at `$.containers[...].gpus[0].memoryMiB`") so one set of test vectors checks both decoders.
 //
-// Objects keep document order (errors then name the same first offender as Python) and a
-// repeated key keeps its first position with the last value, as a Python dict does.
+// Objects keep document order and repeated keys, so a decoder checks every occurrence in order
+// and keeps the last, as msgspec does (errors then name the same first offender as Python).
 package strictjson
 
 import (
@@ -118,7 +118,6 @@ func parseValue(dec *json.Decoder) (*Value, error) {
 			return v, err
 		}
 		v := &Value{Kind: Object}
-		seen := map[string]int{}
 		for dec.More() {
 			keyTok, err := dec.Token()
 			if err != nil {
@@ -129,11 +128,6 @@ func parseValue(dec *json.Decoder) (*Value, error) {
 			if err != nil {
 				return nil, err
 			}
-			if i, ok := seen[key]; ok {
-				v.Obj[i].Val = item
-				continue
-			}
-			seen[key] = len(v.Obj)
 			v.Obj = append(v.Obj, Member{Key: key, Val: item})
 		}
 		_, err := dec.Token() // '}'
@@ -323,18 +317,28 @@ func (v *Value) Items(path string, minLen, maxLen int) ([]*Value, error) {
 	return v.Arr, nil
 }
 
-// Members returns the object's members in document order, with between minLen and maxLen of them.
+// Members returns the object's members in document order, repeated keys included, with between
+// minLen and maxLen distinct keys.
 func (v *Value) Members(path string, minLen, maxLen int) ([]Member, error) {
 	if v.Kind != Object {
 		return nil, Errorf(path, "Expected `object`, got `%s`", v.TypeName())
 	}
-	if minLen > 0 && len(v.Obj) < minLen {
+	n := v.distinctKeys()
+	if minLen > 0 && n < minLen {
 		return nil, Errorf(path, "Expected `object` of length >= %d", minLen)
 	}
-	if maxLen > 0 && len(v.Obj) > maxLen {
+	if maxLen > 0 && n > maxLen {
 		return nil, Errorf(path, "Expected `object` of length <= %d", maxLen)
 	}
 	return v.Obj, nil
+}
+
+func (v *Value) distinctKeys() int {
+	seen := make(map[string]bool, len(v.Obj))
+	for _, m := range v.Obj {
+		seen[m.Key] = true
+	}
+	return len(seen)
 }
 
 // Unknown is the error for a field the schema does not have.

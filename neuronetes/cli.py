@@ -108,7 +108,7 @@ def _dev_cluster_up(ns: argparse.Namespace, cluster: DevCluster, log: Callable[[
         feature_gates=gates,
         controller_manager=False if ns.no_controller_manager else None,
         crds_dir=None if ns.no_crds else Path(ns.crds) if ns.crds else REPO_ROOT / "crds",
-        policies_dir=None if ns.no_policies or ns.no_crds else POLICIES_DIR,
+        policies_dir=None if ns.no_policies else POLICIES_DIR,
         apiserver_args=[f"--runtime-config={ns.runtime_config}"] if ns.runtime_config else [],
         auto_build=ns.build,
     )
@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="GROUP/VERSION=true,...",
         help="up: kube-apiserver's --runtime-config (alpha APIs, e.g. scheduling.k8s.io/v1alpha2=true)",
     )
-    dc.add_argument("--no-policies", action="store_true", help="up: do not apply crds/policies/")
+    dc.add_argument("--no-policies", action="store_true", help="up: do not apply manifests/policies/")
     dc.add_argument("--no-controller-manager", action="store_true", help="up: run without it")
     dc.add_argument("--crds", help="up: folder of CRD YAML to apply (default: the checkout's crds/)")
     dc.add_argument("--no-crds", action="store_true", help="up: do not apply crds/")

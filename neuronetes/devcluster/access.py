@@ -7,7 +7,7 @@ The extender runs as the ServiceAccount ``neuronetes-system/neuronetes-scheduler
 ClusterRole holding exactly the calls its code makes (the extender's modules ``kube``, ``watch``,
 ``reservations`` and ``service``), and a token from the TokenRequest API in a kubeconfig of its
 own. `EXTENDER_USERNAME` is the one name the
-admission policies in ``crds/policies/`` trust to write ``neuronetes.io/assigned-gpus``; a unit
+admission policies in ``manifests/policies/`` trust to write ``neuronetes.io/assigned-gpus``; a unit
 test checks that the policy file names the same identity.
 """
 

@@ -51,7 +51,7 @@ from neuronetes.model import NodeSpec
 
 __all__ = ["ApiError", "ClusterError", "DevCluster", "KubectlError", "parse_node_counts"]
 
-POLICIES_DIR: Final = REPO_ROOT / "crds" / "policies"
+POLICIES_DIR: Final = REPO_ROOT / "manifests" / "policies"
 
 
 Log = Callable[[str], None]
@@ -140,7 +140,7 @@ class DevCluster:
         ServiceAccount, settings from `neuronetes.devcluster.config.extender_settings` with
         `extender_overrides`). `schedulers` > 1 runs that many kube-scheduler (+ extender)
         pairs with leader election. `feature_gates` go to kube-apiserver and kube-scheduler.
-        `policies_dir`: ValidatingAdmissionPolicy manifests to apply (``crds/policies``).
+        `policies_dir`: ValidatingAdmissionPolicy manifests to apply (``manifests/policies``).
 
         Raises `ClusterError` when it is already running (`down` it first) or fails to start
         (everything started is stopped again), `BuildError` when binaries are missing and

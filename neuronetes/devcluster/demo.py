@@ -3,7 +3,7 @@
 `neuronetes demo` starts the real local control plane (etcd, kube-apiserver,
 kube-controller-manager, kwok) with kube-scheduler's ``neuronetes-scheduler`` profile and the
 NeuroNetes extender beside it, as host processes configured as a Helm chart configures them
-(`neuronetes.devcluster.config`), and the admission policies of ``crds/policies``. It adds a few
+(`neuronetes.devcluster.config`), and the admission policies of ``manifests/policies``. It adds a few
 dozen simulated GPU nodes, submits sample pods — whole GPUs, an NVLink group, shared GPU slices,
 a MIG instance, a gang of four, and one that fits nowhere — and prints where each landed and
 why, read from the API as any user would: the pod's node and ``neuronetes.io/assigned-gpus``,

@@ -3,7 +3,7 @@
 `cluster` (session scope) builds the pinned binaries if needed (``hack/build-control-plane.sh``),
 starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler (``neuronetes-scheduler``
 profile; extender from ``$NEURONETES_EXTENDER_URL`` if set) and kwok, applies ``crds/`` and the
-admission policies of ``crds/policies/``, and yields an `E2ECluster`:
+admission policies of ``manifests/policies/``, and yields an `E2ECluster`:
 
 - ``.kubeconfig: Path`` (admin) and ``.extender_kubeconfig: Path`` (the extender's ServiceAccount:
   an extender a test runs must use it, the policies let no one else write GPU assignments)
@@ -52,7 +52,7 @@ def crds_dir() -> Path | None:
 
 
 def policies_dir() -> Path | None:
-    """``crds/policies/`` (the admission policies), unless ``$NEURONETES_E2E_CRDS_DIR`` is set."""
+    """``manifests/policies/`` (the admission policies), unless ``$NEURONETES_E2E_CRDS_DIR`` is set."""
     return POLICIES_DIR if os.environ.get("NEURONETES_E2E_CRDS_DIR") is None else None
 
 

@@ -1,4 +1,4 @@
-"""The admission policies of crds/policies against the real API server (ValidatingAdmissionPolicy, CEL).
+"""The admission policies of manifests/policies against the real API server (ValidatingAdmissionPolicy, CEL).
 
 The session cluster applies them. A tenant is a ServiceAccount with the stock ``edit`` role (and,
 to reach the Binding path too, ``pods/binding``); the extender is the ServiceAccount the policies

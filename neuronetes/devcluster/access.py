@@ -57,37 +57,39 @@ EXTENDER_TOKEN_SECONDS: Final = 7 * 24 * 3600
 _ROLE: Final = "neuronetes:scheduler-extender"
 FIELD_MANAGER: Final = "neuronetes-devcluster"
 """The field manager of what the dev cluster applies."""
-_READ: Final = ("get", "list", "watch")
 
 
 def extender_rules() -> list[dict[str, Any]]:
     """The extender's ClusterRole rules: what each call site needs, nothing more.
 
-    - nodes, pods: the informers (list+watch) and the bind path's re-read of a pod (get);
-    - pods patch: the nudge that makes kube-scheduler retry a pod once GPUs were released;
+    - nodes, gpunodes: the informers (list+watch);
+    - pods: the informer (list+watch), the bind path's re-read of one pod (get), and the nudge
+      that makes kube-scheduler retry a pod once GPUs were released (patch);
     - pods/binding create: the bind verb (the Binding carries the assignment annotation);
-    - events create/patch: placement and gang-barrier Events (patch: the series of a repeat);
-    - gangreservations (+status): the reservations it writes, restores and deletes
-      (create: server-side apply creates them);
-    - gpunodes: the GPU inventory it reads;
-    - podgroups of scheduling-plugins and Volcano: gang sizes and timeouts, from a watch.
+    - events.k8s.io events create: placement and gang-barrier Events;
+    - gangreservations: the informer (list+watch), server-side apply of the reservations it
+      holds (patch; create: an apply that creates the object), deletion when a group ends, and
+      their status (patch);
+    - podgroups of scheduling-plugins and Volcano: gang sizes and timeouts (list+watch; get for
+      the request-time lookup of an extender that does not watch them yet).
     """
+    watch = ["list", "watch"]
     return [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": list(_READ)},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": [*_READ, "patch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": watch},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", *watch, "patch"]},
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
         {
             "apiGroups": [GROUP],
             "resources": ["gangreservations"],
-            "verbs": [*_READ, "create", "patch", "delete"],
+            "verbs": [*watch, "create", "patch", "delete"],
         },
         {"apiGroups": [GROUP], "resources": ["gangreservations/status"], "verbs": ["patch"]},
-        {"apiGroups": [GROUP], "resources": ["gpunodes"], "verbs": list(_READ)},
+        {"apiGroups": [GROUP], "resources": ["gpunodes"], "verbs": watch},
         {
             "apiGroups": ["scheduling.x-k8s.io", "scheduling.volcano.sh"],
             "resources": ["podgroups"],
-            "verbs": list(_READ),
+            "verbs": ["get", *watch],
         },
     ]
 

@@ -155,6 +155,10 @@ def test_killing_the_leader_pair_loses_no_pod_and_gives_no_gpu_twice(ha: DevClus
     assert no_gpu_given_twice(pods, gpu_memory_of(nodes)) == []
     gang_nodes = {p["spec"]["nodeName"] for p in pods if p["metadata"]["name"].startswith("gang-")}
     assert len(gang_nodes) == 1, f"the same-node gang was split: {gang_nodes}"
+    # Least privilege held: neither extender was refused a call it makes.
+    for i in range(2):
+        log = ha.tail(ha.pair(i)[1], lines=100_000).lower()
+        assert "forbidden" not in log, log[-2000:]
     # The crashed pair comes back (same ports, same configuration) as the standby.
     ha.restart(extender)
     ha.restart(scheduler)

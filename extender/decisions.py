@@ -25,7 +25,7 @@ from neuronetes.model import Placement, PodRequest
 
 from .config import ExtenderSettings
 from .gang_manager import GangManager
-from .gangs import GangSpec
+from .gangs import GangSpec, gang_assignment
 from .holds import HoldBook, owned_by
 from .nodefit import node_fit_reason
 from .pods import PodInfo
@@ -301,7 +301,7 @@ def prepare_bind(parts: Parts, pod_id: str, node: str, pod: PodInfo | None) -> B
     uid = info.assignment_uid
     try:
         assignment = build_assignment(
-            placement, snap.state.nodes[i], hold.gpu, pod_uid=uid, gang=GangManager.assignment_of(group)
+            placement, snap.state.nodes[i], hold.gpu, pod_uid=uid, gang=gang_assignment(group)
         )
     except ValueError as exc:
         if group is None:

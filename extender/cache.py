@@ -36,7 +36,7 @@ from .config import ExtenderSettings, SettingsSource
 from .gang_facade import GangFacade
 from .gang_manager import GangListener, GangManager
 from .gangs import GangSpec
-from .holds import HoldBook
+from .holds import HoldBook, pod_of_hold
 from .ledger import Ledger
 from .pods import PodInfo
 from .results import (
@@ -316,9 +316,10 @@ class GpuCache(GangFacade):
                 self._upsert(PodInfo.from_pod(pod))
                 return
             info = self._store.pods.get(plan.pod)
-            if info is None:
-                return  # the watch will report the pod (its allocation is recorded above)
-            self._upsert(info.bound_to(plan.node, plan.assignment))
+            if info is None and hold is not None:  # fetched at bind, not yet seen by the watch
+                info = pod_of_hold(plan.pod, hold)
+            if info is not None:
+                self._upsert(info.bound_to(plan.node, plan.assignment))
 
     def refine_victims(self, pod: PodInfo, node: str, victims: Sequence[tuple[str, int]]) -> list[str] | None:
         """The fewest of `victims` ((pod identity, priority)) whose removal lets `pod` onto `node`

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from neuronetes.api.models import GPUNode
 from neuronetes.engine.policy import Policy
+from neuronetes.inventory import StateInvariantError
 from neuronetes.model import NodeSpec
 
 from . import decisions as d
@@ -345,7 +346,7 @@ class GpuCache(GangFacade):
             st = self._snap.state
             try:
                 st.check_invariants()
-            except AssertionError as exc:
+            except StateInvariantError as exc:
                 raise CacheInvariantError(f"cluster state: {exc}") from None
             for alloc_id in st.allocations:
                 owned = (

@@ -8,6 +8,7 @@ gang manager) with the cache's lock held, and returns a typed result (`FilterDec
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final
@@ -51,6 +52,8 @@ __all__ = [
     "prioritize",
     "scratch_engine",
 ]
+
+log = logging.getLogger(__name__)
 
 REASON_UNKNOWN_NODE: Final = "node not in the gpu inventory yet"
 _MAX_REASON: Final = 240
@@ -156,6 +159,7 @@ def _assume(parts: Parts, pod: PodInfo, placement: Placement, explanation: Expla
         **owned_by(pod),
     )
     if not parts.holds.allocate(snap.state, hold):
+        log.error("engine placement of %s on %s does not fit the state it was made on", pod.key, hold.node)
         return None
     hold = replace(hold, grants=snap.state.allocations[hold.alloc_id].grants)
     parts.holds.put(hold)

@@ -31,9 +31,7 @@ class GangFacade:
     _holds: HoldBook
     _gangs: GangManager
     _barrier_listener: Callable[[str], None] | None
-
-    def _ensure(self) -> None:
-        raise NotImplementedError  # the facade's
+    _ensure: Callable[[], None]  # the facade's: bring the snapshot up to date (lock held)
 
     # ---- gang reservations ---------------------------------------------------------------------
     @property

@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable, Sequence
 
 from neuronetes.api.models import GPUNode
 from neuronetes.engine.policy import Policy
-from neuronetes.inventory import StateInvariantError
 from neuronetes.model import NodeSpec
 
 from . import decisions as d
@@ -51,7 +50,7 @@ from .results import (
     Hold,
     PodUnknownError,
 )
-from .snapshot import NodeLookup, Snapshot
+from .snapshot import NodeLookup, Snapshot, check_books
 from .store import GPUNODES, RESOURCES, ClusterStore
 from .wire import Node, Pod
 
@@ -339,26 +338,11 @@ class GpuCache(GangFacade):
             return self._snap.engine.policy
 
     def check_invariants(self) -> None:
-        """`ClusterState.check_invariants` plus: every allocation belongs to a pod or a hold, and
-        every hold on a known node holds something. Raises `CacheInvariantError`."""
+        """`snapshot.check_books`: nothing oversubscribed, leaked or held for nothing (raises
+        `CacheInvariantError`)."""
         with self._lock:
             self._ensure()
-            st = self._snap.state
-            try:
-                st.check_invariants()
-            except StateInvariantError as exc:
-                raise CacheInvariantError(f"cluster state: {exc}") from None
-            for alloc_id in st.allocations:
-                owned = (
-                    alloc_id[4:] in self._store.pods
-                    if alloc_id.startswith("pod/")
-                    else alloc_id in self._holds
-                )
-                if not owned:
-                    raise CacheInvariantError(f"leaked allocation {alloc_id}")
-            for hold in self._holds:
-                if hold.node in st.index and hold.alloc_id not in st.allocations:  # else dormant
-                    raise CacheInvariantError(f"hold {hold.alloc_id} holds nothing")
+            check_books(self._snap.state, self._store.pods.keys(), self._holds)
 
     def holds(self) -> list[Hold]:
         with self._lock:

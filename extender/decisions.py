@@ -1,8 +1,8 @@
 """The extender's decisions as functions over a snapshot: filter, prioritize, bind planning and
 preemption refinement (kube-scheduler's framework, for one extender).
 
-Each takes the cache's parts (`Parts`: the snapshot, the store, the holds, the ledger and the
-gang manager) with the cache's lock held, and returns a typed result (`FilterDecision`, scores,
+Each takes the cache's parts (`Parts`: the snapshot, the store, the holds and the gang manager)
+with the cache's lock held, and returns a typed result (`FilterDecision`, scores,
 `BindPlan`) or raises `BindRefusedError` / `PodUnknownError` with a reason.
 """
 

@@ -18,10 +18,12 @@ import msgspec
 
 from neuronetes import contracts as c
 from neuronetes.devcluster.profiles import KWOK_TAINT, node_manifest, profile
+from neuronetes.extender.bodies import NodeSet
 from neuronetes.extender.cache import GpuCache
 from neuronetes.extender.config import ExtenderSettings
 from neuronetes.extender.kube import KubeError
-from neuronetes.extender.wire import Node, Pod
+from neuronetes.extender.service import ExtenderService
+from neuronetes.extender.wire import ExtenderBindingArgs, ExtenderBindingResult, Node, Pod
 
 _UIDS = itertools.count(1)
 
@@ -128,6 +130,17 @@ def cpu_pod(name: str, **kw: Any) -> dict[str, Any]:
     return pod_object(name, [container("main")], **kw)
 
 
+def names_request(pod: Mapping[str, Any] | Pod, names: Sequence[str]) -> NodeSet:
+    """A filter/prioritize request for `pod` over `names` (``nodeCacheCapable: true``)."""
+    as_pod = pod if isinstance(pod, Pod) else msgspec.convert(pod, Pod)
+    return NodeSet(as_pod, list(names), None, True)
+
+
+def bind_now(service: ExtenderService, args: ExtenderBindingArgs) -> tuple[ExtenderBindingResult, str]:
+    """The async bind verb, run to completion from synchronous test code (any thread)."""
+    return anyio.run(service.bind, args)
+
+
 def synced_cache(
     nodes: Sequence[Mapping[str, Any]], settings: ExtenderSettings | None = None, **kw: Any
 ) -> GpuCache:
@@ -166,7 +179,9 @@ class FakeApi:
         with self._lock:
             self.failures.append(KubeError(status, message))
 
-    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
+    ) -> None:
         with self._lock:
             if self.failures:
                 raise self.failures.pop(0)
@@ -187,7 +202,7 @@ class FakeApi:
         if self.cache is not None:
             self.cache.upsert_pod(msgspec.convert(bound, Pod))
 
-    def get_pod(self, namespace: str, name: str) -> Pod | None:
+    async def get_pod(self, namespace: str, name: str) -> Pod | None:
         with self._lock:
             pod = self.pods.get((namespace, name))
             return None if pod is None else msgspec.convert(copy.deepcopy(pod), Pod)

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 from e2e_cluster import E2ECluster, wait_until
+from extender_harness import ExtenderProcess
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
 from neuronetes.devcluster.profiles import KWOK_TAINT
-from neuronetes.extender.server import ExtenderProcess
 
 pytestmark = pytest.mark.e2e
 

@@ -39,6 +39,9 @@ import numpy as np
 from neuronetes import contracts as c
 from neuronetes.devcluster.profiles import KWOK_TAINT, PROFILES, node_manifest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from extender_harness import free_port, terminate
+
 NODE_PROFILES = ("dgx-a100-80gb", "dgx-h100")
 GPUS_PER_NODE = 8
 HOST = "127.0.0.1"
@@ -261,8 +264,6 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def measure(n: int, requests: int, seconds: float, seed: int) -> dict[str, Any]:
-    from neuronetes.extender.server import free_port
-
     port = free_port(HOST)
     proc = subprocess.Popen(
         [
@@ -326,12 +327,7 @@ def measure(n: int, requests: int, seconds: float, seed: int) -> dict[str, Any]:
             "rps": round(rps, 1),
         }
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
 
 
 def main() -> int:

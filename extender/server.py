@@ -232,15 +232,22 @@ class ExtenderThread:
     """The extender's uvicorn server in a background thread (the demo; tests use
     ``tests/extender_harness.py``)."""
 
-    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int | None = None) -> None:
-        self.host = host
-        self.port = port or free_port(host)
-        self.server = uvicorn.Server(uvicorn_config(app, ListenPolicy(self.host, self.port), "warning"))
+    def __init__(
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        policy: ListenPolicy | None = None,
+    ) -> None:
+        self.policy = policy or ListenPolicy(host, port or free_port(host))
+        self.host, self.port = self.policy.host, self.policy.port
+        self.server = uvicorn.Server(uvicorn_config(app, self.policy, "warning"))
         self._thread = threading.Thread(target=self.server.run, name="extender-http", daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.policy.https else 'http'}://{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> ExtenderThread:
         self._thread.start()

@@ -16,10 +16,21 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from neuronetes.extender.server import free_port
 
-__all__ = ["ExtenderProcess", "free_port"]
+__all__ = ["ExtenderProcess", "free_port", "terminate"]
+
+
+def terminate(proc: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
+    """SIGTERM `proc`, SIGKILL it if it is still there after `grace_s`, and reap it."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class ExtenderProcess:
@@ -128,3 +139,29 @@ class ExtenderProcess:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def serve_fake(port: int, max_body_bytes: int) -> None:
+    """Serve the extender app over a synced in-memory cache of four nodes (no API server) on
+    loopback `port` until killed: for tests that need a real HTTP server in another process."""
+    import uvicorn
+    from extender_support import FakeApi, node_objects, synced_cache
+
+    from neuronetes.extender.app import create_app
+    from neuronetes.extender.config import ExtenderSettings
+    from neuronetes.extender.server import ListenPolicy, uvicorn_config
+    from neuronetes.extender.service import ExtenderService
+
+    cache = synced_cache(node_objects({"dgx-a100-80gb": 4}), ExtenderSettings(max_body_bytes=max_body_bytes))
+    app = create_app(ExtenderService(cache, FakeApi(cache=cache)))
+    uvicorn.Server(uvicorn_config(app, ListenPolicy("127.0.0.1", port), "warning")).run()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="an extender over a fake cache, for tests")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--max-body-bytes", type=int, default=32 * 1024 * 1024)
+    args = parser.parse_args()
+    serve_fake(args.port, args.max_body_bytes)

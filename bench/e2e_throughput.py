@@ -560,17 +560,19 @@ def run_batch(
     extender: ExtenderConfig | None,
     ext_proc: ExtenderProcess | None,
     ns: argparse.Namespace,
+    nodes: int,
 ) -> dict[str, Any]:
-    """Schedule one batch of `ns.pods` pods; its figures (times in seconds, latencies in ms)."""
+    """Schedule one batch of `ns.pods` pods on `nodes` nodes; its figures (times in seconds,
+    latencies in ms)."""
     log(f"{label}: namespace {namespace}, {ns.pods} pods, mode {ns.mode}")
     api.call(
         "POST",
         "/api/v1/namespaces",
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
     )
-    waited = wait_usable(api, ns.nodes, ns.timeout, lift=ns.lift_taints, workers=ns.create_workers)
+    waited = wait_usable(api, nodes, ns.timeout, lift=ns.lift_taints, workers=ns.create_workers)
     if waited > 1:
-        log(f"{label}: all {ns.nodes} nodes usable after {waited:.0f} s")
+        log(f"{label}: all {nodes} nodes usable after {waited:.0f} s")
     extra = {"extender": ext_proc.proc.pid} if ext_proc is not None and ext_proc.proc is not None else {}
     ext_before = scrape(f"{ext_proc.url}/metrics") if ext_proc is not None else None
     with watching(api, namespace, ns.pods) as watch:
@@ -729,10 +731,18 @@ def measure(ns: argparse.Namespace, nodes: int) -> dict[str, Any] | None:
             extender=ExtenderConfig(url=ext_proc.url),
             ext_proc=ext_proc,
             ns=ns,
+            nodes=nodes,
         )
         ext_proc.stop()
         without = run_batch(
-            dev, api, label="without extender", namespace="bench-without", extender=None, ext_proc=None, ns=ns
+            dev,
+            api,
+            label="without extender",
+            namespace="bench-without",
+            extender=None,
+            ext_proc=None,
+            ns=ns,
+            nodes=nodes,
         )
         w, wo = with_ext["pods_per_s"], without["pods_per_s"]
         extender_cpu_s = with_ext["cpu_s"].get("extender")

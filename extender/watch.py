@@ -342,12 +342,16 @@ class WatchHealth:
         with self._lock:
             self._reflectors.append(reflector)
 
-    def broken(self) -> dict[str, float]:
-        """Resource -> seconds its watch has been broken, for every broken one."""
+    def broken_for_each(self) -> dict[str, float]:
+        """Resource -> seconds its watch has been broken (0: connected), for every watch."""
         now = time.monotonic()
         with self._lock:
             reflectors = list(self._reflectors)
-        return {r.resource: t for r in reflectors if (t := r.broken_for(now)) > 0}
+        return {r.resource: r.broken_for(now) for r in reflectors}
+
+    def broken(self) -> dict[str, float]:
+        """Resource -> seconds its watch has been broken, for every broken one."""
+        return {name: t for name, t in self.broken_for_each().items() if t > 0}
 
     def stale(self, limit: float) -> str | None:
         """Why decisions must wait (a watch broken longer than `limit` seconds), or None."""

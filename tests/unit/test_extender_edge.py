@@ -23,10 +23,12 @@ from extender_support import (
     AsgiClient,
     FakeApi,
     gpu_pod,
+    metric_value,
     node_objects,
     synced_cache,
 )
 
+from neuronetes import contracts as c
 from neuronetes.extender.app import create_app
 from neuronetes.extender.bodies import BodyDecoder, decode_nodes_request
 from neuronetes.extender.config import ExtenderSettings
@@ -348,6 +350,8 @@ def test_a_broken_watch_fails_readiness_and_the_filter_after_the_limit() -> None
         assert ready.status_code == 503 and "watch broken (nodes for" in ready.text
         answer = client.post("/filter", content=filter_body, headers=JSON).json()
         assert "watch broken" in answer["Error"] and not answer["NodeNames"]
+        scrape = client.get("/metrics").text
+        assert metric_value(scrape, c.METRIC_WATCH_BROKEN, resource="nodes") > 0.3
         api.down = False  # the API server is back: the next relist heals the watch
         deadline = time.monotonic() + 5
         while health.broken() and time.monotonic() < deadline:

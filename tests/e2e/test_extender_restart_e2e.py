@@ -166,3 +166,20 @@ def test_reservation_expires_after_a_restart_and_its_gpus_are_free_again(
 
     wait_until(running, timeout=60, what="an 8-GPU pod on the freed node")
     no_gpu_given_twice(cluster)
+
+
+def test_sigterm_with_a_gang_member_waiting_exits_within_10_s(
+    cluster: E2ECluster, extender_process: ExtenderProcess
+) -> None:
+    """Kubernetes gives a pod 30 s between SIGTERM and SIGKILL: a bind waiting at the gang barrier
+    (for up to bindWaitSeconds, 100 s here) must fail at once, not hold the shutdown."""
+    create(cluster, member("term-0", "term"))
+
+    def waiting() -> bool:
+        text = cluster.kubectl("describe", "pod", "-n", NAMESPACE, "term-0").stdout
+        return "GangWaiting" in text
+
+    wait_until(waiting, timeout=60, what="term-0 waiting at the bind barrier")
+    took = extender_process.stop(grace_s=30)
+    assert took is not None and took <= 10, f"the extender took {took} s to exit after SIGTERM"
+    assert "Traceback" not in extender_process.tail(200)

@@ -68,6 +68,7 @@ from neuronetes.devcluster.profiles import KWOK_TAINT, PROFILES, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from extender_harness import ExtenderProcess
+from pod_builder import manifest
 
 HOST = "127.0.0.1"
 EXTENDER_LATENCY = c.METRIC_SCHEDULER_LATENCY
@@ -263,26 +264,9 @@ class BindWatch:
 
 def pod_manifest(name: str, namespace: str, gpus: int) -> dict[str, Any]:
     """The one pod template of both runs: whole GPUs through the extender's managed resource."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "bench-e2e"}},
-        "spec": {
-            "schedulerName": c.SCHEDULER_NAME,
-            "tolerations": [dict(KWOK_TAINT, operator="Equal")],
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.example/worker:1",
-                    "resources": {
-                        "requests": {"cpu": "100m", "memory": "128Mi"},
-                        "limits": {"cpu": "100m", "memory": "128Mi", c.RESOURCE_GPU: str(gpus)},
-                    },
-                }
-            ],
-        },
-    }
+    pod = manifest(name, {c.RESOURCE_GPU: gpus}, namespace=namespace, labels={"app": "bench-e2e"})
+    pod["spec"]["terminationGracePeriodSeconds"] = 0
+    return pod
 
 
 def create_pods(api: Api, namespace: str, count: int, gpus: int, workers: int) -> tuple[float, float]:

@@ -1,35 +1,30 @@
 """Helpers shared by the extender tests: kube-scheduler-shaped objects, a fake API, an ASGI client.
 
+Pods come from `pod_builder`, the tests' and benchmarks' one pod builder.
+
 Importable from any test module (pytest's ``pythonpath`` holds ``tests/``).
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
 import threading
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
 import httpx
 import msgspec
+from pod_builder import container, manifest, new_uid, served
 
 from neuronetes import contracts as c
-from neuronetes.devcluster.profiles import KWOK_TAINT, node_manifest, profile
+from neuronetes.devcluster.profiles import node_manifest, profile
 from neuronetes.extender.bodies import NodeSet
 from neuronetes.extender.cache import GpuCache
 from neuronetes.extender.config import ExtenderSettings
 from neuronetes.extender.kube import KubeError
 from neuronetes.extender.service import ExtenderService
 from neuronetes.extender.wire import ExtenderBindingArgs, ExtenderBindingResult, Node, Pod
-
-_UIDS = itertools.count(1)
-
-
-def new_uid() -> str:
-    return str(uuid.UUID(int=next(_UIDS) + (7 << 100)))
 
 
 def node_objects(spec: Mapping[str, int], prefix: str = "n") -> list[dict[str, Any]]:
@@ -55,22 +50,6 @@ def node_objects(spec: Mapping[str, int], prefix: str = "n") -> list[dict[str, A
     return out
 
 
-def container(name: str, limits: Mapping[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    resources: dict[str, Any] = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {}}
-    for key, value in (limits or {}).items():
-        resources["limits"][key] = str(value)
-        if key.startswith(c.RESOURCE_PREFIX):
-            resources["requests"][key] = str(value)
-    return {
-        "name": name,
-        "image": "registry.example/worker:1",
-        "resources": resources,
-        "terminationMessagePath": "/dev/termination-log",
-        "imagePullPolicy": "IfNotPresent",
-        **extra,
-    }
-
-
 def pod_object(
     name: str,
     containers: Sequence[dict[str, Any]],
@@ -82,35 +61,8 @@ def pod_object(
     node: str = "",
 ) -> dict[str, Any]:
     """A pod as kube-scheduler sends it (full object, camelCase, fields the extender ignores too)."""
-    spec: dict[str, Any] = {
-        "containers": list(containers),
-        "schedulerName": c.SCHEDULER_NAME,
-        "priority": priority,
-        "restartPolicy": "Always",
-        "tolerations": [dict(KWOK_TAINT, operator="Equal")],
-        "dnsPolicy": "ClusterFirst",
-        "enableServiceLinks": True,
-        "preemptionPolicy": "PreemptLowerPriority",
-    }
-    if init:
-        spec["initContainers"] = list(init)
-    if node:
-        spec["nodeName"] = node
-    return {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": uid or new_uid(),
-            "resourceVersion": "4242",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            "labels": {"app": "gpu-test"},
-            "managedFields": [{"manager": "kubectl", "operation": "Update"}],
-        },
-        "spec": spec,
-        "status": {"phase": "Pending", "qosClass": "Burstable", "conditions": []},
-    }
+    pod = manifest(name, containers=containers, init=init, namespace=namespace, node=node, priority=priority)
+    return served(pod, uid=uid)
 
 
 def gpu_pod(name: str, gpus: int = 1, **kw: Any) -> dict[str, Any]:

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from e2e_cluster import E2ECluster, wait_until
 from extender_support import metric_value
+from pod_builder import container, manifest
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
-from neuronetes.devcluster.profiles import KWOK_TAINT
 from neuronetes.extender.bodies import NodeSet
 from neuronetes.extender.server import Extender, ExtenderThread, build
 from neuronetes.extender.service import ExtenderService
@@ -46,27 +46,13 @@ def gang_manifest(name: str, group: str, size: int, gpus: int, locality: str = "
 
 
 def pod_manifest(name: str, limits: dict[str, Any], *, init: dict[str, Any] | None = None) -> dict[str, Any]:
-    def ctr(cname: str, lim: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "name": cname,
-            "image": "registry.example/worker:1",
-            "resources": {"limits": {k: str(v) for k, v in lim.items()}, "requests": {"cpu": "100m"}},
-        }
-
-    spec: dict[str, Any] = {
-        "schedulerName": c.SCHEDULER_NAME,
-        "containers": [ctr("main", limits)],
-        "tolerations": [dict(KWOK_TAINT, operator="Equal")],
-        "nodeSelector": {SUITE_LABEL[0]: SUITE_LABEL[1]},
-    }
-    if init is not None:
-        spec["initContainers"] = [ctr("prep", init)]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": spec,
-    }
+    return manifest(
+        name,
+        limits,
+        init=[container("prep", init)] if init is not None else (),
+        namespace=NAMESPACE,
+        node_selector=dict([SUITE_LABEL]),
+    )
 
 
 @dataclass

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from e2e_cluster import E2ECluster, wait_until
 from extender_harness import ExtenderProcess
+from pod_builder import manifest
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
-from neuronetes.devcluster.profiles import KWOK_TAINT
 
 pytestmark = pytest.mark.e2e
 
@@ -54,27 +54,17 @@ def member(
     annotations = {c.ANNOTATION_LOCALITY: "same-node"}
     if timeout_s is not None:
         annotations[c.ANNOTATION_GANG_TIMEOUT] = str(timeout_s)
-    spec: dict[str, Any] = {
-        "schedulerName": c.SCHEDULER_NAME,
-        "containers": [
-            {
-                "name": "main",
-                "image": "registry.example/worker:1",
-                "resources": {"limits": {c.RESOURCE_GPU: str(gpus)}, "requests": {"cpu": "100m"}},
-            }
-        ],
-        "tolerations": [dict(KWOK_TAINT, operator="Equal")],
-        "nodeSelector": {SUITE_LABEL[0]: SUITE_LABEL[1]},
-    }
-    labels = {c.LABEL_GANG: group, c.LABEL_GANG_SIZE: "4"} if group else {}
+    selector = dict([SUITE_LABEL])
     if node:
-        spec["nodeSelector"]["kubernetes.io/hostname"] = node
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels, "annotations": annotations},
-        "spec": spec,
-    }
+        selector["kubernetes.io/hostname"] = node
+    return manifest(
+        name,
+        {c.RESOURCE_GPU: gpus},
+        namespace=NAMESPACE,
+        labels={c.LABEL_GANG: group, c.LABEL_GANG_SIZE: "4"} if group else {},
+        annotations=annotations,
+        node_selector=selector,
+    )
 
 
 def create(cluster: E2ECluster, *pods: dict[str, Any]) -> None:

@@ -24,7 +24,6 @@ from extender_support import (
     FakeApi,
     FakeClock,
     bind_now,
-    container,
     cpu_pod,
     gpu_pod,
     mig_pod,
@@ -34,6 +33,7 @@ from extender_support import (
     shared_pod,
     synced_cache,
 )
+from pod_builder import container
 
 from neuronetes import contracts as c
 from neuronetes import mig

@@ -21,6 +21,10 @@ Example (every key optional; camelCase as in Kubernetes manifests)::
     maxWatchStalenessSeconds: 30  # a watch broken longer than this: /readyz fails and the
                                # filter answers an Error (kube-scheduler retries) instead of
                                # deciding from a stale cache
+    # Bounds on what tenants may ask through pod labels/annotations (docs/threat-model.md):
+    maxGangSize: 1024          # a gang-size label (or PodGroup minMember) above it is refused
+    maxGangTimeoutSeconds: 3600  # a neuronetes.io/gang-timeout-seconds above it is refused
+    bindSchedulerNames: [neuronetes-scheduler]  # pods of other schedulers are never bound
 
 The file is checked at most once per `SettingsSource.check_interval` seconds (by modification
 time and size). A file that does not parse or validate is logged and ignored: the last good
@@ -39,6 +43,7 @@ from typing import Annotated, Final
 
 import msgspec
 
+from neuronetes.contracts import SCHEDULER_NAME
 from neuronetes.engine.policy import get_policy
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "ConfigError", "ExtenderSettings", "SettingsSource", "load_settings"]
@@ -66,6 +71,10 @@ class ExtenderSettings(
         "max_body_bytes": "maxBodyBytes",
         "visible_devices_annotations": "visibleDevicesAnnotations",
         "max_watch_staleness_seconds": "maxWatchStalenessSeconds",
+        # ---- tenant bounds and bind gate (decision core) ----
+        "max_gang_size": "maxGangSize",
+        "max_gang_timeout_seconds": "maxGangTimeoutSeconds",
+        "bind_scheduler_names": "bindSchedulerNames",
     },
 ):
     policy: str = "default"
@@ -78,6 +87,14 @@ class ExtenderSettings(
     visible_devices_annotations: bool = False
     # ---- serving: readiness -------------------------------------------------------------------
     max_watch_staleness_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
+
+    # ---- tenant bounds and bind gate (decision core) -------------------------------------------
+    max_gang_size: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1024
+    """Largest gang a pod may ask for (the GangReservation CRD holds at most 1,024 members)."""
+    max_gang_timeout_seconds: Annotated[float, msgspec.Meta(ge=1, le=86400)] = 3600.0
+    """Longest reservation a pod's ``neuronetes.io/gang-timeout-seconds`` may ask for."""
+    bind_scheduler_names: tuple[str, ...] = (SCHEDULER_NAME,)
+    """``spec.schedulerName`` values whose pods the bind verb binds; any other is refused."""
 
     def __post_init__(self) -> None:
         # Unknown policy or scorer names fail here, not at the first decision.

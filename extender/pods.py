@@ -14,11 +14,18 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from neuronetes import contracts as c
-from neuronetes.assignment import PodGpuRequest, ResourceRequestError, gang_of, pod_gpu_request
+from neuronetes.assignment import (
+    ContainerRole,
+    PodGpuRequest,
+    ResourceRequestError,
+    effective_request,
+    gang_of,
+    pod_gpu_request,
+)
 from neuronetes.model import PodRequest
 from neuronetes.quantity import QuantityError, to_mib, to_milli
 
-from .wire import Container, Pod, Quantity, ResourceList, pod_as_mapping
+from .wire import Affinity, Container, Pod, Quantity, ResourceList, Toleration, pod_as_mapping
 
 __all__ = [
     "TERMINAL_PHASES",
@@ -63,23 +70,16 @@ def _container_amount(container: Container, key: str) -> int:
 
 
 def _effective(pod: Pod, key: str) -> int:
-    """Kubernetes' effective request of `key` (k8s.io/component-helpers ``PodRequests``).
-
-    App containers and sidecars (init containers with ``restartPolicy: Always``) run together;
-    an init container runs beside the sidecars declared before it; plus the pod overhead.
-    """
-    apps = sum(_container_amount(x, key) for x in pod.spec.containers or ())
-    sidecars = 0
-    init_peak = 0
-    for x in pod.spec.init_containers or ():
-        amount = _container_amount(x, key)
-        if x.restart_policy == "Always":
-            apps += amount
-            sidecars += amount
-            init_peak = max(init_peak, sidecars)
-        else:
-            init_peak = max(init_peak, amount + sidecars)
-    return min(max(apps, init_peak) + _amount(pod.spec.overhead, key), _MAX_AMOUNT)
+    """Kubernetes' effective request of `key` (`effective_request`) plus the pod overhead."""
+    amounts = [
+        (
+            ContainerRole.SIDECAR if x.restart_policy == "Always" else ContainerRole.INIT,
+            _container_amount(x, key),
+        )
+        for x in pod.spec.init_containers or ()
+    ]
+    amounts += [(ContainerRole.APP, _container_amount(x, key)) for x in pod.spec.containers or ()]
+    return min(effective_request(amounts) + _amount(pod.spec.overhead, key), _MAX_AMOUNT)
 
 
 def effective_cpu_memory(pod: Pod) -> tuple[int, int]:
@@ -137,6 +137,10 @@ class PodInfo:
     assignment_error: str
     resource_version: str
     gang: GangRef | None = None
+    scheduler_name: str = ""
+    node_selector: dict[str, str] | None = None  # spec.nodeSelector
+    affinity: Affinity | None = None  # spec.affinity
+    tolerations: tuple[Toleration, ...] = ()
 
     @classmethod
     def from_pod(cls, pod: Pod) -> PodInfo:
@@ -176,6 +180,10 @@ class PodInfo:
             assignment_error=assignment_error,
             resource_version=meta.resource_version,
             gang=gang if gpu is not None and not pod.spec.native_gang else None,
+            scheduler_name=pod.spec.scheduler_name,
+            node_selector=pod.spec.node_selector,
+            affinity=pod.spec.affinity,
+            tolerations=tuple(pod.spec.tolerations or ()),
         )
 
     @property

@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, Final
 
 import uvicorn
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 SHUTDOWN_SECONDS: Final = 10.0
 STOP_SECONDS: Final = 4.0
 """Of `SHUTDOWN_SECONDS`: how long reflectors and writers get to stop."""
+SHUTTING_DOWN: Final = "the extender is shutting down"
 GRACEFUL_SECONDS: Final = 3
 """Of `SHUTDOWN_SECONDS`: how long open requests get to finish (waiting binds fail at once)."""
 
@@ -191,6 +193,7 @@ def build(
             store.start()
 
     def shutdown() -> None:
+        service.barrier.fail_all(SHUTTING_DOWN)
         deadline = time.monotonic() + STOP_SECONDS
         for reflector in group_watches:
             reflector.signal_stop()
@@ -289,5 +292,21 @@ def serve(ns: argparse.Namespace) -> int:
         return 2
     if policy.https and policy.client_ca_file is None:
         log.warning("HTTPS without --client-ca-file: clients are not authenticated")
-    uvicorn.Server(uvicorn_config(extender.app, policy, ns.log_level)).run()
+    _Server(uvicorn_config(extender.app, policy, ns.log_level), extender.service).run()
     return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, failing the binds that wait at a gang barrier as soon as SIGTERM arrives (before
+    it waits for open requests to finish)."""
+
+    def __init__(self, config: uvicorn.Config, service: ExtenderService) -> None:
+        super().__init__(config)
+        self._service = service
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not here: the signal may have interrupted this thread inside the cache's lock.
+        threading.Thread(
+            target=self._service.barrier.fail_all, args=(SHUTTING_DOWN,), name="fail-waiting-binds"
+        ).start()
+        super().handle_exit(sig, frame)

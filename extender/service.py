@@ -16,7 +16,7 @@ from typing import Final
 
 from .barrier import GangBarrier
 from .bodies import BadInputError, NodeSet, PreemptRequest, meta_victims
-from .cache import BindPlan, BindRefusedError, GpuCache, Hold, PodUnknownError
+from .cache import BindPlan, BindRefusedError, GpuCache, PodUnknownError
 from .events import EventRecorder, PodRef
 from .gangs import GangSpec
 from .kube import Binder, KubeError
@@ -41,20 +41,14 @@ CONFLICT: Final = 409
 REASON_ASSIGNED: Final = "GpusAssigned"
 
 
-def placement_note(plan: BindPlan, hold: Hold | None) -> str:
-    """The placement Event's message: node, GPUs and why (brief)."""
-    gpus: dict[int, str] = {}
-    if plan.assignment is not None:
-        for container in plan.assignment.containers.values():
-            for gpu in container.gpus:
-                gpus.setdefault(gpu.index, gpu.uuid)
-    listed = ", ".join(f"{i} ({uuid})" for i, uuid in sorted(gpus.items())) or "none"
-    note = f"node {plan.node}, GPUs {listed}"
-    if hold is not None and hold.reason:
-        note += f": {hold.reason}"
-    if hold is not None and hold.score:
-        note += f" (score {hold.score:.3g})"
-    return note
+def placement_note(plan: BindPlan) -> str:
+    """The placement Event's message: node, GPUs, why, and the score terms that decided it."""
+    if plan.explanation is not None:
+        return plan.explanation.text()
+    gpus = sorted(
+        {g.index for x in plan.assignment.containers.values() for g in x.gpus} if plan.assignment else ()
+    )
+    return f"node {plan.node}, gpus {','.join(map(str, gpus)) or 'none'}"
 
 
 class ExtenderService:
@@ -139,7 +133,6 @@ class ExtenderService:
         if binder is None:
             return ExtenderBindingResult(error="neuronetes extender: binding is not configured"), "error"
         pod_id = pod_identity(uid, ns, name)
-        hold = self.cache.hold_of(pod_id)
         try:
             try:
                 plan = self.cache.prepare_bind(pod_id, node)
@@ -192,7 +185,7 @@ class ExtenderService:
             ), "error"
         self.cache.bind_done(plan, ok=True)
         if plan.assignment is not None:
-            self.events.record(ref, REASON_ASSIGNED, placement_note(plan, hold), action="Bind")
+            self.events.record(ref, REASON_ASSIGNED, placement_note(plan), action="Bind")
         if self.metrics is not None:
             self.metrics.success.inc()
         return ExtenderBindingResult(), "ok"

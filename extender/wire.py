@@ -23,6 +23,7 @@ import msgspec
 
 __all__ = [
     "MAX_EXTENDER_PRIORITY",
+    "Affinity",
     "Container",
     "ExtenderArgs",
     "ExtenderArgsSchema",
@@ -36,10 +37,14 @@ __all__ = [
     "MetaVictims",
     "Node",
     "NodeList",
+    "NodeSelectorRequirement",
+    "NodeSelectorTerm",
     "ObjectMeta",
     "Pod",
     "PodList",
     "RawNodeList",
+    "Taint",
+    "Toleration",
     "Victims",
     "WatchEvent",
     "decode_node",
@@ -84,6 +89,44 @@ class Container(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True
     restart_policy: str | None = None  # "Always" on an init container makes it a sidecar
 
 
+class NodeSelectorRequirement(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One ``matchExpressions`` / ``matchFields`` entry of a node selector term."""
+
+    key: str = ""
+    operator: str = ""
+    values: list[str] | None = None
+
+
+class NodeSelectorTerm(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
+    match_expressions: list[NodeSelectorRequirement] | None = None
+    match_fields: list[NodeSelectorRequirement] | None = None
+
+
+class NodeSelector(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
+    node_selector_terms: list[NodeSelectorTerm] | None = None
+
+
+class NodeAffinity(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+
+
+class Affinity(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
+    node_affinity: NodeAffinity | None = None
+
+
+class Toleration(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
+    key: str = ""
+    operator: str = ""  # "Exists" or "Equal" (the default)
+    value: str = ""
+    effect: str = ""  # "" tolerates every effect
+
+
+class Taint(msgspec.Struct, kw_only=True, omit_defaults=True):
+    key: str = ""
+    value: str = ""
+    effect: str = ""
+
+
 class PodSpec(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
     containers: list[Container] | None = None
     init_containers: list[Container] | None = None
@@ -95,6 +138,10 @@ class PodSpec(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
     # plugin holds the group, so the extender does not run a barrier of its own.
     workload_ref: dict[str, Any] | None = None
     scheduling_group: dict[str, Any] | None = None
+    # Where the pod may go (checked again at bind for pods the extender did not place).
+    node_selector: dict[str, str] | None = None
+    affinity: Affinity | None = None
+    tolerations: list[Toleration] | None = None
 
     @property
     def native_gang(self) -> bool:
@@ -118,6 +165,7 @@ class Pod(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class NodeSpecFields(msgspec.Struct, kw_only=True, omit_defaults=True):
     unschedulable: bool = False
+    taints: list[Taint] | None = None
 
 
 class NodeStatus(msgspec.Struct, kw_only=True, omit_defaults=True):

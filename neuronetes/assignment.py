@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import functools
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Final
@@ -46,6 +46,7 @@ __all__ = [
     "PodGpuRequest",
     "ResourceRequestError",
     "build_assignment",
+    "effective_request",
     "gang_of",
     "pod_gpu_request",
     "visible_devices_annotations",
@@ -274,23 +275,31 @@ def _check_container(ask: _Ask) -> None:
         raise ResourceRequestError(f"{where}: {c.RESOURCE_GPU} {ask.gpu} is more than any node has")
 
 
-def _effective(asks: Sequence[_Ask], value: Callable[[_Ask], int]) -> int:
+def effective_request(amounts: Iterable[tuple[ContainerRole, int]]) -> int:
     """Kubernetes' effective pod request of one resource (k8s.io/component-helpers PodRequests).
 
-    App containers and sidecars run together, so they add up; an init container runs beside the
-    sidecars declared before it; the pod needs the largest of those moments.
+    `amounts`: each container's role and amount, init containers (sidecars included) in spec
+    order. App containers and sidecars run together, so they add up; an init container runs
+    beside the sidecars declared before it; the pod needs the largest of those moments. (The
+    pod's ``spec.overhead`` comes on top; the caller adds it.) The one place this rule lives.
     """
-    app = sum(value(a) for a in asks if a.role is ContainerRole.APP)
+    app = 0
     sidecars = 0
     init_peak = 0
-    for a in asks:
-        if a.role is ContainerRole.SIDECAR:
-            app += value(a)
-            sidecars += value(a)
+    for role, amount in amounts:
+        if role is ContainerRole.APP:
+            app += amount
+        elif role is ContainerRole.SIDECAR:
+            app += amount
+            sidecars += amount
             init_peak = max(init_peak, sidecars)
-        elif a.role is ContainerRole.INIT:
-            init_peak = max(init_peak, value(a) + sidecars)
+        else:
+            init_peak = max(init_peak, amount + sidecars)
     return max(app, init_peak)
+
+
+def _effective(asks: Sequence[_Ask], value: Callable[[_Ask], int]) -> int:
+    return effective_request((a.role, value(a)) for a in asks)
 
 
 def _container_request(ask: _Ask, priority: int) -> PodRequest:
@@ -366,8 +375,8 @@ def pod_gpu_request(pod: Mapping[str, Any], *, name: str | None = None) -> PodGp
             ``neuronetes.io/*`` resource, a MIG profile that does not exist, whole GPUs mixed with
             MIG or with a shared slice (in a container or across the pod), a shared slice missing
             its memory or compute, concurrent slices adding up to more than one GPU, more than
-            one MIG instance, ``nvidia.com/gpu`` next to NeuroNetes resources. The message names
-            the container and the resource.
+            one MIG instance, ``nvidia.com/gpu`` next to NeuroNetes resources, two containers of
+            one name. The message names the container and the resource.
     """
     spec, default_name = _pod_parts(pod)
     request_name = default_name if name is None else name
@@ -390,7 +399,13 @@ def pod_gpu_request(pod: Mapping[str, Any], *, name: str | None = None) -> PodGp
                 role = ContainerRole.SIDECAR
             else:
                 role = ContainerRole.INIT
-            asks.append(_parse_container(container, role))
+            ask = _parse_container(container, role)
+            if any(a.name == ask.name for a in asks):
+                raise ResourceRequestError(
+                    f"container name {ask.name!r} is used twice (containers and initContainers share "
+                    "one namespace); each container needs its own name for its gpu assignment"
+                )
+            asks.append(ask)
 
     gpu_asks = [a for a in asks if a.kind is not None]
     if not gpu_asks:

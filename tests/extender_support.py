@@ -8,6 +8,7 @@ Importable from any test module (pytest's ``pythonpath`` holds ``tests/``).
 from __future__ import annotations
 
 import copy
+import json
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -63,6 +64,27 @@ def pod_object(
     """A pod as kube-scheduler sends it (full object, camelCase, fields the extender ignores too)."""
     pod = manifest(name, containers=containers, init=init, namespace=namespace, node=node, priority=priority)
     return served(pod, uid=uid)
+
+
+def bound_with(
+    pod: Mapping[str, Any], node: str, gpus: Mapping[int, tuple[int, int]], *, uuid_node: str | None = None
+) -> dict[str, Any]:
+    """`pod` bound to `node` with an assignment giving its container ``main`` GPU j ->
+    (memoryMiB, computePercent); the UUIDs are the simulated ones of `uuid_node` (default `node`)."""
+    out = copy.deepcopy(dict(pod))
+    out["spec"]["nodeName"] = node
+    out["status"]["phase"] = "Running"
+    entries = [
+        {"uuid": c.simulated_gpu_uuid(uuid_node or node, j), "index": j, "memoryMiB": m, "computePercent": p}
+        for j, (m, p) in gpus.items()
+    ]
+    doc = {
+        "version": 1,
+        "node": node,
+        "containers": {"main": {"gpus": entries, "priority": 0, "qos": "Guaranteed"}},
+    }
+    out["metadata"]["annotations"] = {c.ANNOTATION_ASSIGNED_GPUS: json.dumps(doc)}
+    return out
 
 
 def gpu_pod(name: str, gpus: int = 1, **kw: Any) -> dict[str, Any]:

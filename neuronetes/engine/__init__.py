@@ -1,6 +1,6 @@
 """The placement engine: vectorised filters and scorers, policies, GPU selection, gangs."""
 
-from neuronetes.engine.core import Evaluation, PlacementEngine
+from neuronetes.engine.core import Evaluation, PlacementEngine, Unschedulable, scale_scores
 from neuronetes.engine.policy import POLICIES, Policy, get_policy
 from neuronetes.engine.profile import TypicalShape, WorkloadProfile
 
@@ -10,6 +10,8 @@ __all__ = [
     "PlacementEngine",
     "Policy",
     "TypicalShape",
+    "Unschedulable",
     "WorkloadProfile",
     "get_policy",
+    "scale_scores",
 ]

@@ -29,6 +29,43 @@ BOOL = npt.NDArray[np.bool_]
 
 FEASIBLE = -1
 _CACHE_SHAPES = 64
+MAX_SCORE = 10
+"""Prioritize scores are 0..MAX_SCORE (kube-scheduler's ``MaxExtenderPriority``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unschedulable:
+    """No fit: the typed status of a decision that found nothing (kube-scheduler's
+    ``framework.Status`` with code Unschedulable), with the reason a user can act on."""
+
+    reason: str
+
+
+Selection = tuple[list[GpuGrant], str]
+"""GPUs chosen on a node, and why."""
+
+
+def scale_scores(ev: Evaluation, rows: I64) -> I64:
+    """The one 0..MAX_SCORE normaliser: per row of `rows` (-1: unknown node), the engine's score
+    mapped linearly so that the best feasible node of the cluster gets MAX_SCORE and the worst 0
+    (all MAX_SCORE when they are equal); infeasible and unknown nodes get 0."""
+    out = np.zeros(rows.size, dtype=np.int64)
+    finite = np.isfinite(ev.node_scores)
+    if not finite.any():
+        return out
+    values = ev.node_scores[finite]
+    lo, hi = float(values.min()), float(values.max())
+    full = np.full(ev.reasons.size, np.nan)
+    full[ev.rows[finite]] = values
+    known = rows >= 0
+    mine = full[rows[known]]
+    scaled = (
+        np.full(mine.shape, float(MAX_SCORE))
+        if hi - lo <= 0
+        else np.round(MAX_SCORE * (mine - lo) / (hi - lo))
+    )
+    out[known] = np.where(np.isnan(mine), 0, scaled).astype(np.int64)
+    return out
 
 
 @dataclass
@@ -170,19 +207,59 @@ class PlacementEngine:
         bad = np.nonzero(ev.reasons != FEASIBLE)[0]
         return {self.state.nodes[int(i)].name: FILTERS[int(ev.reasons[i])].reason for i in bad}
 
+    def explain(self, req: PodRequest, node_index: int) -> dict[str, float]:
+        """The node's score for `req` broken down by scorer term (term name -> weighted value).
+
+        Computed on demand for one node (an explanation, not the hot path). For a one-GPU share
+        the terms are taken at the GPU the total scores best; an infeasible node gives {}.
+        """
+        rows = np.array([node_index], dtype=np.int64)
+        if int(self._refresh(req).reason[node_index]) != FEASIBLE:
+            return {}
+        ctx = self._context(req, rows)
+        terms = [
+            (scorer.name, weight * scorer.fn(ctx))
+            for scorer, weight in (*self._cached_terms, *self._volatile_terms)
+        ]
+        column: int | None = None
+        if ctx.per_gpu:
+            total = self._combine(ctx, [*self._cached_terms, *self._volatile_terms])
+            column = int(np.argmax(total[0]))
+        out: dict[str, float] = {}
+        for name, values in terms:
+            v = np.asarray(values)
+            out[name] = float(v[0, column] if v.ndim == 2 and column is not None else v.reshape(-1)[0])
+        return out
+
     # ---- decisions ---------------------------------------------------------------------------
     def place(self, req: PodRequest, candidates: Iterable[int] | None = None) -> Placement | None:
-        """Choose a node and GPUs for `req` (nothing is held until `commit`/`assume`)."""
+        """Choose a node and GPUs for `req` (nothing is held until `commit`/`assume`); None: no fit.
+
+        The best-scoring node (ties broken by the policy) gets the pod unless its GPU selection
+        cannot honour the request (`Unschedulable`), then the next node by score does.
+        """
         ev = self.evaluate(req, candidates)
         if ev.rows.size == 0:
             return None
         best = ev.node_scores.max()
         ties = np.nonzero(ev.node_scores >= best - 1e-12)[0]
         k = int(ties[0]) if ties.size == 1 or self.policy.tie_break == "first" else int(self.rng.choice(ties))
+        chosen = self._placement(req, ev, k)
+        if chosen is not None:
+            return chosen
+        for j in np.argsort(-ev.node_scores, kind="stable").tolist():  # rare: the next nodes by score
+            if j != k and (chosen := self._placement(req, ev, j)) is not None:
+                return chosen
+        return None
+
+    def _placement(self, req: PodRequest, ev: Evaluation, k: int) -> Placement | None:
         node = int(ev.rows[k])
         gpu_row = ev.gpu_scores[k] if ev.gpu_scores is not None else None
-        grants, why = self.select_gpus(req, node, gpu_row)
-        return Placement(req, self.state.nodes[node].name, node, tuple(grants), float(best), why)
+        chosen = self.select_gpus(req, node, gpu_row)
+        if isinstance(chosen, Unschedulable):
+            return None
+        grants, why = chosen
+        return Placement(req, self.state.nodes[node].name, node, tuple(grants), float(ev.node_scores[k]), why)
 
     def select_gpus(
         self,
@@ -190,8 +267,8 @@ class PlacementEngine:
         node: int,
         gpu_scores: F64 | None = None,
         allowed_gpus: BOOL | None = None,
-    ) -> tuple[list[GpuGrant], str]:
-        """GPUs on `node` for `req`, and why; RuntimeError when the node cannot supply them.
+    ) -> Selection | Unschedulable:
+        """GPUs on `node` for `req`, and why; `Unschedulable` when the node cannot supply them.
 
         Several GPUs under `nvlink` / `same-socket` locality come from the tightest group that
         holds them all (`select.locality_groups`); the policy's GPU selector chooses inside it.
@@ -205,7 +282,7 @@ class PlacementEngine:
         if req.mig_profile is not None:
             slot = mig_slot(st, node, req.mig_profile)
             if slot is None:
-                raise RuntimeError(f"no MIG slot for {req.mig_profile} on {st.nodes[node].name}")
+                return Unschedulable(f"no MIG slot for {req.mig_profile} on {st.nodes[node].name}")
             j, start = slot
             return [
                 GpuGrant(j, 0, 0, req.mig_profile, start)
@@ -219,7 +296,7 @@ class PlacementEngine:
             groups = select.locality_groups(st, node, cand, k, req.locality, req.min_bandwidth_gbps)
             cand = groups[0] if groups else np.zeros_like(cand)
         if int(cand.sum()) < k:
-            raise RuntimeError(
+            return Unschedulable(
                 f"{st.nodes[node].name} cannot supply {k} gpus for {req.name!r} ({req.locality.value})"
             )
         sel = self.policy.gpu_selector
@@ -275,16 +352,6 @@ class PlacementEngine:
         return self.state.release(alloc_id)
 
     def prioritize(self, req: PodRequest, node_indices: Sequence[int]) -> list[int]:
-        """Extender-style 0–10 scores for the given nodes (0 for infeasible ones)."""
-        ev = self.evaluate(req)
-        out = np.zeros(len(node_indices), dtype=np.int64)
-        if ev.rows.size == 0:
-            return out.tolist()
-        pos = {int(r): k for k, r in enumerate(ev.rows)}
-        lo, hi = float(ev.node_scores.min()), float(ev.node_scores.max())
-        span = hi - lo
-        for k, i in enumerate(node_indices):
-            p = pos.get(int(i))
-            if p is not None:
-                out[k] = 10 if span <= 0 else round(10 * (float(ev.node_scores[p]) - lo) / span)
-        return out.tolist()
+        """Extender-style 0–10 scores for the given nodes (0 for infeasible ones; `scale_scores`)."""
+        rows = np.fromiter((int(i) for i in node_indices), dtype=np.int64, count=len(node_indices))
+        return [int(x) for x in scale_scores(self.evaluate(req), rows).tolist()]

@@ -2,7 +2,9 @@
 
 Each filter returns a boolean mask over the rows it is given. The engine runs them in table
 order and reports, for every rejected node, the reason of the first filter that rejected it,
-so a pod's events stay one short categorical line per node even at 5,000 nodes.
+so a pod's events stay one short categorical line per node even at 5,000 nodes. A filter says
+itself whether its rejection is unresolvable (no eviction can help), which the extender reports
+to kube-scheduler's preemption.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ class Filter:
     name: str
     reason: str
     fn: FilterFn
+    unresolvable: bool = False
+    """Whether evicting pods can never make the node pass (a fixed property of the node, such as
+    its GPU model or count): kube-scheduler's ``UnschedulableAndUnresolvable``, so preemption
+    skips the node."""
 
 
 def share_fit(state: ClusterState, req: PodRequest, rows: I64) -> BOOL:
@@ -156,10 +162,10 @@ def filter_price(state: ClusterState, req: PodRequest, rows: I64) -> BOOL:
 
 
 FILTERS: tuple[Filter, ...] = (
-    Filter("NodeSchedulable", "node unschedulable", filter_schedulable),
-    Filter("GpuModel", "gpu model mismatch", filter_gpu_model),
-    Filter("GpuCount", "node has fewer gpus than requested", filter_gpu_count),
-    Filter("GpuHealth", "gpu offline", filter_gpu_health),
+    Filter("NodeSchedulable", "node unschedulable", filter_schedulable, unresolvable=True),
+    Filter("GpuModel", "gpu model mismatch", filter_gpu_model, unresolvable=True),
+    Filter("GpuCount", "node has fewer gpus than requested", filter_gpu_count, unresolvable=True),
+    Filter("GpuHealth", "gpu offline", filter_gpu_health, unresolvable=True),
     Filter("Cpu", "insufficient cpu", filter_cpu),
     Filter("Memory", "insufficient memory", filter_memory),
     Filter("MigSlot", "no slot for mig profile", filter_mig),
@@ -168,6 +174,6 @@ FILTERS: tuple[Filter, ...] = (
     Filter("GpuCompute", "insufficient gpu compute on any GPU", filter_gpu_compute),
     Filter("Topology", "no gpu group with enough free gpus", filter_topology),
     Filter("Bandwidth", "nvlink bandwidth below minBandwidth", filter_bandwidth),
-    Filter("Price", "node price or spot not allowed", filter_price),
+    Filter("Price", "node price or spot not allowed", filter_price, unresolvable=True),
 )
 """Cheapest and most selective first: later filters only see rows earlier ones passed."""

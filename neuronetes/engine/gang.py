@@ -1,8 +1,14 @@
 """Gang placement: every member of a group placed, or none.
 
-A gang is planned and committed in one step by the single-threaded engine, so a partial gang
-never exists and two gangs competing for the same nodes cannot deadlock: whichever is planned
-first takes all it needs or nothing, and the other sees the result. Topology locality for a
+`plan_gang` is pure: it places the members one after the other on the engine's state (each
+sees the ones before), then gives every tentative allocation back and returns the plan; the
+caller commits it (`commit_gang`, or the extender's gang manager as holds) before anything
+else touches the state, so a partial gang never exists and two gangs competing for the same
+nodes cannot deadlock: whichever is planned and committed first takes all it needs or
+nothing, and the other sees the result. Without a topology locality the members share one GPU
+model (a job split across a T4 box and an A100 runs at the T4's pace): the models are tried in
+the engine's preference order, unless the members name several acceptable models themselves
+(`PodRequest.gpu_models`), which then bound the choice. Topology locality for a
 gang means all members on one node (`same-node`), and for `same-socket` / `nvlink` also all of
 their GPUs inside one socket / one NVLink group: the group is chosen first, whole-GPU members
 split one block of it, shared-GPU members are placed inside the rest of it. CPU-only members
@@ -19,17 +25,18 @@ import numpy as np
 import numpy.typing as npt
 
 from neuronetes.engine import select
-from neuronetes.engine.core import FEASIBLE, PlacementEngine
+from neuronetes.engine.core import FEASIBLE, PlacementEngine, Unschedulable
 from neuronetes.engine.filters import share_fit
+from neuronetes.inventory import OversubscriptionError
 from neuronetes.model import GpuGrant, Locality, Placement, PodRequest
 
 BOOL = npt.NDArray[np.bool_]
+_TENTATIVE = "gang-plan"  # allocation ids of the members while a plan is being made
 
 
 @dataclass(frozen=True)
 class GangPlan:
     placements: tuple[Placement, ...]  # in member order
-    alloc_ids: tuple[str, ...]
 
     @property
     def nodes(self) -> set[str]:
@@ -44,27 +51,74 @@ def plan_gang(
     engine: PlacementEngine,
     members: Sequence[PodRequest],
     locality: Locality = Locality.ANY,
-    alloc_prefix: str = "gang",
-    ttl: float | None = None,
     candidates: Sequence[int] | None = None,
 ) -> GangPlan | None:
-    """Place and commit all `members` (each with id `{alloc_prefix}/{i}`) or nothing.
+    """A placement for every one of `members`, or None; the engine's state is left as it was.
 
     `candidates` (node rows) limits where members may go (default: every node).
     """
     if not members:
         raise ValueError("a gang needs at least one member")
     if locality is Locality.ANY:
-        return _commit_all(engine, members, alloc_prefix, ttl, node=None, candidates=candidates)
+        for rows in _one_model_candidates(engine, members, candidates):
+            plan = _place_all(engine, members, node=None, candidates=rows)
+            if plan is not None:
+                return plan
+        return None
     allowed = None if candidates is None else set(candidates)
     for node in _candidate_nodes(engine, members, locality):
         if allowed is not None and node not in allowed:
             continue
         for group in _groups(engine, members, node, locality):
-            plan = _commit_all(engine, members, alloc_prefix, ttl, node, group, locality)
+            plan = _place_all(engine, members, node, group, locality)
             if plan is not None:
                 return plan
     return None
+
+
+def commit_gang(
+    engine: PlacementEngine, plan: GangPlan, alloc_prefix: str, ttl: float | None = None
+) -> tuple[str, ...]:
+    """Hold every member of `plan` (ids `{alloc_prefix}/{i}`), all or none; returns the ids.
+
+    Raises:
+        OversubscriptionError: the state changed since the plan was made (or an id is taken);
+            nothing of the plan is held then.
+    """
+    ids = tuple(f"{alloc_prefix}/{i}" for i in range(len(plan.placements)))
+    done: list[str] = []
+    try:
+        for p, alloc_id in zip(plan.placements, ids, strict=True):
+            engine.commit(p, alloc_id, ttl)
+            done.append(alloc_id)
+    except OversubscriptionError:
+        for alloc_id in done:
+            engine.release(alloc_id)
+        raise
+    return ids
+
+
+def _one_model_candidates(
+    engine: PlacementEngine, members: Sequence[PodRequest], candidates: Sequence[int] | None
+) -> list[Sequence[int] | None]:
+    """The node sets a gang without locality is tried on: one per GPU model, the model whose
+    best node the engine scores highest first; the given `candidates` alone when the members
+    take no GPUs or name several acceptable models themselves."""
+    gpu_members = [m for m in members if m.gpus > 0]
+    named = {model for m in gpu_members for model in m.gpu_models}
+    if not gpu_members or len(named) > 1:
+        return [candidates]
+    st = engine.state
+    ev = engine.evaluate(max(gpu_members, key=lambda m: m.gpu_milli_total), candidates)
+    if ev.rows.size == 0:
+        return []
+    best: dict[int, float] = {}
+    for row, score in zip(ev.rows.tolist(), ev.node_scores.tolist(), strict=True):
+        model = int(st.model_id[row])
+        best[model] = max(best.get(model, -np.inf), score)
+    rows = np.arange(st.n_nodes) if candidates is None else np.asarray(candidates, dtype=np.int64)
+    ranked = sorted(best, key=lambda model: (-best[model], st.models[model]))
+    return [rows[st.model_id[rows] == model].tolist() for model in ranked]
 
 
 def _combined(members: Sequence[PodRequest], locality: Locality) -> PodRequest:
@@ -132,23 +186,22 @@ def _groups(
     return list(select.locality_groups(st, node, avail, need, locality, bandwidth))
 
 
-def _commit_all(
+def _place_all(
     engine: PlacementEngine,
     members: Sequence[PodRequest],
-    prefix: str,
-    ttl: float | None,
     node: int | None,
     group: BOOL | None = None,
     locality: Locality = Locality.ANY,
     candidates: Sequence[int] | None = None,
 ) -> GangPlan | None:
+    """Every member placed in turn (each tentatively held so the next sees it), then all
+    tentative holds given back; None when one member does not fit."""
     st = engine.state
     placed: dict[int, tuple[Placement, str]] = {}
     try:
         block: list[int] = []
         rest = group
-        if group is not None:
-            assert node is not None
+        if group is not None and node is not None:
             whole = sum(m.gpus for m in members if m.exclusive)
             block, _ = select.select_first(st.fully_free(np.array([node]))[0] & group, whole)
             if len(block) < whole:
@@ -161,42 +214,44 @@ def _commit_all(
             p: Placement | None
             if node is None:
                 p = engine.place(member, candidates=candidates)
-            elif group is not None and member.exclusive:
+            elif rest is not None and member.exclusive:
                 take, block = block[: member.gpus], block[member.gpus :]
                 grants = tuple(GpuGrant(j, 1000, int(st.gpu_mem_cap[node, j])) for j in take)
                 p = Placement(
                     member, st.nodes[node].name, node, grants, 0.0, f"gang block ({locality.value})"
                 )
-            elif group is not None and member.shared:
+            elif rest is not None and member.shared:
                 p = _place_in(engine, member, node, rest)
             else:
                 p = engine.place(member, candidates=[node])
             if p is None:
                 raise _Abort
-            alloc_id = f"{prefix}/{i}"
-            engine.commit(p, alloc_id, ttl)
+            alloc_id = f"{_TENTATIVE}/{i}"
+            engine.commit(p, alloc_id)
             placed[i] = (p, alloc_id)
-    except (_Abort, RuntimeError):
+    except _Abort:
+        return None
+    finally:
         for _, alloc_id in placed.values():
             engine.release(alloc_id)
-        return None
-    return GangPlan(
-        tuple(placed[i][0] for i in range(len(members))), tuple(placed[i][1] for i in range(len(members)))
-    )
+    return GangPlan(tuple(placed[i][0] for i in range(len(members))))
 
 
 def _place_in(
     engine: PlacementEngine, member: PodRequest, node: int, allowed: BOOL | None
 ) -> Placement | None:
-    """`member` on `node` with its GPUs among `allowed` (RuntimeError when they cannot hold it)."""
+    """`member` on `node` with its GPUs among `allowed` (None when they cannot hold it)."""
     ev = engine.evaluate(member, candidates=[node])
     if ev.rows.size == 0:
         return None
     row = ev.gpu_scores[0] if ev.gpu_scores is not None else None
-    grants, why = engine.select_gpus(member, node, row, allowed_gpus=allowed)
+    chosen = engine.select_gpus(member, node, row, allowed_gpus=allowed)
+    if isinstance(chosen, Unschedulable):
+        return None
+    grants, why = chosen
     return Placement(
         member, engine.state.nodes[node].name, node, tuple(grants), float(ev.node_scores[0]), why
     )
 
 
-__all__ = ["GangPlan", "plan_gang"]
+__all__ = ["GangPlan", "commit_gang", "plan_gang"]

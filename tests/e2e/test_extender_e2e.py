@@ -338,14 +338,14 @@ def test_describe_pod_shows_the_placement_and_the_gang_barrier(
 
     text = wait_until(placed, timeout=60, what="the GpusAssigned Event on the pod")
     node = get_json(cluster, "pod", "-n", NAMESPACE, "explained")["spec"]["nodeName"]
-    assert f"node {node}, GPUs " in text and "neuronetes-extender" in text, text
+    assert f"node {node}, gpus " in text and "neuronetes-extender" in text, text
 
     def barrier() -> str | None:
         text = describe(cluster, "pair-0")
         return text if "GangWaiting" in text else None
 
     text = wait_until(barrier, timeout=60, what="the GangWaiting Event on the waiting member")
-    assert "1 of 2 members at the bind barrier" in text, text
+    assert "1 of 2 members at the bind barrier (gang extender-e2e/pair)" in text, text
     # The second member arrives: both are bound.
     cluster.kubectl("create", "-f", "-", input=json.dumps(gang_manifest("pair-1", "pair", 2, 1)))
 

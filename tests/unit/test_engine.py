@@ -8,7 +8,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from neuronetes.engine import POLICIES, PlacementEngine, Policy, WorkloadProfile, get_policy
+from neuronetes.engine import (
+    POLICIES,
+    PlacementEngine,
+    Policy,
+    Unschedulable,
+    WorkloadProfile,
+    get_policy,
+    scale_scores,
+)
 from neuronetes.engine.select import select_bestfit, select_first, select_random, select_topology
 from neuronetes.inventory import ClusterState
 from neuronetes.model import GpuGrant, GpuHealth, Locality, NodeSpec, PodRequest
@@ -250,8 +258,8 @@ def test_mig_request_gets_a_grant_with_profile_and_slot(nodes) -> None:
     engine.release("m0")
     again = engine.place(req)
     assert again is not None and (again.grants[0].gpu_index, again.grants[0].mig_start) == starts[0]
-    with pytest.raises(RuntimeError, match="no MIG slot"):
-        engine.select_gpus(req, 0)  # the T4 node has no MIG GPU
+    refused = engine.select_gpus(req, 0)  # the T4 node has no MIG GPU: a typed status, no exception
+    assert isinstance(refused, Unschedulable) and "no MIG slot" in refused.reason
 
 
 # ---- GPU selection honours locality and the policy's GPU selector (former bugs) ----------------------
@@ -329,14 +337,14 @@ def test_select_gpus_refuses_when_the_allowed_gpus_cannot_hold_the_request(nodes
     group0 = np.arange(8) < 4
     grants, _ = engine.select_gpus(PodRequest("p", gpus=1, gpu_milli=300), 0, allowed_gpus=~group0)
     assert [g.gpu_index for g in grants] == [4]
-    with pytest.raises(RuntimeError, match="cannot supply"):
-        engine.select_gpus(PodRequest("p", gpus=5), 0, allowed_gpus=group0)
+    refused = engine.select_gpus(PodRequest("p", gpus=5), 0, allowed_gpus=group0)
+    assert isinstance(refused, Unschedulable) and "cannot supply" in refused.reason
     # GPUs 3 and 4 hold two shares, but not inside one NVLink group.
     across = (np.arange(8) == 3) | (np.arange(8) == 4)
     share = PodRequest("p", gpus=2, gpu_milli=300)
     assert [g.gpu_index for g in engine.select_gpus(share, 0, allowed_gpus=across)[0]] == [3, 4]
-    with pytest.raises(RuntimeError, match="cannot supply"):
-        engine.select_gpus(replace(share, locality=Locality.NVLINK), 0, allowed_gpus=across)
+    refused = engine.select_gpus(replace(share, locality=Locality.NVLINK), 0, allowed_gpus=across)
+    assert isinstance(refused, Unschedulable) and "cannot supply" in refused.reason
 
 
 # ---- prioritize, tie breaks, policies ---------------------------------------------------------------
@@ -426,3 +434,27 @@ def test_engine_weights_override(nodes) -> None:
     assert dict(engine.policy.weights) == {"bestfit": 1.0}
     placement = engine.place(PodRequest("p", gpus=1))
     assert placement is not None and placement.node == "dear"  # tie: first node
+
+
+# ---- explanations and the one normaliser (issue 9) ------------------------------------------------------
+def test_explain_breaks_a_nodes_score_down_by_term(nodes) -> None:
+    state = ClusterState([nodes.dgx("a"), nodes.t4("b")])
+    engine = PlacementEngine(state, "default")
+    req = PodRequest("p", gpus=2)
+    terms = engine.explain(req, 0)
+    assert set(terms) == set(engine.policy.weights)
+    assert sum(terms.values()) == pytest.approx(float(engine.evaluate(req, [0]).node_scores[0]))
+    assert engine.explain(PodRequest("big", gpus=8), 1) == {}  # infeasible: nothing to explain
+    share = PodRequest("s", gpus=1, gpu_milli=300, gpu_memory_mib=1024)
+    assert sum(engine.explain(share, 1).values()) == pytest.approx(
+        float(engine.evaluate(share, [1]).node_scores[0])
+    )
+
+
+def test_scale_scores_maps_to_0_10_and_zeroes_unknown_and_infeasible_rows(nodes) -> None:
+    state = ClusterState([nodes.dgx("a"), nodes.t4("b"), nodes.cpu("c")])
+    engine = PlacementEngine(state, "default")
+    ev = engine.evaluate(PodRequest("p", gpus=1))
+    out = scale_scores(ev, np.array([0, 1, 2, -1]))
+    assert out.max() == 10 and out[2] == 0 and out[3] == 0
+    assert engine.prioritize(PodRequest("p", gpus=1), [0, 1, 2]) == out[:3].tolist()

@@ -17,6 +17,7 @@ from extender_support import (
     FakeApi,
     FakeClock,
     bind_now,
+    bound_with,
     gpu_pod,
     mig_pod,
     names_request,
@@ -58,31 +59,14 @@ def bound(
     pod: dict[str, Any], node: str, gpus: list[int] | None = None, *, model_uuid: bool = True
 ) -> dict[str, Any]:
     """`pod` bound to `node`, with an assignment of whole GPUs `gpus` to its container ``main``."""
-    out = copy.deepcopy(pod)
-    out["spec"]["nodeName"] = node
-    out["status"]["phase"] = "Running"
-    if gpus is not None:
-        doc = {
-            "version": 1,
-            "node": node,
-            "containers": {
-                "main": {
-                    "gpus": [
-                        {
-                            "uuid": c.simulated_gpu_uuid(node if model_uuid else "elsewhere", j),
-                            "index": j,
-                            "memoryMiB": 15360,
-                            "computePercent": 100,
-                        }
-                        for j in gpus
-                    ],
-                    "priority": 0,
-                    "qos": "Guaranteed",
-                }
-            },
-        }
-        out["metadata"]["annotations"] = {c.ANNOTATION_ASSIGNED_GPUS: json.dumps(doc)}
-    return out
+    if gpus is None:
+        out = copy.deepcopy(pod)
+        out["spec"]["nodeName"] = node
+        out["status"]["phase"] = "Running"
+        return out
+    return bound_with(
+        pod, node, dict.fromkeys(gpus, (15360, 100)), uuid_node=None if model_uuid else "elsewhere"
+    )
 
 
 def free_gpus(cache: GpuCache, node: str) -> list[int]:

@@ -419,4 +419,80 @@ def test_a_bind_records_the_placement_event_with_node_and_gpus() -> None:
     anyio.run(service.events.drain, 5.0)
     [(_, event)] = poster.posted
     assert event["reason"] == "GpusAssigned" and event["regarding"]["name"] == "placed"
-    assert event["note"].startswith(f"node {node}, GPUs ") and "GPU-" in event["note"]
+    assert event["note"].startswith(f"node {node}, gpus ") and "; " in event["note"]  # score terms
+
+
+# ---- the gang barrier, async ------------------------------------------------------------------------
+
+
+def _gang_member(name: str) -> dict[str, Any]:
+    pod = gpu_pod(name, 1)
+    pod["metadata"]["labels"].update({c.LABEL_GANG: "pair", c.LABEL_GANG_SIZE: "2"})
+    return pod
+
+
+def _bind_body(pod: dict[str, Any], node: str) -> str:
+    meta = pod["metadata"]
+    return json.dumps(
+        {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
+    )
+
+
+def test_a_gang_member_waits_at_the_barrier_without_a_thread_and_says_how_many_are_there() -> None:
+    cache = synced_cache(NODES)
+    api = FakeApi(cache=cache)
+    poster = _Poster()
+    service = ExtenderService(cache, api, events=EventRecorder(poster))
+    client = AsgiClient(create_app(service))
+    pods = [_gang_member("pair-0"), _gang_member("pair-1")]
+    nodes = []
+    for pod in pods:
+        api.add(pod)
+        answer = client.post(
+            "/filter", content=json.dumps({"Pod": pod, "NodeNames": NAMES}), headers=JSON
+        ).json()
+        nodes.append(answer["NodeNames"][0])
+    threads_before = threading.active_count()
+    first: dict[str, Any] = {}
+    waiter = threading.Thread(
+        target=lambda: first.update(
+            client.post("/bind", content=_bind_body(pods[0], nodes[0]), headers=JSON).json()
+        )
+    )
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while service.barrier.waiting() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert service.barrier.waiting() == 1 and not first
+    assert threading.active_count() == threads_before + 1  # the request's own, nothing parked besides
+    assert client.post("/bind", content=_bind_body(pods[1], nodes[1]), headers=JSON).json() == {"Error": ""}
+    waiter.join(5)
+    assert first == {"Error": ""} and len(api.bindings) == 2
+    anyio.run(service.events.drain, 5.0)
+    notes = [e["note"] for _, e in poster.posted if e["reason"] == "GangWaiting"]
+    assert notes == ["1 of 2 members at the bind barrier (gang default/pair)"]
+
+
+def test_shutdown_fails_a_waiting_bind_at_once() -> None:
+    cache = synced_cache(NODES, ExtenderSettings(bind_wait_seconds=100))
+    api = FakeApi(cache=cache)
+    service = ExtenderService(cache, api)
+    client = AsgiClient(create_app(service))
+    pod = _gang_member("pair-0")
+    api.add(pod)
+    node = client.post("/filter", content=json.dumps({"Pod": pod, "NodeNames": NAMES}), headers=JSON).json()[
+        "NodeNames"
+    ][0]
+    answer: dict[str, Any] = {}
+    waiter = threading.Thread(
+        target=lambda: answer.update(client.post("/bind", content=_bind_body(pod, node), headers=JSON).json())
+    )
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while service.barrier.waiting() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    service.barrier.fail_all("the extender is shutting down")
+    waiter.join(5)
+    assert time.monotonic() - started < 1.0
+    assert "shutting down" in answer["Error"] and api.bindings == []

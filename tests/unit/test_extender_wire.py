@@ -145,14 +145,18 @@ def test_filter_top_k_lists_feasible_nodes_in_fit_order() -> None:
     assert hold is not None and hold.node == out["NodeNames"][0]
 
 
-def test_bind_to_another_offered_node_places_the_gpus_there() -> None:
+def test_bind_to_another_offered_node_than_the_held_one_is_refused() -> None:
+    # Issue 9: a GPU pod binds only where this extender's filter holds its GPUs.
     env = make_env(ExtenderSettings(filter_top_k=3))
     pod = gpu_pod("moved", 2)
+    env.api.add(pod)
     first, second, _ = env.filter(pod)["NodeNames"]
-    assert env.bind(pod, second) == {"Error": ""}
+    out = env.bind(pod, second)
+    assert f"its gpus are held on {first}, not on {second}" in out["Error"]
+    assert env.api.bindings == []
+    assert env.bind(pod, first) == {"Error": ""}
     ((_, node, annotations),) = env.api.bindings
-    assignment = c.decode_assignment(annotations[c.ANNOTATION_ASSIGNED_GPUS])
-    assert node == second == assignment.node and first != second
+    assert node == first == c.decode_assignment(annotations[c.ANNOTATION_ASSIGNED_GPUS]).node
     assert env.cache.holds() == []
     env.cache.check_invariants()
 
@@ -280,21 +284,21 @@ def test_bind_conflict_from_the_api_is_success_when_bound_there(env: Env) -> Non
     env.cache.check_invariants()
 
 
-def test_bind_without_a_prior_filter_places_on_the_given_node(env: Env) -> None:
+def test_bind_without_a_prior_filter_is_refused(env: Env) -> None:
+    # Issue 9: no more "place again at bind": an unfiltered GPU pod is refused with a reason.
     pod = shared_pod("late", memory_mib=4096, compute=10)
     env.api.add(pod)
-    assert env.bind(pod, "nt4x4-pcie-1") == {"Error": ""}
-    (_, node, annotations) = env.api.bindings[0]
-    assignment = c.decode_assignment(annotations[c.ANNOTATION_ASSIGNED_GPUS])
-    gpu = assignment.containers["main"].gpus[0]
-    assert node == "nt4x4-pcie-1" and gpu.memory_mib == 4096 and gpu.compute_percent == 10
+    out = env.bind(pod, "nt4x4-pcie-1")
+    assert "no gpus held for it on nt4x4-pcie-1" in out["Error"]
+    assert env.api.bindings == [] and env.cache.holds() == []
 
 
 def test_bind_refuses_a_node_without_room(env: Env) -> None:
     pod = gpu_pod("huge", 8)
     env.api.add(pod)
+    assert env.filter(pod, names=["nt4x4-pcie-0"])["NodeNames"] == []
     out = env.bind(pod, "nt4x4-pcie-0")
-    assert "node has fewer gpus than requested" in out["Error"]
+    assert "no gpus held for it" in out["Error"]
     assert env.api.bindings == []
     env.cache.check_invariants()
 

@@ -372,3 +372,9 @@ def test_group_free_counts() -> None:
         [[True, False, True, True, True, True], [True] * 6, [True, True, False, True, True, True]]
     )
     np.testing.assert_array_equal(group_free_counts(groups, free), [2, 0, 3])
+
+
+def test_filters_say_themselves_which_rejections_are_unresolvable() -> None:
+    # Properties of the node no eviction changes; everything else preemption may resolve.
+    unresolvable = {f.name for f in FILTERS if f.unresolvable}
+    assert unresolvable == {"NodeSchedulable", "GpuModel", "GpuCount", "GpuHealth", "Price"}

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from neuronetes.engine import POLICIES, PlacementEngine
-from neuronetes.engine.gang import GangPlan, plan_gang
-from neuronetes.inventory import ClusterState
+from neuronetes.engine import POLICIES, PlacementEngine, gang
+from neuronetes.engine.gang import GangPlan, commit_gang
+from neuronetes.inventory import ClusterState, OversubscriptionError
 from neuronetes.model import GpuGrant, Locality, PodRequest
 
 pytestmark = pytest.mark.unit
@@ -42,6 +42,30 @@ def nvlink_groups(state: ClusterState, plan: GangPlan) -> set[tuple[int, int]]:
         for p in plan.placements
         for j in p.gpu_indices
     }
+
+
+class Committed(GangPlan):
+    """A plan as `commit_gang` held it (the ids of its allocations)."""
+
+    alloc_ids: tuple[str, ...]
+
+
+def plan_gang(
+    engine: PlacementEngine,
+    members: list[PodRequest],
+    locality: Locality = Locality.ANY,
+    prefix: str = "gang",
+    ttl: float | None = None,
+) -> Committed | None:
+    """`gang.plan_gang` (pure: the state is checked unchanged) then `commit_gang`."""
+    before = snapshot(engine.state)
+    plan = gang.plan_gang(engine, members, locality)
+    assert_same(engine.state, before)
+    if plan is None:
+        return None
+    committed = Committed(plan.placements)
+    object.__setattr__(committed, "alloc_ids", commit_gang(engine, plan, prefix, ttl))
+    return committed
 
 
 def workers(n: int, gpus: int, cpu: int = 1000, **kw: Any) -> list[PodRequest]:
@@ -119,7 +143,9 @@ def test_an_alloc_id_clash_rolls_the_whole_gang_back(nodes) -> None:
     engine = PlacementEngine(state, "default")
     state.allocate("g/1", 0, 0, 0, [])  # the second member's id is taken
     before = snapshot(state)
-    assert plan_gang(engine, workers(3, 1), Locality.ANY, "g") is None
+    # Planning is pure; committing is all or nothing and says why (never "no fit").
+    with pytest.raises(OversubscriptionError, match="already exists"):
+        plan_gang(engine, workers(3, 1), Locality.ANY, "g")
     assert_same(state, before)
 
 
@@ -289,3 +315,28 @@ def test_many_competing_gangs_each_all_or_nothing(nodes) -> None:
     assert state.allocated_gpu_milli() == sum(
         n * gpus * 1000 for (n, gpus), ok in zip(sizes, outcomes, strict=True) if ok
     )
+
+
+# ---- one GPU model per gang (issue 9) -------------------------------------------------------------------
+def test_plan_gang_is_pure(nodes) -> None:
+    state = ClusterState([nodes.dgx("a"), nodes.t4("t4")])
+    engine = PlacementEngine(state, "default")
+    before = snapshot(state)
+    plan = gang.plan_gang(engine, workers(3, 2), Locality.ANY)
+    assert plan is not None and len(plan.placements) == 3
+    assert_same(state, before)  # nothing held until the caller commits
+
+
+def test_a_gang_without_locality_keeps_to_one_gpu_model(nodes) -> None:
+    state = ClusterState([nodes.t4("t4"), nodes.dgx("dgx")])
+    engine = PlacementEngine(state, "bestfit")
+    plan = gang.plan_gang(engine, workers(4, 2), Locality.ANY)
+    assert plan is not None and plan.nodes == {"dgx"}
+    small = gang.plan_gang(engine, workers(2, 1), Locality.ANY)
+    assert small is not None and len({p.node for p in small.placements}) == 1
+    # 12 GPUs fit only across both models: refused rather than split across them.
+    assert gang.plan_gang(engine, workers(6, 2), Locality.ANY) is None
+    # Members that name both models themselves may span them.
+    both = tuple(sorted({s.gpu_model for s in state.nodes}))
+    spread = gang.plan_gang(engine, workers(6, 2, gpu_models=both), Locality.ANY)
+    assert spread is not None and spread.nodes == {"t4", "dgx"}

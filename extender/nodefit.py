@@ -1,0 +1,106 @@
+"""Whether a pod may run on a node by the node's labels and taints (the bind-time filter).
+
+kube-scheduler sends every pod it schedules to the extender's bind, those without NeuroNetes
+resources too; the extender never filtered those, so before binding one it checks what
+kube-scheduler's NodeAffinity and TaintToleration plugins check: ``spec.nodeSelector``, the
+required node affinity (``matchExpressions`` on labels, ``matchFields`` on ``metadata.name``,
+operators In, NotIn, Exists, DoesNotExist, Gt, Lt) and the node's NoSchedule / NoExecute taints
+against the pod's tolerations. A bind request naming a node the pod may not use is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from .wire import Affinity, Node, NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration
+
+__all__ = ["NodeFacts", "node_fit_reason"]
+
+_BLOCKING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the bind-time filter reads of a Node object."""
+
+    name: str
+    labels: Mapping[str, str]
+    taints: tuple[Taint, ...]
+
+    @classmethod
+    def of(cls, node: Node) -> NodeFacts:
+        return cls(node.metadata.name, dict(node.metadata.labels or {}), tuple(node.spec.taints or ()))
+
+
+def _integer(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _requirement_holds(req: NodeSelectorRequirement, value: str | None) -> bool:
+    values = req.values or []
+    op = req.operator
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and len(values) == 1:
+        have, bound = _integer(value), _integer(values[0])
+        if have is None or bound is None:
+            return False
+        return have > bound if op == "Gt" else have < bound
+    return False  # an unknown operator or a malformed Gt/Lt matches nothing (as Kubernetes)
+
+
+def _term_matches(term: NodeSelectorTerm, facts: NodeFacts) -> bool:
+    expressions = term.match_expressions or []
+    fields = term.match_fields or []
+    if not expressions and not fields:
+        return False  # an empty term matches no node
+    if not all(_requirement_holds(r, facts.labels.get(r.key)) for r in expressions):
+        return False
+    return all(_requirement_holds(r, facts.name if r.key == "metadata.name" else None) for r in fields)
+
+
+def _tolerated(taint: Taint, tolerations: Sequence[Toleration]) -> bool:
+    for t in tolerations:
+        if t.effect and t.effect != taint.effect:
+            continue
+        if t.operator == "Exists":
+            if not t.key or t.key == taint.key:
+                return True
+        elif t.key == taint.key and t.value == taint.value:
+            return True
+    return False
+
+
+def node_fit_reason(
+    facts: NodeFacts,
+    node_selector: Mapping[str, str] | None,
+    affinity: Affinity | None,
+    tolerations: Sequence[Toleration],
+) -> str | None:
+    """Why the pod may not run on the node (None: it may)."""
+    for key, value in (node_selector or {}).items():
+        if facts.labels.get(key) != value:
+            return f"node {facts.name} does not match the pod's nodeSelector ({key}={value})"
+    required = None
+    if affinity is not None and affinity.node_affinity is not None:
+        required = affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    if required is not None:
+        terms = required.node_selector_terms or []
+        if not any(_term_matches(t, facts) for t in terms):
+            return f"node {facts.name} does not match the pod's required node affinity"
+    for taint in facts.taints:
+        if taint.effect in _BLOCKING_EFFECTS and not _tolerated(taint, tolerations):
+            taint_text = f"{taint.key}={taint.value}:{taint.effect}"
+            return f"node {facts.name} has the taint {taint_text} the pod does not tolerate"
+    return None

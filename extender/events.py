@@ -111,14 +111,16 @@ class EventRecorder:
 
     def _body(self, event: _Pending) -> dict[str, Any]:
         pod = event.pod
+        now_ns = time.time_ns()
         regarding = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name}
         if pod.uid:
             regarding["uid"] = pod.uid
         return {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-            "eventTime": _micro_time(time.time()),
+            # Named as Kubernetes' own recorders name events: the object's name and the time.
+            "metadata": {"name": f"{pod.name}.{now_ns:x}", "namespace": pod.namespace},
+            "eventTime": _micro_time(now_ns / 1e9),
             "reportingController": REPORTING_CONTROLLER,
             "reportingInstance": self.instance,
             "action": event.action,

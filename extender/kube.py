@@ -3,8 +3,8 @@ for everything on the request path.
 
 The `kubernetes` package supplies configuration (kubeconfig, in-cluster service account, token
 refresh); from that one configuration come both transports. `KubeApi` (blocking, urllib3 through
-the official client) lists and watches in the reflector threads. `AsyncKube` (httpx, HTTP
-keep-alive) posts Bindings, Events, nudges and reservation writes from the event loop, so a bind
+the official client) lists and watches in the reflector threads. `AsyncKube` (lean HTTP/1.1 with
+keep-alive, `neuronetes.extender.http1`) posts Bindings and Events from the event loop, so a bind
 never waits for a pool thread. Bodies are read raw and decoded with msgspec into the lean structs
 of `neuronetes.extender.wire` (the client's own model deserialisation is far too slow for a
 5,000-node list, and mis-decodes Binding responses).
@@ -17,15 +17,15 @@ import ssl
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
-import httpx
 import msgspec
 import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from .http1 import Http1Pool
 from .wire import Pod, decoder
 
 __all__ = [
@@ -278,7 +278,7 @@ def _ssl_context(cfg: Any) -> ssl.SSLContext:
 
 
 class AsyncKube:
-    """The request-path API calls, async over one keep-alive httpx client (one event loop).
+    """The request-path API calls, async over keep-alive connections (one event loop).
 
     Built from the same `kubernetes` configuration as `KubeApi`; the bearer token is read per
     request through the configuration, so a rotated service-account token is picked up.
@@ -288,33 +288,29 @@ class AsyncKube:
         self._cfg = configuration
         self._timeout = timeout
         self._max_connections = max_connections
-        self._client: httpx.AsyncClient | None = None
+        self._pool: Http1Pool | None = None
 
     @classmethod
     def of(cls, api: KubeApi) -> AsyncKube:
         return cls(api.api_client.configuration, timeout=api.timeout)
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            limits = httpx.Limits(
-                max_connections=self._max_connections, max_keepalive_connections=self._max_connections
-            )
-            self._client = httpx.AsyncClient(
-                base_url=str(self._cfg.host).rstrip("/"),
-                verify=_ssl_context(self._cfg),
+    def _http(self) -> Http1Pool:
+        if self._pool is None:
+            self._pool = Http1Pool(
+                str(self._cfg.host),
+                ssl_context=_ssl_context(self._cfg),
+                max_connections=self._max_connections,
                 timeout=self._timeout,
-                limits=limits,
-                headers={"Accept": _JSON},
             )
-        return self._client
+        return self._pool
 
     async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.aclose()
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {}
+        headers = {"Accept": _JSON}
         if content_type is not None:
             headers["Content-Type"] = content_type
         for auth in self._cfg.auth_settings().values():
@@ -332,19 +328,16 @@ class AsyncKube:
         content_type: str = _JSON,
     ) -> bytes:
         """One call; the response body, or `KubeError` (status 0: no response at all)."""
+        target = f"{path}?{urlencode(list(query))}" if query else path
         try:
             response = await self._http().request(
-                method,
-                path,
-                params=list(query) or None,
-                content=body,
-                headers=self._headers(content_type if body is not None else None),
+                method, target, self._headers(content_type if body is not None else None), body
             )
-        except httpx.HTTPError as exc:
+        except (OSError, TimeoutError) as exc:
             raise KubeError(0, f"{method} {path}: {exc or type(exc).__name__}") from None
-        if response.status_code >= 300:
-            raise _status_error(response.status_code, response.content, response.reason_phrase)
-        return response.content
+        if response.status >= 300:
+            raise _status_error(response.status, response.body, response.reason)
+        return response.body
 
     async def post(self, path: str, body: Mapping[str, Any]) -> bytes:
         return await self.request("POST", path, body=msgspec.json.encode(body))

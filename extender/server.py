@@ -243,6 +243,7 @@ class ExtenderThread:
         port: int | None = None,
         policy: ListenPolicy | None = None,
     ) -> None:
+        self.app = app
         self.policy = policy or ListenPolicy(host, port or free_port(host))
         self.host, self.port = self.policy.host, self.policy.port
         self.server = uvicorn.Server(uvicorn_config(app, self.policy, "warning"))
@@ -262,6 +263,9 @@ class ExtenderThread:
         return self
 
     def stop(self, timeout: float = 15.0) -> None:
+        service = getattr(getattr(self.app, "state", None), "service", None)
+        if isinstance(service, ExtenderService):
+            service.barrier.fail_all(SHUTTING_DOWN)  # as on SIGTERM: waiting binds do not hold the stop
         self.server.should_exit = True
         self._thread.join(timeout)
 

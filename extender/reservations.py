@@ -162,15 +162,17 @@ class ReservationStore:
         return touched
 
     # ---- API -> cache ------------------------------------------------------------------------
-    def _replace(self, items: Iterable[CustomObject]) -> None:
+    def listed(self, items: Iterable[CustomObject]) -> None:
+        """The reflector listed every GangReservation: restore those the cache does not hold."""
         self._restore(items)
 
-    def _upsert(self, item: CustomObject) -> None:
+    def upserted(self, item: CustomObject) -> None:
+        """One GangReservation was added or changed (by this extender or the other one)."""
         phase = (item.status or {}).get("phase") or "Reserved"
         if phase in _LIVE_PHASES:
             self._restore((item,))
         else:  # another extender ended it (bound, expired, failed): stop holding its slots
-            self._deleted(item)
+            self.deleted(item)
 
     def _restore(self, items: Iterable[CustomObject]) -> None:
         restored = []
@@ -184,7 +186,7 @@ class ReservationStore:
         if n:
             log.info("restored %d gang reservation(s) from the API", n)
 
-    def _deleted(self, item: CustomObject) -> None:
+    def deleted(self, item: CustomObject) -> None:
         """Somebody deleted a reservation's object: release it (unless it is an older one)."""
         rid = (item.metadata.annotations or {}).get(ANNOTATION_RESERVATION_ID)
         group = str(item.spec.get("groupName") or "")
@@ -219,9 +221,9 @@ class ReservationStore:
             f"{_BASE}/{RESERVATIONS}",
             CustomObject,
             CustomObjectList,
-            on_replace=self._replace,
-            on_upsert=self._upsert,
-            on_delete=self._deleted,
+            on_replace=self.listed,
+            on_upsert=self.upserted,
+            on_delete=self.deleted,
             on_synced=lambda: self.cache.mark_synced(RESERVATIONS),
             on_heard=lambda: self.cache.touch(RESERVATIONS),
             resync_period=self.resync_period,

@@ -454,3 +454,37 @@ def test_pods_rejected_while_a_reservation_held_the_gpus_are_nudged_when_it_ends
     )
     assert s.cache.take_nudges() == []
     assert s.filter(lone).node_names == ["ndgx-a100-80gb-0"]
+
+
+def test_a_standby_follows_the_active_extenders_reservations() -> None:
+    """The standby's reservation watch hands every GangReservation to the cache's idempotent
+    restore: it holds the active extender's slots (no GPU for anyone else there), and lets
+    them go when the active one ends the group or deletes the object."""
+    active, standby = Setup(), Setup()
+    active_api = StoreApi()
+    writer = ReservationStore(active.cache, active_api)  # type: ignore[arg-type]
+    store = ReservationStore(standby.cache, StoreApi())  # type: ignore[arg-type]
+    active.cache.mark_synced("gangreservations")
+    standby.cache.mark_synced("gangreservations")
+    pods = [active.add(gang_pod(f"h{k}", 2, "ha", 4)) for k in range(4)]
+    for p in pods:
+        standby.cache.upsert_pod(as_pod(p))
+    (node,) = active.filter(pods[0]).node_names
+    writer.flush()
+    ((_, obj),) = active_api.objects.items()
+    item = msgspec.json.decode(msgspec.json.encode(obj), type=CustomObject)
+    before = free_gpus(standby.cache, node)
+    store.upserted(item)
+    store.upserted(item)  # the same object again (a resync): nothing changes
+    store.listed([item])
+    assert free_gpus(standby.cache, node) == before - 8
+    assert len(standby.cache.gangs()) == 1
+    assert standby.filter(standby.add(gpu_pod("lone", 8))).node_names != [node]
+    ended = msgspec.structs.replace(item, status={"phase": "Expired", "boundMembers": 0})
+    store.upserted(ended)
+    assert standby.cache.gangs() == [] and free_gpus(standby.cache, node) == before
+    store.upserted(item)  # reserved again (a new plan): held again; then its object is deleted
+    assert len(standby.cache.gangs()) == 1
+    store.deleted(item)
+    assert standby.cache.gangs() == []
+    standby.cache.check_invariants()

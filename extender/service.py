@@ -30,6 +30,7 @@ from .wire import (
     ExtenderFilterResult,
     ExtenderPreemptionResult,
     HostPriority,
+    Pod,
 )
 
 __all__ = ["BadInputError", "ExtenderService", "placement_note"]
@@ -78,8 +79,18 @@ class ExtenderService:
         return None if stale is None else f"neuronetes extender: {stale}"
 
     # ---- filter ------------------------------------------------------------------------------------
+    def _pod_info(self, pod: Pod) -> PodInfo:
+        """The request's pod as the cache knows it when the watch delivered this very version
+        (reading a pod's GPU request is the costliest part of a small request), else parsed."""
+        meta = pod.metadata
+        if meta.resource_version:
+            known = self.cache.pod(pod_identity(meta.uid, meta.namespace, meta.name))
+            if known is not None and known.resource_version == meta.resource_version:
+                return known
+        return PodInfo.from_pod(pod)
+
     def filter(self, nodes: NodeSet) -> tuple[ExtenderFilterResult, str]:
-        pod = PodInfo.from_pod(nodes.pod)
+        pod = self._pod_info(nodes.pod)
         if not pod.wants_gpu:  # not ours: every node passes, untouched
             names, raw = nodes.answer(nodes.names)
             return ExtenderFilterResult(node_names=names, nodes=raw), "passthrough"
@@ -118,7 +129,7 @@ class ExtenderService:
 
     # ---- prioritize --------------------------------------------------------------------------------
     def prioritize(self, nodes: NodeSet) -> tuple[list[HostPriority], str]:
-        pod = PodInfo.from_pod(nodes.pod)
+        pod = self._pod_info(nodes.pod)
         if not pod.wants_gpu or not self.cache.synced:
             return [HostPriority(host=n, score=0) for n in nodes.names], "passthrough"
         scores = self.cache.prioritize(pod, nodes.names)

@@ -15,6 +15,33 @@ ruff check .
 echo ">> mypy" >&2
 mypy
 
+# ---- NRI plugin (node-agent/nri, Go) --------------------------------------------------------
+# gofmt, go vet and go test for the plugin module (its decoder also runs the shared vectors in
+# tests/fixtures/assignment-vectors.json), then the binary into build/neuronetes-nri. Modules come
+# from the Go module proxy into the normal module cache. Without a Go toolchain this fails under CI
+# and is skipped (with a warning) on a workstation.
+nri_plugin_checks() {
+    local dir="$REPO_ROOT/node-agent/nri" unformatted
+    unformatted="$(cd "$dir" && gofmt -l .)"
+    if [[ -n "$unformatted" ]]; then
+        echo "FAILED: gofmt -l node-agent/nri lists: $unformatted" >&2
+        return 1
+    fi
+    (cd "$dir" && go vet ./... && go test ./... && go build -o "$REPO_ROOT/build/neuronetes-nri" ./cmd/neuronetes-nri)
+}
+if command -v go >/dev/null 2>&1; then
+    echo ">> node-agent/nri: gofmt, go vet, go test, go build" >&2
+    GOFLAGS="${GOFLAGS:+$GOFLAGS }-modcacherw" GOTOOLCHAIN=local nri_plugin_checks
+else
+    case "${CI:-}" in
+        1|true|TRUE|True|yes|on)
+            echo "FAILED: no Go toolchain for node-agent/nri" >&2
+            exit 1 ;;
+        *) echo "WARNING: no Go toolchain; node-agent/nri not built or tested" >&2 ;;
+    esac
+fi
+# ---- end of the NRI plugin block -------------------------------------------------------------
+
 # The e2e tier runs against a real local control plane built from the Go module proxy (cached
 # under ~/.cache/neuronetes/bin; a no-op when built). Under CI a failed build fails the run; on a
 # workstation the e2e tests then skip. NEURONETES_SKIP_CONTROL_PLANE_BUILD=1 skips this step

@@ -429,8 +429,14 @@ def decode_assignment(data: str | bytes) -> Assignment:
             range or a malformed name; the message names the field (``$.containers[...].gpus[0]
             .memoryMiB``).
     """
-    raw = data.encode() if isinstance(data, str) else data
     where = ANNOTATION_ASSIGNED_GPUS
+    try:
+        # A JSON document is UTF-8: a lone surrogate or undecodable bytes are refused here, with the
+        # same error type as every other malformed value, not as a UnicodeError from deep inside.
+        raw = data.encode() if isinstance(data, str) else data
+        raw.decode()
+    except (UnicodeEncodeError, UnicodeDecodeError) as exc:
+        raise AssignmentError(f"{where}: not UTF-8 text: {exc.reason}") from None
     if len(raw) > MAX_ASSIGNMENT_BYTES:
         raise AssignmentError(f"{where}: {len(raw)} bytes, more than the {MAX_ASSIGNMENT_BYTES} allowed")
     try:

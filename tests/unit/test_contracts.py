@@ -270,6 +270,12 @@ def test_cross_gpu_consistency() -> None:
     refused(d, "has index 5", "'warmup'", "'trainer'")
 
 
+@pytest.mark.parametrize("data", ['{"version": 1, "node": "\ud800"}', b'{"version": 1, "node": "\xff"}'])
+def test_text_that_is_not_utf8_is_refused_as_an_assignment_error(data: str | bytes) -> None:
+    with pytest.raises(c.AssignmentError, match="not UTF-8"):
+        c.decode_assignment(data)
+
+
 def test_size_limit() -> None:
     refused(" " * (c.MAX_ASSIGNMENT_BYTES + 1), "bytes, more than")
 

@@ -1,0 +1,131 @@
+// Package plugin is the NRI plumbing of neuronetes-nri: it turns NRI's CreateContainer request
+// into the decision's input (package inject) and the decision's Plan into an NRI container
+// adjustment. Nothing here decides anything.
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/containerd/nri/pkg/api"
+
+	"neuronetes.io/node-agent/nri/inject"
+	"neuronetes.io/node-agent/nri/inventory"
+)
+
+// Plugin implements the stub's CreateContainer, StartContainer and RemovePodSandbox handlers.
+type Plugin struct {
+	Host inject.Host
+	Log  *slog.Logger
+	// Forget, when set, is told the UID of each removed pod sandbox (the pod-spec cache).
+	Forget func(podUID string)
+}
+
+// CreateContainer adjusts every container: GPUs for listed ones, none for the rest, and the
+// tenant's device env stripped from all. An error refuses the container (the runtime fails
+// CreateContainer; kubelet retries with back-off and reports the message in the pod's events).
+func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	plan, err := inject.Decide(podOf(pod), containerOf(ctr), p.Host)
+	if err != nil {
+		p.Log.Warn("container refused", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", ctr.GetName(), "error", err)
+		return nil, nil, err
+	}
+	if plan.GPUs {
+		p.Log.Info("GPUs injected", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", ctr.GetName(), "devices", len(plan.Devices))
+	}
+	return Adjustment(plan), nil, nil
+}
+
+// StartContainer refuses to start a container whose final spec is not what CreateContainer
+// planned (the runtime did not apply the adjustment); containerd fails the start before the
+// task runs when a plugin returns an error here.
+func (p *Plugin) StartContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	c := containerOf(ctr)
+	plan, err := inject.Decide(podOf(pod), c, p.Host)
+	if err == nil {
+		var mounts []string
+		for _, m := range ctr.GetMounts() {
+			mounts = append(mounts, m.GetDestination())
+		}
+		err = inject.Verify(plan, c, mounts)
+	}
+	if err != nil {
+		p.Log.Warn("container start refused", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", ctr.GetName(), "error", err)
+		return fmt.Errorf("neuronetes: refusing to start container %q of pod %s/%s: %w", ctr.GetName(), pod.GetNamespace(), pod.GetName(), err)
+	}
+	return nil
+}
+
+// RemovePodSandbox forgets what was cached about the pod.
+func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
+	if p.Forget != nil {
+		p.Forget(pod.GetUid())
+	}
+	return nil
+}
+
+func podOf(pod *api.PodSandbox) inject.Pod {
+	return inject.Pod{UID: pod.GetUid(), Namespace: pod.GetNamespace(), Name: pod.GetName(), Annotations: pod.GetAnnotations()}
+}
+
+func containerOf(ctr *api.Container) inject.Container {
+	c := inject.Container{Name: ctr.GetName(), Env: ctr.GetEnv()}
+	for _, d := range ctr.GetLinux().GetDevices() {
+		c.Devices = append(c.Devices, d.GetPath())
+	}
+	return c
+}
+
+// Adjustment is the NRI form of a plan: devices with their cgroup allow rules, bind mounts, env
+// and createContainer hooks.
+func Adjustment(plan *inject.Plan) *api.ContainerAdjustment {
+	adjust := &api.ContainerAdjustment{}
+	for _, key := range plan.ClearEnv {
+		adjust.AddEnv(key, "")
+	}
+	for _, e := range plan.SetEnv {
+		adjust.AddEnv(e.Key, e.Value)
+	}
+	for _, path := range plan.RemoveDevices {
+		adjust.RemoveDevice(path)
+	}
+	for _, d := range plan.Devices {
+		adjust.AddDevice(linuxDevice(d))
+	}
+	if len(plan.Devices) > 0 {
+		rules := make([]*api.LinuxDeviceCgroup, 0, len(plan.Devices))
+		for _, d := range plan.Devices {
+			rules = append(rules, &api.LinuxDeviceCgroup{
+				Allow: true, Type: "c", Major: api.Int64(d.Major), Minor: api.Int64(d.Minor), Access: "rw",
+			})
+		}
+		if adjust.Linux == nil {
+			adjust.Linux = &api.LinuxContainerAdjustment{}
+		}
+		adjust.Linux.Resources = &api.LinuxResources{Devices: rules}
+	}
+	for _, m := range plan.Mounts {
+		adjust.AddMount(&api.Mount{Source: m.Source, Destination: m.Destination, Type: "bind", Options: m.Options})
+	}
+	if len(plan.Hooks) > 0 {
+		hooks := &api.Hooks{}
+		for _, h := range plan.Hooks {
+			hooks.CreateContainer = append(hooks.CreateContainer, &api.Hook{Path: h.Path, Args: h.Args, Env: h.Env})
+		}
+		adjust.AddHooks(hooks)
+	}
+	return adjust
+}
+
+func linuxDevice(d inventory.Device) *api.LinuxDevice {
+	return &api.LinuxDevice{
+		Path: d.Path, Type: "c", Major: d.Major, Minor: d.Minor,
+		// 0666 as nvidia-modprobe creates them on the host (any user in the container may use
+		// the GPU it was given); which devices can be opened at all is the cgroup rule's job
+		FileMode: api.FileMode(0o666),
+	}
+}
+
+// String names the plugin in logs.
+func (p *Plugin) String() string { return fmt.Sprintf("neuronetes-nri(node=%s)", p.Host.Node) }

@@ -24,9 +24,10 @@ from neuronetes import contracts as c
 from neuronetes.devcluster import DevCluster, ExtenderConfig
 from neuronetes.devcluster.profiles import KWOK_TAINT
 
+from .bodies import NodeSet
 from .server import ExtenderThread, build
 from .service import ExtenderService
-from .wire import ExtenderArgs, ExtenderFilterResult
+from .wire import ExtenderFilterResult
 
 __all__ = ["DEMO_NODES", "run_demo", "sample_pods"]
 
@@ -47,11 +48,11 @@ class _Reasons(ExtenderService):
         super().__init__(*args, **kwargs)
         self.why: dict[str, str] = {}
 
-    def filter(self, args: ExtenderArgs) -> tuple[ExtenderFilterResult, str]:
-        result, outcome = super().filter(args)
-        hold = self.cache.hold_of(args.pod.metadata.uid)
+    def filter(self, nodes: NodeSet) -> tuple[ExtenderFilterResult, str]:
+        result, outcome = super().filter(nodes)
+        hold = self.cache.hold_of(nodes.pod.metadata.uid)
         if hold is not None:
-            self.why[args.pod.metadata.name] = hold.reason
+            self.why[nodes.pod.metadata.name] = hold.reason
         return result, outcome
 
 

@@ -30,7 +30,9 @@ from its ``neuronetes_scheduler_latency_seconds`` histogram (the difference of t
 the run), kube-scheduler's from its ``/metrics``, and the CPU seconds every process used during
 each run from ``/proc``. The cluster is always torn down and purged, leaving no process.
 
-    python bench/e2e_throughput.py --nodes 1000 --pods 2000 --json OUT
+``--nodes`` takes a comma-separated list (one fresh cluster per size, one summary line each).
+
+    python bench/e2e_throughput.py --nodes 300,1000 --pods 2000 --json OUT
 """
 
 from __future__ import annotations
@@ -63,7 +65,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from neuronetes import contracts as c
 from neuronetes.devcluster import DevCluster, ExtenderConfig, procs
 from neuronetes.devcluster.profiles import KWOK_TAINT, PROFILES, profile
-from neuronetes.extender.server import ExtenderProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from extender_harness import ExtenderProcess
+from pod_builder import manifest
 
 HOST = "127.0.0.1"
 EXTENDER_LATENCY = c.METRIC_SCHEDULER_LATENCY
@@ -259,26 +264,9 @@ class BindWatch:
 
 def pod_manifest(name: str, namespace: str, gpus: int) -> dict[str, Any]:
     """The one pod template of both runs: whole GPUs through the extender's managed resource."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"app": "bench-e2e"}},
-        "spec": {
-            "schedulerName": c.SCHEDULER_NAME,
-            "tolerations": [dict(KWOK_TAINT, operator="Equal")],
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.example/worker:1",
-                    "resources": {
-                        "requests": {"cpu": "100m", "memory": "128Mi"},
-                        "limits": {"cpu": "100m", "memory": "128Mi", c.RESOURCE_GPU: str(gpus)},
-                    },
-                }
-            ],
-        },
-    }
+    pod = manifest(name, {c.RESOURCE_GPU: gpus}, namespace=namespace, labels={"app": "bench-e2e"})
+    pod["spec"]["terminationGracePeriodSeconds"] = 0
+    return pod
 
 
 def create_pods(api: Api, namespace: str, count: int, gpus: int, workers: int) -> tuple[float, float]:
@@ -556,17 +544,19 @@ def run_batch(
     extender: ExtenderConfig | None,
     ext_proc: ExtenderProcess | None,
     ns: argparse.Namespace,
+    nodes: int,
 ) -> dict[str, Any]:
-    """Schedule one batch of `ns.pods` pods; its figures (times in seconds, latencies in ms)."""
+    """Schedule one batch of `ns.pods` pods on `nodes` nodes; its figures (times in seconds,
+    latencies in ms)."""
     log(f"{label}: namespace {namespace}, {ns.pods} pods, mode {ns.mode}")
     api.call(
         "POST",
         "/api/v1/namespaces",
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
     )
-    waited = wait_usable(api, ns.nodes, ns.timeout, lift=ns.lift_taints, workers=ns.create_workers)
+    waited = wait_usable(api, nodes, ns.timeout, lift=ns.lift_taints, workers=ns.create_workers)
     if waited > 1:
-        log(f"{label}: all {ns.nodes} nodes usable after {waited:.0f} s")
+        log(f"{label}: all {nodes} nodes usable after {waited:.0f} s")
     extra = {"extender": ext_proc.proc.pid} if ext_proc is not None and ext_proc.proc is not None else {}
     ext_before = scrape(f"{ext_proc.url}/metrics") if ext_proc is not None else None
     with watching(api, namespace, ns.pods) as watch:
@@ -693,11 +683,109 @@ def print_table(result: dict[str, Any]) -> None:
     names = sorted({k for r in runs.values() for k in r["cpu_s"]})
     cpu = "; ".join(f"{n} " + "/".join(f"{r['cpu_s'].get(n, 0.0):.1f}" for r in runs.values()) for n in names)
     print(f"CPU seconds during each run ({' / '.join(runs)}): {cpu}")
+    print(summary(result))
+
+
+def measure(ns: argparse.Namespace, nodes: int) -> dict[str, Any] | None:
+    """One cluster of `nodes` nodes, both runs; None when processes were left behind."""
+    dev = DevCluster(f"bench-e2e-{os.getpid()}-{nodes}", log=log)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    ext_proc: ExtenderProcess | None = None
+    leftover: list[int] = []
+    t_total = time.monotonic()
+    try:
+        seconds = dev.up(
+            controller_manager=False if ns.no_controller_manager else None,
+            apiserver_args=ns.apiserver_arg,
+        )
+        log(f"cluster {dev.name} up in {seconds:.1f} s ({dev.state_dir})")
+        t0 = time.monotonic()
+        for start in range(0, nodes, 250):
+            dev.add_nodes(ns.profile, min(250, nodes - start), "gpu")
+        log(f"{nodes} {ns.profile} nodes Ready in {time.monotonic() - t0:.1f} s")
+        api = Api(dev)
+
+        ext_proc = start_extender(dev.kubeconfig, workdir, ns.extender_config, nodes)
+        log(f"extender at {ext_proc.url} ready with {nodes} nodes cached")
+        with_ext = run_batch(
+            dev,
+            api,
+            label="with extender",
+            namespace="bench-with",
+            extender=ExtenderConfig(url=ext_proc.url),
+            ext_proc=ext_proc,
+            ns=ns,
+            nodes=nodes,
+        )
+        ext_proc.stop()
+        without = run_batch(
+            dev,
+            api,
+            label="without extender",
+            namespace="bench-without",
+            extender=None,
+            ext_proc=None,
+            ns=ns,
+            nodes=nodes,
+        )
+        w, wo = with_ext["pods_per_s"], without["pods_per_s"]
+        extender_cpu_s = with_ext["cpu_s"].get("extender")
+        result: dict[str, Any] = {
+            "with_extender_pods_per_s": w,
+            "without_extender_pods_per_s": wo,
+            "ratio": round(w / wo, 4),
+            "added_ms_per_pod": round(1000 / w - 1000 / wo, 3),
+            "extender_cpu_ms_per_pod": (
+                round(1000 * extender_cpu_s / ns.pods, 3) if extender_cpu_s is not None else None
+            ),
+            "nodes": nodes,
+            "pods": ns.pods,
+            "profile": ns.profile,
+            "gpus_per_pod": ns.gpus_per_pod,
+            "mode": ns.mode,
+            "controller_manager": not ns.no_controller_manager,
+            "lifted_taints": ns.lift_taints,
+            "cpus": os.cpu_count(),
+            "extender_verbs_ms": with_ext.get("extender_verbs_ms", {}),
+            "runs": {"with_extender": with_ext, "without_extender": without},
+        }
+    finally:
+        if ext_proc is not None:
+            ext_proc.stop()
+        dev.down()
+        leftover = dev.leftover_processes()
+        if ns.logs is not None:
+            logs = ns.logs / str(nodes)
+            logs.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                shutil.copytree(dev.log_dir, logs / "cluster", dirs_exist_ok=True)
+            with contextlib.suppress(OSError):
+                shutil.copy2(workdir / "extender.log", logs / "extender.log")
+        dev.purge()
+        shutil.rmtree(workdir, ignore_errors=True)
+        log(f"cluster {dev.name} down and purged after {time.monotonic() - t_total:.0f} s")
+    if leftover:
+        print(f"error: processes of {dev.name} left after down: {leftover}", file=sys.stderr)
+        return None
+    result["seconds"] = round(time.monotonic() - t_total, 1)
+    return result
+
+
+def node_counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of node counts: {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError("node counts must be >= 1")
+    return counts
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--nodes", type=int, default=1000, help="simulated GPU nodes (default 1000)")
+    ap.add_argument(
+        "--nodes", type=node_counts, default=[1000], help="GPU node counts, comma-separated (default 1000)"
+    )
     ap.add_argument("--pods", type=int, default=2000, help="pods per run (default 2000)")
     ap.add_argument("--profile", default="dgx-a100-80gb", choices=sorted(PROFILES), help="node profile")
     ap.add_argument("--gpus-per-pod", type=int, default=1)
@@ -719,96 +807,47 @@ def main() -> int:
     )
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one batch may take to bind")
     ap.add_argument(
-        "--logs", type=Path, help="copy the cluster's and the extender's logs here before purging"
+        "--logs", type=Path, help="copy the cluster's and the extender's logs here (per size) before purging"
     )
-    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--json", type=Path, help="write the results here (a list, one per size)")
     ns = ap.parse_args()
     ns.lift_taints = ns.lift_taints or ns.no_controller_manager
     prof = profile(ns.profile)
-    if ns.nodes < 1 or ns.pods < 2:
-        ap.error("--nodes must be >= 1 and --pods >= 2")
-    if prof.gpu_count * ns.nodes < 2 * ns.pods * ns.gpus_per_pod:
-        ap.error(
-            f"{ns.nodes} × {prof.gpu_count} GPUs cannot hold two batches of {ns.pods} × {ns.gpus_per_pod}"
-        )
+    if ns.pods < 2:
+        ap.error("--pods must be >= 2")
+    for nodes in ns.nodes:
+        if prof.gpu_count * nodes < 2 * ns.pods * ns.gpus_per_pod:
+            batches = f"two batches of {ns.pods} × {ns.gpus_per_pod}"
+            ap.error(f"{nodes} × {prof.gpu_count} GPUs cannot hold {batches}")
 
     def interrupted(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")  # the cluster is still torn down (finally)
 
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGHUP, interrupted)
-    dev = DevCluster(f"bench-e2e-{os.getpid()}", log=log)
-    workdir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
-    ext_proc: ExtenderProcess | None = None
-    leftover: list[int] = []
-    t_total = time.monotonic()
-    try:
-        seconds = dev.up(
-            controller_manager=False if ns.no_controller_manager else None,
-            apiserver_args=ns.apiserver_arg,
-        )
-        log(f"cluster {dev.name} up in {seconds:.1f} s ({dev.state_dir})")
-        t0 = time.monotonic()
-        for start in range(0, ns.nodes, 250):
-            dev.add_nodes(ns.profile, min(250, ns.nodes - start), "gpu")
-        log(f"{ns.nodes} {ns.profile} nodes Ready in {time.monotonic() - t0:.1f} s")
-        api = Api(dev)
-
-        ext_proc = start_extender(dev.kubeconfig, workdir, ns.extender_config, ns.nodes)
-        log(f"extender at {ext_proc.url} ready with {ns.nodes} nodes cached")
-        with_ext = run_batch(
-            dev,
-            api,
-            label="with extender",
-            namespace="bench-with",
-            extender=ExtenderConfig(url=ext_proc.url),
-            ext_proc=ext_proc,
-            ns=ns,
-        )
-        ext_proc.stop()
-        without = run_batch(
-            dev, api, label="without extender", namespace="bench-without", extender=None, ext_proc=None, ns=ns
-        )
-        w, wo = with_ext["pods_per_s"], without["pods_per_s"]
-        result: dict[str, Any] = {
-            "with_extender_pods_per_s": w,
-            "without_extender_pods_per_s": wo,
-            "ratio": round(w / wo, 4),
-            "added_ms_per_pod": round(1000 / w - 1000 / wo, 3),
-            "nodes": ns.nodes,
-            "pods": ns.pods,
-            "profile": ns.profile,
-            "gpus_per_pod": ns.gpus_per_pod,
-            "mode": ns.mode,
-            "controller_manager": not ns.no_controller_manager,
-            "lifted_taints": ns.lift_taints,
-            "cpus": os.cpu_count(),
-            "extender_verbs_ms": with_ext.get("extender_verbs_ms", {}),
-            "runs": {"with_extender": with_ext, "without_extender": without},
-        }
-    finally:
-        if ext_proc is not None:
-            ext_proc.stop()
-        dev.down()
-        leftover = dev.leftover_processes()
-        if ns.logs is not None:
-            ns.logs.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(OSError):
-                shutil.copytree(dev.log_dir, ns.logs / "cluster", dirs_exist_ok=True)
-            with contextlib.suppress(OSError):
-                shutil.copy2(workdir / "extender.log", ns.logs / "extender.log")
-        dev.purge()
-        shutil.rmtree(workdir, ignore_errors=True)
-        log(f"cluster {dev.name} down and purged after {time.monotonic() - t_total:.0f} s")
-    if leftover:
-        print(f"error: processes of {dev.name} left after down: {leftover}", file=sys.stderr)
-        return 1
-    result["seconds"] = round(time.monotonic() - t_total, 1)
-    print_table(result)
+    results = []
+    for nodes in ns.nodes:
+        result = measure(ns, nodes)
+        if result is None:
+            return 1
+        print_table(result)
+        results.append(result)
+    if len(results) > 1:
+        print("summary: " + "; ".join(summary(r) for r in results))
     if ns.json is not None:
         ns.json.parent.mkdir(parents=True, exist_ok=True)
-        ns.json.write_text(json.dumps(result, indent=2) + "\n")
+        ns.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
+
+
+def summary(result: dict[str, Any]) -> str:
+    bind = result["extender_verbs_ms"].get("bind", {})
+    return (
+        f"{result['nodes']} nodes: {result['with_extender_pods_per_s']:.1f} vs "
+        f"{result['without_extender_pods_per_s']:.1f} pods/s, ratio {result['ratio']:.2f}, "
+        f"bind p50 {num(bind.get('p50'), 0)} p99 {num(bind.get('p99'), 0)} ms, "
+        f"extender CPU {num(result['extender_cpu_ms_per_pod'], 0)} ms/pod"
+    )
 
 
 if __name__ == "__main__":

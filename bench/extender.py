@@ -37,7 +37,11 @@ import msgspec
 import numpy as np
 
 from neuronetes import contracts as c
-from neuronetes.devcluster.profiles import KWOK_TAINT, PROFILES, node_manifest
+from neuronetes.devcluster.profiles import PROFILES, node_manifest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from extender_harness import free_port, terminate
+from pod_builder import manifest, served
 
 NODE_PROFILES = ("dgx-a100-80gb", "dgx-h100")
 GPUS_PER_NODE = 8
@@ -62,39 +66,9 @@ def node_name(i: int) -> str:
     return f"bench-{i:05d}"
 
 
-def _container(limits: dict[str, int]) -> dict[str, Any]:
-    requests: dict[str, str] = {"cpu": "500m", "memory": "1Gi"}
-    requests.update({k: str(v) for k, v in limits.items()})
-    return {
-        "name": "main",
-        "image": "registry.example/worker:1",
-        "resources": {"requests": requests, "limits": {k: str(v) for k, v in limits.items()}},
-    }
-
-
 def pod_object(name: str, uid: str, limits: dict[str, int], node: str = "") -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "containers": [_container(limits)],
-        "schedulerName": c.SCHEDULER_NAME,
-        "priority": 0,
-        "restartPolicy": "Always",
-        "tolerations": [dict(KWOK_TAINT, operator="Equal")],
-    }
-    if node:
-        spec["nodeName"] = node
-    return {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "metadata": {
-            "name": name,
-            "namespace": "bench",
-            "uid": uid,
-            "resourceVersion": "1",
-            "labels": {"app": "bench"},
-        },
-        "spec": spec,
-        "status": {"phase": "Running" if node else "Pending", "qosClass": "Burstable"},
-    }
+    pod = manifest(name, limits, namespace="bench", labels={"app": "bench"}, node=node)
+    return served(pod, uid=uid, resource_version="1")
 
 
 def _bound(name: str, node: str, limits: dict[str, int], gpus: list[tuple[int, int, int]]) -> dict[str, Any]:
@@ -261,8 +235,6 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def measure(n: int, requests: int, seconds: float, seed: int) -> dict[str, Any]:
-    from neuronetes.extender.server import free_port
-
     port = free_port(HOST)
     proc = subprocess.Popen(
         [
@@ -326,12 +298,7 @@ def measure(n: int, requests: int, seconds: float, seed: int) -> dict[str, Any]:
             "rps": round(rps, 1),
         }
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc)
 
 
 def main() -> int:

@@ -1,30 +1,33 @@
 """The extender's HTTP service (FastAPI): thin handlers over `ExtenderService`.
 
 Each verb reads the raw body (checked for a JSON content type and a size limit before it is
-read whole), decodes it with msgspec into the wire structs, calls the service, and encodes the
-answer with msgspec. Bad input gets a 4xx with a reason — 415 for a content type that is not
-JSON, 413 for a body over the limit, 400 for malformed JSON or a body that does not match the
-protocol — never a 5xx. The OpenAPI document describes the bodies (JSON Schema generated from
-the same msgspec structs), so schemathesis can fuzz the service in-process.
+read whole), decodes it (`neuronetes.extender.bodies`: small bodies inline, big ones in a worker
+process, so no body stalls the loop), calls the service, and encodes the answer with msgspec.
+Bad input gets a 4xx with a reason — 415 for a content type that is not JSON, 413 for a body
+over the limit, 400 for malformed JSON, JSON nested too deeply or a body that does not match
+the protocol — never a 5xx. An answer larger than the body limit is replaced by an Error. The
+OpenAPI document describes the bodies (JSON Schema generated from the same msgspec structs), so
+schemathesis can fuzz the service in-process.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
-import anyio.to_thread
 import msgspec
 from fastapi import FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response
 
+from .bodies import BadInputError, BodyDecoder
 from .cache import GpuCache
 from .metrics import CONTENT_TYPE_LATEST, ExtenderMetrics
-from .service import BadInputError, ExtenderService
+from .service import ExtenderService
 from .wire import (
     ExtenderArgs,
     ExtenderArgsSchema,
@@ -43,7 +46,9 @@ __all__ = ["create_app"]
 log = logging.getLogger(__name__)
 
 _JSON: Final = "application/json"
-BIND_THREADS: Final = 1100  # > the largest gang a GangReservation holds (1,024 members)
+BIND_BODY_BYTES: Final = 64 * 1024
+"""A bind body names one pod and one node: anything larger is not kube-scheduler's."""
+EVENT_DRAIN_SECONDS: Final = 2.0
 
 
 class ErrorBody(msgspec.Struct, rename={"error": "Error"}):
@@ -64,7 +69,8 @@ def _is_json(content_type: str) -> bool:
     return media == _JSON or (media.startswith("application/") and media.endswith("+json"))
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int) -> list[bytes]:
+    """The body's chunks (not joined: a big body is never copied whole in this process)."""
     content_type = request.headers.get("content-type", "")
     if not _is_json(content_type):
         raise HttpError(415, f"content type must be {_JSON}, got {content_type or 'none'!r}")
@@ -82,8 +88,20 @@ async def _read_body(request: Request, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise HttpError(413, f"body over the {limit}-byte limit")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        if chunk:
+            chunks.append(chunk)
+    return chunks
+
+
+class _Encoded:
+    """An answer already encoded (off the loop)."""
+
+    def __init__(self, content: bytes) -> None:
+        self.content = content
+
+
+def _encoded(answer: tuple[Any, str]) -> tuple[_Encoded, str]:
+    return _Encoded(encode(answer[0])), answer[1]
 
 
 def _json(obj: object, status: int = 200) -> Response:
@@ -136,19 +154,27 @@ def create_app(
     service: ExtenderService,
     *,
     metrics: ExtenderMetrics | None = None,
+    bodies: BodyDecoder | None = None,
     on_startup: Callable[[], None] | None = None,
     on_shutdown: Callable[[], None] | None = None,
+    on_shutdown_async: Callable[[], Awaitable[None]] | None = None,
 ) -> FastAPI:
-    """The extender app over `service` (its cache's settings give the body-size limit)."""
+    """The extender app over `service` (its cache's settings give the body-size limit).
+
+    The lifespan starts the body decoder's worker and the Event writer, then `on_startup`; at
+    shutdown it calls `on_shutdown` (stop reflectors and writers), posts what Events it can in
+    `EVENT_DRAIN_SECONDS`, then awaits `on_shutdown_async` (close the API client).
+    """
     cache: GpuCache = service.cache
     metrics = metrics or service.metrics or ExtenderMetrics(cache.stats)
+    metrics.attach(service.health, service.events)
     service.metrics = metrics
+    decode = bodies or BodyDecoder()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        # Gang members' binds wait at the barrier in worker threads: room for the largest gang
-        # beside ordinary binds (anyio's default is 40 threads).
-        anyio.to_thread.current_default_thread_limiter().total_tokens = BIND_THREADS
+        decode.start()
+        writer = asyncio.create_task(service.events.run(), name="event-writer")
         if on_startup is not None:
             on_startup()
         try:
@@ -156,6 +182,13 @@ def create_app(
         finally:
             if on_shutdown is not None:
                 on_shutdown()
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+            await service.events.drain(EVENT_DRAIN_SECONDS)
+            decode.stop()
+            if on_shutdown_async is not None:
+                await on_shutdown_async()
 
     app = FastAPI(
         title="NeuroNetes scheduler extender",
@@ -171,48 +204,79 @@ def create_app(
     async def run_verb(
         verb: str,
         request: Request,
-        kind: type[Any],
-        handle: Callable[[Any], tuple[Any, str]],
+        handle: Callable[[list[bytes]], Awaitable[tuple[Any, str]]],
         *,
-        thread: bool,
+        limit: int | None = None,
+        too_big: Callable[[str], Any] | None = None,
     ) -> Response:
-        limit = cache.settings.get().max_body_bytes
+        max_body = cache.settings.get().max_body_bytes
         try:
-            body = await _read_body(request, limit)
+            body = await _read_body(request, min(max_body, limit or max_body))
         except HttpError as exc:
             metrics.requests.labels(verb, str(exc.status)).inc()
             return _json(ErrorBody(exc.reason), exc.status)
         started = time.perf_counter()
         try:
-            args = decoder(kind).decode(body)
-            result, outcome = await run_in_threadpool(handle, args) if thread else handle(args)
+            result, outcome = await handle(body)
         except (msgspec.DecodeError, BadInputError) as exc:
             metrics.requests.labels(verb, "400").inc()
             metrics.observe(verb, "invalid", time.perf_counter() - started)
             return _json(ErrorBody(f"invalid {verb} request: {exc}"), 400)
-        response = _json(result)
+        except RecursionError:
+            metrics.requests.labels(verb, "400").inc()
+            metrics.observe(verb, "invalid", time.perf_counter() - started)
+            return _json(ErrorBody(f"invalid {verb} request: JSON nested too deeply"), 400)
+        content = result.content if isinstance(result, _Encoded) else encode(result)
+        if len(content) > max_body and too_big is not None:
+            outcome = "error"
+            content = encode(too_big(f"neuronetes extender: answer of {len(content)} bytes over the limit"))
         metrics.observe(verb, outcome, time.perf_counter() - started)
         metrics.requests.labels(verb, "200").inc()
-        return response
+        return Response(content=content, media_type=_JSON)
+
+    async def decide(
+        body: list[bytes], decision: Callable[[Any], tuple[Any, str]], request: Any
+    ) -> tuple[Any, str]:
+        # A body too big to decode inline carries many nodes: decide (and encode) in a thread
+        # too, so the loop gets the GIL back every switch interval instead of waiting.
+        if sum(map(len, body)) > decode.inline_bytes:
+            encoded: tuple[_Encoded, str] = await asyncio.to_thread(lambda: _encoded(decision(request)))
+            return encoded
+        return decision(request)
+
+    async def filter_verb(body: list[bytes]) -> tuple[Any, str]:
+        return await decide(body, service.filter, await decode.nodes_request(body))
+
+    async def prioritize_verb(body: list[bytes]) -> tuple[Any, str]:
+        return await decide(body, service.prioritize, await decode.nodes_request(body))
+
+    async def bind_verb(body: list[bytes]) -> tuple[Any, str]:
+        args: ExtenderBindingArgs = decoder(ExtenderBindingArgs).decode(b"".join(body))
+        return await service.bind(args)
+
+    async def preempt_verb(body: list[bytes]) -> tuple[Any, str]:
+        return await decide(body, service.preempt, await decode.preempt_request(body))
 
     @app.post("/filter", **_verb_doc(ExtenderArgs, ExtenderFilterResult, "Filter nodes for a pod"))
     async def filter_(request: Request) -> Response:
-        return await run_verb("filter", request, ExtenderArgs, service.filter, thread=False)
+        return await run_verb(
+            "filter", request, filter_verb, too_big=lambda why: ExtenderFilterResult(error=why)
+        )
 
     @app.post("/prioritize", **_verb_doc(ExtenderArgs, list[HostPriority], "Score nodes 0..10 for a pod"))
     async def prioritize(request: Request) -> Response:
-        return await run_verb("prioritize", request, ExtenderArgs, service.prioritize, thread=False)
+        # An oversized score list has no error field: kube-scheduler's body limit is the answer's.
+        return await run_verb("prioritize", request, prioritize_verb)
 
     @app.post("/bind", **_verb_doc(ExtenderBindingArgs, ExtenderBindingResult, "Bind a pod with its GPUs"))
     async def bind(request: Request) -> Response:
-        # Posting the Binding is network I/O: off the event loop.
-        return await run_verb("bind", request, ExtenderBindingArgs, service.bind, thread=True)
+        return await run_verb("bind", request, bind_verb, limit=BIND_BODY_BYTES)
 
     @app.post(
         "/preempt", **_verb_doc(ExtenderPreemptionArgs, ExtenderPreemptionResult, "Refine preemption victims")
     )
     async def preempt(request: Request) -> Response:
-        return await run_verb("preempt", request, ExtenderPreemptionArgs, service.preempt, thread=False)
+        return await run_verb("preempt", request, preempt_verb)
 
     text = {"text/plain": {"schema": {"type": "string"}}}
 
@@ -227,17 +291,18 @@ def create_app(
 
     @app.get(
         "/readyz",
-        summary="Readiness: the GPU cache has synced with the API server",
+        summary="Readiness: the GPU cache has synced and every watch follows the API server",
         response_class=PlainTextResponse,
         responses={
             200: {"description": "ready", "content": text},
-            503: {"description": "not synced", "content": text},
+            503: {"description": "not synced, or a watch broken too long", "content": text},
         },
     )
     async def readyz() -> Response:
-        if cache.synced:
+        unready = service.unready()
+        if unready is None:
             return PlainTextResponse("ok")
-        return PlainTextResponse("gpu cache not synced yet", status_code=503)
+        return PlainTextResponse(unready, status_code=503)
 
     @app.get(
         "/metrics",

@@ -16,8 +16,11 @@ Example (every key optional; camelCase as in Kubernetes manifests)::
                                # neuronetes.io/gang-timeout-seconds override it per group)
     bindWaitSeconds: 110       # longest a gang member's bind waits at the barrier; keep it
                                # below kube-scheduler's httpTimeout of the bind extender entry
-    maxBodyBytes: 67108864     # larger request bodies get 413
+    maxBodyBytes: 33554432     # larger request bodies get 413 (5,000 full Node objects fit)
     visibleDevicesAnnotations: false  # also write the no-NRI fallback annotations at bind
+    maxWatchStalenessSeconds: 30  # a watch broken longer than this: /readyz fails and the
+                               # filter answers an Error (kube-scheduler retries) instead of
+                               # deciding from a stale cache
     # Bounds on what tenants may ask through pod labels/annotations (docs/threat-model.md):
     maxGangSize: 1024          # a gang-size label (or PodGroup minMember) above it is refused
     maxGangTimeoutSeconds: 3600  # a neuronetes.io/gang-timeout-seconds above it is refused
@@ -47,7 +50,7 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "ConfigError", "ExtenderSettings", "Setting
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
+DEFAULT_MAX_BODY_BYTES: Final = 32 * 1024 * 1024
 """5,000 full Node objects (``nodeCacheCapable: false``) are ~25 MB; names only are far smaller."""
 
 
@@ -67,6 +70,7 @@ class ExtenderSettings(
         "bind_wait_seconds": "bindWaitSeconds",
         "max_body_bytes": "maxBodyBytes",
         "visible_devices_annotations": "visibleDevicesAnnotations",
+        "max_watch_staleness_seconds": "maxWatchStalenessSeconds",
         # ---- tenant bounds and bind gate (decision core) ----
         "max_gang_size": "maxGangSize",
         "max_gang_timeout_seconds": "maxGangTimeoutSeconds",
@@ -81,6 +85,8 @@ class ExtenderSettings(
     bind_wait_seconds: Annotated[float, msgspec.Meta(ge=1, le=86400)] = 110.0
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 31)] = DEFAULT_MAX_BODY_BYTES
     visible_devices_annotations: bool = False
+    # ---- serving: readiness -------------------------------------------------------------------
+    max_watch_staleness_seconds: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
 
     # ---- tenant bounds and bind gate (decision core) -------------------------------------------
     max_gang_size: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 1024

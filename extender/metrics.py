@@ -1,4 +1,4 @@
-"""The extender's Prometheus metrics (seed 004 names from `neuronetes.contracts`).
+"""The extender's Prometheus metrics (names and help from `neuronetes.contracts`).
 
 kube-scheduler has no per-extender latency metric, so the extender exports its own. Each app
 gets its own `CollectorRegistry` (several apps in one process — tests — never collide).
@@ -6,15 +6,19 @@ gets its own `CollectorRegistry` (several apps in one process — tests — neve
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from neuronetes import contracts as c
 
 from .cache import RESOURCES, CacheStats
+from .events import EventRecorder
+from .watch import WatchHealth
 
 __all__ = ["CONTENT_TYPE_LATEST", "LATENCY_BUCKETS", "ExtenderMetrics"]
 
@@ -77,6 +81,7 @@ class ExtenderMetrics:
         )
         self._stats = stats
         self._snapshot: CacheStats | None = None
+        self._attached = False
 
         def gauge(name: str, labels: tuple[str, ...] = ()) -> Gauge:
             return Gauge(name, _help(name), labels, registry=r)
@@ -93,6 +98,12 @@ class ExtenderMetrics:
                 lambda resource=resource: self._stat().sync_age_seconds.get(resource, float("inf"))  # type: ignore[misc]
             )
 
+    def attach(self, health: WatchHealth, events: EventRecorder) -> None:
+        """Export the watches' health and the Event writer's counts (once per registry)."""
+        if not self._attached:
+            self.registry.register(_EdgeCollector(health, events))
+            self._attached = True
+
     def _stat(self) -> CacheStats:
         # One cache snapshot per scrape: `render` takes it, the gauges' callbacks read it.
         return self._snapshot if self._snapshot is not None else self._stats()
@@ -106,3 +117,26 @@ class ExtenderMetrics:
             return generate_latest(self.registry)
         finally:
             self._snapshot = None
+
+
+class _EdgeCollector(Collector):
+    """Watch health and Event counts, read at scrape time."""
+
+    def __init__(self, health: WatchHealth, events: EventRecorder) -> None:
+        self.health = health
+        self.events = events
+
+    def collect(self) -> Iterator[Metric]:
+        broken = GaugeMetricFamily(c.METRIC_WATCH_BROKEN, _help(c.METRIC_WATCH_BROKEN), labels=("resource",))
+        for resource, seconds in sorted(self.health.broken_for_each().items()):
+            broken.add_metric((resource,), seconds)
+        yield broken
+        name = c.METRIC_EVENTS.removesuffix("_total")
+        events = CounterMetricFamily(name, _help(c.METRIC_EVENTS), labels=("result",))
+        for result, count in (
+            ("posted", self.events.posted),
+            ("failed", self.events.failed),
+            ("dropped", self.events.dropped),
+        ):
+            events.add_metric((result,), count)
+        yield events

@@ -1,11 +1,13 @@
 """Gang reservations in the API, and the group objects that say how big a gang is.
 
 `ReservationStore` mirrors the cache's gang reservations into ``GangReservation`` objects (one
-per group, server-side applied by a background writer so no decision waits on the API server),
-restores them when the extender starts (before it reports ready), and releases a reservation
-whose object somebody deletes. `GroupDirectory` reads a group's size and timeout from its group
-object: the scheduler-plugins ``PodGroup`` (``scheduling.x-k8s.io/v1alpha1``) or Volcano's
-(``scheduling.volcano.sh/v1beta1``), ``spec.minMember`` and ``scheduleTimeoutSeconds``.
+per group, server-side applied by a background writer so no decision waits on the API server)
+and follows them: every list and every event hands the objects to the cache's idempotent
+restore, so a standby extender holds the slots the active one reserved and can take over; a
+reservation whose object is deleted, or that another extender ended, is released. It restores
+before the extender reports ready. `GroupDirectory` knows each group's size and timeout from
+watches of its group objects: the scheduler-plugins ``PodGroup`` (``scheduling.x-k8s.io/v1alpha1``)
+or Volcano's (``scheduling.volcano.sh/v1beta1``), ``spec.minMember`` and ``scheduleTimeoutSeconds``.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ import time
 from collections.abc import Iterable
 from typing import Any, Final
 from urllib.parse import quote
-
-import msgspec
 
 from neuronetes import contracts as c
 from neuronetes.model import NodeSpec
@@ -33,7 +33,7 @@ from .gangs import (
 )
 from .kube import KubeApi, KubeError
 from .pods import PodInfo
-from .watch import CustomObject, CustomObjectList, Reflector
+from .watch import CustomObject, CustomObjectList, Reflector, WatchHealth
 
 __all__ = ["RESERVATIONS", "GroupDirectory", "ReservationStore"]
 
@@ -43,6 +43,7 @@ RESERVATIONS: Final = "gangreservations"
 FIELD_MANAGER: Final = "neuronetes-extender"
 _BASE: Final = f"/apis/{c.API_VERSION}"
 _DELETE_PHASES: Final = frozenset({"Bound", "Released"})
+_LIVE_PHASES: Final = frozenset({"Reserved", "Binding"})
 NOT_FOUND: Final = 404
 ANNOTATION_NUDGED_AT: Final = f"{c.GROUP}/nudged-at"
 """Written on a pending pod so kube-scheduler retries it now (GPUs it may fit were released)."""
@@ -56,7 +57,14 @@ def _path(namespace: str, name: str = "") -> str:
 class ReservationStore:
     """Keeps ``GangReservation`` objects in step with `cache`'s gang reservations."""
 
-    def __init__(self, cache: GpuCache, api: KubeApi, *, resync_period: float = 600.0) -> None:
+    def __init__(
+        self,
+        cache: GpuCache,
+        api: KubeApi,
+        *,
+        resync_period: float = 600.0,
+        health: WatchHealth | None = None,
+    ) -> None:
         self.cache = cache
         self.api = api
         self.resync_period = resync_period
@@ -69,7 +77,7 @@ class ReservationStore:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._reflector: Reflector[CustomObject] | None = None
-        self._restored = False
+        self.health = health
         cache.require_sync(RESERVATIONS)
         cache.on_gang_change = self._changed
 
@@ -154,9 +162,19 @@ class ReservationStore:
         return touched
 
     # ---- API -> cache ------------------------------------------------------------------------
-    def _replace(self, items: Iterable[CustomObject]) -> None:
-        if self._restored:
-            return  # the cache is the truth once running: a relist must not resurrect ended groups
+    def listed(self, items: Iterable[CustomObject]) -> None:
+        """The reflector listed every GangReservation: restore those the cache does not hold."""
+        self._restore(items)
+
+    def upserted(self, item: CustomObject) -> None:
+        """One GangReservation was added or changed (by this extender or the other one)."""
+        phase = (item.status or {}).get("phase") or "Reserved"
+        if phase in _LIVE_PHASES:
+            self._restore((item,))
+        else:  # another extender ended it (bound, expired, failed): stop holding its slots
+            self.deleted(item)
+
+    def _restore(self, items: Iterable[CustomObject]) -> None:
         restored = []
         for item in items:
             try:
@@ -165,11 +183,10 @@ class ReservationStore:
                 meta = item.metadata
                 log.warning("GangReservation %s/%s ignored: %s", meta.namespace, meta.name, exc)
         n = self.cache.restore_gangs(restored)
-        self._restored = True
         if n:
             log.info("restored %d gang reservation(s) from the API", n)
 
-    def _deleted(self, item: CustomObject) -> None:
+    def deleted(self, item: CustomObject) -> None:
         """Somebody deleted a reservation's object: release it (unless it is an older one)."""
         rid = (item.metadata.annotations or {}).get(ANNOTATION_RESERVATION_ID)
         group = str(item.spec.get("groupName") or "")
@@ -204,15 +221,17 @@ class ReservationStore:
             f"{_BASE}/{RESERVATIONS}",
             CustomObject,
             CustomObjectList,
-            on_replace=self._replace,
-            on_upsert=lambda _: None,
-            on_delete=self._deleted,
+            on_replace=self.listed,
+            on_upsert=self.upserted,
+            on_delete=self.deleted,
             on_synced=lambda: self.cache.mark_synced(RESERVATIONS),
             on_heard=lambda: self.cache.touch(RESERVATIONS),
             resync_period=self.resync_period,
             on_missing=self._no_crd,
         )
         self._reflector = reflector
+        if self.health is not None:
+            self.health.add(reflector)
         reflector.run()
 
     def start(self) -> None:
@@ -222,66 +241,116 @@ class ReservationStore:
             self._threads.append(thread)
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop the reflector and the writer within `timeout` seconds, writing what is pending."""
+        deadline = time.monotonic() + timeout
         self._stop.set()
         self._wake.set()
         if self._reflector is not None:
-            self._reflector.stop(timeout)
+            self._reflector.signal_stop()
         for thread in self._threads:
-            thread.join(timeout)
-        self.flush()
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if deadline - time.monotonic() > 0:
+            self.flush()
+
+
+GroupSize = tuple[int, float | None]
+"""(minMember, scheduleTimeoutSeconds) of a group object."""
+
+
+def _group_size(obj: CustomObject) -> GroupSize | str:
+    size = obj.spec.get("minMember")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return "has no positive spec.minMember"
+    timeout = obj.spec.get("scheduleTimeoutSeconds")
+    if isinstance(timeout, int) and not isinstance(timeout, bool) and timeout > 0:
+        return size, float(timeout)
+    return size, None
 
 
 class GroupDirectory:
-    """Group size and timeout of a gang, from its pod labels or its group object (cached)."""
+    """Group size and timeout of a gang, from its pod labels or its group object.
+
+    Group objects come from watches of the optional PodGroup CRDs (scheduler-plugins' and
+    Volcano's), never from a request-time GET: the filter only reads this map.
+    """
 
     SOURCES: Final = {
-        c.LABEL_POD_GROUP_X_K8S: "/apis/scheduling.x-k8s.io/v1alpha1",
-        c.ANNOTATION_GROUP_NAME_VOLCANO: "/apis/scheduling.volcano.sh/v1beta1",
+        c.LABEL_POD_GROUP_X_K8S: "/apis/scheduling.x-k8s.io/v1alpha1/podgroups",
+        c.ANNOTATION_GROUP_NAME_VOLCANO: "/apis/scheduling.volcano.sh/v1beta1/podgroups",
     }
 
-    def __init__(self, api: KubeApi | None, *, ttl: float = 10.0) -> None:
-        self.api = api
-        self.ttl = ttl
-        self._cache: dict[tuple[str, str, str], tuple[float, tuple[int, float | None] | str]] = {}
+    def __init__(self) -> None:
+        self._groups: dict[str, dict[tuple[str, str], GroupSize | str]] = {k: {} for k in self.SOURCES}
+        self._synced: set[str] = set()
         self._lock = threading.Lock()
+        self.reflectors: list[Reflector[CustomObject]] = []
 
-    def _group_object(self, key: str, namespace: str, name: str) -> tuple[int, float | None] | str:
-        """(minMember, scheduleTimeoutSeconds) of the group object, or why it cannot be read."""
-        base = self.SOURCES.get(key)
-        if base is None or self.api is None:
+    # ---- fed by the watches ------------------------------------------------------------------
+    def replace(self, key: str, items: Iterable[CustomObject]) -> None:
+        groups = {(o.metadata.namespace, o.metadata.name): _group_size(o) for o in items}
+        with self._lock:
+            self._groups[key] = groups
+            self._synced.add(key)
+
+    def upsert(self, key: str, obj: CustomObject) -> None:
+        with self._lock:
+            self._groups[key][(obj.metadata.namespace, obj.metadata.name)] = _group_size(obj)
+
+    def delete(self, key: str, obj: CustomObject) -> None:
+        with self._lock:
+            self._groups[key].pop((obj.metadata.namespace, obj.metadata.name), None)
+
+    def _missing(self, key: str) -> None:
+        log.info("%s is not served: gangs named by %s need the gang-size label", self.SOURCES[key], key)
+        with self._lock:
+            self._synced.add(key)
+
+    def reflector(self, api: KubeApi, key: str, *, resync_period: float = 600.0) -> Reflector[CustomObject]:
+        """The watch of one PodGroup kind (not started)."""
+
+        def mark_synced() -> None:
+            with self._lock:
+                self._synced.add(key)
+
+        reflector: Reflector[CustomObject] = Reflector(
+            api,
+            f"podgroups ({key})",
+            self.SOURCES[key],
+            CustomObject,
+            CustomObjectList,
+            on_replace=lambda items: self.replace(key, items),
+            on_upsert=lambda obj: self.upsert(key, obj),
+            on_delete=lambda obj: self.delete(key, obj),
+            on_synced=mark_synced,
+            on_heard=lambda: None,
+            resync_period=resync_period,
+            on_missing=lambda: self._missing(key),
+        )
+        self.reflectors.append(reflector)
+        return reflector
+
+    # ---- read by the filter ------------------------------------------------------------------
+    def group(self, key: str, namespace: str, name: str) -> GroupSize | str:
+        """The group object's size and timeout, or why it cannot be told."""
+        if key not in self.SOURCES:
             return f"label {c.LABEL_GANG_SIZE} is missing"
-        path = f"{base}/namespaces/{quote(namespace, safe='')}/podgroups/{quote(name, safe='')}"
-        try:
-            doc = msgspec.json.decode(self.api.get(path, timeout=2.0))
-        except KubeError as exc:
-            if exc.status == NOT_FOUND:
-                return f"PodGroup {namespace}/{name} not found"
-            return f"PodGroup {namespace}/{name} unreadable: {exc}"
-        except msgspec.DecodeError:
-            return f"PodGroup {namespace}/{name} undecodable"
-        spec = doc.get("spec") if isinstance(doc, dict) else None
-        size = spec.get("minMember") if isinstance(spec, dict) else None
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            return f"PodGroup {namespace}/{name} has no positive spec.minMember"
-        timeout = spec.get("scheduleTimeoutSeconds") if isinstance(spec, dict) else None
-        return size, float(timeout) if isinstance(timeout, int) and timeout > 0 else None
+        with self._lock:
+            found = self._groups[key].get((namespace, name))
+            synced = key in self._synced
+        if found is None:
+            return f"PodGroup {namespace}/{name} not found{'' if synced else ' (PodGroups not listed yet)'}"
+        if isinstance(found, str):
+            return f"PodGroup {namespace}/{name} {found}"
+        return found
 
     def spec_for(self, pod: PodInfo, default_ttl: float) -> GangSpec | str:
         """The gang's size and reservation TTL, or why they cannot be told (a filter reason)."""
         gang = pod.gang
-        assert gang is not None
+        if gang is None:
+            return "not a gang member"
         size, timeout = gang.size, gang.timeout_s
         if size is None:
-            key = (gang.key, pod.namespace, gang.name)
-            now = time.monotonic()
-            with self._lock:
-                hit = self._cache.get(key)
-            if hit is None or hit[0] <= now:
-                found = self._group_object(*key)
-                with self._lock:
-                    self._cache[key] = (now + self.ttl, found)
-            else:
-                found = hit[1]
+            found = self.group(gang.key, pod.namespace, gang.name)
             if isinstance(found, str):
                 return f"gang {gang.name}: size unknown ({found})"
             size, group_timeout = found

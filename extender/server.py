@@ -1,28 +1,30 @@
-"""Running the extender: the `neuronetes extender serve` command and an in-thread runner.
+"""Running the extender: the `neuronetes extender serve` command and its assembly.
 
-One uvicorn worker (uvloop + httptools when installed) serves the app; two background threads
-keep the GPU cache in step with the API server. One worker is deliberate: the cache is the
-single picture of every GPU, and the decisions it makes under its lock are sub-millisecond.
+One uvicorn worker (uvloop + httptools when installed) serves the app; background threads keep
+the GPU cache in step with the API server. One worker is deliberate: the cache is the single
+picture of every GPU, and the decisions it makes under its lock are sub-millisecond.
+
+Closed by default: it listens on loopback (the extender runs beside kube-scheduler in one pod).
+A remote extender serves HTTPS and requires a client certificate signed by ``--client-ca-file``
+(kube-scheduler's ``enableHTTPS`` with a ``tlsConfig`` that carries its client certificate);
+listening on any other address without that is refused unless ``--insecure-allow-remote`` says
+so explicitly. On SIGTERM it stops within `SHUTDOWN_SECONDS`: waiting gang binds fail at once,
+reflectors and writers stop, what Events are queued get a short drain.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import ipaddress
 import logging
-import os
-import signal
 import socket
-import subprocess
-import sys
+import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, Final
 
 import uvicorn
 from fastapi import FastAPI
@@ -30,15 +32,115 @@ from fastapi import FastAPI
 from .app import create_app
 from .cache import GpuCache
 from .config import ConfigError, SettingsSource
-from .kube import KubeApi, KubeError
+from .events import EventRecorder
+from .kube import AsyncKube, KubeApi, KubeError
 from .metrics import ExtenderMetrics
 from .reservations import GroupDirectory, ReservationStore
 from .service import ExtenderService
-from .watch import Reflectors, start_reflectors
+from .watch import Reflector, Reflectors, WatchHealth, start_reflectors
 
-__all__ = ["Extender", "ExtenderProcess", "ExtenderThread", "build", "free_port", "serve"]
+__all__ = [
+    "Extender",
+    "ExtenderThread",
+    "ListenError",
+    "ListenPolicy",
+    "build",
+    "free_port",
+    "listen_policy",
+    "serve",
+]
 
 log = logging.getLogger(__name__)
+
+SHUTDOWN_SECONDS: Final = 10.0
+STOP_SECONDS: Final = 4.0
+"""Of `SHUTDOWN_SECONDS`: how long reflectors and writers get to stop."""
+SHUTTING_DOWN: Final = "the extender is shutting down"
+GRACEFUL_SECONDS: Final = 3
+"""Of `SHUTDOWN_SECONDS`: how long open requests get to finish (waiting binds fail at once)."""
+
+
+class ListenError(ValueError):
+    """A listen address and TLS combination that would open the extender to anyone."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListenPolicy:
+    """Where and how the extender listens (what `listen_policy` allowed)."""
+
+    host: str
+    port: int
+    tls_cert_file: str | None = None
+    tls_private_key_file: str | None = None
+    client_ca_file: str | None = None
+
+    @property
+    def https(self) -> bool:
+        return self.tls_cert_file is not None
+
+    def uvicorn_ssl(self) -> dict[str, Any]:
+        """uvicorn's TLS options: server certificate, and client certificates required."""
+        if not self.https:
+            return {}
+        options: dict[str, Any] = {
+            "ssl_certfile": self.tls_cert_file,
+            "ssl_keyfile": self.tls_private_key_file,
+        }
+        if self.client_ca_file is not None:
+            options |= {"ssl_ca_certs": self.client_ca_file, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+        return options
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
+def listen_policy(
+    host: str,
+    port: int,
+    *,
+    tls_cert_file: str | None = None,
+    tls_private_key_file: str | None = None,
+    client_ca_file: str | None = None,
+    insecure_allow_remote: bool = False,
+) -> ListenPolicy:
+    """Check a listen configuration: loopback, or client-certificate HTTPS, or explicitly insecure.
+
+    Raises:
+        ListenError: a non-loopback address without client-certificate TLS (and without
+            `insecure_allow_remote`), half a TLS configuration, or a file that cannot be read.
+    """
+    if (tls_cert_file is None) != (tls_private_key_file is None):
+        raise ListenError("--tls-cert-file and --tls-private-key-file go together")
+    if client_ca_file is not None and tls_cert_file is None:
+        raise ListenError("--client-ca-file needs --tls-cert-file and --tls-private-key-file")
+    for option, path in (
+        ("--tls-cert-file", tls_cert_file),
+        ("--tls-private-key-file", tls_private_key_file),
+        ("--client-ca-file", client_ca_file),
+    ):
+        if path is not None and not Path(path).is_file():
+            raise ListenError(f"{option} {path}: no such file")
+    if tls_cert_file is not None:
+        try:  # fail now, not at the first connection
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=client_ca_file)
+            context.load_cert_chain(tls_cert_file, tls_private_key_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise ListenError(f"TLS files unusable: {exc}") from None
+    authenticated = tls_cert_file is not None and client_ca_file is not None
+    if not _is_loopback(host) and not authenticated and not insecure_allow_remote:
+        raise ListenError(
+            f"refusing to listen on {host}: anyone who reaches the port could bind pods with the "
+            "extender's rights. Listen on 127.0.0.1 (beside kube-scheduler), or serve HTTPS with "
+            "client certificates (--tls-cert-file, --tls-private-key-file, --client-ca-file), or "
+            "pass --insecure-allow-remote if a network policy already closes the port"
+        )
+    return ListenPolicy(host, port, tls_cert_file, tls_private_key_file, client_ca_file)
 
 
 @dataclass
@@ -64,30 +166,47 @@ def build(
 ) -> Extender:
     """Cache + service + app; with `watch`, the app's startup starts the list+watch threads.
 
-    `service_class` may be a subclass that instruments the verbs (tests, benchmarks).
+    `service_class` may be a subclass that instruments the verbs (tests).
     """
     settings = SettingsSource(config)
     cache = GpuCache(settings)
     api = api or KubeApi.from_kubeconfig(kubeconfig)
+    client = AsyncKube.of(api)
     metrics = ExtenderMetrics(cache.stats)
-    service = service_class(cache, api, metrics, GroupDirectory(api))
-    store = ReservationStore(cache, api, resync_period=resync_period) if watch else None
-    holder: dict[str, Reflectors] = {}
+    health = WatchHealth()
+    groups = GroupDirectory()
+    group_watches: list[Reflector[Any]] = []
+    if watch:
+        for key in GroupDirectory.SOURCES:
+            group_watches.append(groups.reflector(api, key, resync_period=resync_period))
+    events = EventRecorder(client)
+    service = service_class(cache, client, metrics, groups, health=health, events=events)
+    store = ReservationStore(cache, api, resync_period=resync_period, health=health) if watch else None
 
     def startup() -> None:
         if watch:
-            holder["r"] = start_reflectors(cache, api, resync_period=resync_period)
-            extender.reflectors = holder["r"]
+            extender.reflectors = start_reflectors(cache, api, resync_period=resync_period, health=health)
+            for reflector in group_watches:
+                health.add(reflector)
+                reflector.start()
         if store is not None:
             store.start()
 
     def shutdown() -> None:
-        if "r" in holder:
-            holder.pop("r").stop()
+        service.barrier.fail_all(SHUTTING_DOWN)
+        deadline = time.monotonic() + STOP_SECONDS
+        for reflector in group_watches:
+            reflector.signal_stop()
+        if extender.reflectors is not None:
+            extender.reflectors.stop(STOP_SECONDS / 2)
         if store is not None:
-            store.stop()
+            store.stop(max(0.5, deadline - time.monotonic()))
+        for reflector in group_watches:
+            reflector.join(deadline - time.monotonic())
 
-    app = create_app(service, metrics=metrics, on_startup=startup, on_shutdown=shutdown)
+    app = create_app(
+        service, metrics=metrics, on_startup=startup, on_shutdown=shutdown, on_shutdown_async=client.aclose
+    )
     extender = Extender(cache, service, app, metrics, store=store)
     return extender
 
@@ -98,30 +217,41 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _uvicorn_config(app: Any, host: str, port: int, log_level: str) -> uvicorn.Config:
+def uvicorn_config(app: Any, policy: ListenPolicy, log_level: str) -> uvicorn.Config:
     return uvicorn.Config(
         app,
-        host=host,
-        port=port,
+        host=policy.host,
+        port=policy.port,
         log_level=log_level,
         access_log=False,
         lifespan="on",
         timeout_keep_alive=120,  # kube-scheduler keeps one connection per extender
+        timeout_graceful_shutdown=GRACEFUL_SECONDS,
+        **policy.uvicorn_ssl(),
     )
 
 
 class ExtenderThread:
-    """The extender's uvicorn server in a background thread (e2e tests, benchmarks, demos)."""
+    """The extender's uvicorn server in a background thread (the demo; tests use
+    ``tests/extender_harness.py``)."""
 
-    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int | None = None) -> None:
-        self.host = host
-        self.port = port or free_port(host)
-        self.server = uvicorn.Server(_uvicorn_config(app, self.host, self.port, "warning"))
+    def __init__(
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        policy: ListenPolicy | None = None,
+    ) -> None:
+        self.app = app
+        self.policy = policy or ListenPolicy(host, port or free_port(host))
+        self.host, self.port = self.policy.host, self.policy.port
+        self.server = uvicorn.Server(uvicorn_config(app, self.policy, "warning"))
         self._thread = threading.Thread(target=self.server.run, name="extender-http", daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.policy.https else 'http'}://{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> ExtenderThread:
         self._thread.start()
@@ -133,6 +263,9 @@ class ExtenderThread:
         return self
 
     def stop(self, timeout: float = 15.0) -> None:
+        service = getattr(getattr(self.app, "state", None), "service", None)
+        if isinstance(service, ExtenderService):
+            service.barrier.fail_all(SHUTTING_DOWN)  # as on SIGTERM: waiting binds do not hold the stop
         self.server.should_exit = True
         self._thread.join(timeout)
 
@@ -143,115 +276,41 @@ class ExtenderThread:
         self.stop()
 
 
-class ExtenderProcess:
-    """``neuronetes extender serve`` in a child process (benchmarks, restart tests).
-
-    The port is fixed for the object's life, so the extender can be killed and started again at
-    the same URL (kube-scheduler's configuration stays valid). The child runs in its own session
-    with `workdir` as its working directory (never the checkout, whose ``operator/`` folder would
-    shadow the standard library's module); each start logs to ``workdir/extender-<n>.log``.
-    """
-
-    def __init__(
-        self,
-        kubeconfig: str | Path,
-        workdir: Path,
-        config: Path | None = None,
-        *,
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        log_level: str = "info",
-    ) -> None:
-        self.kubeconfig = Path(kubeconfig)
-        self.workdir = workdir
-        self.config = config
-        self.host = host
-        self.port = port or free_port(host)
-        self.log_level = log_level
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def log(self) -> Path:
-        return self.workdir / f"extender-{self.starts}.log"
-
-    def start(self, timeout: float = 60.0, ready: Callable[[], bool] | None = None) -> None:
-        """Start it and wait until ``/readyz`` answers 200 (and `ready()`, when given, is true)."""
-        self.starts += 1
-        argv = [sys.executable, "-m", "neuronetes.cli", "extender", "serve"]
-        argv += ["--kubeconfig", str(self.kubeconfig), "--host", self.host, "--port", str(self.port)]
-        argv += ["--log-level", self.log_level]
-        if self.config is not None:
-            argv += ["--config", str(self.config)]
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=self.workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout
-        while not (self.ready() and (ready is None or ready())):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the extender exited with {self.proc.returncode}:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the extender was not ready in {timeout:.0f} s:\n{self.tail()}")
-            time.sleep(0.2)
-
-    def ready(self) -> bool:
-        """Whether ``/readyz`` answers 200 now."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
-                return bool(response.status == 200)
-        except (OSError, urllib.error.URLError):
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL, no grace (a crash)."""
-        self._signal(signal.SIGKILL)
-
-    def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM, then SIGKILL after `grace_s`; nothing of its session is left."""
-        self._signal(signal.SIGTERM, grace_s)
-
-    def _signal(self, sig: signal.Signals, grace_s: float = 10.0) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # anything left in its session
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-
 def serve(ns: argparse.Namespace) -> int:
     """`neuronetes extender serve` (arguments from `neuronetes.cli`): run until interrupted."""
     logging.basicConfig(
         level=getattr(logging, ns.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        policy = listen_policy(
+            ns.host,
+            ns.port,
+            tls_cert_file=ns.tls_cert_file,
+            tls_private_key_file=ns.tls_private_key_file,
+            client_ca_file=ns.client_ca_file,
+            insecure_allow_remote=ns.insecure_allow_remote,
+        )
         extender = build(kubeconfig=ns.kubeconfig, config=ns.config, resync_period=ns.resync_period)
-    except (ConfigError, KubeError) as exc:
+    except (ConfigError, KubeError, ListenError) as exc:
         log.error("%s", exc)
         return 2
-    uvicorn.Server(_uvicorn_config(extender.app, ns.host, ns.port, ns.log_level)).run()
+    if policy.https and policy.client_ca_file is None:
+        log.warning("HTTPS without --client-ca-file: clients are not authenticated")
+    _Server(uvicorn_config(extender.app, policy, ns.log_level), extender.service).run()
     return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, failing the binds that wait at a gang barrier as soon as SIGTERM arrives (before
+    it waits for open requests to finish)."""
+
+    def __init__(self, config: uvicorn.Config, service: ExtenderService) -> None:
+        super().__init__(config)
+        self._service = service
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not here: the signal may have interrupted this thread inside the cache's lock.
+        threading.Thread(
+            target=self._service.barrier.fail_all, args=(SHUTTING_DOWN,), name="fail-waiting-binds"
+        ).start()
+        super().handle_exit(sig, frame)

@@ -5,6 +5,10 @@ resourceVersion (with bookmarks) → apply events; relist when the server answer
 resourceVersion fell out of its window), after any error (with capped exponential backoff),
 and every `resync_period` seconds regardless, so a missed event cannot linger. The cache is
 ready (`GpuCache.synced`) once both first lists are in.
+
+Each reflector says how long it has been broken (`Reflector.broken_for`: since the first failed
+list or broken watch, until a list succeeds again); `WatchHealth` gathers them, so readiness and
+the filter can refuse to decide from a cache that no longer follows the API server.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from .cache import GPUNODES, GpuCache
 from .kube import KubeApi, KubeError, WatchStream
 from .wire import ListMeta, Node, NodeList, ObjectMeta, Pod, PodList, WatchEvent, decoder
 
-__all__ = ["Reflector", "Reflectors", "start_reflectors"]
+__all__ = ["Reflector", "Reflectors", "WatchHealth", "start_reflectors"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +100,7 @@ class Reflector(Generic[T]):
         self.max_backoff = max_backoff
         self.relists = 0
         self.synced = False
+        self._broken_since: float | None = None  # monotonic; None while connected
         self._stop = threading.Event()
         self._stream: WatchStream | None = None
         self._thread: threading.Thread | None = None
@@ -105,20 +110,43 @@ class Reflector(Generic[T]):
         self._thread = threading.Thread(target=self.run, name=f"reflector-{self.resource}", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def signal_stop(self) -> None:
+        """Ask the loop to end and unblock a watch read (returns at once)."""
         self._stop.set()
         stream = self._stream
         if stream is not None:
             stream.close()
+
+    def join(self, timeout: float) -> None:
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._thread.join(max(0.0, timeout))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.signal_stop()
+        self.join(timeout)
+
+    def broken_for(self, now: float | None = None) -> float:
+        """Seconds since the watch broke (a failed list or a broken stream); 0 while connected."""
+        since = self._broken_since
+        if since is None:
+            return 0.0
+        return max(0.0, (time.monotonic() if now is None else now) - since)
+
+    def _broken(self) -> None:
+        if self._broken_since is None:
+            self._broken_since = time.monotonic()
 
     def run(self) -> None:
-        if self._on_missing is not None and not crd_installed(self.api, self.path):
-            self._on_missing()
-            self.synced = True
-            self._on_synced()
-            return
+        if self._on_missing is not None:
+            installed = crd_installed(self.api, self.path, self._stop, on_error=self._broken)
+            if installed is None:
+                return  # stopped
+            if not installed:
+                self._broken_since = None
+                self._on_missing()
+                self.synced = True
+                self._on_synced()
+                return
         backoff = 0.0
         while not self._stop.is_set():
             try:
@@ -130,12 +158,14 @@ class Reflector(Generic[T]):
             except KubeError as exc:
                 if self._stop.is_set():
                     break
+                self._broken()
                 backoff = min(self.max_backoff, max(0.5, backoff * 2))
                 log.warning("%s: %s; relisting in %.1fs", self.resource, exc, backoff)
                 self._stop.wait(backoff * random.uniform(0.8, 1.2))
             except Exception:
                 if self._stop.is_set():
                     break
+                self._broken()
                 backoff = min(self.max_backoff, max(0.5, backoff * 2))
                 log.exception("%s: reflector failed; relisting in %.1fs", self.resource, backoff)
                 self._stop.wait(backoff)
@@ -164,6 +194,7 @@ class Reflector(Generic[T]):
             if not token:
                 break
         self._on_replace(items)
+        self._broken_since = None
         self.relists += 1
         if not self.synced:
             self.synced = True
@@ -244,17 +275,22 @@ class CustomObjectList(msgspec.Struct, kw_only=True):
     items: list[CustomObject] | None = None
 
 
-def crd_installed(api: KubeApi, path: str) -> bool:
-    """Whether the API serves `path` (a custom resource's collection); errors other than 404 retry."""
-    while True:
+def crd_installed(
+    api: KubeApi, path: str, stop: threading.Event, on_error: Callable[[], None] = lambda: None
+) -> bool | None:
+    """Whether the API serves `path` (a custom resource's collection); errors other than 404 retry
+    (calling `on_error`) until `stop` is set (then None)."""
+    while not stop.is_set():
         try:
             api.get(path, [("limit", "1")])
             return True
         except KubeError as exc:
             if exc.status == NOT_FOUND:
                 return False
+            on_error()
             log.warning("%s: %s; retrying", path, exc)
-            time.sleep(1.0)
+            stop.wait(1.0)
+    return None
 
 
 def _gpunode(obj: CustomObject) -> GPUNode | None:
@@ -295,6 +331,37 @@ def gpunode_reflector(
     )
 
 
+class WatchHealth:
+    """The reflectors whose breakage makes the extender unready (and its filter refuse)."""
+
+    def __init__(self) -> None:
+        self._reflectors: list[Reflector[Any]] = []
+        self._lock = threading.Lock()
+
+    def add(self, reflector: Reflector[Any]) -> None:
+        with self._lock:
+            self._reflectors.append(reflector)
+
+    def broken_for_each(self) -> dict[str, float]:
+        """Resource -> seconds its watch has been broken (0: connected), for every watch."""
+        now = time.monotonic()
+        with self._lock:
+            reflectors = list(self._reflectors)
+        return {r.resource: r.broken_for(now) for r in reflectors}
+
+    def broken(self) -> dict[str, float]:
+        """Resource -> seconds its watch has been broken, for every broken one."""
+        return {name: t for name, t in self.broken_for_each().items() if t > 0}
+
+    def stale(self, limit: float) -> str | None:
+        """Why decisions must wait (a watch broken longer than `limit` seconds), or None."""
+        over = {name: t for name, t in self.broken().items() if t > limit}
+        if not over:
+            return None
+        parts = ", ".join(f"{name} for {t:.0f} s" for name, t in sorted(over.items()))
+        return f"watch broken ({parts}; limit {limit:g} s): the GPU cache may be stale"
+
+
 class Reflectors:
     """The node, pod and GPUNode reflectors of one cache."""
 
@@ -303,21 +370,33 @@ class Reflectors:
     ) -> None:
         self.nodes, self.pods, self.gpunodes = nodes, pods, gpunodes
 
-    def start(self) -> None:
-        self.nodes.start()
-        self.pods.start()
-        self.gpunodes.start()
+    @property
+    def all(self) -> tuple[Reflector[Any], ...]:
+        return (self.nodes, self.pods, self.gpunodes)
 
-    def stop(self) -> None:
-        self.nodes.stop()
-        self.pods.stop()
-        self.gpunodes.stop()
+    def start(self) -> None:
+        for reflector in self.all:
+            reflector.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop every reflector within `timeout` seconds in all (their threads are daemons)."""
+        deadline = time.monotonic() + timeout
+        for reflector in self.all:
+            reflector.signal_stop()
+        for reflector in self.all:
+            reflector.join(deadline - time.monotonic())
 
 
 def start_reflectors(
-    cache: GpuCache, api: KubeApi, *, resync_period: float = 600.0, watch_timeout: float = 300.0
+    cache: GpuCache,
+    api: KubeApi,
+    *,
+    resync_period: float = 600.0,
+    watch_timeout: float = 300.0,
+    health: WatchHealth | None = None,
 ) -> Reflectors:
-    """Feed `cache` from the API server in two background threads (returned, started)."""
+    """Feed `cache` from the API server in background threads (returned, started; each one
+    added to `health`)."""
     nodes: Reflector[Node] = Reflector(
         api,
         "nodes",
@@ -348,5 +427,8 @@ def start_reflectors(
     )
     cache.require_sync(GPUNODES)
     reflectors = Reflectors(nodes, pods, gpunode_reflector(cache, api, resync_period=resync_period))
+    if health is not None:
+        for reflector in reflectors.all:
+            health.add(reflector)
     reflectors.start()
     return reflectors

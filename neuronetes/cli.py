@@ -277,8 +277,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="The NeuroNetes scheduler extender: one uvicorn worker, the GPU cache fed by list+watch.",
     )
     srv.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, else ~/.kube/config)")
-    srv.add_argument("--host", default="0.0.0.0", help="listen address (default: 0.0.0.0)")
+    srv.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="listen address (default: 127.0.0.1; any other needs client-certificate HTTPS "
+        "or --insecure-allow-remote)",
+    )
     srv.add_argument("--port", type=int, default=8888, help="listen port (default: 8888)")
+    srv.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
+    srv.add_argument("--tls-private-key-file", help="the private key of --tls-cert-file (PEM)")
+    srv.add_argument(
+        "--client-ca-file",
+        help="require client certificates signed by this CA (PEM): kube-scheduler's tlsConfig certificate",
+    )
+    srv.add_argument(
+        "--insecure-allow-remote",
+        action="store_true",
+        help="listen on a non-loopback address without client certificates (only behind a network "
+        "policy that lets nothing but kube-scheduler reach the port)",
+    )
     srv.add_argument(
         "--config", help="settings file, JSON or YAML, hot-reloaded (default: built-in settings)"
     )

@@ -102,6 +102,8 @@ METRIC_CACHE_PODS: Final = "neuronetes_scheduler_cache_pods"
 METRIC_CACHE_HOLDS: Final = "neuronetes_scheduler_cache_holds"
 METRIC_CACHE_UNACCOUNTED: Final = "neuronetes_scheduler_cache_unaccounted_pods"
 METRIC_CACHE_SYNC_AGE: Final = "neuronetes_scheduler_cache_sync_age_seconds"
+METRIC_WATCH_BROKEN: Final = "neuronetes_scheduler_watch_broken_seconds"
+METRIC_EVENTS: Final = "neuronetes_scheduler_events_total"
 # per GPU (agent), DCGM-equivalent
 METRIC_GPU_MEMORY_USED: Final = "neuronetes_gpu_memory_used_bytes"
 METRIC_GPU_MEMORY_FREE: Final = "neuronetes_gpu_memory_free_bytes"
@@ -185,6 +187,18 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         MetricType.GAUGE,
         ("resource",),
         "Seconds since the API server last told the GPU cache about a resource (nodes, pods).",
+    ),
+    MetricSpec(
+        METRIC_WATCH_BROKEN,
+        MetricType.GAUGE,
+        ("resource",),
+        "Seconds a watch of the extender has been broken (0: connected); over the limit: unready.",
+    ),
+    MetricSpec(
+        METRIC_EVENTS,
+        MetricType.COUNTER,
+        ("result",),
+        "Pod Events the extender posted (posted), could not post (failed) or dropped (storm bound).",
     ),
     MetricSpec(
         METRIC_GPU_UTILIZATION,

@@ -1,34 +1,31 @@
 """Helpers shared by the extender tests: kube-scheduler-shaped objects, a fake API, an ASGI client.
 
+Pods come from `pod_builder`, the tests' and benchmarks' one pod builder.
+
 Importable from any test module (pytest's ``pythonpath`` holds ``tests/``).
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 import threading
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
 import httpx
 import msgspec
+from pod_builder import container, manifest, new_uid, served
 
 from neuronetes import contracts as c
-from neuronetes.devcluster.profiles import KWOK_TAINT, node_manifest, profile
+from neuronetes.devcluster.profiles import node_manifest, profile
+from neuronetes.extender.bodies import NodeSet
 from neuronetes.extender.cache import GpuCache
 from neuronetes.extender.config import ExtenderSettings
 from neuronetes.extender.kube import KubeError
-from neuronetes.extender.wire import Node, Pod
-
-_UIDS = itertools.count(1)
-
-
-def new_uid() -> str:
-    return str(uuid.UUID(int=next(_UIDS) + (7 << 100)))
+from neuronetes.extender.service import ExtenderService
+from neuronetes.extender.wire import ExtenderBindingArgs, ExtenderBindingResult, Node, Pod
 
 
 def node_objects(spec: Mapping[str, int], prefix: str = "n") -> list[dict[str, Any]]:
@@ -54,22 +51,6 @@ def node_objects(spec: Mapping[str, int], prefix: str = "n") -> list[dict[str, A
     return out
 
 
-def container(name: str, limits: Mapping[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    resources: dict[str, Any] = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {}}
-    for key, value in (limits or {}).items():
-        resources["limits"][key] = str(value)
-        if key.startswith(c.RESOURCE_PREFIX):
-            resources["requests"][key] = str(value)
-    return {
-        "name": name,
-        "image": "registry.example/worker:1",
-        "resources": resources,
-        "terminationMessagePath": "/dev/termination-log",
-        "imagePullPolicy": "IfNotPresent",
-        **extra,
-    }
-
-
 def pod_object(
     name: str,
     containers: Sequence[dict[str, Any]],
@@ -81,35 +62,8 @@ def pod_object(
     node: str = "",
 ) -> dict[str, Any]:
     """A pod as kube-scheduler sends it (full object, camelCase, fields the extender ignores too)."""
-    spec: dict[str, Any] = {
-        "containers": list(containers),
-        "schedulerName": c.SCHEDULER_NAME,
-        "priority": priority,
-        "restartPolicy": "Always",
-        "tolerations": [dict(KWOK_TAINT, operator="Equal")],
-        "dnsPolicy": "ClusterFirst",
-        "enableServiceLinks": True,
-        "preemptionPolicy": "PreemptLowerPriority",
-    }
-    if init:
-        spec["initContainers"] = list(init)
-    if node:
-        spec["nodeName"] = node
-    return {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": uid or new_uid(),
-            "resourceVersion": "4242",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            "labels": {"app": "gpu-test"},
-            "managedFields": [{"manager": "kubectl", "operation": "Update"}],
-        },
-        "spec": spec,
-        "status": {"phase": "Pending", "qosClass": "Burstable", "conditions": []},
-    }
+    pod = manifest(name, containers=containers, init=init, namespace=namespace, node=node, priority=priority)
+    return served(pod, uid=uid)
 
 
 def bound_with(
@@ -150,6 +104,17 @@ def cpu_pod(name: str, **kw: Any) -> dict[str, Any]:
     return pod_object(name, [container("main")], **kw)
 
 
+def names_request(pod: Mapping[str, Any] | Pod, names: Sequence[str]) -> NodeSet:
+    """A filter/prioritize request for `pod` over `names` (``nodeCacheCapable: true``)."""
+    as_pod = pod if isinstance(pod, Pod) else msgspec.convert(pod, Pod)
+    return NodeSet(as_pod, list(names), None, True)
+
+
+def bind_now(service: ExtenderService, args: ExtenderBindingArgs) -> tuple[ExtenderBindingResult, str]:
+    """The async bind verb, run to completion from synchronous test code (any thread)."""
+    return anyio.run(service.bind, args)
+
+
 def synced_cache(
     nodes: Sequence[Mapping[str, Any]], settings: ExtenderSettings | None = None, **kw: Any
 ) -> GpuCache:
@@ -188,7 +153,9 @@ class FakeApi:
         with self._lock:
             self.failures.append(KubeError(status, message))
 
-    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
+    ) -> None:
         with self._lock:
             if self.failures:
                 raise self.failures.pop(0)
@@ -209,7 +176,7 @@ class FakeApi:
         if self.cache is not None:
             self.cache.upsert_pod(msgspec.convert(bound, Pod))
 
-    def get_pod(self, namespace: str, name: str) -> Pod | None:
+    async def get_pod(self, namespace: str, name: str) -> Pod | None:
         with self._lock:
             pod = self.pods.get((namespace, name))
             return None if pod is None else msgspec.convert(copy.deepcopy(pod), Pod)

@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 from e2e_cluster import E2ECluster, wait_until
 from extender_support import metric_value
+from pod_builder import container, manifest
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
-from neuronetes.devcluster.profiles import KWOK_TAINT
+from neuronetes.extender.bodies import NodeSet
 from neuronetes.extender.server import Extender, ExtenderThread, build
 from neuronetes.extender.service import ExtenderService
-from neuronetes.extender.wire import ExtenderArgs, ExtenderFilterResult
+from neuronetes.extender.wire import ExtenderFilterResult
 
 pytestmark = pytest.mark.e2e
 
@@ -45,27 +46,13 @@ def gang_manifest(name: str, group: str, size: int, gpus: int, locality: str = "
 
 
 def pod_manifest(name: str, limits: dict[str, Any], *, init: dict[str, Any] | None = None) -> dict[str, Any]:
-    def ctr(cname: str, lim: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "name": cname,
-            "image": "registry.example/worker:1",
-            "resources": {"limits": {k: str(v) for k, v in lim.items()}, "requests": {"cpu": "100m"}},
-        }
-
-    spec: dict[str, Any] = {
-        "schedulerName": c.SCHEDULER_NAME,
-        "containers": [ctr("main", limits)],
-        "tolerations": [dict(KWOK_TAINT, operator="Equal")],
-        "nodeSelector": {SUITE_LABEL[0]: SUITE_LABEL[1]},
-    }
-    if init is not None:
-        spec["initContainers"] = [ctr("prep", init)]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": spec,
-    }
+    return manifest(
+        name,
+        limits,
+        init=[container("prep", init)] if init is not None else (),
+        namespace=NAMESPACE,
+        node_selector=dict([SUITE_LABEL]),
+    )
 
 
 @dataclass
@@ -82,11 +69,11 @@ class RecordingService(ExtenderService):
         super().__init__(*args, **kwargs)
         self.decisions: dict[str, Decision] = {}
 
-    def filter(self, args: ExtenderArgs) -> tuple[ExtenderFilterResult, str]:
-        result, outcome = super().filter(args)
-        hold = self.cache.hold_of(args.pod.metadata.uid)
+    def filter(self, nodes: NodeSet) -> tuple[ExtenderFilterResult, str]:
+        result, outcome = super().filter(nodes)
+        hold = self.cache.hold_of(nodes.pod.metadata.uid)
         if hold is not None:
-            self.decisions[args.pod.metadata.name] = Decision(
+            self.decisions[nodes.pod.metadata.name] = Decision(
                 hold.node, tuple(g.gpu_index for g in hold.grants), tuple(g.mig_start for g in hold.grants)
             )
         return result, outcome
@@ -327,4 +314,45 @@ def test_the_agents_gpunode_objects_reach_the_cache(
     ]
     cluster.kubectl("delete", "gpunode", node)
     wait_until(lambda: uuids() is None, timeout=30, what="the label inventory back")
+    ext.cache.check_invariants()
+
+
+def describe(cluster: E2ECluster, pod: str) -> str:
+    return str(cluster.kubectl("describe", "pod", "-n", NAMESPACE, pod).stdout)
+
+
+def test_describe_pod_shows_the_placement_and_the_gang_barrier(
+    cluster: E2ECluster, extender: tuple[Extender, str], nodes: dict[str, list[str]]
+) -> None:
+    ext, _ = extender
+    lone = pod_manifest("explained", {c.RESOURCE_GPU: 2})
+    # One member of a gang of two: its bind waits at the barrier for the other.
+    waiting = gang_manifest("pair-0", "pair", 2, 1)
+    cluster.kubectl(
+        "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [lone, waiting]})
+    )
+
+    def placed() -> str | None:
+        text = describe(cluster, "explained")
+        return text if "GpusAssigned" in text else None
+
+    text = wait_until(placed, timeout=60, what="the GpusAssigned Event on the pod")
+    node = get_json(cluster, "pod", "-n", NAMESPACE, "explained")["spec"]["nodeName"]
+    assert f"node {node}, gpus " in text and "neuronetes-extender" in text, text
+
+    def barrier() -> str | None:
+        text = describe(cluster, "pair-0")
+        return text if "GangWaiting" in text else None
+
+    text = wait_until(barrier, timeout=60, what="the GangWaiting Event on the waiting member")
+    assert "1 of 2 members at the bind barrier (gang extender-e2e/pair)" in text, text
+    # The second member arrives: both are bound.
+    cluster.kubectl("create", "-f", "-", input=json.dumps(gang_manifest("pair-1", "pair", 2, 1)))
+
+    def both_bound() -> bool:
+        items = get_json(cluster, "pods", "-n", NAMESPACE)["items"]
+        pair = [p for p in items if p["metadata"]["name"].startswith("pair-")]
+        return len(pair) == 2 and all(p["spec"].get("nodeName") for p in pair)
+
+    wait_until(both_bound, timeout=120, what="both members of the pair bound")
     ext.cache.check_invariants()

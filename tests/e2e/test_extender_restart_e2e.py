@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 from e2e_cluster import E2ECluster, wait_until
+from extender_harness import ExtenderProcess
+from pod_builder import manifest
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
-from neuronetes.devcluster.profiles import KWOK_TAINT
-from neuronetes.extender.server import ExtenderProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -54,27 +54,17 @@ def member(
     annotations = {c.ANNOTATION_LOCALITY: "same-node"}
     if timeout_s is not None:
         annotations[c.ANNOTATION_GANG_TIMEOUT] = str(timeout_s)
-    spec: dict[str, Any] = {
-        "schedulerName": c.SCHEDULER_NAME,
-        "containers": [
-            {
-                "name": "main",
-                "image": "registry.example/worker:1",
-                "resources": {"limits": {c.RESOURCE_GPU: str(gpus)}, "requests": {"cpu": "100m"}},
-            }
-        ],
-        "tolerations": [dict(KWOK_TAINT, operator="Equal")],
-        "nodeSelector": {SUITE_LABEL[0]: SUITE_LABEL[1]},
-    }
-    labels = {c.LABEL_GANG: group, c.LABEL_GANG_SIZE: "4"} if group else {}
+    selector = dict([SUITE_LABEL])
     if node:
-        spec["nodeSelector"]["kubernetes.io/hostname"] = node
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels, "annotations": annotations},
-        "spec": spec,
-    }
+        selector["kubernetes.io/hostname"] = node
+    return manifest(
+        name,
+        {c.RESOURCE_GPU: gpus},
+        namespace=NAMESPACE,
+        labels={c.LABEL_GANG: group, c.LABEL_GANG_SIZE: "4"} if group else {},
+        annotations=annotations,
+        node_selector=selector,
+    )
 
 
 def create(cluster: E2ECluster, *pods: dict[str, Any]) -> None:
@@ -166,3 +156,20 @@ def test_reservation_expires_after_a_restart_and_its_gpus_are_free_again(
 
     wait_until(running, timeout=60, what="an 8-GPU pod on the freed node")
     no_gpu_given_twice(cluster)
+
+
+def test_sigterm_with_a_gang_member_waiting_exits_within_10_s(
+    cluster: E2ECluster, extender_process: ExtenderProcess
+) -> None:
+    """Kubernetes gives a pod 30 s between SIGTERM and SIGKILL: a bind waiting at the gang barrier
+    (for up to bindWaitSeconds, 100 s here) must fail at once, not hold the shutdown."""
+    create(cluster, member("term-0", "term"))
+
+    def waiting() -> bool:
+        text = cluster.kubectl("describe", "pod", "-n", NAMESPACE, "term-0").stdout
+        return "GangWaiting" in text
+
+    wait_until(waiting, timeout=60, what="term-0 waiting at the bind barrier")
+    took = extender_process.stop(grace_s=30)
+    assert took is not None and took <= 10, f"the extender took {took} s to exit after SIGTERM"
+    assert "Traceback" not in extender_process.tail(200)

@@ -309,6 +309,10 @@ def test_cel_rules_name_their_field_and_reference_real_fields(kind: str) -> None
     assert errors == []
 
 
+FUTURE_TIME_COLUMNS = {("GangReservation", "Expires")}
+"""Timestamps in the future: `date` would print them as an age (``<invalid>``), so ``string``."""
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_printer_columns_and_scale_paths_are_fields(kind: str) -> None:
     (version,) = CRDS[kind]["spec"]["versions"]
@@ -323,6 +327,8 @@ def test_printer_columns_and_scale_paths_are_fields(kind: str) -> None:
             errors.append(f"column {column['name']}: {column['jsonPath']} is not a field")
             continue
         want = "date" if node.get("format") == "date-time" else node.get("type", "string")
+        if (kind, column["name"]) in FUTURE_TIME_COLUMNS:
+            want = "string"
         if column["type"] != want:
             errors.append(f"column {column['name']}: type {column['type']} but the field is {want}")
     scale = version["subresources"].get("scale")

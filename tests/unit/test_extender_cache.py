@@ -16,9 +16,11 @@ import pytest
 from extender_support import (
     FakeApi,
     FakeClock,
+    bind_now,
     bound_with,
     gpu_pod,
     mig_pod,
+    names_request,
     node_objects,
     shared_pod,
     synced_cache,
@@ -34,7 +36,7 @@ from neuronetes.extender.nodes import NodeSpecError, node_spec_from_node
 from neuronetes.extender.pods import PodInfo
 from neuronetes.extender.service import ExtenderService
 from neuronetes.extender.watch import Reflector
-from neuronetes.extender.wire import ExtenderArgs, ExtenderBindingArgs, Node, NodeList, Pod
+from neuronetes.extender.wire import ExtenderBindingArgs, Node, NodeList, Pod
 from neuronetes.inventory import ClusterState
 from neuronetes.model import GpuGrant, Locality, PodRequest
 
@@ -333,13 +335,14 @@ def test_a_bind_to_a_node_that_left_is_refused() -> None:
     service = ExtenderService(cache, api)
     pod = gpu_pod("p", 1)
     api.add(pod)
-    result, _ = service.filter(ExtenderArgs(pod=as_pod(pod), node_names=["nt4x4-pcie-0"]))
+    result, _ = service.filter(names_request(pod, ["nt4x4-pcie-0"]))
     assert result.node_names == ["nt4x4-pcie-0"]
     cache.replace_nodes([])
-    out, _ = service.bind(
+    out, _ = bind_now(
+        service,
         ExtenderBindingArgs(
             pod_name="p", pod_namespace="default", pod_uid=pod["metadata"]["uid"], node="nt4x4-pcie-0"
-        )
+        ),
     )
     assert "not in the gpu inventory" in out.error and api.bindings == []
     cache.check_invariants()

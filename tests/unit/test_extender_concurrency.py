@@ -23,23 +23,26 @@ import pytest
 from extender_support import (
     FakeApi,
     FakeClock,
-    container,
+    bind_now,
     cpu_pod,
     gpu_pod,
     mig_pod,
+    names_request,
     node_objects,
     pod_object,
     shared_pod,
     synced_cache,
 )
+from pod_builder import container
 
 from neuronetes import contracts as c
 from neuronetes import mig
 from neuronetes.extender.app import create_app
+from neuronetes.extender.bodies import NodeSet
 from neuronetes.extender.cache import GpuCache
 from neuronetes.extender.kube import KubeError
 from neuronetes.extender.service import ExtenderService
-from neuronetes.extender.wire import ExtenderArgs, ExtenderBindingArgs, Node, Pod
+from neuronetes.extender.wire import ExtenderBindingArgs, Node
 
 pytestmark = pytest.mark.unit
 
@@ -163,8 +166,8 @@ def check_oracle(api: FakeApi, plans: dict[str, Plan], cache: GpuCache) -> int:
     return len(bound)
 
 
-def _args(pod: dict[str, Any]) -> ExtenderArgs:
-    return ExtenderArgs(pod=msgspec.convert(pod, Pod), node_names=list(NAMES))
+def _args(pod: dict[str, Any]) -> NodeSet:
+    return names_request(pod, NAMES)
 
 
 def test_200_concurrent_filter_bind_sequences_in_threads() -> None:
@@ -192,7 +195,7 @@ def test_200_concurrent_filter_bind_sequences_in_threads() -> None:
         bind = ExtenderBindingArgs(
             pod_name=meta["name"], pod_namespace=meta["namespace"], pod_uid=meta["uid"], node=node
         )
-        out, _ = service.bind(bind)
+        out, _ = bind_now(service, bind)
         if out.error and plan.failure == 500:  # kube-scheduler retries the pod after an error
             result, _ = service.filter(_args(plan.pod))
             if result.node_names:
@@ -202,7 +205,7 @@ def test_200_concurrent_filter_bind_sequences_in_threads() -> None:
                     pod_uid=meta["uid"],
                     node=result.node_names[0],
                 )
-                out, _ = service.bind(bind)
+                out, _ = bind_now(service, bind)
         outcomes[meta["name"]] = "error" if out.error else "bound"
         if not out.error and plan.delete_after:
             api.delete(meta["namespace"], meta["name"])
@@ -288,13 +291,14 @@ def test_node_changes_mid_flight_replay_without_oversubscription() -> None:
         api.add(plan.pod)
         result, _ = service.filter(_args(plan.pod))
         if result.node_names:
-            service.bind(
+            bind_now(
+                service,
                 ExtenderBindingArgs(
                     pod_name=meta["name"],
                     pod_namespace=meta["namespace"],
                     pod_uid=meta["uid"],
                     node=result.node_names[0],
-                )
+                ),
             )
 
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -13,9 +13,11 @@ import pytest
 from extender_support import (
     FakeApi,
     FakeClock,
+    bind_now,
     bound_with,
     cpu_pod,
     gpu_pod,
+    names_request,
     node_objects,
     shared_pod,
     synced_cache,
@@ -28,7 +30,7 @@ from neuronetes.extender.config import ExtenderSettings
 from neuronetes.extender.gangs import GangSpec, decode_reservation, encode_reservation
 from neuronetes.extender.pods import PodInfo
 from neuronetes.extender.service import ExtenderService
-from neuronetes.extender.wire import ExtenderArgs, ExtenderBindingArgs, Node, Pod
+from neuronetes.extender.wire import ExtenderBindingArgs, Node, Pod
 
 pytestmark = pytest.mark.unit
 
@@ -69,15 +71,16 @@ class Env:
         return pod
 
     def filter(self, pod: dict[str, Any], names: list[str] | None = None) -> Any:
-        out, _ = self.service.filter(ExtenderArgs(pod=as_pod(pod), node_names=names or self.names))
+        out, _ = self.service.filter(names_request(pod, names or self.names))
         return out
 
     def bind(self, pod: dict[str, Any], node: str) -> str:
         meta = pod["metadata"]
-        out, _ = self.service.bind(
+        out, _ = bind_now(
+            self.service,
             ExtenderBindingArgs(
                 pod_name=meta["name"], pod_namespace=meta["namespace"], pod_uid=meta["uid"], node=node
-            )
+            ),
         )
         return str(out.error)
 
@@ -398,3 +401,14 @@ def test_a_gang_spec_is_what_the_filter_gets() -> None:
     assert decision.feasible == () and "maxGangSize=4" in next(iter(decision.unresolvable.values()))
     with pytest.raises(BindRefusedError):
         env.cache.prepare_bind(info(pod).id, T4)
+
+
+def test_a_pod_bound_before_the_watch_showed_it_keeps_its_gpus_past_the_hold_ttl() -> None:
+    env = Env(assume_ttl_seconds=10)
+    pod = info(gpu_pod("unseen", 2))  # filtered and bound; the watch has not reported it yet
+    (node,) = env.cache.filter(pod, env.names).feasible
+    plan = env.cache.prepare_bind(pod.id, node, pod)
+    env.cache.bind_done(plan, ok=True)
+    env.clock.now += 60
+    assert len(whole_free(env.cache, node)) == 2 and env.cache.holds() == []
+    env.cache.check_invariants()

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from extender_support import FakeApi, FakeClock, gpu_pod, node_objects, synced_cache
+from extender_support import FakeApi, FakeClock, bind_now, gpu_pod, names_request, node_objects, synced_cache
 
 from neuronetes import contracts as c
 from neuronetes.extender.cache import GpuCache
@@ -20,7 +20,9 @@ from neuronetes.extender.pods import PodInfo
 from neuronetes.extender.reservations import GroupDirectory, ReservationStore
 from neuronetes.extender.service import ExtenderService
 from neuronetes.extender.watch import CustomObject
-from neuronetes.extender.wire import ExtenderArgs, ExtenderBindingArgs, Pod
+from neuronetes.extender.wire import ExtenderBindingArgs, ObjectMeta, Pod
+
+pytestmark = pytest.mark.unit
 
 NODES = {"dgx-a100-80gb": 2, "t4x4-pcie": 2}
 DGX = {"ndgx-a100-80gb-0", "ndgx-a100-80gb-1"}
@@ -59,15 +61,16 @@ class Setup:
         return pod
 
     def filter(self, pod: Mapping[str, Any]) -> Any:
-        result, _ = self.service.filter(ExtenderArgs(pod=as_pod(pod), node_names=self.names))
+        result, _ = self.service.filter(names_request(pod, self.names))
         return result
 
     def bind(self, pod: Mapping[str, Any], node: str) -> str:
         meta = pod["metadata"]
-        out, _ = self.service.bind(
+        out, _ = bind_now(
+            self.service,
             ExtenderBindingArgs(
                 pod_name=meta["name"], pod_namespace=meta["namespace"], pod_uid=meta["uid"], node=node
-            )
+            ),
         )
         return out.error
 
@@ -224,27 +227,30 @@ def test_members_bound_before_the_reservation_count_toward_the_gang() -> None:
     assert s.cache.gangs() == []
 
 
-def test_group_size_from_the_podgroup_object() -> None:
-    class Api:
-        def __init__(self) -> None:
-            self.calls = 0
-
-        def get(self, path: str, query: Any = (), *, timeout: float | None = None) -> bytes:
-            self.calls += 1
-            if path.endswith("/podgroups/known"):
-                return msgspec.json.encode({"spec": {"minMember": 3, "scheduleTimeoutSeconds": 45}})
-            raise KubeError(404, "not found")
-
-    api = Api()
-    groups = GroupDirectory(api)  # type: ignore[arg-type]
+def test_group_size_from_the_podgroup_watch() -> None:
+    """Group objects come from the PodGroup watch (the directory has no API client to GET with)."""
+    groups = GroupDirectory()
+    key = c.LABEL_POD_GROUP_X_K8S
     known = PodInfo.from_pod(as_pod(gang_pod("k", 1, "known", None)))
+    assert groups.spec_for(known, 120) == (
+        "gang known: size unknown (PodGroup default/known not found (PodGroups not listed yet))"
+    )
+    podgroup = CustomObject(
+        metadata=ObjectMeta(name="known", namespace="default"),
+        spec={"minMember": 3, "scheduleTimeoutSeconds": 45},
+    )
+    groups.replace(key, [podgroup])
     assert groups.spec_for(known, 120) == GangSpec(size=3, ttl_seconds=45)
-    assert groups.spec_for(known, 120) == GangSpec(size=3, ttl_seconds=45)
-    assert api.calls == 1  # cached
     missing = PodInfo.from_pod(as_pod(gang_pod("m", 1, "nope", None)))
     assert groups.spec_for(missing, 120) == "gang nope: size unknown (PodGroup default/nope not found)"
     labelled = PodInfo.from_pod(as_pod(gang_pod("l", 1, "lab", 5)))
     assert groups.spec_for(labelled, 120) == GangSpec(size=5, ttl_seconds=120)
+    groups.upsert(key, msgspec.structs.replace(podgroup, spec={"minMember": 0}))
+    assert groups.spec_for(known, 120) == (
+        "gang known: size unknown (PodGroup default/known has no positive spec.minMember)"
+    )
+    groups.delete(key, podgroup)
+    assert "not found" in str(groups.spec_for(known, 120))
 
 
 def test_malformed_gang_labels_are_a_clear_filter_error() -> None:
@@ -450,3 +456,37 @@ def test_pods_rejected_while_a_reservation_held_the_gpus_are_nudged_when_it_ends
     )
     assert s.cache.take_nudges() == []
     assert s.filter(lone).node_names == ["ndgx-a100-80gb-0"]
+
+
+def test_a_standby_follows_the_active_extenders_reservations() -> None:
+    """The standby's reservation watch hands every GangReservation to the cache's idempotent
+    restore: it holds the active extender's slots (no GPU for anyone else there), and lets
+    them go when the active one ends the group or deletes the object."""
+    active, standby = Setup(), Setup()
+    active_api = StoreApi()
+    writer = ReservationStore(active.cache, active_api)  # type: ignore[arg-type]
+    store = ReservationStore(standby.cache, StoreApi())  # type: ignore[arg-type]
+    active.cache.mark_synced("gangreservations")
+    standby.cache.mark_synced("gangreservations")
+    pods = [active.add(gang_pod(f"h{k}", 2, "ha", 4)) for k in range(4)]
+    for p in pods:
+        standby.cache.upsert_pod(as_pod(p))
+    (node,) = active.filter(pods[0]).node_names
+    writer.flush()
+    ((_, obj),) = active_api.objects.items()
+    item = msgspec.json.decode(msgspec.json.encode(obj), type=CustomObject)
+    before = free_gpus(standby.cache, node)
+    store.upserted(item)
+    store.upserted(item)  # the same object again (a resync): nothing changes
+    store.listed([item])
+    assert free_gpus(standby.cache, node) == before - 8
+    assert len(standby.cache.gangs()) == 1
+    assert standby.filter(standby.add(gpu_pod("lone", 8))).node_names != [node]
+    ended = msgspec.structs.replace(item, status={"phase": "Expired", "boundMembers": 0})
+    store.upserted(ended)
+    assert standby.cache.gangs() == [] and free_gpus(standby.cache, node) == before
+    store.upserted(item)  # reserved again (a new plan): held again; then its object is deleted
+    assert len(standby.cache.gangs()) == 1
+    store.deleted(item)
+    assert standby.cache.gangs() == []
+    standby.cache.check_invariants()

@@ -14,7 +14,6 @@ import schemathesis
 from extender_support import (
     AsgiClient,
     FakeApi,
-    container,
     cpu_pod,
     gpu_pod,
     metric_value,
@@ -24,6 +23,7 @@ from extender_support import (
     synced_cache,
 )
 from hypothesis import HealthCheck, settings
+from pod_builder import container
 
 from neuronetes import contracts as c
 from neuronetes.extender.app import create_app

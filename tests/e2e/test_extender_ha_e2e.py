@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 from e2e_cluster import STARTED, ensure_toolchain, track, wait_until
-from gpu_workload import gpu_memory_of, gpu_pod, no_gpu_given_twice
+from gpu_ledger import gpu_memory_of, no_gpu_given_twice
+from pod_builder import manifest
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import POLICIES_DIR, DevCluster
@@ -85,20 +86,15 @@ class BindWatcher:
 
 def batch(tag: str) -> list[dict[str, Any]]:
     """Whole GPUs, pairs and shared slices: 16 pods, 20 whole GPUs and 4 slices."""
-    pods = [gpu_pod(f"{tag}-one-{k}", NAMESPACE, {c.RESOURCE_GPU: 1}) for k in range(8)]
-    pods += [gpu_pod(f"{tag}-two-{k}", NAMESPACE, {c.RESOURCE_GPU: 2}) for k in range(4)]
+    pods = [manifest(f"{tag}-one-{k}", {c.RESOURCE_GPU: 1}, namespace=NAMESPACE) for k in range(8)]
+    pods += [manifest(f"{tag}-two-{k}", {c.RESOURCE_GPU: 2}, namespace=NAMESPACE) for k in range(4)]
     shared = {c.RESOURCE_GPU_MEMORY: 10240, c.RESOURCE_GPU_COMPUTE: 30}
-    return pods + [gpu_pod(f"{tag}-shared-{k}", NAMESPACE, shared) for k in range(4)]
+    return pods + [manifest(f"{tag}-shared-{k}", shared, namespace=NAMESPACE) for k in range(4)]
 
 
 def member(k: int) -> dict[str, Any]:
-    return gpu_pod(
-        f"gang-{k}",
-        NAMESPACE,
-        {c.RESOURCE_GPU: 2},
-        labels=GANG,
-        annotations={c.ANNOTATION_LOCALITY: "same-node"},
-    )
+    locality = {c.ANNOTATION_LOCALITY: "same-node"}
+    return manifest(f"gang-{k}", {c.RESOURCE_GPU: 2}, namespace=NAMESPACE, labels=GANG, annotations=locality)
 
 
 def test_killing_the_leader_pair_loses_no_pod_and_gives_no_gpu_twice(ha: DevCluster) -> None:

@@ -50,19 +50,33 @@ static void sleep_until(uint64_t t) {
     }
 }
 
+/* The latest clock reading: events complete in order, so most completion checks are answered
+ * without reading the clock again (a system call on some machines). */
+static uint64_t g_seen_now;
+
+static int reached(uint64_t t) {
+    if (t <= __atomic_load_n(&g_seen_now, __ATOMIC_RELAXED)) return 1;
+    uint64_t now = now_ns();
+    __atomic_store_n(&g_seen_now, now, __ATOMIC_RELAXED);
+    return t <= now;
+}
+
 static int g_initialized;
 static fake_state *g_state;
-static __thread fake_proc *t_self; /* this process's entry (re-fetched after fork) */
-static __thread pid_t t_self_pid;
+static fake_proc *g_self; /* this process's entry (dropped in a forked child) */
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+static void forget_self(void) { g_self = NULL; }
+static void install_atfork(void) { pthread_atfork(NULL, NULL, forget_self); }
 
 static fake_proc *self_entry(void) {
-    pid_t pid = getpid();
-    if (t_self != NULL && t_self_pid == pid) return t_self;
+    fake_proc *p = __atomic_load_n(&g_self, __ATOMIC_ACQUIRE);
+    if (p != NULL) return p;
+    pthread_once(&g_atfork_once, install_atfork);
     fake_state_lock(g_state);
-    fake_proc *p = fake_state_self(g_state);
+    p = fake_state_self(g_state);
     fake_state_unlock(g_state);
-    t_self = p;
-    t_self_pid = pid;
+    __atomic_store_n(&g_self, p, __ATOMIC_RELEASE);
     return p;
 }
 
@@ -718,7 +732,7 @@ EXPORT CUresult cuEventQuery(CUevent ev) {
     REQUIRE_INIT();
     fake_event *e = (fake_event *)ev;
     if (e == NULL) return CUDA_ERROR_INVALID_HANDLE;
-    return event_time(e) <= now_ns() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return reached(event_time(e)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 EXPORT CUresult cuEventSynchronize(CUevent ev) {
@@ -733,8 +747,8 @@ EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end) {
     REQUIRE_INIT();
     fake_event *a = (fake_event *)start, *b = (fake_event *)end;
     if (ms == NULL || a == NULL || b == NULL || !a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t ta = event_time(a), tb = event_time(b), now = now_ns();
-    if (ta > now || tb > now) return CUDA_ERROR_NOT_READY;
+    uint64_t ta = event_time(a), tb = event_time(b);
+    if (!reached(ta) || !reached(tb)) return CUDA_ERROR_NOT_READY;
     *ms = (float)((double)((int64_t)(tb - ta)) / 1e6);
     return CUDA_SUCCESS;
 }

@@ -43,6 +43,15 @@ static unsigned g_event_pool_count;
 static uint64_t g_inflight_ns[NN_MAX_DEVICES]; /* sum of estimates of unfinished launches */
 static uint64_t g_estimate_ns[NN_MAX_DEVICES]; /* moving average of measured kernels (0 = none yet) */
 static unsigned g_slot_high = NN_MAX_PROCS;    /* slots above this are free (refreshed every window) */
+/* What the last check left of the allowance, spent launch by launch (by the estimate) without
+ * reading the clock or the other slots; at zero the next launch checks again. Other processes of
+ * the container spend concurrently: an overrun that causes becomes debt like any other. */
+static int64_t g_credit_ns[NN_MAX_DEVICES];
+static uint32_t g_credit_share[NN_MAX_DEVICES];
+/* Allowance the container left unused in the previous window (we were late to wake, or queued
+ * behind another container's kernels), usable in this one: at most half a window, and only from a
+ * window this process was busy in, so an idle process banks nothing. */
+static uint64_t g_bank_ns[NN_MAX_DEVICES];
 static int g_captures;                         /* captures begun and not ended in this process */
 
 static void sleep_ns(uint64_t ns) {
@@ -170,12 +179,19 @@ static void roll_window(uint64_t w, uint64_t window) {
     g_slot_high = high;
     for (int d = 0; d < (int)NN_MAX_DEVICES; d++) {
         uint64_t mine = __atomic_load_n(&me->kernel_ns[d], __ATOMIC_RELAXED);
+        g_bank_ns[d] = 0;
+        g_credit_ns[d] = 0;
         if (mine == 0) continue;
         uint64_t total = window_usage(d, old);
         if (total < mine) total = mine;
-        uint64_t repaid = allowance_ns(d, window) * (w > old ? w - old : 1);
+        uint64_t allowance = allowance_ns(d, window);
+        uint64_t repaid = allowance * (w > old ? w - old : 1);
         uint64_t carry = total > repaid ? (uint64_t)((double)mine * (double)(total - repaid) / (double)total) : 0;
         __atomic_store_n(&me->kernel_ns[d], carry, __ATOMIC_RELAXED);
+        if (w == old + 1 && total < allowance) {
+            uint64_t bank = (uint64_t)((double)(allowance - total) * (double)mine / (double)total);
+            g_bank_ns[d] = bank < allowance / 2 ? bank : allowance / 2;
+        }
     }
     __atomic_store_n(&me->window_index, w, __ATOMIC_RELEASE);
 }
@@ -237,9 +253,14 @@ static void wait_for_allowance(int dev) {
         roll_window(w, window);
         int first = g_estimate_ns[dev] == 0;
         uint64_t used = window_usage(dev, w) + g_inflight_ns[dev];
+        uint64_t allowance = allowance_ns(dev, window) + g_bank_ns[dev];
         /* until one kernel was measured, one in flight at a time */
-        int allowed = first ? g_inflight_ns[dev] == 0 && g_count == 0 : used < allowance_ns(dev, window);
-        if (allowed && g_count < NN_RING && !paused()) return;
+        int allowed = first ? g_inflight_ns[dev] == 0 && g_count == 0 : used < allowance;
+        if (allowed && g_count < NN_RING && !paused()) {
+            g_credit_ns[dev] = first ? 0 : (int64_t)(allowance - used);
+            g_credit_share[dev] = nn_device_share(dev);
+            return;
+        }
         uint64_t until_next = (w + 1) * window - now;
         uint64_t nap = (g_count > 0 && g_inflight_ns[dev] > 0 && until_next > NN_POLL_NS) ? NN_POLL_NS : until_next;
         if (!allowed && g_inflight_ns[dev] == 0 && !first) nap = until_next; /* measured time is spent */
@@ -270,8 +291,14 @@ static CUresult launch(CUstream stream, int ptds, nn_launch_call call, void *ctx
     if (!paced && transient == NULL && __atomic_load_n(&g_count, __ATOMIC_RELAXED) == 0) return call(ctx);
     __typeof__(nn_real.cuEventRecord) record = ptds ? nn_real.cuEventRecord_ptsz : nn_real.cuEventRecord;
     pthread_mutex_lock(&g_pace_lock);
-    if (paced) wait_for_allowance(dev);
-    else harvest(); /* settle earlier timed launches (graph memory) */
+    if (paced) {
+        /* fast path: credit left from the last check, room in the ring, the same share */
+        if (g_credit_ns[dev] <= 0 || g_count >= NN_RING - 1 || g_credit_share[dev] != nn_device_share(dev))
+            wait_for_allowance(dev);
+        g_credit_ns[dev] -= (int64_t)g_estimate_ns[dev];
+    } else {
+        harvest(); /* settle earlier timed launches (graph memory) */
+    }
     if (!paced && (transient == NULL || dev < 0)) {
         pthread_mutex_unlock(&g_pace_lock);
         if (transient != NULL) {
@@ -436,5 +463,7 @@ void nn_launch_after_fork(void) {
     g_event_pool_count = 0; /* events of the parent's context */
     memset(g_inflight_ns, 0, sizeof g_inflight_ns);
     memset(g_estimate_ns, 0, sizeof g_estimate_ns);
+    memset(g_credit_ns, 0, sizeof g_credit_ns);
+    memset(g_bank_ns, 0, sizeof g_bank_ns);
     g_captures = 0;
 }

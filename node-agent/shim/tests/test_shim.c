@@ -383,6 +383,28 @@ static void case_checkpoint(void) {
     CHECK_RC(C.cuMemFree_v2(p), CUDA_SUCCESS);
 }
 
+/* ---- with the agent's own region writer (tests/unit/test_shim_region.py drives this) ------------- */
+
+static void case_agent(void) {
+    CUdeviceptr p;
+    CHECK_RC(C.cuMemAlloc_v2(&p, 48 * MIB), CUDA_SUCCESS);
+    CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    CUmemGenericAllocationHandle h;
+    CHECK_RC(C.cuMemCreate(&h, 16 * MIB, &prop, 0), CUDA_SUCCESS);
+    printf("ready\n");
+    fflush(stdout);
+    char line[64];
+    CHECK(fgets(line, sizeof line, stdin) != NULL); /* the agent changed the region meanwhile */
+    size_t free_b, total;
+    CHECK_RC(C.cuMemGetInfo_v2(&free_b, &total), CUDA_SUCCESS);
+    CUdeviceptr q;
+    CUresult rc = C.cuMemAlloc_v2(&q, 40 * MIB);
+    printf("total %zu free %zu alloc40 %d\n", total, free_b, (int)rc);
+    fflush(stdout);
+    CHECK(fgets(line, sizeof line, stdin) != NULL); /* wait to be killed holding the memory */
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) {
         fprintf(stderr, "usage: %s <case> <region>\n", argv[0]);
@@ -416,6 +438,7 @@ int main(int argc, char **argv) {
     else if (strcmp(name, "children") == 0) case_children(argv[0]);
     else if (strcmp(name, "child-exec") == 0) case_child_exec();
     else if (strcmp(name, "checkpoint") == 0) case_checkpoint();
+    else if (strcmp(name, "agent") == 0) case_agent();
     else {
         fprintf(stderr, "unknown case %s\n", name);
         return 64;

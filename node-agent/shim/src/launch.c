@@ -48,9 +48,9 @@ static unsigned g_slot_high = NN_MAX_PROCS;    /* slots above this are free (ref
  * the container spend concurrently: an overrun that causes becomes debt like any other. */
 static int64_t g_credit_ns[NN_MAX_DEVICES];
 static uint32_t g_credit_share[NN_MAX_DEVICES];
-/* Allowance the container left unused in the previous window (we were late to wake, or queued
- * behind another container's kernels), usable in this one: at most half a window, and only from a
- * window this process was busy in, so an idle process banks nothing. */
+/* Allowance left unused in earlier windows (we woke late, or queued behind another container's
+ * kernels), usable later: a token bucket of one window's depth on top of the per-window allowance,
+ * so the long-run share holds in both directions (overruns are carried as debt in kernel_ns). */
 static uint64_t g_bank_ns[NN_MAX_DEVICES];
 static int g_captures;                         /* captures begun and not ended in this process */
 
@@ -179,18 +179,25 @@ static void roll_window(uint64_t w, uint64_t window) {
     g_slot_high = high;
     for (int d = 0; d < (int)NN_MAX_DEVICES; d++) {
         uint64_t mine = __atomic_load_n(&me->kernel_ns[d], __ATOMIC_RELAXED);
-        g_bank_ns[d] = 0;
+        uint64_t allowance = allowance_ns(d, window);
+        uint64_t elapsed = w > old ? w - old : 1;
+        uint64_t bank = g_bank_ns[d];
         g_credit_ns[d] = 0;
-        if (mine == 0) continue;
+        if (mine == 0) { /* idle here: the bucket fills, up to one window */
+            g_bank_ns[d] = bank + allowance * elapsed < allowance ? bank + allowance * elapsed : allowance;
+            continue;
+        }
         uint64_t total = window_usage(d, old);
         if (total < mine) total = mine;
-        uint64_t allowance = allowance_ns(d, window);
-        uint64_t repaid = allowance * (w > old ? w - old : 1);
-        uint64_t carry = total > repaid ? (uint64_t)((double)mine * (double)(total - repaid) / (double)total) : 0;
-        __atomic_store_n(&me->kernel_ns[d], carry, __ATOMIC_RELAXED);
-        if (w == old + 1 && total < allowance) {
-            uint64_t bank = (uint64_t)((double)(allowance - total) * (double)mine / (double)total);
-            g_bank_ns[d] = bank < allowance / 2 ? bank : allowance / 2;
+        double part = (double)mine / (double)total; /* our part of the container's use */
+        uint64_t allowed = allowance * elapsed + bank;
+        if (total > allowed) { /* overrun: debt, paid from the next windows' allowance */
+            __atomic_store_n(&me->kernel_ns[d], (uint64_t)((double)(total - allowed) * part), __ATOMIC_RELAXED);
+            g_bank_ns[d] = 0;
+        } else { /* underrun: usable later, up to one window */
+            __atomic_store_n(&me->kernel_ns[d], 0, __ATOMIC_RELAXED);
+            uint64_t left = (uint64_t)((double)(allowed - total) * part);
+            g_bank_ns[d] = left < allowance ? left : allowance;
         }
     }
     __atomic_store_n(&me->window_index, w, __ATOMIC_RELEASE);

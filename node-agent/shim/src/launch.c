@@ -20,7 +20,7 @@
 #define _GNU_SOURCE
 #include "shim.h"
 
-#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -35,7 +35,15 @@ typedef struct nn_timing {
     uint64_t *transient;   /* graph memory to give back when it ends (NULL = none) */
 } nn_timing;
 
-static pthread_mutex_t g_pace_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Guards the ring and the pacing state. A spin lock: held for a few stores around a launch (never
+ * while sleeping), so a waiter yields rather than parks; two atomics, cheaper than a mutex. */
+static int g_pace_lock;
+
+static void pace_lock(void) {
+    while (__atomic_exchange_n(&g_pace_lock, 1, __ATOMIC_ACQUIRE)) sched_yield();
+}
+
+static void pace_unlock(void) { __atomic_store_n(&g_pace_lock, 0, __ATOMIC_RELEASE); }
 static nn_timing g_ring[NN_RING];
 static unsigned g_head, g_count;
 static CUevent g_event_pool[2 * NN_RING];
@@ -208,7 +216,8 @@ static void harvest(void) {
     if (g_count == 0) return;
     uint64_t window = window_ns();
     roll_window(nn_now_ns() / window, window);
-    nn_proc_slot *me = my_slot();
+    uint64_t measured[NN_MAX_DEVICES] = {0}; /* published once per harvest, not per launch */
+    int any[NN_MAX_DEVICES] = {0};
     while (g_count > 0) {
         nn_timing *t = &g_ring[g_head];
         if (nn_real.cuEventQuery(t->end) == CUDA_ERROR_NOT_READY) break;
@@ -216,8 +225,8 @@ static void harvest(void) {
         uint64_t ns = 0;
         if (nn_real.cuEventElapsedTime_v2(&ms, t->begin, t->end) == CUDA_SUCCESS && ms > 0) ns = (uint64_t)(ms * 1e6);
         if (t->dev >= 0) {
-            __atomic_store_n(&me->kernel_ns[t->dev], me->kernel_ns[t->dev] + ns, __ATOMIC_RELEASE);
-            __atomic_fetch_add(&nn_g.region->devices[t->dev].kernel_ns_total, ns, __ATOMIC_RELAXED);
+            measured[t->dev] += ns;
+            any[t->dev] = 1;
             g_inflight_ns[t->dev] -= t->estimate_ns < g_inflight_ns[t->dev] ? t->estimate_ns : g_inflight_ns[t->dev];
             uint64_t est = g_estimate_ns[t->dev];
             g_estimate_ns[t->dev] = est == 0 ? (ns ? ns : 1) : (est * 7 + ns) / 8 + 1;
@@ -228,9 +237,15 @@ static void harvest(void) {
         }
         event_put(t->begin);
         event_put(t->end);
-        memset(t, 0, sizeof *t);
+        t->transient = NULL;
         g_head = (g_head + 1) % NN_RING;
         g_count--;
+    }
+    nn_proc_slot *me = my_slot();
+    for (int d = 0; d < (int)NN_MAX_DEVICES; d++) {
+        if (!any[d]) continue;
+        __atomic_store_n(&me->kernel_ns[d], me->kernel_ns[d] + measured[d], __ATOMIC_RELEASE);
+        __atomic_fetch_add(&nn_g.region->devices[d].kernel_ns_total, measured[d], __ATOMIC_RELAXED);
     }
 }
 
@@ -271,11 +286,11 @@ static void wait_for_allowance(int dev) {
         uint64_t until_next = (w + 1) * window - now;
         uint64_t nap = (g_count > 0 && g_inflight_ns[dev] > 0 && until_next > NN_POLL_NS) ? NN_POLL_NS : until_next;
         if (!allowed && g_inflight_ns[dev] == 0 && !first) nap = until_next; /* measured time is spent */
-        pthread_mutex_unlock(&g_pace_lock);
+        pace_unlock();
         if (paused()) hold_while_paused(dev);
         else sleep_ns(nap);
         __atomic_fetch_add(&nn_g.region->devices[dev].throttled_ns_total, nap, __ATOMIC_RELAXED);
-        pthread_mutex_lock(&g_pace_lock);
+        pace_lock();
     }
 }
 
@@ -294,20 +309,21 @@ static CUresult launch(CUstream stream, int ptds, nn_launch_call call, void *ctx
     if (NN_UNLIKELY(nn_capturing(stream, ptds))) return call(ctx); /* a graph node: runs nothing now */
     int dev = nn_current_entry();
     if (NN_UNLIKELY(paused())) hold_while_paused(dev);
-    int paced = dev >= 0 && nn_device_share(dev) < 100;
+    uint32_t share = dev >= 0 ? nn_device_share(dev) : 100;
+    int paced = share < 100;
     if (!paced && transient == NULL && __atomic_load_n(&g_count, __ATOMIC_RELAXED) == 0) return call(ctx);
     __typeof__(nn_real.cuEventRecord) record = ptds ? nn_real.cuEventRecord_ptsz : nn_real.cuEventRecord;
-    pthread_mutex_lock(&g_pace_lock);
+    pace_lock();
     if (paced) {
         /* fast path: credit left from the last check, room in the ring, the same share */
-        if (g_credit_ns[dev] <= 0 || g_count >= NN_RING - 1 || g_credit_share[dev] != nn_device_share(dev))
+        if (g_credit_ns[dev] <= 0 || g_count >= NN_RING - 1 || g_credit_share[dev] != share)
             wait_for_allowance(dev);
         g_credit_ns[dev] -= (int64_t)g_estimate_ns[dev];
     } else {
         harvest(); /* settle earlier timed launches (graph memory) */
     }
     if (!paced && (transient == NULL || dev < 0)) {
-        pthread_mutex_unlock(&g_pace_lock);
+        pace_unlock();
         if (transient != NULL) {
             nn_release_transient(transient);
             free(transient);
@@ -327,7 +343,7 @@ static CUresult launch(CUstream stream, int ptds, nn_launch_call call, void *ctx
         event_put(begin);
         event_put(end);
     }
-    pthread_mutex_unlock(&g_pace_lock);
+    pace_unlock();
     if (transient != NULL) { /* not timed: give graph memory back now rather than never */
         nn_release_transient(transient);
         free(transient);
@@ -462,8 +478,7 @@ NN_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) {
 }
 
 void nn_launch_after_fork(void) {
-    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
-    memcpy(&g_pace_lock, &fresh, sizeof fresh);
+    g_pace_lock = 0;
     for (unsigned i = 0; i < g_count; i++) free(g_ring[(g_head + i) % NN_RING].transient);
     memset(g_ring, 0, sizeof g_ring);
     g_head = g_count = 0;

@@ -217,13 +217,14 @@ static double pause_probe(void) {
                 seen = now_seen;
                 last_change = nn_test_now();
             }
+            nn_test_sleep_ms(0.02); /* poll, leaving the CPU to the worker */
         }
         double paused_ms = (double)(last_change - t0) / 1e6;
         uint64_t t1 = nn_test_now();
         __atomic_fetch_and(&r->container.control, ~NN_CTL_PAUSED, __ATOMIC_RELEASE);
         while (__atomic_load_n(&oracle->procs[0].launches, __ATOMIC_ACQUIRE) == seen &&
-               nn_test_now() < t1 + 1000000000u) {
-        }
+               nn_test_now() < t1 + 1000000000u)
+            nn_test_sleep_ms(0.02);
         double resumed_ms = (double)(nn_test_now() - t1) / 1e6;
         fprintf(stderr, "bench: pause round %d: last launch %.3f ms after pause, first %.3f ms after resume\n",
                 round, paused_ms, resumed_ms);

@@ -459,7 +459,9 @@ static CUresult graph_launch(CUgraphExec exec, CUstream s, int ptds, __typeof__(
     nn_graph_args a = {exec, s, fn};
     if (nn_capturing(s, ptds)) return fn(exec, s); /* a child-graph node: charged when its parent runs */
     uint64_t transient_now[NN_MAX_DEVICES] = {0};
-    rc = nn_graph_charge(exec, transient_now);
+    uint64_t *charged = NULL;
+    size_t ncharged = 0;
+    rc = nn_graph_charge(exec, transient_now, &charged, &ncharged);
     if (rc != CUDA_SUCCESS) return rc;
     uint64_t *transient = NULL;
     for (int d = 0; d < (int)NN_MAX_DEVICES; d++) {
@@ -467,8 +469,10 @@ static CUresult graph_launch(CUgraphExec exec, CUstream s, int ptds, __typeof__(
         if (transient == NULL) transient = calloc(NN_MAX_DEVICES, sizeof *transient);
         if (transient != NULL) transient[d] = transient_now[d];
     }
-    rc = launch(s, ptds, call_graph, &a, transient);
+    rc = launch(s, ptds, call_graph, &a, transient); /* gives transient memory back if it fails */
     if (rc == CUDA_SUCCESS) nn_graph_settle(exec);
+    else nn_graph_unwind(charged, ncharged); /* nothing was allocated */
+    free(charged);
     return rc;
 }
 

@@ -465,7 +465,9 @@ static int freed_inside(const nn_mem_graph *g, uint64_t ptr) {
     return 0;
 }
 
-CUresult nn_graph_charge(CUgraphExec exec, uint64_t transient[NN_MAX_DEVICES]) {
+CUresult nn_graph_charge(CUgraphExec exec, uint64_t transient[NN_MAX_DEVICES], uint64_t **charged, size_t *count) {
+    *charged = NULL;
+    *count = 0;
     uint64_t sums[NN_MAX_DEVICES] = {0};
     nn_mem_node *keep = NULL;
     size_t kept = 0;
@@ -491,9 +493,19 @@ CUresult nn_graph_charge(CUgraphExec exec, uint64_t transient[NN_MAX_DEVICES]) {
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     }
-    for (size_t i = 0; i < kept; i++) nn_track(keep[i].ptr, keep[i].size, keep[i].dev, NN_KIND_ALLOC);
+    uint64_t *keys = kept > 0 ? calloc(kept, sizeof *keys) : NULL;
+    for (size_t i = 0; i < kept; i++) {
+        nn_track(keep[i].ptr, keep[i].size, keep[i].dev, NN_KIND_ALLOC);
+        if (keys != NULL) keys[i] = keep[i].ptr;
+    }
     free(keep);
+    *charged = keys;
+    *count = keys != NULL ? kept : 0;
     return CUDA_SUCCESS;
+}
+
+void nn_graph_unwind(const uint64_t *charged, size_t count) {
+    for (size_t i = 0; i < count; i++) untrack_and_uncharge(charged[i]);
 }
 
 /* After a graph launch: frees captured for memory allocated outside the graph happened now. */

@@ -137,8 +137,10 @@ void nn_uncharge(int dev, uint64_t size);
 /* Remember / forget a charged allocation (key: address or VMM handle). */
 void nn_track(uint64_t key, uint64_t size, int dev, uint32_t kind);
 int nn_untrack(uint64_t key, uint64_t *size, int *dev);
-/* Graph memory: charge the allocations captured into `exec` when it is launched. */
-CUresult nn_graph_charge(CUgraphExec exec, uint64_t transient[NN_MAX_DEVICES]);
+/* Graph memory: charge the allocations captured into `exec` when it is launched; `*charged`
+ * (free() it) lists what was charged and tracked, for nn_graph_unwind if the launch fails. */
+CUresult nn_graph_charge(CUgraphExec exec, uint64_t transient[NN_MAX_DEVICES], uint64_t **charged, size_t *count);
+void nn_graph_unwind(const uint64_t *charged, size_t count);
 void nn_graph_settle(CUgraphExec exec);
 /* Bytes charged at a graph launch for allocations freed inside it: given back when it ends. */
 void nn_release_transient(const uint64_t transient[NN_MAX_DEVICES]);

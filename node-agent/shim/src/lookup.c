@@ -132,9 +132,14 @@ static int guarded(const char *symbol) {
     return 0;
 }
 
-NN_UNINSTRUMENTED NN_EXPORT void *dlsym(void *handle, const char *name) {
+/* RTLD_NEXT is relative to the caller, which glibc finds from dlsym's return address: that lookup
+ * is passed on as a tail call (a jump), so the real dlsym sees the application's return address,
+ * not ours. */
+NN_UNINSTRUMENTED __attribute__((optimize("optimize-sibling-calls"))) NN_EXPORT void *dlsym(void *handle,
+                                                                                            const char *name) {
     dlsym_fn sym = real_dlsym();
     if (sym == NULL) return NULL;
+    if (handle == RTLD_NEXT) return sym(handle, name);
     void *fn = sym(handle, name);
     if (fn == NULL) return fn;
     int cuda = name[0] == 'c' && name[1] == 'u';

@@ -76,6 +76,10 @@ static void case_lookup(void) {
     /* dlsym on the driver's handle (bypasses LD_PRELOAD without the dlsym override) */
     CHECK(in_library(dlsym(C.lib, "cuMemAlloc_v2"), "libneuronetes-cuda"));
     CHECK(in_library(dlsym(C.nvml, "nvmlDeviceGetMemoryInfo"), "libneuronetes-cuda"));
+    /* RTLD_NEXT stays relative to its caller: from this program, the next cuMemAlloc_v2 is the
+     * preloaded shim's (relative to the shim it would be none: the driver is not global) */
+    CHECK(dlsym(RTLD_NEXT, "cuMemAlloc_v2") == dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"));
+    CHECK(in_library(dlsym(RTLD_NEXT, "cuMemAlloc_v2"), "libneuronetes-cuda"));
     /* passed through untouched */
     CHECK(in_library(dlsym(C.lib, "cuStreamCreate"), "libcuda"));
     CHECK(in_library((void *)C.cuGetExportTable, "libcuda"));

@@ -109,14 +109,16 @@ static void untrack_and_uncharge(uint64_t key) {
 }
 
 /* charge, allocate, and give the charge back if the driver fails */
-#define NN_CHARGED_CALL(dev, size, key_expr, call)                   \
-    do {                                                             \
-        CUresult nn_rc_ = nn_charge((dev), (size));                  \
-        if (nn_rc_ != CUDA_SUCCESS) return nn_rc_;                   \
-        nn_rc_ = (call);                                             \
-        if (nn_rc_ != CUDA_SUCCESS) nn_uncharge((dev), (size));      \
-        else nn_track((uint64_t)(key_expr), (size), (dev), NN_KIND_ALLOC); \
-        return nn_rc_;                                               \
+#define NN_CHARGED_CALL(dev, size, key_expr, call)                         \
+    do {                                                                   \
+        int nn_dev_ = (dev); /* evaluated once: the device of the charge */ \
+        uint64_t nn_size_ = (size);                                        \
+        CUresult nn_rc_ = nn_charge(nn_dev_, nn_size_);                    \
+        if (nn_rc_ != CUDA_SUCCESS) return nn_rc_;                         \
+        nn_rc_ = (call);                                                   \
+        if (nn_rc_ != CUDA_SUCCESS) nn_uncharge(nn_dev_, nn_size_);        \
+        else nn_track((uint64_t)(key_expr), nn_size_, nn_dev_, NN_KIND_ALLOC); \
+        return nn_rc_;                                                     \
     } while (0)
 
 #define NN_REQUIRE(real)                                             \

@@ -57,8 +57,11 @@ static unsigned g_slot_high = NN_MAX_PROCS;    /* slots above this are free (ref
 static int64_t g_credit_ns[NN_MAX_DEVICES];
 static uint32_t g_credit_share[NN_MAX_DEVICES];
 /* Allowance left unused in earlier windows (we woke late, or queued behind another container's
- * kernels), usable later: a token bucket of one window's depth on top of the per-window allowance,
- * so the long-run share holds in both directions (overruns are carried as debt in kernel_ns). */
+ * kernels), usable later: a token bucket on top of the per-window allowance, so the long-run share
+ * holds in both directions (overruns are carried as debt in kernel_ns). A process that was busy
+ * (measured or owed time) keeps up to NN_BANK_WINDOWS windows of it, which absorbs late wake-ups
+ * on a loaded CPU; an idle one fills up to one window, so a burst after idling stays short. */
+#define NN_BANK_WINDOWS 4
 static uint64_t g_bank_ns[NN_MAX_DEVICES];
 static int g_captures;                         /* captures begun and not ended in this process */
 
@@ -202,10 +205,10 @@ static void roll_window(uint64_t w, uint64_t window) {
         if (total > allowed) { /* overrun: debt, paid from the next windows' allowance */
             __atomic_store_n(&me->kernel_ns[d], (uint64_t)((double)(total - allowed) * part), __ATOMIC_RELAXED);
             g_bank_ns[d] = 0;
-        } else { /* underrun: usable later, up to one window */
+        } else { /* underrun: usable later (we were busy but late: up to NN_BANK_WINDOWS) */
             __atomic_store_n(&me->kernel_ns[d], 0, __ATOMIC_RELAXED);
             uint64_t left = (uint64_t)((double)(allowed - total) * part);
-            g_bank_ns[d] = left < allowance ? left : allowance;
+            g_bank_ns[d] = left < allowance * NN_BANK_WINDOWS ? left : allowance * NN_BANK_WINDOWS;
         }
     }
     __atomic_store_n(&me->window_index, w, __ATOMIC_RELEASE);
@@ -220,10 +223,10 @@ static void harvest(void) {
     int any[NN_MAX_DEVICES] = {0};
     while (g_count > 0) {
         nn_timing *t = &g_ring[g_head];
-        if (nn_real.cuEventQuery(t->end) == CUDA_ERROR_NOT_READY) break;
         float ms = 0;
-        uint64_t ns = 0;
-        if (nn_real.cuEventElapsedTime_v2(&ms, t->begin, t->end) == CUDA_SUCCESS && ms > 0) ns = (uint64_t)(ms * 1e6);
+        CUresult rc = nn_real.cuEventElapsedTime_v2(&ms, t->begin, t->end); /* NOT_READY until it ends */
+        if (rc == CUDA_ERROR_NOT_READY) break;
+        uint64_t ns = rc == CUDA_SUCCESS && ms > 0 ? (uint64_t)(ms * 1e6) : 0;
         if (t->dev >= 0) {
             measured[t->dev] += ns;
             any[t->dev] = 1;

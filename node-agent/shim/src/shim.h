@@ -48,7 +48,7 @@
 /* Driver entry points the shim calls but does not replace. */
 #define NN_CUDA_HELPERS(X)                                                                     \
     X(cuCtxGetDevice) X(cuDeviceGetUuid_v2) X(cuEventCreate) X(cuEventRecord) X(cuEventRecord_ptsz) \
-    X(cuEventQuery) X(cuEventElapsedTime_v2) X(cuEventDestroy_v2) X(cuStreamIsCapturing)          \
+    X(cuEventElapsedTime_v2) X(cuEventDestroy_v2) X(cuStreamIsCapturing)          \
     X(cuStreamIsCapturing_ptsz) X(cuStreamGetCaptureInfo_v3) X(cuStreamGetCaptureInfo_v3_ptsz)
 
 #define NN_NVML_HELPERS(X)                                                                     \

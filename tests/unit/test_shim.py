@@ -9,6 +9,7 @@ node-agent/shim/tests/test_shim.c; docs/shim.md describes the shim.
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ CASES = [
     "env-standalone",
     "children",
     "checkpoint",
+    "unassigned",
     "refused-missing",
     "refused-version",
     "race",
@@ -66,3 +68,40 @@ def test_region_logic_under_tsan() -> None:
     proc = run(str(tsan / "test_region"), "threads")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ThreadSanitizer" not in proc.stderr
+
+
+def cuda_include() -> Path:
+    return Path(
+        subprocess.run(
+            ["make", "-s", "-C", str(SHIM), f"PYTHON={sys.executable}", "print-cuda-include"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+
+
+@pytest.mark.parametrize(
+    ("hook", "compiles"),
+    [
+        ("CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) { (void)dptr; return bytesize; }", True),
+        (
+            "CUresult cuMemAlloc_v2(CUdeviceptr *dptr, unsigned bytesize) { (void)dptr; return bytesize; }",
+            False,
+        ),
+        ("int cuLaunchKernel_ptsz(void) { return 0; }", False),
+    ],
+)
+def test_a_hook_must_have_the_headers_signature(
+    asan_build: Path, tmp_path: Path, hook: str, compiles: bool
+) -> None:
+    # hooks are defined under their cuda.h names with every variant declared: a mismatch is an error
+    src = tmp_path / "hook.c"
+    src.write_text(f'#include "shim.h"\n{hook}\n')
+    proc = run(
+        "gcc", "-std=gnu11", "-Werror", "-c", "-I", str(SHIM / "src"), "-I", str(SHIM / "include"),
+        "-I", str(cuda_include()), str(src), "-o", str(tmp_path / "hook.o"),
+    )  # fmt: skip
+    assert (proc.returncode == 0) == compiles, proc.stderr
+    if not compiles:
+        assert "conflicting types" in proc.stderr

@@ -387,6 +387,31 @@ static void case_checkpoint(void) {
     CHECK_RC(C.cuMemFree_v2(p), CUDA_SUCCESS);
 }
 
+/* ---- a device the container was not given (FAKE_CUDA_DEVICES=2, the region lists device 0) ---------- */
+
+static void case_unassigned(void) {
+    CUcontext ctx;
+    CHECK_RC(C.cuDevicePrimaryCtxRetain(&ctx, 1), CUDA_SUCCESS);
+    CHECK_RC(C.cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    CUdeviceptr p;
+    CHECK_RC(C.cuMemAlloc_v2(&p, 1 * MIB), CUDA_ERROR_OUT_OF_MEMORY);
+    size_t free_b = 1, total = 1, dev_total = 1;
+    CHECK_RC(C.cuMemGetInfo_v2(&free_b, &total), CUDA_SUCCESS);
+    CHECK_RC(C.cuDeviceTotalMem_v2(&dev_total, 1), CUDA_SUCCESS);
+    CHECK(free_b == 0 && total == 0 && dev_total == 0);
+    nvmlDevice_t dev;
+    nvmlMemory_t m;
+    CHECK_RC(C.nvmlDeviceGetHandleByIndex_v2(1, &dev), NVML_SUCCESS);
+    CHECK_RC(C.nvmlDeviceGetMemoryInfo(dev, &m), NVML_SUCCESS);
+    CHECK(m.total == 0 && m.free == 0);
+    CHECK(oracle()->devices[1].used_bytes == 0);
+    /* device 0 still works */
+    CHECK_RC(C.cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    CHECK_RC(C.cuMemAlloc_v2(&p, 1 * MIB), CUDA_SUCCESS);
+    CHECK_RC(C.cuMemFree_v2(p), CUDA_SUCCESS);
+}
+
 /* ---- with the agent's own region writer (tests/unit/test_shim_region.py drives this) ------------- */
 
 static void case_agent(void) {
@@ -443,6 +468,7 @@ int main(int argc, char **argv) {
     else if (strcmp(name, "child-exec") == 0) case_child_exec();
     else if (strcmp(name, "checkpoint") == 0) case_checkpoint();
     else if (strcmp(name, "agent") == 0) case_agent();
+    else if (strcmp(name, "unassigned") == 0) case_unassigned();
     else {
         fprintf(stderr, "unknown case %s\n", name);
         return 64;

@@ -18,6 +18,7 @@
  *   - the checkpoint API's state machine: RUNNING -> LOCKED -> CHECKPOINTED -> LOCKED -> RUNNING;
  *     a checkpoint moves the process's device memory out of the account, a restore brings it back,
  *     and the locked process's allocations and launches wait until it runs again.
+ * One file, long, because it stands for one library; its sections follow the driver's API families.
  */
 #define _GNU_SOURCE
 #define __CUDA_API_VERSION_INTERNAL 1

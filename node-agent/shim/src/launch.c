@@ -13,7 +13,8 @@
  * windows as debt, so the long-run share is exact although single windows are not.
  *
  * Never while capturing: a launch into a stream being captured records a graph node, it runs
- * nothing, so it is neither timed nor held (the graph is paced when launched).
+ * nothing, so it is neither timed nor held (the graph is paced when launched; capture tracking is
+ * in graphmem.c).
  *
  * Pause: while the agent's NN_CTL_PAUSED is set, launches are held (polled every 100 us).
  */
@@ -63,81 +64,10 @@ static uint32_t g_credit_share[NN_MAX_DEVICES];
  * on a loaded CPU; an idle one fills up to one window, so a burst after idling stays short. */
 #define NN_BANK_WINDOWS 4
 static uint64_t g_bank_ns[NN_MAX_DEVICES];
-static int g_captures;                         /* captures begun and not ended in this process */
 
 static void sleep_ns(uint64_t ns) {
     struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
     nanosleep(&ts, NULL);
-}
-
-/* ---- capture ---------------------------------------------------------------------------------------- */
-
-int nn_capturing(CUstream stream, int ptds) {
-    if (__atomic_load_n(&g_captures, __ATOMIC_ACQUIRE) <= 0) return 0; /* the common case: no call */
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    __typeof__(nn_real.cuStreamIsCapturing) fn = ptds ? nn_real.cuStreamIsCapturing_ptsz : nn_real.cuStreamIsCapturing;
-    if (fn == NULL || fn(stream, &status) != CUDA_SUCCESS) return 0;
-    return status != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
-uint64_t nn_capture_id(CUstream stream, int ptds) {
-    __typeof__(nn_real.cuStreamGetCaptureInfo_v3) fn =
-        ptds ? nn_real.cuStreamGetCaptureInfo_v3_ptsz : nn_real.cuStreamGetCaptureInfo_v3;
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    cuuint64_t id = 0;
-    if (fn == NULL || fn(stream, &status, &id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS) return 0;
-    return status == CU_STREAM_CAPTURE_STATUS_ACTIVE ? (uint64_t)id : 0;
-}
-
-static void capture_flag(int delta) {
-    int now = __atomic_add_fetch(&g_captures, delta, __ATOMIC_ACQ_REL);
-    if (now < 0) __atomic_store_n(&g_captures, 0, __ATOMIC_RELEASE);
-    if (nn_g.region != NULL && nn_g.slot >= 0) {
-        nn_proc_slot *s = &nn_g.region->procs[nn_g.slot];
-        if (now > 0) __atomic_fetch_or(&s->flags, NN_PROC_F_CAPTURING, __ATOMIC_RELEASE);
-        else __atomic_fetch_and(&s->flags, ~NN_PROC_F_CAPTURING, __ATOMIC_RELEASE);
-    }
-}
-
-#define NN_BEGIN_CAPTURE_HOOK(name, params, args)                  \
-    NN_EXPORT CUresult name params {                               \
-        CUresult rc = nn_ready();                                  \
-        if (rc != CUDA_SUCCESS) return rc;                         \
-        if (nn_real.name == NULL) return CUDA_ERROR_NOT_FOUND;     \
-        rc = nn_real.name args;                                    \
-        if (rc == CUDA_SUCCESS) capture_flag(+1);                  \
-        return rc;                                                 \
-    }
-
-NN_BEGIN_CAPTURE_HOOK(cuStreamBeginCapture, (CUstream s), (s))
-NN_BEGIN_CAPTURE_HOOK(cuStreamBeginCapture_ptsz, (CUstream s), (s))
-NN_BEGIN_CAPTURE_HOOK(cuStreamBeginCapture_v2, (CUstream s, CUstreamCaptureMode m), (s, m))
-NN_BEGIN_CAPTURE_HOOK(cuStreamBeginCapture_v2_ptsz, (CUstream s, CUstreamCaptureMode m), (s, m))
-NN_BEGIN_CAPTURE_HOOK(cuStreamBeginCaptureToGraph,
-                      (CUstream s, CUgraph g, const CUgraphNode *d, const CUgraphEdgeData *e, size_t n,
-                       CUstreamCaptureMode m),
-                      (s, g, d, e, n, m))
-NN_BEGIN_CAPTURE_HOOK(cuStreamBeginCaptureToGraph_ptsz,
-                      (CUstream s, CUgraph g, const CUgraphNode *d, const CUgraphEdgeData *e, size_t n,
-                       CUstreamCaptureMode m),
-                      (s, g, d, e, n, m))
-
-void nn_capture_to_graph(uint64_t capture_id, CUgraph graph); /* memory.c */
-
-static CUresult end_capture(CUstream s, CUgraph *graph, int ptds, __typeof__(nn_real.cuStreamEndCapture) call) {
-    CUresult rc = nn_ready();
-    if (rc != CUDA_SUCCESS) return rc;
-    if (call == NULL) return CUDA_ERROR_NOT_FOUND;
-    uint64_t id = nn_capture_id(s, ptds);
-    rc = call(s, graph);
-    if (id != 0) capture_flag(-1); /* the capture is over, successfully or not */
-    if (rc == CUDA_SUCCESS && id != 0 && graph != NULL) nn_capture_to_graph(id, *graph);
-    return rc;
-}
-
-NN_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { return end_capture(s, g, 0, nn_real.cuStreamEndCapture); }
-NN_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) {
-    return end_capture(s, g, 1, nn_real.cuStreamEndCapture_ptsz);
 }
 
 /* ---- measuring ---------------------------------------------------------------------------------------- */
@@ -494,5 +424,4 @@ void nn_launch_after_fork(void) {
     memset(g_estimate_ns, 0, sizeof g_estimate_ns);
     memset(g_credit_ns, 0, sizeof g_credit_ns);
     memset(g_bank_ns, 0, sizeof g_bank_ns);
-    g_captures = 0;
 }

@@ -9,9 +9,7 @@
  * cuMemGetInfo_v2 and cuDeviceTotalMem_v2 here and NVML in nvml.c.
  *
  * Stream capture: cuMemAllocAsync / cuMemFreeAsync on a capturing stream allocate nothing yet;
- * they are recorded per capture, follow the capture into its graph and executable graphs, and are
- * charged when the graph is launched (launch.c), an allocation freed inside the same graph only
- * until that launch ends.
+ * they are handed to graphmem.c, which charges them when the graph is launched.
  */
 #define _GNU_SOURCE
 #include "shim.h"
@@ -90,6 +88,13 @@ void nn_track(uint64_t key, uint64_t size, int dev, uint32_t kind) {
     if (rc != 0) nn_log("out of host memory tracking an allocation: it stays charged");
 }
 
+int nn_tracked(uint64_t key) {
+    pthread_mutex_lock(&g_lock);
+    int found = nn_ptrmap_find(&g_ptrs, key) != NULL;
+    pthread_mutex_unlock(&g_lock);
+    return found;
+}
+
 int nn_untrack(uint64_t key, uint64_t *size, int *dev) {
     nn_ptr_entry e;
     pthread_mutex_lock(&g_lock);
@@ -102,7 +107,7 @@ int nn_untrack(uint64_t key, uint64_t *size, int *dev) {
     return found;
 }
 
-static void untrack_and_uncharge(uint64_t key) {
+void nn_untrack_and_uncharge(uint64_t key) {
     uint64_t size;
     int dev;
     if (nn_untrack(key, &size, &dev)) nn_uncharge(dev, size);
@@ -121,12 +126,6 @@ static void untrack_and_uncharge(uint64_t key) {
         return nn_rc_;                                                     \
     } while (0)
 
-#define NN_REQUIRE(real)                                             \
-    do {                                                             \
-        CUresult nn_ready_ = nn_ready();                             \
-        if (nn_ready_ != CUDA_SUCCESS) return nn_ready_;             \
-        if ((real) == NULL) return CUDA_ERROR_NOT_FOUND;             \
-    } while (0)
 
 /* ---- synchronous allocations --------------------------------------------------------------------------- */
 
@@ -172,7 +171,7 @@ NN_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 NN_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     NN_REQUIRE(nn_real.cuMemFree_v2);
     CUresult rc = nn_real.cuMemFree_v2(dptr);
-    if (rc == CUDA_SUCCESS) untrack_and_uncharge((uint64_t)dptr);
+    if (rc == CUDA_SUCCESS) nn_untrack_and_uncharge((uint64_t)dptr);
     return rc;
 }
 
@@ -200,93 +199,12 @@ NN_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
 
 /* ---- stream-ordered allocations and pools ----------------------------------------------------------------- */
 
-typedef struct nn_mem_node {
-    uint64_t ptr, size;
-    int dev;
-    int is_free; /* a captured free of `ptr` */
-} nn_mem_node;
-
-/* Memory nodes of one capture, graph or executable graph. */
-typedef struct nn_mem_graph {
-    struct nn_mem_graph *next;
-    int stage;    /* NN_STAGE_* */
-    uint64_t key; /* capture id, CUgraph or CUgraphExec */
-    nn_mem_node *nodes;
-    size_t count, cap;
-} nn_mem_graph;
-
-enum { NN_STAGE_CAPTURE, NN_STAGE_GRAPH, NN_STAGE_EXEC };
-static nn_mem_graph *g_graphs; /* under g_lock */
-
-static nn_mem_graph *graph_find(int stage, uint64_t key) {
-    for (nn_mem_graph *g = g_graphs; g != NULL; g = g->next)
-        if (g->stage == stage && g->key == key) return g;
-    return NULL;
-}
-
-static nn_mem_graph *graph_get(int stage, uint64_t key) {
-    nn_mem_graph *g = graph_find(stage, key);
-    if (g != NULL) return g;
-    g = calloc(1, sizeof *g);
-    if (g == NULL) return NULL;
-    g->stage = stage;
-    g->key = key;
-    g->next = g_graphs;
-    g_graphs = g;
-    return g;
-}
-
-static void graph_drop(int stage, uint64_t key) {
-    for (nn_mem_graph **p = &g_graphs; *p != NULL; p = &(*p)->next) {
-        if ((*p)->stage == stage && (*p)->key == key) {
-            nn_mem_graph *g = *p;
-            *p = g->next;
-            free(g->nodes);
-            free(g);
-            return;
-        }
-    }
-}
-
-static void graph_add(nn_mem_graph *g, nn_mem_node n) {
-    if (g->count == g->cap) {
-        size_t cap = g->cap ? g->cap * 2 : 8;
-        nn_mem_node *nodes = realloc(g->nodes, cap * sizeof *nodes);
-        if (nodes == NULL) return; /* host OOM: the node goes uncharged; the agent's NVML check remains */
-        g->nodes = nodes;
-        g->cap = cap;
-    }
-    g->nodes[g->count++] = n;
-}
-
-static void capture_record(CUstream stream, int ptds, nn_mem_node node) {
-    uint64_t id = nn_capture_id(stream, ptds);
-    if (id == 0) return;
-    pthread_mutex_lock(&g_lock);
-    nn_mem_graph *g = graph_get(NN_STAGE_CAPTURE, id);
-    if (g != NULL) graph_add(g, node);
-    pthread_mutex_unlock(&g_lock);
-}
-
-/* Move (or copy) the nodes of one stage's key to another's. */
-static void graph_pass(int from, uint64_t from_key, int to, uint64_t to_key, int copy) {
-    pthread_mutex_lock(&g_lock);
-    nn_mem_graph *src = graph_find(from, from_key);
-    if (src != NULL) {
-        graph_drop(to, to_key); /* a handle reused after destruction */
-        nn_mem_graph *dst = graph_get(to, to_key);
-        for (size_t i = 0; dst != NULL && i < src->count; i++) graph_add(dst, src->nodes[i]);
-        if (!copy) graph_drop(from, from_key);
-    }
-    pthread_mutex_unlock(&g_lock);
-}
-
 static CUresult alloc_async(CUdeviceptr *dptr, size_t size, int dev, CUstream stream, int ptds,
                             CUresult (*call)(CUdeviceptr *, size_t, void *, CUstream), void *pool) {
     if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
     if (nn_capturing(stream, ptds)) { /* a graph memory node: charged when the graph runs */
         CUresult rc = call(dptr, size, pool, stream);
-        if (rc == CUDA_SUCCESS) capture_record(stream, ptds, (nn_mem_node){(uint64_t)*dptr, size, dev, 0});
+        if (rc == CUDA_SUCCESS) nn_capture_record(stream, ptds, (uint64_t)*dptr, size, dev, 0);
         return rc;
     }
     NN_CHARGED_CALL(dev, size, *dptr, call(dptr, size, pool, stream));
@@ -346,9 +264,9 @@ static CUresult free_async(CUdeviceptr dptr, CUstream s, int ptds, CUresult (*ca
     CUresult rc = call(dptr, s);
     if (rc != CUDA_SUCCESS) return rc;
     if (capturing)
-        capture_record(s, ptds, (nn_mem_node){(uint64_t)dptr, 0, -1, 1});
+        nn_capture_record(s, ptds, (uint64_t)dptr, 0, -1, 1);
     else
-        untrack_and_uncharge((uint64_t)dptr);
+        nn_untrack_and_uncharge((uint64_t)dptr);
     return rc;
 }
 
@@ -405,131 +323,8 @@ NN_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 NN_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     NN_REQUIRE(nn_real.cuMemRelease);
     CUresult rc = nn_real.cuMemRelease(handle);
-    if (rc == CUDA_SUCCESS) untrack_and_uncharge((uint64_t)handle);
+    if (rc == CUDA_SUCCESS) nn_untrack_and_uncharge((uint64_t)handle);
     return rc;
-}
-
-/* ---- graphs: memory nodes follow the capture into the graph and its executables ---------------------------- */
-
-NN_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
-    NN_REQUIRE(nn_real.cuGraphInstantiateWithFlags);
-    CUresult rc = nn_real.cuGraphInstantiateWithFlags(exec, graph, flags);
-    if (rc == CUDA_SUCCESS) graph_pass(NN_STAGE_GRAPH, (uint64_t)graph, NN_STAGE_EXEC, (uint64_t)*exec, 1);
-    return rc;
-}
-
-NN_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
-    NN_REQUIRE(nn_real.cuGraphInstantiateWithParams);
-    CUresult rc = nn_real.cuGraphInstantiateWithParams(exec, graph, p);
-    if (rc == CUDA_SUCCESS) graph_pass(NN_STAGE_GRAPH, (uint64_t)graph, NN_STAGE_EXEC, (uint64_t)*exec, 1);
-    return rc;
-}
-
-NN_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph,
-                                                     CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
-    NN_REQUIRE(nn_real.cuGraphInstantiateWithParams_ptsz);
-    CUresult rc = nn_real.cuGraphInstantiateWithParams_ptsz(exec, graph, p);
-    if (rc == CUDA_SUCCESS) graph_pass(NN_STAGE_GRAPH, (uint64_t)graph, NN_STAGE_EXEC, (uint64_t)*exec, 1);
-    return rc;
-}
-
-NN_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
-    NN_REQUIRE(nn_real.cuGraphExecDestroy);
-    CUresult rc = nn_real.cuGraphExecDestroy(exec);
-    if (rc == CUDA_SUCCESS) {
-        pthread_mutex_lock(&g_lock);
-        graph_drop(NN_STAGE_EXEC, (uint64_t)exec);
-        pthread_mutex_unlock(&g_lock);
-    }
-    return rc;
-}
-
-NN_EXPORT CUresult cuGraphDestroy(CUgraph graph) {
-    NN_REQUIRE(nn_real.cuGraphDestroy);
-    CUresult rc = nn_real.cuGraphDestroy(graph);
-    if (rc == CUDA_SUCCESS) {
-        pthread_mutex_lock(&g_lock);
-        graph_drop(NN_STAGE_GRAPH, (uint64_t)graph);
-        pthread_mutex_unlock(&g_lock);
-    }
-    return rc;
-}
-
-/* The capture on `stream` became `graph` (launch.c calls this from the cuStreamEndCapture hooks). */
-void nn_capture_to_graph(uint64_t capture_id, CUgraph graph);
-void nn_capture_to_graph(uint64_t capture_id, CUgraph graph) {
-    graph_pass(NN_STAGE_CAPTURE, capture_id, NN_STAGE_GRAPH, (uint64_t)graph, 0);
-}
-
-static int freed_inside(const nn_mem_graph *g, uint64_t ptr) {
-    for (size_t i = 0; i < g->count; i++)
-        if (g->nodes[i].is_free && g->nodes[i].ptr == ptr) return 1;
-    return 0;
-}
-
-CUresult nn_graph_charge(CUgraphExec exec, uint64_t transient[NN_MAX_DEVICES], uint64_t **charged, size_t *count) {
-    *charged = NULL;
-    *count = 0;
-    uint64_t sums[NN_MAX_DEVICES] = {0};
-    nn_mem_node *keep = NULL;
-    size_t kept = 0;
-    pthread_mutex_lock(&g_lock);
-    nn_mem_graph *g = graph_find(NN_STAGE_EXEC, (uint64_t)exec);
-    if (g != NULL && g->count > 0) keep = calloc(g->count, sizeof *keep);
-    for (size_t i = 0; keep != NULL && i < g->count; i++) {
-        nn_mem_node n = g->nodes[i];
-        if (n.is_free || n.dev < 0 || n.dev >= (int)NN_MAX_DEVICES) continue;
-        if (nn_ptrmap_find(&g_ptrs, n.ptr) != NULL) continue; /* still allocated from a previous launch */
-        sums[n.dev] += n.size;
-        if (freed_inside(g, n.ptr)) transient[n.dev] += n.size;
-        else keep[kept++] = n;
-    }
-    pthread_mutex_unlock(&g_lock);
-    if (g != NULL && g->count > 0 && keep == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    for (int d = 0; d < (int)NN_MAX_DEVICES; d++) {
-        if (sums[d] == 0) continue;
-        if (nn_charge(d, sums[d]) != CUDA_SUCCESS) {
-            for (int u = 0; u < d; u++) nn_uncharge(u, sums[u]);
-            memset(transient, 0, NN_MAX_DEVICES * sizeof transient[0]);
-            free(keep);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-    }
-    uint64_t *keys = kept > 0 ? calloc(kept, sizeof *keys) : NULL;
-    for (size_t i = 0; i < kept; i++) {
-        nn_track(keep[i].ptr, keep[i].size, keep[i].dev, NN_KIND_ALLOC);
-        if (keys != NULL) keys[i] = keep[i].ptr;
-    }
-    free(keep);
-    *charged = keys;
-    *count = keys != NULL ? kept : 0;
-    return CUDA_SUCCESS;
-}
-
-void nn_graph_unwind(const uint64_t *charged, size_t count) {
-    for (size_t i = 0; i < count; i++) untrack_and_uncharge(charged[i]);
-}
-
-/* After a graph launch: frees captured for memory allocated outside the graph happened now. */
-void nn_graph_settle(CUgraphExec exec) {
-    uint64_t ptrs[64];
-    size_t n = 0;
-    pthread_mutex_lock(&g_lock);
-    nn_mem_graph *g = graph_find(NN_STAGE_EXEC, (uint64_t)exec);
-    for (size_t i = 0; g != NULL && i < g->count && n < 64; i++) {
-        nn_mem_node *node = &g->nodes[i];
-        int allocated_inside = 0;
-        for (size_t j = 0; j < g->count && node->is_free; j++)
-            allocated_inside |= !g->nodes[j].is_free && g->nodes[j].ptr == node->ptr;
-        if (node->is_free && !allocated_inside) ptrs[n++] = node->ptr;
-    }
-    pthread_mutex_unlock(&g_lock);
-    for (size_t i = 0; i < n; i++) untrack_and_uncharge(ptrs[i]);
-}
-
-void nn_release_transient(const uint64_t transient[NN_MAX_DEVICES]) {
-    for (int d = 0; d < (int)NN_MAX_DEVICES; d++)
-        if (transient[d] != 0) nn_uncharge(d, transient[d]);
 }
 
 /* ---- reporting ------------------------------------------------------------------------------------------------ */
@@ -581,10 +376,4 @@ void nn_memory_after_fork(void) {
     memcpy(&g_lock, &fresh, sizeof fresh);
     nn_ptrmap_clear(&g_ptrs);
     nn_ptrmap_clear(&g_pools);
-    while (g_graphs != NULL) {
-        nn_mem_graph *g = g_graphs;
-        g_graphs = g->next;
-        free(g->nodes);
-        free(g);
-    }
 }

@@ -22,6 +22,14 @@
 #include "neuronetes_region.h"
 
 #define NN_EXPORT __attribute__((visibility("default")))
+
+/* A hook's preamble: the region is usable (else its refusal) and the real entry point exists. */
+#define NN_REQUIRE(real)                                             \
+    do {                                                             \
+        CUresult nn_ready_ = nn_ready();                             \
+        if (nn_ready_ != CUDA_SUCCESS) return nn_ready_;             \
+        if ((real) == NULL) return CUDA_ERROR_NOT_FOUND;             \
+    } while (0)
 #define NN_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 /* ---- the entry points the shim replaces (X(name)) ------------------------------------------ */
@@ -137,6 +145,12 @@ void nn_uncharge(int dev, uint64_t size);
 /* Remember / forget a charged allocation (key: address or VMM handle). */
 void nn_track(uint64_t key, uint64_t size, int dev, uint32_t kind);
 int nn_untrack(uint64_t key, uint64_t *size, int *dev);
+int nn_tracked(uint64_t key);
+void nn_untrack_and_uncharge(uint64_t key);
+/* graphmem.c: an allocation (or free, is_free) captured on `stream`; the capture became `graph`. */
+void nn_capture_record(CUstream stream, int ptds, uint64_t ptr, uint64_t size, int dev, int is_free);
+void nn_capture_to_graph(uint64_t capture_id, CUgraph graph);
+void nn_graphmem_after_fork(void);
 /* Graph memory: charge the allocations captured into `exec` when it is launched; `*charged`
  * (free() it) lists what was charged and tracked, for nn_graph_unwind if the launch fails. */
 CUresult nn_graph_charge(CUgraphExec exec, uint64_t transient[NN_MAX_DEVICES], uint64_t **charged, size_t *count);

@@ -97,6 +97,7 @@ static void after_fork_child(void) {
     nn_g.pid = 0;
     nn_g.admitted = 0;
     nn_memory_after_fork();
+    nn_graphmem_after_fork();
     nn_launch_after_fork();
 }
 

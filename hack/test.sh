@@ -58,6 +58,13 @@ if [[ "${NEURONETES_SKIP_CONTROL_PLANE_BUILD:-0}" != 1 ]]; then
     fi
 fi
 
+# ---- CUDA shim (node-agent/shim): build it and run its C tests under sanitizers ------------------
+# libneuronetes-cuda.so, the fake libcuda/libnvidia-ml and the C tests are built against the real
+# cuda.h / nvml.h of the dev extra; every case runs under ASan+UBSan, the region logic under TSan
+# too (gcc's libasan/libubsan/libtsan; Debian's gcc ships them). ~30 s on 2 cores.
+echo ">> make -C node-agent/shim test" >&2
+make -s -C "$REPO_ROOT/node-agent/shim" PYTHON="$VIRTUAL_ENV/bin/python" test
+
 echo ">> pytest" >&2
 status=0
 pytest "$@" || status=$?

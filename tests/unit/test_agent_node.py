@@ -1,0 +1,231 @@
+"""One node's loop with the simulated backend and a recording stand-in for the API server:
+transitions, events, capacity, eviction, reset, requests, the watchdog, and the exporter
+(`promtool check metrics` on its output)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from neuronetes import contracts as c
+from neuronetes.agent.daemon.exporter import AgentCollector
+from neuronetes.agent.daemon.node import ANNOTATION_OFFLINE_GPUS, REQUEST_PREFIX, NodeAgent, pod_use
+from neuronetes.agent.daemon.simulated import SimulatedGpus
+from neuronetes.devcluster.profiles import PROFILES
+
+pytestmark = pytest.mark.unit
+
+
+class RecordingKube:
+    """Records the agent's writes (the real API server is exercised in tests/e2e)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.gpunode: dict[str, Any] = {"metadata": {"name": "n0", "generation": 1}, "spec": {}}
+
+    def ensure_gpunode(self, node: str, node_uid: str) -> dict[str, Any]:
+        return self.gpunode
+
+    def patch_gpunode_status(self, node: str, status: Any) -> None:
+        self.calls.append(("status", status))
+
+    def patch_gpunode(self, node: str, patch: Any) -> dict[str, Any]:
+        self.calls.append(("gpunode", patch))
+        return self.gpunode
+
+    def patch_node_labels(self, node: str, labels: Any) -> None:
+        self.calls.append(("labels", labels))
+
+    def patch_node_capacity(self, node: str, resources: Any) -> None:
+        self.calls.append(("capacity", dict(resources)))
+
+    def node_event(self, node: str, node_uid: str, kind: str, reason: str, message: str) -> None:
+        self.calls.append(("event", (reason, message)))
+
+    def evict(self, namespace: str, name: str) -> int:
+        self.calls.append(("evict", f"{namespace}/{name}"))
+        return 201
+
+    def last(self, kind: str) -> Any:
+        return [v for k, v in self.calls if k == kind][-1]
+
+    def all(self, kind: str) -> list[Any]:
+        return [v for k, v in self.calls if k == kind]
+
+
+def make_pod(node: str, uuid: str, index: int, name: str = "train", phase: str = "Running") -> dict[str, Any]:
+    uid = "0b6f3c8e-4c1d-4f57-9a1e-2f0c4a1b9d77"
+    doc = {
+        "version": 1,
+        "node": node,
+        "podUID": uid,
+        "containers": {
+            "main": {
+                "gpus": [{"uuid": uuid, "index": index, "memoryMiB": 81920, "computePercent": 100}],
+                "priority": 0,
+                "qos": "Guaranteed",
+            }
+        },
+    }
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ml",
+            "uid": uid,
+            "annotations": {c.ANNOTATION_ASSIGNED_GPUS: json.dumps(doc)},
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": phase},
+    }
+
+
+@pytest.fixture
+def agent() -> Any:
+    kube = RecordingKube()
+    resets = ThreadPoolExecutor(2)
+    sim = SimulatedGpus(PROFILES["dgx-a100-80gb"], "n0", reset_seconds=0.05)
+    a = NodeAgent("n0", "uid-n0", sim, kube, resets, agent_version="test")  # type: ignore[arg-type]
+    a.start()
+    yield a, sim, kube
+    sim.close()
+    resets.shutdown()
+
+
+def tick_until(a: NodeAgent, cond: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        a.tick()
+        if cond():
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_start_publishes_labels_capacity_status(agent: Any) -> None:
+    a, _, kube = agent
+    assert kube.last("labels")[c.LABEL_GPU_COUNT] == "8"
+    assert kube.last("capacity") == {
+        c.RESOURCE_GPU: "8",
+        c.RESOURCE_GPU_MEMORY: "655360",
+        c.RESOURCE_GPU_COMPUTE: "800",
+    }
+    status = kube.last("status")
+    assert status["gpuCount"] == 8 and status["healthyGPUs"] == 8 and status["observedGeneration"] == 1
+    assert a.discovery_seconds < 1.0
+
+
+def test_critical_xid_offline_evict_reset_available(agent: Any) -> None:
+    a, sim, kube = agent
+    gpu = a.inventory.gpus[3]
+    pod = make_pod("n0", gpu.uuid, 3)
+    a.set_pod(pod["metadata"]["uid"], pod_use(pod))
+    a.tick()
+    assert a.states[gpu.uuid][0].value == "InUse"
+    assert kube.last("status")["gpus"][3]["allocations"][0]["pod"] == "train"
+    sim.inject_xid(gpu.uuid, 48)
+    a.tick()
+    assert a.states[gpu.uuid][0].value == "Offline"
+    assert kube.last("capacity")[c.RESOURCE_GPU] == "7"
+    assert kube.all("evict") == ["ml/train"]
+    a.tick()
+    assert kube.all("evict") == ["ml/train"]  # not again before the retry interval
+    a.set_pod(pod["metadata"]["uid"], None)  # the pod is gone
+    tick_until(a, lambda: a.states[gpu.uuid][0].value == "Available")
+    assert kube.last("capacity")[c.RESOURCE_GPU] == "8"
+    reasons = [r for r, _ in kube.all("event")]
+    assert reasons == ["GPUInUse", "GPUXid", "GPUOffline", "GPUPodEvicted", "GPUResetting", "GPUAvailable"]
+    assert a.counters.transitions[(gpu.uuid, "InUse", "Offline")] == 1
+
+
+def test_application_xid_changes_nothing(agent: Any) -> None:
+    a, sim, kube = agent
+    gpu = a.inventory.gpus[0]
+    sim.inject_xid(gpu.uuid, 43)
+    before = len(kube.all("capacity"))
+    a.tick()
+    assert a.states[gpu.uuid][0].value == "Available" and len(kube.all("capacity")) == before
+    assert kube.all("evict") == []
+
+
+def test_admin_offline_requests_and_cordon(agent: Any) -> None:
+    a, sim, kube = agent
+    u0, u1 = a.inventory.gpus[0].uuid, a.inventory.gpus[1].uuid
+    a.set_gpunode(
+        {
+            "metadata": {"generation": 2, "annotations": {ANNOTATION_OFFLINE_GPUS: u0}},
+            "spec": {"cordonedGPUs": [u1]},
+        }
+    )
+    a.tick()
+    assert a.states[u0][0].value == "Offline" and a.states[u1][0].value == "Available"
+    assert kube.last("capacity")[c.RESOURCE_GPU] == "6"
+    sim.fall_off_bus(u1)
+    a.tick()
+    assert a.states[u1][0].value == "Offline"
+    key = f"{REQUEST_PREFIX}abc"
+    a.set_gpunode(
+        {
+            "metadata": {"generation": 3, "annotations": {key: json.dumps({"verb": "online", "gpu": u1})}},
+            "spec": {},
+        }
+    )
+    a.tick()
+    assert a.states[u1][0].value == "Available" and a.states[u0][0].value == "Available"
+    assert ("gpunode", {"metadata": {"annotations": {key: None}}}) in kube.calls
+    inject = f"{REQUEST_PREFIX}def"
+    order = {"verb": "inject", "gpu": u0, "fault": {"temperatureCelsius": 92}}
+    a.set_gpunode({"metadata": {"generation": 3, "annotations": {inject: json.dumps(order)}}, "spec": {}})
+    a.tick()
+    a.tick()
+    assert a.states[u0][0].value == "Degraded" and "92" in a.states[u0][1]
+
+
+def test_watchdog_degrades_a_hung_backend(agent: Any) -> None:
+    a, sim, kube = agent
+    sim.hang(0.5)
+    t = threading.Thread(target=a.tick)
+    t.start()
+    time.sleep(0.2)
+    assert a.watchdog(0.1)
+    assert {s.value for s, _ in a.states.values()} == {"Degraded"}
+    assert kube.last("status")["conditions"][0] == {**kube.last("status")["conditions"][0], "status": "False"}
+    t.join()
+    a.tick()
+    assert {s.value for s, _ in a.states.values()} == {"Available"}
+
+
+def test_exporter_output_is_promtool_clean(agent: Any, tmp_path: Any) -> None:
+    a, sim, _ = agent
+    gpu = a.inventory.gpus[2]
+    pod = make_pod("n0", gpu.uuid, 2)
+    a.set_pod(pod["metadata"]["uid"], pod_use(pod))
+    sim.set_utilization(gpu.uuid, 55)
+    sim.inject_xid(gpu.uuid, 13)
+    a.tick()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(lambda: [a]))
+    text = generate_latest(registry).decode()
+    util = [line for line in text.splitlines() if line.startswith(c.METRIC_GPU_UTILIZATION + "{")]
+    assert len(util) == 8
+    assert any('pod="train"' in line and 'namespace="ml"' in line and line.endswith(" 55.0") for line in util)
+    assert 'neuronetes_gpu_xid_errors_total{Hostname="n0"' in text and 'xid="13"' in text
+    for name in (
+        c.METRIC_GPU_HEALTH,
+        c.METRIC_AGENT_DISCOVERY,
+        c.METRIC_GPU_STATE_TRANSITIONS,
+        c.METRIC_GPU_LAST_XID,
+    ):
+        assert f"# TYPE {name.removesuffix('_total')}" in text
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool (Debian package prometheus) is not installed")
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert out.returncode == 0 and not out.stdout.strip() and not out.stderr.strip(), out.stdout + out.stderr

@@ -11,7 +11,6 @@ import logging
 import secrets
 import signal
 import sys
-import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported when a verb runs: the rest of the CLI does without the API client
@@ -77,11 +76,8 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
         except OSError as exc:
             return _error(f"metrics on {ns.metrics_host}:{ns.metrics_port}: {exc}")
         print(f"metrics on http://{ns.metrics_host}:{port}/metrics", file=sys.stderr, flush=True)
-    stopped = threading.Event()
-
     def on_signal(signum: int, frame: object) -> None:
-        stopped.set()
-        process._stop.set()
+        process.request_stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -117,7 +117,12 @@ class AgentProcess:
             self._stop.wait(max(0.0, s.interval_s - (time.monotonic() - started)))
         watchdog.join(timeout=5)
 
+    def request_stop(self) -> None:
+        """Make `run` return after the current round (safe from a signal handler)."""
+        self._stop.set()
+
     def stop(self) -> None:
+        """Stop the watches, the backends and the workers (after `run` returned)."""
         self._stop.set()
         for informer in self.informers:
             informer.stop()

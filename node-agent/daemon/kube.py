@@ -19,6 +19,7 @@ from typing import Any, Final
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+from urllib3.exceptions import HTTPError
 
 from neuronetes import contracts as c
 
@@ -198,9 +199,10 @@ class Informer:
         self._stop.set()
         resp = self._resp
         if resp is not None:
-            with contextlib.suppress(Exception):  # closing a finished stream
+            with contextlib.suppress(Exception):  # a stream that already ended
+                resp.shutdown()  # unblocks the watch thread's read (urllib3 >= 2.3)
                 resp.close()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=2)
 
     def _run(self) -> None:
         backoff = 0.5
@@ -211,7 +213,7 @@ class Informer:
                 backoff = 0.5
                 while not self._stop.is_set():
                     rv = self._watch(rv)
-            except (KubeError, OSError, ValueError) as exc:
+            except (KubeError, OSError, ValueError, HTTPError) as exc:
                 if self._stop.is_set():
                     return
                 log.warning("watch %s: %s; relisting in %.1f s", self.path, exc, backoff)

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import sys
 import threading
@@ -81,6 +82,10 @@ def main() -> int:
     p.add_argument("--json", type=Path, help="write the figures here")
     ns = p.parse_args()
 
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")  # the cluster is still torn down (finally)
+
+    signal.signal(signal.SIGTERM, interrupted)
     result: dict[str, Any] = {"discovery_ms_8_gpus": round(discovery_ms(), 3), "nodes": ns.nodes}
     log(f"discovery of 8 simulated GPUs: {result['discovery_ms_8_gpus']} ms (median)")
     dev = DevCluster(f"bench-agent-{os.getpid()}", log=log)

@@ -11,6 +11,7 @@ import logging
 import secrets
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported when a verb runs: the rest of the CLI does without the API client
@@ -57,6 +58,7 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
             heartbeat_s=ns.heartbeat,
             watchdog_s=ns.watchdog,
             reset_seconds=ns.simulated_reset_seconds,
+            region_dir=Path(ns.region_dir) if ns.region_dir else None,
         )
         api = _api(ns.kubeconfig)
     except (ValueError, ConfigException, OSError) as exc:
@@ -76,6 +78,7 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
         except OSError as exc:
             return _error(f"metrics on {ns.metrics_host}:{ns.metrics_port}: {exc}")
         print(f"metrics on http://{ns.metrics_host}:{port}/metrics", file=sys.stderr, flush=True)
+
     def on_signal(signum: int, frame: object) -> None:
         process.request_stop()
 
@@ -229,6 +232,11 @@ def add_agent_commands(sub: Any, dev: Any) -> None:
     )
     run.add_argument("--metrics-port", type=int, default=9400, help="Prometheus port (-1: none; 0: any free)")
     run.add_argument("--metrics-host", default="127.0.0.1", help="metrics listen address (default loopback)")
+    run.add_argument(
+        "--region-dir",
+        default="/run/neuronetes/containers",
+        help="--node: where the containers' shim regions are written ('' for none)",
+    )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.set_defaults(func=cmd_agent_run)
 

@@ -28,6 +28,7 @@ from neuronetes.devcluster.profiles import LABEL_PROFILE, PROFILES
 from .devices import Discovery, DiscoveryError
 from .kube import GPUNODES_PATH, Informer, Kube, KubeError
 from .node import NodeAgent, pod_use
+from .regions import RegionKeeper
 from .simulated import SimulatedGpus
 
 __all__ = ["AGENT_VERSION", "AgentProcess", "AgentSettings", "start_fleet_agent"]
@@ -50,6 +51,8 @@ class AgentSettings:
         watchdog_s: float = 10.0,
         reset_seconds: float = 5.0,
         start_workers: int = 8,
+        tick_workers: int = 8,
+        region_dir: Path | None = None,
     ) -> None:
         if (node is None) == (simulate_nodes is None):
             raise ValueError("give exactly one of --node (real GPUs) and --simulate-nodes (a fleet)")
@@ -60,6 +63,8 @@ class AgentSettings:
         self.watchdog_s = watchdog_s
         self.reset_seconds = reset_seconds
         self.start_workers = start_workers
+        self.tick_workers = tick_workers
+        self.region_dir = region_dir  # shim regions are written only for real GPUs (--node)
 
 
 class AgentProcess:
@@ -107,15 +112,20 @@ class AgentProcess:
         ]
         watchdog = threading.Thread(target=self._watchdog, name="nvml-watchdog", daemon=True)
         watchdog.start()
-        while not self._stop.is_set():
-            started = time.monotonic()
-            self._start_pending()
-            for agent in list(self.agents.values()):
-                if self._stop.is_set():
-                    break
-                agent.tick()
-            self._stop.wait(max(0.0, s.interval_s - (time.monotonic() - started)))
+        # Rounds run on the workers: a node's writes (heartbeats, transitions) wait on the API
+        # server, and a thousand nodes' worth of them in one thread would not fit in a round.
+        with ThreadPoolExecutor(max_workers=s.tick_workers, thread_name_prefix="tick") as ticks:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                self._start_pending()
+                for _ in ticks.map(self._tick, list(self.agents.values())):
+                    pass
+                self._stop.wait(max(0.0, s.interval_s - (time.monotonic() - started)))
         watchdog.join(timeout=5)
+
+    def _tick(self, agent: NodeAgent) -> None:
+        if not self._stop.is_set():
+            agent.tick()
 
     def request_stop(self) -> None:
         """Make `run` return after the current round (safe from a signal handler)."""
@@ -206,12 +216,15 @@ class AgentProcess:
                 self._resets,
                 agent_version=AGENT_VERSION,
                 heartbeat_s=self.settings.heartbeat_s,
+                regions=RegionKeeper(self.settings.region_dir)
+                if self.settings.region_dir is not None and self.settings.node is not None
+                else None,
             )
             with self.lock:
                 pods = [p for p in self._pods.values() if p["spec"].get("nodeName") == name]
             for pod in pods:
                 agent.set_pod(pod["metadata"]["uid"], pod_use(pod))
-            agent.start()
+            agent.start(node)
             with self.lock:
                 self.agents[name] = agent
                 # Pods seen while starting.

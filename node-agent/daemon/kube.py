@@ -89,11 +89,6 @@ class Kube:
 
     def ensure_gpunode(self, node: str, node_uid: str) -> dict[str, Any]:
         """The node's GPUNode (created, owned by the Node so it goes with it, when missing)."""
-        try:
-            return dict(self.request("GET", f"{GPUNODES_PATH}/{node}"))
-        except KubeError as exc:
-            if exc.status != 404:
-                raise
         body = {
             "apiVersion": c.API_VERSION,
             "kind": "GPUNode",

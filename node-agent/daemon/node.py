@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
 import time
 from collections import Counter
@@ -26,6 +27,7 @@ from .devices import Discovery, DiscoveryError, GpuLost, GpuSample, Inventory, X
 from .health import GpuHealthState, Recovery, Usage
 from .kube import Kube, KubeError
 from .publish import Allocation, gpu_capacity, gpu_labels, gpunode_status
+from .regions import RegionKeeper
 
 __all__ = [
     "ANNOTATION_OFFLINE_GPUS",
@@ -56,6 +58,7 @@ class PodUse:
     uid: str
     running: bool
     allocations: Mapping[str, tuple[Allocation, ...]]  # GPU UUID -> allocations
+    assignment: c.Assignment
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +71,9 @@ class Transition:
 
 
 def pod_use(pod: Mapping[str, Any]) -> PodUse | None:
-    """The GPUs a pod holds, from its assignment annotation; None without one (or a bad one: the
-    node refuses such containers, so they hold nothing), or when the pod has finished."""
+    """The GPUs a pod holds, from its assignment annotation; None without one, or when the pod has
+    finished, or for an assignment the node refuses (malformed, for another node, or copied from
+    another pod: the NRI plugin does not start such containers, so they hold nothing)."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     raw = (meta.get("annotations") or {}).get(c.ANNOTATION_ASSIGNED_GPUS)
@@ -78,6 +82,9 @@ def pod_use(pod: Mapping[str, Any]) -> PodUse | None:
     try:
         assignment = c.decode_assignment(raw)
     except c.AssignmentError:
+        return None
+    node = (pod.get("spec") or {}).get("nodeName")
+    if assignment.node != node or (assignment.pod_uid is not None and assignment.pod_uid != meta.get("uid")):
         return None
     allocations: dict[str, list[Allocation]] = {}
     for container, grant in assignment.containers.items():
@@ -101,12 +108,13 @@ def pod_use(pod: Mapping[str, Any]) -> PodUse | None:
         uid=meta.get("uid", ""),
         running=status.get("phase") == "Running",
         allocations={k: tuple(v) for k, v in allocations.items()},
+        assignment=assignment,
     )
 
 
 @dataclass(slots=True)
 class _Published:
-    labels: dict[str, str | None] | None = None
+    labels: dict[str, str | None] | None = None  # what the Node has (None: unknown)
     capacity: dict[str, str] | None = None
     status_key: str = ""
     heartbeat: float = 0.0
@@ -132,6 +140,7 @@ class NodeAgent:
         *,
         agent_version: str,
         heartbeat_s: float = 30.0,
+        regions: RegionKeeper | None = None,
     ) -> None:
         self.node = node
         self.node_uid = node_uid
@@ -140,6 +149,8 @@ class NodeAgent:
         self.resets = resets
         self.agent_version = agent_version
         self.heartbeat_s = heartbeat_s
+        self.regions = regions
+        self._pods_changed = regions is not None
         self.lock = threading.Lock()
         self.inventory: Inventory | None = None
         self.discovery_seconds = 0.0
@@ -160,21 +171,31 @@ class NodeAgent:
         self._published = _Published()
         self._ecc_seen: dict[str, int] = {}
         self._conditions_since: dict[tuple[str, str], str] = {}
+        # Labels depend on the inventory only, capacity on the usable GPUs: computed on change.
+        self._labels: dict[str, str | None] = {}
+        self._capacity_of: tuple[frozenset[str] | None, dict[str, str]] = (None, {})
 
     # ---- setup ---------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Discover the GPUs and publish the node's labels, capacity and GPUNode."""
+    def start(self, node: Mapping[str, Any] | None = None) -> None:
+        """Discover the GPUs and publish the node's labels, capacity and GPUNode. With the Node
+        object (as a watch delivered it), labels and capacity it already has are not rewritten."""
+        if node is not None:
+            self._published.labels = dict((node.get("metadata") or {}).get("labels") or {})
+            self._published.capacity = dict((node.get("status") or {}).get("capacity") or {})
         started = time.perf_counter()
         inventory = self.backend.scan()
         self.discovery_seconds = time.perf_counter() - started
         with self.lock:
             self.inventory = inventory
+            self._labels = gpu_labels(self.node, inventory)
             self.health = {g.uuid: GpuHealthState() for g in inventory.gpus}
             gpunode = self.kube.ensure_gpunode(self.node, self.node_uid)
             self._apply_spec(gpunode)
             self._derive_states(record=False)
             self._publish(force=True)
+            # Nodes started together would heartbeat together: spread them over one period.
+            self._published.heartbeat -= random.uniform(0, self.heartbeat_s)
 
     # ---- inputs from watches (any thread) --------------------------------------------------------
 
@@ -184,6 +205,7 @@ class NodeAgent:
                 self.pods.pop(uid, None)
             else:
                 self.pods[uid] = use
+            self._pods_changed = self.regions is not None
 
     def set_gpunode(self, gpunode: Mapping[str, Any]) -> None:
         with self.lock:
@@ -232,6 +254,15 @@ class NodeAgent:
             transitions = self._derive_states(record=True)
             self._publish(force=bool(transitions))
             self._evict_and_reset()
+            self._sync_regions(inventory)
+
+    def _sync_regions(self, inventory: Inventory) -> None:
+        if self.regions is None or not self._pods_changed:
+            return
+        self._pods_changed = False
+        wanted = {p.uid: (p.namespace, p.name, p.assignment) for p in self.pods.values()}
+        for error in self.regions.sync(wanted, inventory):
+            self._event("Warning", "GPURegionFailed", error)
 
     def watchdog(self, limit_s: float) -> bool:
         """Called from another thread: when the backend reads of this node have hung for more than
@@ -423,12 +454,15 @@ class NodeAgent:
         pub = self._published
         now = time.monotonic()
         try:
-            labels = gpu_labels(self.node, inventory)
-            if labels != pub.labels:
+            labels = self._labels
+            if pub.labels is None or any(pub.labels.get(k) != v for k, v in labels.items()):
                 self.kube.patch_node_labels(self.node, labels)
                 pub.labels = labels
-            capacity = gpu_capacity(self.node, inventory, self.usable_gpus())
-            if capacity != pub.capacity:
+            usable = frozenset(self.usable_gpus())
+            if usable != self._capacity_of[0]:
+                self._capacity_of = (usable, gpu_capacity(self.node, inventory, set(usable)))
+            capacity = self._capacity_of[1]
+            if pub.capacity is None or any(pub.capacity.get(k) != v for k, v in capacity.items()):
                 self.kube.patch_node_capacity(self.node, capacity)
                 pub.capacity = capacity
             allocations = self._allocations()

@@ -67,6 +67,8 @@ class SimulatedGpus:
         self._hang_until = 0.0
         self._closed = False
         self._inventory = self._build_inventory()
+        self._by_uuid = {g.uuid: g for g in self._inventory.gpus}
+        self._idle: dict[str, GpuSample] = {}
 
     # ---- Discovery -----------------------------------------------------------------------------
 
@@ -77,7 +79,16 @@ class SimulatedGpus:
     def sample(self, uuid: str) -> GpuSample:
         self._maybe_hang()
         gpu = self._gpu(uuid)
-        f = self._faults.get(uuid) or _GpuFaults()
+        f = self._faults.get(uuid)
+        if f is None:  # an untouched GPU: the same idle reading every time (fleets hold thousands)
+            idle = self._idle.get(uuid)
+            if idle is None:
+                idle = self._idle[uuid] = self._reading(gpu, _GpuFaults())
+            return idle
+        return self._reading(gpu, f)
+
+    def _reading(self, gpu: GpuDevice, f: _GpuFaults) -> GpuSample:
+        uuid = gpu.uuid
         if f.lost:
             raise GpuLost(uuid, f"GPU {uuid} has fallen off the bus")
         total = gpu.memory_mib << 20
@@ -212,10 +223,10 @@ class SimulatedGpus:
                 self._wake.wait_for(lambda: self._closed, left)
 
     def _gpu(self, uuid: str) -> GpuDevice:
-        gpu = self._inventory.by_uuid(uuid)
-        if gpu is None:
-            raise KeyError(f"node {self.node} has no GPU {uuid}")
-        return gpu
+        try:
+            return self._by_uuid[uuid]
+        except KeyError:
+            raise KeyError(f"node {self.node} has no GPU {uuid}") from None
 
     def _fault(self, uuid: str) -> _GpuFaults:
         self._gpu(uuid)

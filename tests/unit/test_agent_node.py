@@ -1,6 +1,6 @@
 """One node's loop with the simulated backend and a recording stand-in for the API server:
-transitions, events, capacity, eviction, reset, requests, the watchdog, and the exporter
-(`promtool check metrics` on its output)."""
+transitions, events, capacity, eviction, reset, requests, the watchdog, the shim regions of
+assigned containers, and the exporter (`promtool check metrics` on its output)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,17 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from neuronetes import contracts as c
+from neuronetes.agent import region
 from neuronetes.agent.daemon.exporter import AgentCollector
 from neuronetes.agent.daemon.node import ANNOTATION_OFFLINE_GPUS, REQUEST_PREFIX, NodeAgent, pod_use
+from neuronetes.agent.daemon.regions import RegionKeeper
 from neuronetes.agent.daemon.simulated import SimulatedGpus
 from neuronetes.devcluster.profiles import PROFILES
 
@@ -61,8 +64,11 @@ class RecordingKube:
         return [v for k, v in self.calls if k == kind]
 
 
+POD_UID = "0b6f3c8e-4c1d-4f57-9a1e-2f0c4a1b9d77"
+
+
 def make_pod(node: str, uuid: str, index: int, name: str = "train", phase: str = "Running") -> dict[str, Any]:
-    uid = "0b6f3c8e-4c1d-4f57-9a1e-2f0c4a1b9d77"
+    uid = POD_UID
     doc = {
         "version": 1,
         "node": node,
@@ -229,3 +235,121 @@ def test_exporter_output_is_promtool_clean(agent: Any, tmp_path: Any) -> None:
         pytest.skip("promtool (Debian package prometheus) is not installed")
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert out.returncode == 0 and not out.stdout.strip() and not out.stderr.strip(), out.stdout + out.stderr
+
+
+# ---- shim regions ----
+
+
+def assigned_pod(
+    node: str, containers: dict[str, Any], uid: str = POD_UID, assignment_uid: str = POD_UID
+) -> dict[str, Any]:
+    doc = {"version": 1, "node": node, "podUID": assignment_uid, "containers": containers}
+    return {
+        "metadata": {
+            "name": "p",
+            "namespace": "ml",
+            "uid": uid,
+            "annotations": {c.ANNOTATION_ASSIGNED_GPUS: json.dumps(doc)},
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": "Pending"},
+    }
+
+
+def agent_for(profile: str, node: str, root: Path) -> tuple[NodeAgent, SimulatedGpus]:
+    sim = SimulatedGpus(PROFILES[profile], node)
+    a = NodeAgent(
+        node, "u", sim, RecordingKube(), ThreadPoolExecutor(1), agent_version="t", regions=RegionKeeper(root)
+    )  # type: ignore[arg-type]
+    a.start()
+    return a, sim
+
+
+def test_shared_slice_and_whole_gpu_regions(tmp_path: Path) -> None:
+    a, sim = agent_for("dgx-a100-80gb", "n0", tmp_path)
+    u1, u2 = c.simulated_gpu_uuid("n0", 1), c.simulated_gpu_uuid("n0", 2)
+    p = assigned_pod(
+        "n0",
+        {
+            "main": {
+                "gpus": [{"uuid": u1, "index": 1, "memoryMiB": 8192, "computePercent": 25}],
+                "priority": 7,
+                "qos": "Burstable",
+            },
+            "side": {
+                "gpus": [{"uuid": u2, "index": 2, "memoryMiB": 81920, "computePercent": 100}],
+                "priority": 7,
+                "qos": "Guaranteed",
+            },
+        },
+    )
+    a.set_pod(POD_UID, pod_use(p))
+    a.tick()
+    with region.open_region(tmp_path / POD_UID / "main" / "region", writable=False) as r:
+        view = r.snapshot()
+        dev = view.devices[0]
+        assert (
+            dev.uuid.decode() == u1
+            and dev.memory_limit_bytes == 8192 << 20
+            and dev.compute_share_percent == 25
+        )
+        assert view.container.priority == 7 and view.container.qos == region.QOS_BURSTABLE
+        assert view.container.pod_uid.decode() == POD_UID and view.container.container_name.decode() == "main"
+    assert (tmp_path / POD_UID / "side" / "region").exists()
+    a.set_pod(POD_UID, None)
+    a.tick()
+    assert not (tmp_path / POD_UID).exists()
+    sim.close()
+
+
+def test_mig_instance_region_uses_the_mig_uuid(tmp_path: Path) -> None:
+    a, sim = agent_for("a100-40gb-mig", "m0", tmp_path)
+    gpu = a.inventory.gpus[0]  # type: ignore[union-attr]
+    inst = next(d for d in gpu.mig_devices if d.profile == "2g.10gb")
+    p = assigned_pod(
+        "m0",
+        {
+            "main": {
+                "gpus": [
+                    {
+                        "uuid": gpu.uuid,
+                        "index": 0,
+                        "memoryMiB": inst.memory_mib,
+                        "computePercent": 100,
+                        "migProfile": "2g.10gb",
+                        "migStart": inst.start,
+                    }
+                ],
+                "priority": 0,
+                "qos": "Guaranteed",
+            }
+        },
+    )
+    a.set_pod(POD_UID, pod_use(p))
+    a.tick()
+    with region.open_region(tmp_path / POD_UID / "main" / "region", writable=False) as r:
+        dev = r.snapshot().devices[0]
+        assert dev.uuid.decode() == inst.uuid and dev.flags & region.DEV_F_MIG
+    sim.close()
+
+
+def test_refused_assignments_get_no_region(tmp_path: Path) -> None:
+    a, sim = agent_for("dgx-a100-80gb", "n0", tmp_path)
+    grant = {
+        "gpus": [{"uuid": c.simulated_gpu_uuid("n0", 0), "index": 0, "memoryMiB": 1, "computePercent": 100}],
+        "priority": 0,
+        "qos": "Guaranteed",
+    }
+    copied = assigned_pod("n0", {"main": grant}, assignment_uid="11111111-2222-3333-4444-555555555555")
+    assert pod_use(copied) is None
+    elsewhere = assigned_pod("n0", {"main": grant})
+    elsewhere["spec"]["nodeName"] = "n9"
+    assert pod_use(elsewhere) is None
+    unknown = assigned_pod(
+        "n0", {"main": {**grant, "gpus": [{**grant["gpus"][0], "uuid": c.simulated_gpu_uuid("zz", 0)}]}}
+    )
+    a.set_pod(POD_UID, pod_use(unknown))
+    a.tick()
+    assert not (tmp_path / POD_UID / "main" / "region").exists()
+    assert any(k == "event" and v[0] == "GPURegionFailed" for k, v in a.kube.calls)  # type: ignore[attr-defined]
+    sim.close()

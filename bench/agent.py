@@ -77,8 +77,8 @@ def published(kube: Kube) -> dict[str, str]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=1000)
-    p.add_argument("--heartbeat", type=float, default=30.0, help="GPUNode heartbeat period, s")
-    p.add_argument("--hold", type=float, default=65.0, help="seconds to keep serving after publication")
+    p.add_argument("--heartbeat", type=float, default=60.0, help="GPUNode heartbeat period, s")
+    p.add_argument("--hold", type=float, default=130.0, help="seconds to keep serving after publication")
     p.add_argument("--json", type=Path, help="write the figures here")
     ns = p.parse_args()
 
@@ -136,6 +136,7 @@ def main() -> int:
         result["steady_cpu_percent"] = round(100 * steady / ns.hold, 1)
         result["rss_mib_total"] = round(rss_mib(), 1)
         result["cpus"] = os.cpu_count()
+        result["load_average_1m"] = round(os.getloadavg()[0], 1)  # the machine's, not the agent's
     finally:
         if agent is not None:
             agent.request_stop()

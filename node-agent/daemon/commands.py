@@ -225,7 +225,7 @@ def add_agent_commands(sub: Any, dev: Any) -> None:
     )
     run.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, else ~/.kube/config)")
     run.add_argument("--interval", type=float, default=1.0, help="seconds between health rounds (default 1)")
-    run.add_argument("--heartbeat", type=float, default=30.0, help="seconds between GPUNode heartbeats")
+    run.add_argument("--heartbeat", type=float, default=60.0, help="seconds between GPUNode heartbeats")
     run.add_argument("--watchdog", type=float, default=10.0, help="seconds NVML may hang before GPUs degrade")
     run.add_argument(
         "--simulated-reset-seconds", type=float, default=5.0, help="fleet: a GPU reset's duration"

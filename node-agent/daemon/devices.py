@@ -7,6 +7,7 @@ injection). Everything above it — health, publication, metrics — sees only t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -131,6 +132,11 @@ class Discovery(Protocol):
     def reset(self, uuid: str) -> bool:
         """Reset one GPU with no users left; True when it is healthy afterwards, False when the
         backend cannot reset it (the administrator resets it and runs ``neuronetes online``)."""
+        ...
+
+    def apply_mig(self, uuid: str, enabled: bool, counts: Mapping[str, int]) -> str | None:
+        """Set the GPU's MIG mode and instances (the GPU has no users); None when done, else why
+        not. `scan` shows the new layout afterwards."""
         ...
 
     def close(self) -> None: ...

@@ -62,7 +62,7 @@ class AgentCollector(Collector):
                 if inventory is None:
                     continue
                 discovery.add_metric([agent.node], agent.discovery_seconds)
-                users = agent._allocations()
+                users = agent.allocations()
                 for g in inventory.gpus:
                     gpu_labels = [agent.node, str(g.index), g.uuid, g.model]
                     mine = users.get(g.uuid, [])

@@ -27,7 +27,8 @@ from neuronetes.devcluster.profiles import LABEL_PROFILE, PROFILES
 
 from .devices import Discovery, DiscoveryError
 from .kube import GPUNODES_PATH, Informer, Kube, KubeError
-from .node import NodeAgent, pod_use
+from .node import NodeAgent
+from .pods import pod_use
 from .regions import RegionKeeper
 from .simulated import SimulatedGpus
 
@@ -47,7 +48,7 @@ class AgentSettings:
         node: str | None = None,
         simulate_nodes: str | None = None,
         interval_s: float = 1.0,
-        heartbeat_s: float = 30.0,
+        heartbeat_s: float = 60.0,
         watchdog_s: float = 10.0,
         reset_seconds: float = 5.0,
         start_workers: int = 8,
@@ -176,11 +177,13 @@ class AgentProcess:
             agent.set_pod(uid, use)
 
     def _on_gpunode(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind == "DELETED":
-            return
         with self.lock:
             agent = self.agents.get(obj["metadata"]["name"])
-        if agent is not None:
+        if agent is None:
+            return
+        if kind == "DELETED":
+            agent.gpunode_deleted()
+        else:
             agent.set_gpunode(obj)
 
     # ---- nodes ---------------------------------------------------------------------------------

@@ -11,8 +11,7 @@ import contextlib
 import json
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -247,18 +246,3 @@ class Informer:
             self._resp.release_conn()
             self._resp = None
         return rv
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:
-    """Poll `predicate` until it holds or `timeout` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
-
-
-def iter_chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for k in range(0, len(items), size):
-        yield items[k : k + size]

@@ -3,7 +3,12 @@
 `NodeAgent.tick` is the whole loop body: read XIDs and samples from the backend (outside the lock,
 so a hung NVML only blocks this node's reads and the watchdog can still report it), then under the
 lock apply them, derive every GPU's state, record each transition (Event on the Node, GPUNode
-status), publish what changed, evict the pods of GPUs whose fault needs it, and start resets.
+status), publish what changed, evict the pods of GPUs whose fault needs it, start resets, apply
+MIG layouts and keep the containers' shim regions.
+
+Longer than most modules because `NodeAgent` is one lock-protected unit of state and every step of
+the round reads and writes it; the decisions themselves live in pure modules (`health`,
+`publish`, `miglayout`, `pods`, `regions`) and only their sequencing is here.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from neuronetes.model import GpuHealth
 from .devices import Discovery, DiscoveryError, GpuLost, GpuSample, Inventory, XidEvent
 from .health import GpuHealthState, Recovery, Usage
 from .kube import Kube, KubeError
+from .miglayout import MIG_MANAGER_LABEL, MigTarget, changes, targets_from_spec
+from .pods import PodUse
 from .publish import Allocation, gpu_capacity, gpu_labels, gpunode_status
 from .regions import RegionKeeper
 
@@ -33,9 +40,7 @@ __all__ = [
     "ANNOTATION_OFFLINE_GPUS",
     "REQUEST_PREFIX",
     "NodeAgent",
-    "PodUse",
     "Transition",
-    "pod_use",
 ]
 
 log = logging.getLogger("neuronetes.agent")
@@ -50,18 +55,6 @@ EVICTION_RETRY_S: Final = 5.0
 
 
 @dataclass(frozen=True, slots=True)
-class PodUse:
-    """A pod of the node with a GPU assignment: what it holds on which GPU."""
-
-    namespace: str
-    name: str
-    uid: str
-    running: bool
-    allocations: Mapping[str, tuple[Allocation, ...]]  # GPU UUID -> allocations
-    assignment: c.Assignment
-
-
-@dataclass(frozen=True, slots=True)
 class Transition:
     gpu: str
     index: int
@@ -70,54 +63,13 @@ class Transition:
     reason: str
 
 
-def pod_use(pod: Mapping[str, Any]) -> PodUse | None:
-    """The GPUs a pod holds, from its assignment annotation; None without one, or when the pod has
-    finished, or for an assignment the node refuses (malformed, for another node, or copied from
-    another pod: the NRI plugin does not start such containers, so they hold nothing)."""
-    meta = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    raw = (meta.get("annotations") or {}).get(c.ANNOTATION_ASSIGNED_GPUS)
-    if not raw or status.get("phase") in ("Succeeded", "Failed"):
-        return None
-    try:
-        assignment = c.decode_assignment(raw)
-    except c.AssignmentError:
-        return None
-    node = (pod.get("spec") or {}).get("nodeName")
-    if assignment.node != node or (assignment.pod_uid is not None and assignment.pod_uid != meta.get("uid")):
-        return None
-    allocations: dict[str, list[Allocation]] = {}
-    for container, grant in assignment.containers.items():
-        for g in grant.gpus:
-            entry: Allocation = {
-                "namespace": meta.get("namespace", ""),
-                "pod": meta.get("name", ""),
-                "podUID": meta.get("uid", ""),
-                "container": container,
-                "memoryMiB": g.memory_mib,
-                "computePercent": g.compute_percent,
-                "priority": grant.priority,
-            }
-            if g.mig_profile is not None:
-                entry["migProfile"] = g.mig_profile  # resolved to the instance UUID by the node
-                entry["migStart"] = g.mig_start
-            allocations.setdefault(g.uuid, []).append(entry)
-    return PodUse(
-        namespace=meta.get("namespace", ""),
-        name=meta.get("name", ""),
-        uid=meta.get("uid", ""),
-        running=status.get("phase") == "Running",
-        allocations={k: tuple(v) for k, v in allocations.items()},
-        assignment=assignment,
-    )
-
-
 @dataclass(slots=True)
 class _Published:
     labels: dict[str, str | None] | None = None  # what the Node has (None: unknown)
     capacity: dict[str, str] | None = None
     status_key: str = ""
     heartbeat: float = 0.0
+    gpunode_missing: bool = False
 
 
 @dataclass(slots=True)
@@ -139,7 +91,7 @@ class NodeAgent:
         resets: Executor,
         *,
         agent_version: str,
-        heartbeat_s: float = 30.0,
+        heartbeat_s: float = 60.0,
         regions: RegionKeeper | None = None,
     ) -> None:
         self.node = node
@@ -159,6 +111,11 @@ class NodeAgent:
         self.states: dict[str, tuple[GpuHealth, str]] = {}
         self.pods: dict[str, PodUse] = {}
         self.cordoned: frozenset[str] = frozenset()
+        self.mig_targets: dict[int, MigTarget] = {}
+        self.mig_external = False  # NVIDIA's mig-manager owns the node's MIG configuration
+        self.mig_state = "None"
+        self._mig_pending: dict[str, MigTarget] = {}
+        self._mig_failed_generation = -1
         self.generation = 0
         self.nvml_ok = True
         self.poll_started = 0.0  # monotonic start of the backend reads in progress (0: none)
@@ -182,6 +139,7 @@ class NodeAgent:
         object (as a watch delivered it), labels and capacity it already has are not rewritten."""
         if node is not None:
             self._published.labels = dict((node.get("metadata") or {}).get("labels") or {})
+            self.mig_external = MIG_MANAGER_LABEL in self._published.labels
             self._published.capacity = dict((node.get("status") or {}).get("capacity") or {})
         started = time.perf_counter()
         inventory = self.backend.scan()
@@ -207,6 +165,12 @@ class NodeAgent:
                 self.pods[uid] = use
             self._pods_changed = self.regions is not None
 
+    def gpunode_deleted(self) -> None:
+        """Someone deleted the node's GPUNode: the next round creates and publishes it again."""
+        with self.lock:
+            self._published.gpunode_missing = True
+            self._published.status_key = ""
+
     def set_gpunode(self, gpunode: Mapping[str, Any]) -> None:
         with self.lock:
             self._apply_spec(gpunode)
@@ -216,6 +180,7 @@ class NodeAgent:
         spec = gpunode.get("spec") or {}
         self.generation = int(meta.get("generation") or 0)
         self.cordoned = frozenset(spec.get("cordonedGPUs") or ())
+        self.mig_targets = targets_from_spec(spec)
         annotations: Mapping[str, str] = meta.get("annotations") or {}
         offline = {u.strip() for u in annotations.get(ANNOTATION_OFFLINE_GPUS, "").split(",") if u.strip()}
         for uuid, h in self.health.items():
@@ -251,9 +216,11 @@ class NodeAgent:
             for uuid, sample in samples.items():
                 self._on_sample(uuid, sample)
             self._finish_resets()
+            self._plan_mig()
             transitions = self._derive_states(record=True)
             self._publish(force=bool(transitions))
             self._evict_and_reset()
+            self._apply_mig()
             self._sync_regions(inventory)
 
     def _sync_regions(self, inventory: Inventory) -> None:
@@ -337,6 +304,8 @@ class NodeAgent:
         for g in self.inventory.gpus:
             h = self.health[g.uuid]
             state, reason = h.state(usage[g.uuid])
+            if state.schedulable and g.uuid in self._mig_pending:
+                state, reason = GpuHealth.DEGRADED, "MIG layout being applied (spec.migLayout)"
             before = self.states.get(g.uuid, (h.state_now, ""))[0]
             self.states[g.uuid] = (state, reason)
             h.state_now = state
@@ -370,14 +339,76 @@ class NodeAgent:
         now = time.monotonic()
         for uuid, h in self.health.items():
             if h.needs_eviction(usage[uuid]):
-                for pod in list(self.pods.values()):
-                    if uuid in pod.allocations and now - self._evicted.get(pod.uid, -1e9) > EVICTION_RETRY_S:
-                        self._evict(pod, f"GPU {uuid}: {h.fault.reason if h.fault else ''}")
-                        self._evicted[pod.uid] = now
+                self._evict_users(uuid, f"GPU {uuid}: {h.fault.reason if h.fault else ''}", now)
             elif h.ready_to_reset(usage[uuid]) and uuid not in self._resetting:
                 h.reset_started()
                 self._resetting[uuid] = self.resets.submit(self.backend.reset, uuid)
         self._evicted = {uid: t for uid, t in self._evicted.items() if uid in self.pods}
+
+    def _evict_users(self, uuid: str, why: str, now: float) -> None:
+        """Evict the pods holding GPU `uuid` (each at most once per retry interval)."""
+        for pod in list(self.pods.values()):
+            if uuid in pod.allocations and now - self._evicted.get(pod.uid, -1e9) > EVICTION_RETRY_S:
+                self._evict(pod, why)
+                self._evicted[pod.uid] = now
+
+    # ---- MIG layouts ---------------------------------------------------------------------------
+
+    def _plan_mig(self) -> None:
+        """Compare the GPUs with ``spec.migLayout``: the GPUs to reconfigure (kept off new work,
+        DEGRADED) and the layout state."""
+        inventory = self.inventory
+        assert inventory is not None
+        self._mig_pending = {}
+        if not self.mig_targets or self.mig_external:
+            self.mig_state = "None"  # nothing asked, or NVIDIA's mig-manager owns the node: report only
+            return
+        missing = set(self.mig_targets) - {g.index for g in inventory.gpus}
+        if missing:
+            self._mig_fail(f"spec.migLayout names GPU index {sorted(missing)} the node does not have")
+            return
+        pending = changes(inventory, self.mig_targets)
+        if not pending:
+            if self.mig_state != "Applied":
+                self._event("Normal", "MIGApplied", "MIG layout applied")
+            self.mig_state = "Applied"
+        elif self.mig_state != "Failed" or self._mig_failed_generation != self.generation:
+            self._mig_pending = pending  # a failed layout is retried when the spec changes
+            self.mig_state = "Pending"
+
+    def _apply_mig(self) -> None:
+        """Evict the users of each GPU to reconfigure; reconfigure the GPUs without users."""
+        usage = self._usage()
+        applied = False
+        for uuid, target in self._mig_pending.items():
+            if usage[uuid].assigned:
+                self._evict_users(uuid, f"GPU {uuid}: MIG layout change", time.monotonic())
+                continue
+            self.mig_state = "Applying"
+            error = self.backend.apply_mig(uuid, target.enabled, target.counts)
+            if error is not None:
+                self._mig_fail(f"GPU {target.index}: {error}")
+                break
+            applied = True
+        if applied:
+            self._rescan()
+
+    def _mig_fail(self, message: str) -> None:
+        if self.mig_state != "Failed" or self._mig_failed_generation != self.generation:
+            self._event("Warning", "MIGFailed", message)
+        self.mig_state = "Failed"
+        self._mig_failed_generation = self.generation
+
+    def _rescan(self) -> None:
+        """Read the inventory again after a reconfiguration (labels and capacity follow)."""
+        try:
+            inventory = self.backend.scan()
+        except DiscoveryError as exc:
+            log.warning("node %s: rescan failed: %s", self.node, exc)
+            return
+        self.inventory = inventory
+        self._labels = gpu_labels(self.node, inventory)
+        self._capacity_of = (None, {})
 
     def _evict(self, pod: PodUse, why: str) -> None:
         status = self.kube.evict(pod.namespace, pod.name)
@@ -430,7 +461,7 @@ class NodeAgent:
     def usable_gpus(self) -> set[str]:
         return {u for u, (s, _) in self.states.items() if s.schedulable and u not in self.cordoned}
 
-    def _allocations(self) -> dict[str, list[Allocation]]:
+    def allocations(self) -> dict[str, list[Allocation]]:
         assert self.inventory is not None
         out: dict[str, list[Allocation]] = {}
         for pod in self.pods.values():
@@ -454,6 +485,9 @@ class NodeAgent:
         pub = self._published
         now = time.monotonic()
         try:
+            if pub.gpunode_missing:  # deleted by someone: the agent owns it, so it comes back
+                self._apply_spec(self.kube.ensure_gpunode(self.node, self.node_uid))
+                pub.gpunode_missing = False
             labels = self._labels
             if pub.labels is None or any(pub.labels.get(k) != v for k, v in labels.items()):
                 self.kube.patch_node_labels(self.node, labels)
@@ -465,9 +499,10 @@ class NodeAgent:
             if pub.capacity is None or any(pub.capacity.get(k) != v for k, v in capacity.items()):
                 self.kube.patch_node_capacity(self.node, capacity)
                 pub.capacity = capacity
-            allocations = self._allocations()
+            allocations = self.allocations()
             key = json.dumps(
-                [sorted(self.states.items()), allocations, self.generation, self.nvml_ok], default=str
+                [sorted(self.states.items()), allocations, self.generation, self.nvml_ok, self.mig_state],
+                default=str,
             )
             if force or key != pub.status_key or now - pub.heartbeat >= self.heartbeat_s:
                 status = gpunode_status(
@@ -478,6 +513,7 @@ class NodeAgent:
                     generation=self.generation,
                     heartbeat=datetime.now(UTC),
                     nvml_ok=self.nvml_ok,
+                    mig_state=self.mig_state,
                 )
                 self._stamp_conditions(status)
                 self.kube.patch_gpunode_status(self.node, status)
@@ -485,7 +521,7 @@ class NodeAgent:
         except KubeError as exc:
             log.warning("node %s: publication failed: %s", self.node, exc)
             if exc.status == 404:
-                pub.labels = pub.capacity = None
+                pub.gpunode_missing = True
                 pub.status_key = ""
 
     def _stamp_conditions(self, status: dict[str, Any]) -> None:

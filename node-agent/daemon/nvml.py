@@ -14,7 +14,7 @@ socket of a GPU is the package of the first CPU in its NVML CPU affinity (sysfs)
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -135,6 +135,11 @@ class NvmlGpus:
         # The Python bindings expose no GPU reset; the administrator resets the GPU
         # (nvidia-smi --gpu-reset) and runs `neuronetes online` (docs/gpu-health.md).
         return False
+
+    def apply_mig(self, uuid: str, enabled: bool, counts: Mapping[str, int]) -> str | None:
+        # Reconfiguring MIG through NVML (mode change, GPU reset, instance creation) is left to
+        # NVIDIA's mig-manager on real nodes for now; the agent reports the layout it finds.
+        return "MIG reconfiguration on real GPUs is not supported by this agent; use NVIDIA's mig-manager"
 
     def close(self) -> None:
         n = self.nvml

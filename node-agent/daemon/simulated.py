@@ -129,6 +129,23 @@ class SimulatedGpus:
             f.utilization = 0.0
         return not self._closed
 
+    def apply_mig(self, uuid: str, enabled: bool, counts: Mapping[str, int]) -> str | None:
+        """Reconfigure one GPU's MIG instances (placed as `neuronetes.mig` places them)."""
+        gpu = self._gpu(uuid)
+        if not gpu.mig_capable:
+            return f"GPU {gpu.index} ({gpu.model}) does not support MIG"
+        try:
+            layout = mig.catalog_for(gpu.model).layout_from_counts(counts) if enabled else None
+        except (KeyError, ValueError) as exc:
+            return str(exc).strip("'\"")
+        devices = _mig_devices(uuid, layout) if layout is not None else ()
+        updated = replace(gpu, mig_enabled=enabled, mig_devices=devices)
+        gpus = tuple(updated if g.uuid == uuid else g for g in self._inventory.gpus)
+        self._inventory = replace(self._inventory, gpus=gpus)
+        self._by_uuid[uuid] = updated
+        self._idle.pop(uuid, None)
+        return None
+
     def close(self) -> None:
         with self._wake:
             self._closed = True

@@ -250,6 +250,23 @@ def test_drain_offline_online_verbs(cluster: E2ECluster, fleet: dict[str, Any]) 
     assert cli(["online", "--gpu-id", "GPU-00000000-0000-0000-0000-000000000000", *kubeconfig]) == 1
 
 
+def test_a_deleted_gpunode_comes_back(cluster: E2ECluster, fleet: dict[str, Any]) -> None:
+    node = fleet["nodes"]["a100-40gb-mig"][0]
+    uid = gpunode(cluster, node)["metadata"]["uid"]
+    cluster.kubectl("delete", "gpunode", node)
+
+    def republished() -> bool:
+        found = get_json(cluster, "gpunodes")["items"]
+        mine = [i for i in found if i["metadata"]["name"] == node]
+        return (
+            bool(mine)
+            and mine[0]["metadata"]["uid"] != uid
+            and len(mine[0].get("status", {}).get("gpus", [])) == 8
+        )
+
+    wait_until(republished, timeout=30, what="GPUNode recreated with its status")
+
+
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus (Debian package) is not installed")
 def test_prometheus_scrapes_one_utilization_series_per_gpu(
     cluster: E2ECluster, fleet: dict[str, Any], tmp_path: Path

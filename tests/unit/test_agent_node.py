@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from neuronetes import contracts as c
 from neuronetes.agent import region
 from neuronetes.agent.daemon.exporter import AgentCollector
-from neuronetes.agent.daemon.node import ANNOTATION_OFFLINE_GPUS, REQUEST_PREFIX, NodeAgent, pod_use
+from neuronetes.agent.daemon.node import ANNOTATION_OFFLINE_GPUS, REQUEST_PREFIX, NodeAgent
+from neuronetes.agent.daemon.pods import pod_use
 from neuronetes.agent.daemon.regions import RegionKeeper
 from neuronetes.agent.daemon.simulated import SimulatedGpus
 from neuronetes.devcluster.profiles import PROFILES
@@ -353,3 +354,88 @@ def test_refused_assignments_get_no_region(tmp_path: Path) -> None:
     assert not (tmp_path / POD_UID / "main" / "region").exists()
     assert any(k == "event" and v[0] == "GPURegionFailed" for k, v in a.kube.calls)  # type: ignore[attr-defined]
     sim.close()
+
+
+# ---- MIG layouts ----
+
+
+def mig_agent(profile: str = "a100-40gb-mig") -> tuple[NodeAgent, SimulatedGpus, RecordingKube]:
+    kube = RecordingKube()
+    sim = SimulatedGpus(PROFILES[profile], "m0")
+    a = NodeAgent("m0", "u", sim, kube, ThreadPoolExecutor(1), agent_version="t")  # type: ignore[arg-type]
+    a.start()
+    return a, sim, kube
+
+
+def layout(generation: int, *entries: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"generation": generation}, "spec": {"migLayout": list(entries)}}
+
+
+def test_mig_layout_applied_after_the_users_leave() -> None:
+    a, _, kube = mig_agent()
+    gpu0 = a.inventory.gpus[0]  # type: ignore[union-attr]
+    inst = gpu0.mig_devices[0]
+    user = assigned_pod(
+        "m0",
+        {
+            "main": {
+                "gpus": [
+                    {
+                        "uuid": gpu0.uuid,
+                        "index": 0,
+                        "memoryMiB": inst.memory_mib,
+                        "computePercent": 100,
+                        "migProfile": inst.profile,
+                        "migStart": inst.start,
+                    }
+                ],
+                "priority": 0,
+                "qos": "Guaranteed",
+            }
+        },
+    )
+    a.set_pod(POD_UID, pod_use(user))
+    a.set_gpunode(layout(2, {"gpuIndex": 0, "instances": [{"profile": "1g.5gb", "count": 7}]}))
+    a.tick()
+    assert a.mig_state == "Pending" and kube.all("evict") == ["ml/p"]
+    assert kube.last("capacity")[c.mig_resource_name("1g.5gb")] == "14"  # GPU 0's instances left
+    a.set_pod(POD_UID, None)
+    a.tick()
+    a.tick()
+    assert a.mig_state == "Applied" and kube.last("status")["migConfigState"] == "Applied"
+    assert [d.profile for d in a.inventory.gpus[0].mig_devices] == ["1g.5gb"] * 7  # type: ignore[union-attr]
+    assert kube.last("capacity")[c.mig_resource_name("1g.5gb")] == "21"
+    assert kube.last("labels")[c.LABEL_MIG_CONFIG] == "3g.20gb-7_2g.10gb-7_1g.5gb-21"
+    # MIG off on GPU 1: it becomes a whole GPU.
+    a.set_gpunode(layout(3, {"gpuIndex": 1, "migEnabled": False}))
+    a.tick()
+    assert a.mig_state == "Applying" and a.states[a.inventory.gpus[1].uuid][0].value == "Degraded"  # type: ignore[union-attr]
+    a.tick()
+    assert a.mig_state == "Applied" and kube.last("capacity")[c.RESOURCE_GPU] == "1"
+
+
+def test_impossible_layout_fails_once_and_mig_manager_nodes_are_left_alone() -> None:
+    a, _, kube = mig_agent()
+    a.set_gpunode(layout(2, {"gpuIndex": 0, "instances": [{"profile": "3g.20gb", "count": 3}]}))
+    a.tick()
+    a.tick()
+    assert a.mig_state == "Failed" and [r for r, _ in kube.all("event")].count("MIGFailed") == 1
+    a.set_gpunode(layout(3, {"gpuIndex": 9, "instances": [{"profile": "1g.5gb", "count": 1}]}))
+    a.tick()
+    assert a.mig_state == "Failed" and "index [9]" in kube.all("event")[-1][1]
+    t4, _, _ = mig_agent("t4x4-pcie")
+    t4.set_gpunode(layout(2, {"gpuIndex": 0, "instances": [{"profile": "1g.5gb", "count": 1}]}))
+    t4.tick()
+    assert t4.mig_state == "Failed"
+    owned = NodeAgent(
+        "m1",
+        "u",
+        SimulatedGpus(PROFILES["a100-40gb-mig"], "m1"),
+        RecordingKube(),
+        ThreadPoolExecutor(1),
+        agent_version="t",
+    )  # type: ignore[arg-type]
+    owned.start({"metadata": {"labels": {"nvidia.com/mig.config": "all-balanced"}}, "status": {}})
+    owned.set_gpunode(layout(2, {"gpuIndex": 0, "instances": [{"profile": "1g.5gb", "count": 7}]}))
+    owned.tick()
+    assert owned.mig_state == "None" and len(owned.inventory.gpus[0].mig_devices) == 4  # type: ignore[union-attr]

@@ -52,7 +52,7 @@ class AgentSettings:
         watchdog_s: float = 10.0,
         reset_seconds: float = 5.0,
         start_workers: int = 8,
-        tick_workers: int = 8,
+        tick_workers: int = 16,
         region_dir: Path | None = None,
     ) -> None:
         if (node is None) == (simulate_nodes is None):

@@ -504,7 +504,12 @@ class NodeAgent:
                 [sorted(self.states.items()), allocations, self.generation, self.nvml_ok, self.mig_state],
                 default=str,
             )
-            if force or key != pub.status_key or now - pub.heartbeat >= self.heartbeat_s:
+            if not force and key == pub.status_key and now - pub.heartbeat >= self.heartbeat_s:
+                # Nothing changed: the heartbeat alone (a small patch; a fleet sends many).
+                stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                self.kube.patch_gpunode_status(self.node, {"lastHeartbeatTime": stamp})
+                pub.heartbeat = now
+            elif force or key != pub.status_key:
                 status = gpunode_status(
                     inventory,
                     self.states,

@@ -83,6 +83,7 @@ class AgentProcess:
         self.agents: dict[str, NodeAgent] = {}
         self.lock = threading.Lock()
         self._nvml_backend = nvml_backend
+        self._local: Discovery | None = None  # the NVML backend of --node
         self._stop = threading.Event()
         self._pending: dict[str, dict[str, Any]] = {}  # node name -> Node object, to start
         self._starting: set[str] = set()
@@ -97,8 +98,13 @@ class AgentProcess:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Start the watches, then tick every node each interval until `stop()`."""
+        """Start the watches, then tick every node each interval until `stop()`. With ``--node``,
+        raises `DiscoveryError` at once when NVML cannot be used (the DaemonSet restarts it)."""
         s = self.settings
+        if s.node is not None:
+            if self._nvml_backend is None:
+                raise DiscoveryError("no NVML backend")
+            self._local = self._nvml_backend()
         node_query = (
             [("labelSelector", s.simulate_nodes or "")]
             if s.simulate_nodes
@@ -197,9 +203,7 @@ class AgentProcess:
 
     def _backend(self, name: str, node: dict[str, Any]) -> Discovery | None:
         if self.settings.node is not None:
-            if self._nvml_backend is None:
-                raise DiscoveryError("no NVML backend")
-            return self._nvml_backend()
+            return self._local
         profile_name = (node["metadata"].get("labels") or {}).get(LABEL_PROFILE, "")
         profile = PROFILES.get(profile_name)
         if profile is None or not profile.gpu_count:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from neuronetes.cli import main
@@ -32,3 +34,28 @@ def test_agent_run_needs_exactly_one_target(capsys: pytest.CaptureFixture[str]) 
     assert exit_.value.code == 2
     with pytest.raises(SystemExit):
         main(["agent", "run"])
+
+
+def test_agent_on_a_node_without_nvml_exits_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass  # no NVML here: what this test is about
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has NVML")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]\n'
+        "users: [{name: u, user: {token: x}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+    )
+    argv = ["agent", "run", "--node", "n1", "--kubeconfig", str(kubeconfig), "--metrics-port", "-1"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: NVML is not available") and "\n" not in err

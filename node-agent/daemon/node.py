@@ -185,6 +185,7 @@ class NodeAgent:
         offline = {u.strip() for u in annotations.get(ANNOTATION_OFFLINE_GPUS, "").split(",") if u.strip()}
         for uuid, h in self.health.items():
             h.admin_offline = uuid in offline
+        self._done_requests &= set(annotations)  # handled and removed: forget them
         for key, value in annotations.items():
             if key.startswith(REQUEST_PREFIX) and key not in self._done_requests:
                 try:
@@ -221,10 +222,11 @@ class NodeAgent:
             self._publish(force=bool(transitions))
             self._evict_and_reset()
             self._apply_mig()
-            self._sync_regions(inventory)
+            self._sync_regions()
 
-    def _sync_regions(self, inventory: Inventory) -> None:
-        if self.regions is None or not self._pods_changed:
+    def _sync_regions(self) -> None:
+        inventory = self.inventory
+        if self.regions is None or not self._pods_changed or inventory is None:
             return
         self._pods_changed = False
         wanted = {p.uid: (p.namespace, p.name, p.assignment) for p in self.pods.values()}

@@ -35,7 +35,7 @@ from typing import Any
 from kubernetes import config as kube_config
 
 from neuronetes.agent.daemon.fleet import AgentProcess, AgentSettings
-from neuronetes.agent.daemon.kube import GPUNODES_PATH, Kube
+from neuronetes.agent.daemon.kube import GPUNODES_PATH, Kube, KubeError
 from neuronetes.agent.daemon.simulated import SimulatedGpus
 from neuronetes.devcluster import DevCluster
 from neuronetes.devcluster.profiles import PROFILES
@@ -66,7 +66,15 @@ def discovery_ms(runs: int = 200) -> float:
 
 def published(kube: Kube) -> dict[str, str]:
     """Node name -> lastHeartbeatTime of every GPUNode with a status."""
-    items = kube.request("GET", GPUNODES_PATH).get("items") or ()
+    for attempt in range(5):  # a saturated API server may time out a 1,000-object list
+        try:
+            items = kube.request("GET", GPUNODES_PATH, timeout=120).get("items") or ()
+            break
+        except KubeError as exc:
+            log(f"listing GPUNodes failed ({exc}); again")
+            time.sleep(2 * (attempt + 1))
+    else:
+        raise RuntimeError("the API server did not list the GPUNodes")
     return {
         i["metadata"]["name"]: i["status"]["lastHeartbeatTime"]
         for i in items
@@ -131,6 +139,7 @@ def main() -> int:
         ]
         result["kept_published"] = len(beats) == ns.nodes and max(ages) < 2 * ns.heartbeat
         result["max_heartbeat_age_s"] = round(max(ages), 1)
+        result["median_heartbeat_age_s"] = round(statistics.median(ages), 1)
         result["publication_cpu_s"] = round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 2)
         steady = cpu2.ru_utime + cpu2.ru_stime - cpu1.ru_utime - cpu1.ru_stime
         result["steady_cpu_percent"] = round(100 * steady / ns.hold, 1)

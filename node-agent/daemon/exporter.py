@@ -1,6 +1,6 @@
 """The agent's Prometheus exporter: per-GPU metrics a dcgm-exporter user recognises, health states,
-XID and state-transition counters, discovery duration (names, types and labels:
-`neuronetes.contracts.METRICS`, docs/contracts.md "Metrics").
+XID and state-transition counters, discovery duration, per-slice figures from the shim regions
+(names, types and labels: `neuronetes.contracts.METRICS`, docs/contracts.md "Metrics").
 
 A collector reads the served nodes at scrape time, so nothing is kept twice; it listens on
 loopback unless configured otherwise. Per-GPU gauges carry dcgm-exporter's ``namespace``, ``pod``
@@ -111,6 +111,35 @@ class AgentCollector(Collector):
             evictions,
             discovery,
         )
+        yield from _slices(list(self.agents()))
+
+
+def _slices(agents: list[NodeAgent]) -> Iterator[Metric]:
+    """Per-slice metrics from the containers' shim regions (nodes with real GPUs)."""
+    limit = _gauge(c.METRIC_SLICE_MEMORY_LIMIT)
+    used = _gauge(c.METRIC_SLICE_MEMORY_USED)
+    share = _gauge(c.METRIC_SLICE_COMPUTE_SHARE)
+    kernel = _counter(c.METRIC_SLICE_KERNEL_TIME)
+    throttled = _counter(c.METRIC_SLICE_THROTTLED_TIME)
+    ooms = _counter(c.METRIC_SLICE_OOM_REFUSALS)
+    paused = _gauge(c.METRIC_SLICE_PAUSED)
+    for agent in agents:
+        if agent.regions is None:
+            continue
+        with agent.lock:
+            pods = list(agent.pods.values())
+        for pod in pods:
+            for container in pod.assignment.containers:
+                for s in agent.regions.read(pod.uid, container):
+                    labels = [agent.node, pod.namespace, pod.name, container, s.uuid]
+                    limit.add_metric(labels, s.memory_limit_bytes)
+                    used.add_metric(labels, s.memory_used_bytes)
+                    share.add_metric(labels, s.compute_share_percent / 100)
+                    kernel.add_metric(labels, s.kernel_ns_total / 1e9)
+                    throttled.add_metric(labels, s.throttled_ns_total / 1e9)
+                    ooms.add_metric(labels, s.oom_refusals_total)
+                    paused.add_metric(labels, 1.0 if s.paused else 0.0)
+    yield from (limit, used, share, kernel, throttled, ooms, paused)
 
 
 def serve_metrics(agents: Callable[[], Iterable[NodeAgent]], port: int, host: str = "127.0.0.1") -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from neuronetes import contracts as c
@@ -19,13 +20,27 @@ from neuronetes.agent import region as shim
 
 from .devices import Inventory
 
-__all__ = ["RegionKeeper"]
+__all__ = ["RegionKeeper", "SliceReading"]
 
 _QOS = {
     c.QoS.GUARANTEED: shim.QOS_GUARANTEED,
     c.QoS.BURSTABLE: shim.QOS_BURSTABLE,
     c.QoS.BEST_EFFORT: shim.QOS_BEST_EFFORT,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class SliceReading:
+    """One device of one container's region, as the shim last wrote it."""
+
+    uuid: str
+    memory_limit_bytes: int
+    memory_used_bytes: int
+    compute_share_percent: int
+    kernel_ns_total: int
+    throttled_ns_total: int
+    oom_refusals_total: int
+    paused: bool
 
 
 class RegionKeeper:
@@ -65,6 +80,28 @@ class RegionKeeper:
                 if stale.name not in pods:
                     shutil.rmtree(stale, ignore_errors=True)
         return errors
+
+    def read(self, pod_uid: str, container: str) -> list[SliceReading]:
+        """The container's devices from its region (empty when there is none or it is invalid)."""
+        try:
+            with shim.open_region(self.path(pod_uid, container), writable=False) as r:
+                view = r.snapshot()
+        except (OSError, shim.RegionError):
+            return []
+        paused = bool(view.container.control & shim.CTL_PAUSED)
+        return [
+            SliceReading(
+                uuid=d.uuid.decode(errors="replace"),
+                memory_limit_bytes=d.memory_limit_bytes,
+                memory_used_bytes=d.memory_used_bytes,
+                compute_share_percent=d.compute_share_percent,
+                kernel_ns_total=d.kernel_ns_total,
+                throttled_ns_total=d.throttled_ns_total,
+                oom_refusals_total=d.oom_refusals_total,
+                paused=paused,
+            )
+            for d in list(view.devices)[: view.container.device_count]
+        ]
 
     @staticmethod
     def _device(g: c.GpuAssignment, inventory: Inventory) -> shim.DeviceLimit:

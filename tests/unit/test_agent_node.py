@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from neuronetes import contracts as c
 from neuronetes.agent import region
@@ -297,6 +298,29 @@ def test_shared_slice_and_whole_gpu_regions(tmp_path: Path) -> None:
         assert view.container.priority == 7 and view.container.qos == region.QOS_BURSTABLE
         assert view.container.pod_uid.decode() == POD_UID and view.container.container_name.decode() == "main"
     assert (tmp_path / POD_UID / "side" / "region").exists()
+    with region.open_region(tmp_path / POD_UID / "main" / "region") as r:
+        r.view.devices[0].memory_used_bytes = 3 << 30  # what the shim would account
+        r.view.devices[0].kernel_ns_total = 2_500_000_000
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(lambda: [a]))
+    text = generate_latest(registry).decode()
+    want = {"Hostname": "n0", "namespace": "ml", "pod": "p", "container": "main", "UUID": u1}
+    values = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("neuronetes_slice_") and sample.labels == want
+    }
+    assert values[c.METRIC_SLICE_MEMORY_USED] == 3 << 30 and values[c.METRIC_SLICE_MEMORY_LIMIT] == 8192 << 20
+    assert values[c.METRIC_SLICE_COMPUTE_SHARE] == 0.25 and values[c.METRIC_SLICE_KERNEL_TIME] == 2.5
+    promtool = shutil.which("promtool")
+    if promtool is not None:
+        assert (
+            subprocess.run(
+                [promtool, "check", "metrics"], input=text, capture_output=True, text=True
+            ).returncode
+            == 0
+        )
     a.set_pod(POD_UID, None)
     a.tick()
     assert not (tmp_path / POD_UID).exists()

@@ -65,6 +65,15 @@ fi
 echo ">> make -C node-agent/shim test" >&2
 make -s -C "$REPO_ROOT/node-agent/shim" PYTHON="$VIRTUAL_ENV/bin/python" test
 
+# Prometheus (Debian package `prometheus`: the server and `promtool`) for the agent's exporter
+# tests: `promtool check metrics` on its output, and a real server scraping it in tests/e2e.
+# Installed without recommends (the package alone and a few JavaScript libraries of its web UI).
+if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+    echo ">> apt-get install prometheus (promtool, server)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null \
+        || echo "WARNING: prometheus not installed; the agent's promtool/scrape tests will skip" >&2
+fi
+
 echo ">> pytest" >&2
 status=0
 pytest "$@" || status=$?

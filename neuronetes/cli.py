@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from neuronetes.engine.policy import POLICIES
 from neuronetes.model import NodeSpec, PodRequest
@@ -204,6 +204,12 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         return 1
 
 
+def add_agent_commands_to(sub: Any, dev: Any) -> None:
+    """The node agent's verbs (``agent run``, ``drain``/``offline``/``online``, ``dev inject-*``).
+    Through importlib: node-agent/ is mapped to neuronetes.agent at install time."""
+    importlib.import_module("neuronetes.agent.daemon.commands").add_agent_commands(sub, dev)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuronetes", description="NeuroNetes GPU scheduling")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -316,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the pods")
     demo.set_defaults(func=cmd_demo)
+    add_agent_commands_to(sub, dev)
     return parser
 
 

@@ -113,6 +113,10 @@ METRIC_GPU_POWER: Final = "neuronetes_gpu_power_watts"
 METRIC_GPU_LAST_XID: Final = "neuronetes_gpu_last_xid"
 METRIC_GPU_XID_ERRORS: Final = "neuronetes_gpu_xid_errors_total"
 METRIC_GPU_HEALTH: Final = "neuronetes_gpu_health_state"
+METRIC_GPU_STATE_TRANSITIONS: Final = "neuronetes_gpu_state_transitions_total"
+# per node (agent)
+METRIC_AGENT_DISCOVERY: Final = "neuronetes_agent_discovery_seconds"
+METRIC_AGENT_EVICTIONS: Final = "neuronetes_agent_evictions_total"
 # per slice = per (container, GPU) with an assignment (agent, from the shim's region)
 METRIC_SLICE_MEMORY_LIMIT: Final = "neuronetes_slice_memory_limit_bytes"
 METRIC_SLICE_MEMORY_USED: Final = "neuronetes_slice_memory_used_bytes"
@@ -140,7 +144,15 @@ class MetricSpec:
     help: str
 
 
-GPU_LABELS: Final = ("Hostname", "gpu", "UUID", "modelName")  # dcgm-exporter's label names
+# dcgm-exporter's label names, except `modelName`, spelled `model_name`: promtool's lint refuses
+# camelCase label names (docs/contracts.md "Metrics").
+GPU_LABELS: Final = ("Hostname", "gpu", "UUID", "model_name")
+GPU_USER_LABELS: Final = (
+    *GPU_LABELS,
+    "namespace",
+    "pod",
+    "container",
+)  # + the GPU's one user, as dcgm-exporter
 SLICE_LABELS: Final = ("Hostname", "namespace", "pod", "container", "UUID")
 
 METRICS: Final[tuple[MetricSpec, ...]] = (
@@ -203,21 +215,41 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(
         METRIC_GPU_UTILIZATION,
         MetricType.GAUGE,
-        GPU_LABELS,
+        GPU_USER_LABELS,
         "GPU utilization, 0-100 (seed 004 name; the one metric not in base units).",
     ),
-    MetricSpec(METRIC_GPU_MEMORY_USED, MetricType.GAUGE, GPU_LABELS, "Framebuffer in use, bytes."),
-    MetricSpec(METRIC_GPU_MEMORY_FREE, MetricType.GAUGE, GPU_LABELS, "Framebuffer free, bytes."),
-    MetricSpec(METRIC_GPU_MEMORY_TOTAL, MetricType.GAUGE, GPU_LABELS, "Framebuffer size, bytes."),
-    MetricSpec(METRIC_GPU_TEMPERATURE, MetricType.GAUGE, GPU_LABELS, "GPU temperature, degrees Celsius."),
-    MetricSpec(METRIC_GPU_POWER, MetricType.GAUGE, GPU_LABELS, "Power draw, watts."),
-    MetricSpec(METRIC_GPU_LAST_XID, MetricType.GAUGE, GPU_LABELS, "Last XID error seen (0: none)."),
+    MetricSpec(METRIC_GPU_MEMORY_USED, MetricType.GAUGE, GPU_USER_LABELS, "Framebuffer in use, bytes."),
+    MetricSpec(METRIC_GPU_MEMORY_FREE, MetricType.GAUGE, GPU_USER_LABELS, "Framebuffer free, bytes."),
+    MetricSpec(METRIC_GPU_MEMORY_TOTAL, MetricType.GAUGE, GPU_USER_LABELS, "Framebuffer size, bytes."),
+    MetricSpec(
+        METRIC_GPU_TEMPERATURE, MetricType.GAUGE, GPU_USER_LABELS, "GPU temperature, degrees Celsius."
+    ),
+    MetricSpec(METRIC_GPU_POWER, MetricType.GAUGE, GPU_USER_LABELS, "Power draw, watts."),
+    MetricSpec(METRIC_GPU_LAST_XID, MetricType.GAUGE, GPU_USER_LABELS, "Last XID error seen (0: none)."),
     MetricSpec(METRIC_GPU_XID_ERRORS, MetricType.COUNTER, (*GPU_LABELS, "xid"), "XID errors seen."),
     MetricSpec(
         METRIC_GPU_HEALTH,
         MetricType.GAUGE,
         (*GPU_LABELS, "state"),
         "1 for the GPU's current health state (Available, Allocated, InUse, Degraded, ...), else 0.",
+    ),
+    MetricSpec(
+        METRIC_GPU_STATE_TRANSITIONS,
+        MetricType.COUNTER,
+        (*GPU_LABELS, "from", "to"),
+        "GPU state-machine transitions the agent recorded.",
+    ),
+    MetricSpec(
+        METRIC_AGENT_DISCOVERY,
+        MetricType.GAUGE,
+        ("Hostname",),
+        "Duration of the node's last GPU discovery (inventory scan), seconds.",
+    ),
+    MetricSpec(
+        METRIC_AGENT_EVICTIONS,
+        MetricType.COUNTER,
+        ("Hostname", "code"),
+        "Pods the agent asked the Eviction API to evict, by HTTP status of the answer.",
     ),
     MetricSpec(METRIC_SLICE_MEMORY_LIMIT, MetricType.GAUGE, SLICE_LABELS, "Slice memory limit, bytes."),
     MetricSpec(

@@ -45,7 +45,7 @@ def mig_resource_name(profile: str) -> str:
     return RESOURCE_MIG_PREFIX + normalize_profile_name(profile).replace("+", ".")
 
 
-# ---- node labels (written by the agent; seed 004) --------------------------------------------
+# ---- node labels (written by the agent; docs/contracts.md) --------------------------------------------
 LABEL_GPU_TYPE: Final = f"{GROUP}/gpu-type"
 LABEL_GPU_MEMORY: Final = f"{GROUP}/gpu-memory"
 LABEL_GPU_COUNT: Final = f"{GROUP}/gpu-count"
@@ -87,14 +87,14 @@ SHIM_LIBRARY_PATH: Final = "/usr/lib/neuronetes/libneuronetes-cuda.so"  # inside
 SHIM_PRELOAD_FILE: Final = "/etc/ld.so.preload"  # injected read-only, lists SHIM_LIBRARY_PATH
 
 
-# ---- metrics (seed 004 names; base units, _total counters) ------------------------------------
+# ---- metrics (the documented names; base units, _total counters) ------------------------------------
 METRIC_SCHEDULER_LATENCY: Final = "neuronetes_scheduler_latency_seconds"
 METRIC_SCHEDULER_ATTEMPTS: Final = "neuronetes_scheduler_attempts_total"
 METRIC_SCHEDULER_SUCCESS: Final = "neuronetes_scheduler_success_total"
 METRIC_SCHEDULER_PENDING: Final = "neuronetes_scheduler_pending_pods"
 METRIC_TOPOLOGY_VIOLATIONS: Final = "neuronetes_scheduler_topology_violations_total"
 METRIC_GPU_UTILIZATION: Final = "neuronetes_gpu_utilization_percent"
-# extender (beyond seed 004): HTTP outcomes and the GPU cache
+# extender (beyond the scheduler metrics): HTTP outcomes and the GPU cache
 METRIC_SCHEDULER_REQUESTS: Final = "neuronetes_scheduler_requests_total"
 METRIC_CACHE_NODES: Final = "neuronetes_scheduler_cache_nodes"
 METRIC_CACHE_GPUS: Final = "neuronetes_scheduler_cache_gpus"
@@ -216,7 +216,7 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         METRIC_GPU_UTILIZATION,
         MetricType.GAUGE,
         GPU_USER_LABELS,
-        "GPU utilization, 0-100 (seed 004 name; the one metric not in base units).",
+        "GPU utilization, 0-100 (the product's documented name; the one metric not in base units).",
     ),
     MetricSpec(METRIC_GPU_MEMORY_USED, MetricType.GAUGE, GPU_USER_LABELS, "Framebuffer in use, bytes."),
     MetricSpec(METRIC_GPU_MEMORY_FREE, MetricType.GAUGE, GPU_USER_LABELS, "Framebuffer free, bytes."),
@@ -285,7 +285,7 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
 
 
 class QoS(enum.StrEnum):
-    """GPU QoS class of a slice (seed 000 §8). Memory limits are hard for every class."""
+    """GPU QoS class of a slice (docs/contracts.md, `qos`). Memory limits are hard for every class."""
 
     GUARANTEED = "Guaranteed"  # compute share reserved: pacing keeps others out of it
     BURSTABLE = "Burstable"  # compute share is a floor under contention; idle compute may be used

@@ -1,6 +1,6 @@
 """How the API's quantities map onto hardware: GPU memory classes and NVLink bandwidth.
 
-Two seed values cannot be read literally (DESIGN.md §2):
+Two values of the scheduler guide's examples cannot be read literally (docs/agentpool.md):
 
 * **GPU memory.** ``gpuRequirements.memory: 80Gi`` means "an 80 GB GPU", but GPUs report a little
   less than their marketing size: an H100 80GB reports 81559 MiB (79.6 GiB), an A10 24GB 23028 MiB,

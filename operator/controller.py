@@ -1,0 +1,224 @@
+"""One AgentPool reconcile: read the pool and its pods, apply the plan, write status and events.
+
+The decisions are made by pure functions (`policy.resolve`, `pods.desired_pods`,
+`reconcile.plan`, `status.pool_status`); this module only does the API calls around them, with
+the synchronous Kubernetes client (the kopf handlers run it in worker threads).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from neuronetes import contracts as c
+from neuronetes.api.models import AgentPool, AgentPoolStatus, decode
+
+from .pods import LABEL_POOL, desired_pods, priority_class
+from .policy import resolve
+from .reconcile import Action, plan
+from .settings import OperatorSettings
+from .status import pool_status
+
+__all__ = ["PoolController"]
+
+log = logging.getLogger("neuronetes.operator")
+PLURAL = "agentpools"
+_REASON_TEXT = {
+    "Created": "created pod {name}",
+    "ScaledDown": "deleted pod {name}: the pool wants fewer replicas",
+    "PodFinished": "deleted pod {name}: it failed or exited; it is recreated",
+    "GangBroken": (
+        "deleted pod {name}: a member of its gang was lost after binding; the gang is recreated whole"
+    ),
+    "Outdated": "deleted pod {name}: the pool's spec changed (rolling replacement)",
+}
+
+
+class PoolController:
+    """Reconciles AgentPools; thread-safe (one reconcile per pool at a time is the caller's job)."""
+
+    def __init__(self, api: client.ApiClient, settings: OperatorSettings) -> None:
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.policy = client.PolicyV1Api(api)
+        self.scheduling = client.SchedulingV1Api(api)
+        self.api = api
+        self.settings = settings
+        self.nodes: dict[str, Mapping[str, Any]] = {}
+        self._priority_classes: set[str] = set()
+        self._lock = threading.Lock()
+
+    # ---- node cache (fed by the kopf node watch) ------------------------------------------------
+
+    def node_seen(self, name: str, body: Mapping[str, Any] | None) -> None:
+        with self._lock:
+            if body is None:
+                self.nodes.pop(name, None)
+            else:
+                self.nodes[name] = {
+                    "metadata": {"labels": dict(body.get("metadata", {}).get("labels") or {})}
+                }
+
+    # ---- the reconcile -------------------------------------------------------------------------
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        try:
+            pool = self.custom.get_namespaced_custom_object(c.GROUP, c.VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # deleted: its pods and budget go with it (ownerReferences)
+            raise
+        try:
+            spec = decode(pool, AgentPool).spec
+        except msgspec.ValidationError as exc:
+            self._event(pool, "Warning", "InvalidSpec", f"the pool's spec cannot be used: {exc}")
+            self._write_status(pool, AgentPoolStatus(phase="Failed"))
+            return
+        resolved = resolve(spec)
+        if resolved.priority or resolved.preemption:
+            self._ensure_priority_class(resolved.priority, resolved.preemption)
+        self._ensure_budget(pool, resolved.desired, resolved.gang_size, spec.min_replicas)
+        want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations)
+        pods = self._pods(namespace, name)
+        actions = plan(want, pods)
+        for action in actions:
+            self._apply(pool, action)
+        if actions:
+            pods = self._pods(namespace, name)
+        with self._lock:
+            nodes = dict(self.nodes)
+        status = pool_status(pool, resolved, pods, nodes)
+        status.active_model = spec.model
+        self._write_status(pool, status)
+
+    def _pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        found = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_POOL}={name}")
+        uid = None
+        out = []
+        for item in self.api.sanitize_for_serialization(found.items):
+            owners = item["metadata"].get("ownerReferences") or []
+            if owners and owners[0].get("kind") == "AgentPool" and owners[0].get("name") == name:
+                uid = uid or owners[0].get("uid")
+                out.append(item)
+        return out
+
+    def _apply(self, pool: Mapping[str, Any], action: Action) -> None:
+        ns = pool["metadata"]["namespace"]
+        try:
+            if action.verb == "create":
+                assert action.manifest is not None
+                self.core.create_namespaced_pod(ns, action.manifest)
+            else:
+                self.core.delete_namespaced_pod(action.name, ns)
+        except ApiException as exc:
+            if exc.status in (404, 409):  # already gone / already there (a racing or earlier reconcile)
+                return
+            if exc.status in (400, 403, 422):
+                self._event(pool, "Warning", "PodRefused", f"pod {action.name} refused: {_api_message(exc)}")
+                return
+            raise
+        etype = "Normal" if action.reason in ("Created", "ScaledDown") else "Warning"
+        self._event(pool, etype, action.reason, _REASON_TEXT[action.reason].format(name=action.name))
+
+    def _ensure_priority_class(self, priority: int, preemption: bool) -> None:
+        body = priority_class(priority, preemption)
+        name = body["metadata"]["name"]
+        if name in self._priority_classes:
+            return
+        try:
+            self.scheduling.create_priority_class(body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        self._priority_classes.add(name)
+
+    def _ensure_budget(
+        self, pool: Mapping[str, Any], desired: int, gang_size: int, min_replicas: int
+    ) -> None:
+        meta = pool["metadata"]
+        # A gang loses its meaning with any member gone: keep them all; else keep minReplicas.
+        min_available = desired if gang_size else min(min_replicas, desired)
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "labels": {LABEL_POOL: meta["name"]},
+                "ownerReferences": [
+                    {
+                        "apiVersion": c.API_VERSION,
+                        "kind": "AgentPool",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {"minAvailable": min_available, "selector": {"matchLabels": {LABEL_POOL: meta["name"]}}},
+        }
+        try:
+            self.policy.create_namespaced_pod_disruption_budget(meta["namespace"], body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            patch = {"spec": {"minAvailable": min_available}}
+            self.policy.patch_namespaced_pod_disruption_budget(meta["name"], meta["namespace"], patch)
+
+    def _write_status(self, pool: Mapping[str, Any], status: AgentPoolStatus) -> None:
+        meta = pool["metadata"]
+        body = {"status": msgspec.to_builtins(status)}
+        old = pool.get("status") or {}
+        for key in ("placements", "conditions", "policies"):
+            if key in old and key not in body["status"]:
+                body["status"][key] = None
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                c.GROUP, c.VERSION, meta["namespace"], PLURAL, meta["name"], body
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def _event(self, pool: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
+        meta = pool["metadata"]
+        now = datetime.now(UTC)
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": c.API_VERSION,
+                "kind": "AgentPool",
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": etype,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "neuronetes-operator"},
+            "firstTimestamp": now.isoformat(),
+            "lastTimestamp": now.isoformat(),
+            "count": 1,
+            "reportingComponent": "neuronetes-operator",
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], body)
+        except ApiException as exc:
+            log.warning(
+                "event %s for %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc.status
+            )
+
+
+def _api_message(exc: ApiException) -> str:
+    try:
+        return str(msgspec.json.decode(exc.body or b"{}").get("message") or exc.reason)
+    except msgspec.DecodeError:
+        return str(exc.reason)

@@ -1,0 +1,151 @@
+"""The kopf operator: watches turned into pool keys, a work queue, `PoolController.reconcile` per key.
+
+The handlers only enqueue: an AgentPool event enqueues that pool, a pod event enqueues the pool
+named by the pod's ``neuronetes.io/pool`` label, a node event refreshes the node cache. Workers
+take keys from the queue, never two for the same pool at once, and a pool that changes while it
+is being reconciled is reconciled again afterwards. No handler adds a finalizer, so pools delete
+normally even while the operator is down.
+
+One replica: kopf's peering only pauses an operator while a higher-priority peer runs; it is not
+leader election. The operator runs standalone, and a second copy would only duplicate API calls
+(pods have deterministic names, so it could not duplicate pods). docs/agentpool.md says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from neuronetes import contracts as c
+
+from .controller import PLURAL, PoolController
+from .pods import LABEL_POOL
+from .settings import OperatorSettings
+
+__all__ = ["WorkQueue", "build_registry", "run"]
+
+log = logging.getLogger("neuronetes.operator")
+Key = tuple[str, str]
+
+
+class WorkQueue:
+    """Keys waiting for a reconcile; a key is queued once however often it is added."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._running: set[Key] = set()
+        self._dirty: set[Key] = set()
+
+    def add(self, key: Key) -> None:
+        if key in self._running:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    async def get(self) -> Key:
+        key = await self._queue.get()
+        self._queued.discard(key)
+        self._running.add(key)
+        return key
+
+    def done(self, key: Key) -> None:
+        self._running.discard(key)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self.add(key)
+
+
+async def _worker(queue: WorkQueue, controller: PoolController) -> None:
+    while True:
+        key = await queue.get()
+        try:
+            await asyncio.to_thread(controller.reconcile, *key)
+        except Exception as exc:  # a failed reconcile is retried; the loop must not die
+            log.warning("reconcile of %s/%s failed: %s; retrying", key[0], key[1], exc)
+            asyncio.get_running_loop().call_later(2.0, queue.add, key)
+        finally:
+            queue.done(key)
+
+
+async def _resync(queue: WorkQueue, controller: PoolController, every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        pools = await asyncio.to_thread(
+            controller.custom.list_cluster_custom_object, c.GROUP, c.VERSION, PLURAL
+        )
+        for item in pools.get("items", []):
+            queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))
+
+
+def build_registry(settings: OperatorSettings, controller_factory: Any) -> kopf.OperatorRegistry:
+    """The kopf handlers, registered in their own registry (nothing global)."""
+    registry = kopf.OperatorRegistry()
+    state: dict[str, Any] = {}
+    cfg = settings
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False  # our Events say what was done and why; kopf's would be noise
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix="operator.neuronetes.io"
+        )
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="operator.neuronetes.io"
+        )
+        settings.watching.server_timeout = 300
+        settings.watching.inactivity_timeout = 600
+        queue = WorkQueue()
+        controller = controller_factory()
+        state["queue"], state["controller"] = queue, controller
+        state["tasks"] = [asyncio.create_task(_worker(queue, controller)) for _ in range(cfg.workers)]
+        state["tasks"].append(asyncio.create_task(_resync(queue, controller, cfg.resync_seconds)))
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        for task in state.get("tasks", []):
+            task.cancel()
+
+    @kopf.on.event(c.GROUP, c.VERSION, PLURAL, registry=registry)
+    def pool_event(namespace: str | None, name: str, **_: Any) -> None:
+        if namespace:
+            state["queue"].add((namespace, name))
+
+    @kopf.on.event("", "v1", "pods", labels={LABEL_POOL: kopf.PRESENT}, registry=registry)
+    def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        if namespace:
+            state["queue"].add((namespace, labels[LABEL_POOL]))
+
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    def node_event(name: str, body: Mapping[str, Any], type: str | None, **_: Any) -> None:
+        state["controller"].node_seen(name, None if type == "DELETED" else body)
+
+    return registry
+
+
+def run(settings: OperatorSettings, *, kubeconfig: str | None, stop: threading.Event | None = None) -> None:
+    """Run the operator until `stop` is set or the process is signalled (SIGTERM/SIGINT)."""
+    from kubernetes import client, config
+
+    if kubeconfig:
+        os.environ["KUBECONFIG"] = kubeconfig
+        api = config.new_client_from_config(config_file=kubeconfig)
+    else:
+        config.load_incluster_config()
+        api = client.ApiClient()
+    registry = build_registry(settings, lambda: PoolController(api, settings))
+    kopf.configure(verbose=False)
+    kopf.run(
+        registry=registry,
+        standalone=True,
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        stop_flag=stop,
+    )

@@ -95,7 +95,6 @@ class PoolController:
         with self._lock:
             nodes = dict(self.nodes)
         status = pool_status(pool, resolved, pods, nodes)
-        status.active_model = spec.model
         self._write_status(pool, status)
 
     def _pods(self, namespace: str, name: str) -> list[dict[str, Any]]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -85,10 +84,28 @@ async def _resync(queue: WorkQueue, controller: PoolController, every: float) ->
             queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))
 
 
-def build_registry(settings: OperatorSettings, controller_factory: Any) -> kopf.OperatorRegistry:
+def connection_info(cfg: Any) -> kopf.ConnectionInfo:
+    """kopf's credentials from a `kubernetes.client.Configuration` (kubeconfig or in-cluster)."""
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0] if parts else None)
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        scheme=scheme,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
+
+
+def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any) -> kopf.OperatorRegistry:
     """The kopf handlers, registered in their own registry (nothing global)."""
     registry = kopf.OperatorRegistry()
-    state: dict[str, Any] = {}
+    # The handlers are coroutines: they run on the loop that owns the queue (sync handlers would run
+    # in kopf's thread pool, and asyncio queues are not thread-safe).
+    state: dict[str, Any] = {"api": api}
     cfg = settings
 
     @kopf.on.startup(registry=registry)
@@ -108,23 +125,28 @@ def build_registry(settings: OperatorSettings, controller_factory: Any) -> kopf.
         state["tasks"] = [asyncio.create_task(_worker(queue, controller)) for _ in range(cfg.workers)]
         state["tasks"].append(asyncio.create_task(_resync(queue, controller, cfg.resync_seconds)))
 
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        # An own registry has no default login handler; kopf's reads only the default kubeconfig.
+        return connection_info(state["api"].configuration)
+
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
         for task in state.get("tasks", []):
             task.cancel()
 
     @kopf.on.event(c.GROUP, c.VERSION, PLURAL, registry=registry)
-    def pool_event(namespace: str | None, name: str, **_: Any) -> None:
+    async def pool_event(namespace: str | None, name: str, **_: Any) -> None:
         if namespace:
             state["queue"].add((namespace, name))
 
     @kopf.on.event("", "v1", "pods", labels={LABEL_POOL: kopf.PRESENT}, registry=registry)
-    def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    async def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         if namespace:
             state["queue"].add((namespace, labels[LABEL_POOL]))
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
-    def node_event(name: str, body: Mapping[str, Any], type: str | None, **_: Any) -> None:
+    async def node_event(name: str, body: Mapping[str, Any], type: str | None, **_: Any) -> None:
         state["controller"].node_seen(name, None if type == "DELETED" else body)
 
     return registry
@@ -135,13 +157,12 @@ def run(settings: OperatorSettings, *, kubeconfig: str | None, stop: threading.E
     from kubernetes import client, config
 
     if kubeconfig:
-        os.environ["KUBECONFIG"] = kubeconfig
         api = config.new_client_from_config(config_file=kubeconfig)
     else:
         config.load_incluster_config()
         api = client.ApiClient()
-    registry = build_registry(settings, lambda: PoolController(api, settings))
-    kopf.configure(verbose=False)
+    registry = build_registry(settings, api, lambda: PoolController(api, settings))
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one INFO line per watch event
     kopf.run(
         registry=registry,
         standalone=True,

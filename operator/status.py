@@ -201,6 +201,7 @@ def pool_status(
         gpus=sum(pod_gpus(p) for p in bound),
         cost_per_hour=round(sum(_cost(p, nodes) for p in bound), 4),
         selector=f"{LABEL_POOL}={meta['name']}",
+        active_model=(pool.get("spec") or {}).get("model"),
         observed_generation=generation,
         placements=sorted((_placement(p) for p in bound), key=lambda x: x.pod)[:1024],
         policies=list(resolved.policies),

@@ -81,14 +81,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    @property
+    def route(self) -> str:
+        return self.path.split("?", 1)[0]  # the API server appends ?timeout=...
+
     def do_GET(self) -> None:
-        if self.path == "/healthz":
+        if self.route == "/healthz":
             self._send(200, "ok")
         else:
             self._send(404, "not found")
 
     def do_POST(self) -> None:
-        if self.path not in ("/pods", "/objects"):
+        if self.route not in ("/pods", "/objects"):
             self._send(404, "not found")
             return
         try:
@@ -103,7 +107,7 @@ class _Handler(BaseHTTPRequestHandler):
             review = json.loads(self.rfile.read(length))
             if not isinstance(review, Mapping):
                 raise ValueError("the body is not a JSON object")
-            answer = admission_response(self.path, review)
+            answer = admission_response(self.route, review)
         except (ValueError, UnicodeDecodeError) as exc:
             self._send(400, f"bad request: {exc}")
             return

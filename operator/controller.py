@@ -20,15 +20,17 @@ from kubernetes.client.rest import ApiException
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, AgentPoolStatus, decode
 
+from . import CONVERT_LOCK
 from .pods import LABEL_POOL, desired_pods, priority_class
 from .policy import resolve
 from .reconcile import Action, plan
 from .settings import OperatorSettings
 from .status import pool_status
 
-__all__ = ["PoolController"]
+__all__ = ["PoolController", "post_event"]
 
 log = logging.getLogger("neuronetes.operator")
+_CONVERT = CONVERT_LOCK
 PLURAL = "agentpools"
 _REASON_TEXT = {
     "Created": "created pod {name}",
@@ -76,16 +78,19 @@ class PoolController:
                 return  # deleted: its pods and budget go with it (ownerReferences)
             raise
         try:
-            spec = decode(pool, AgentPool).spec
+            with _CONVERT:
+                spec = decode(pool, AgentPool).spec
         except msgspec.ValidationError as exc:
             self._event(pool, "Warning", "InvalidSpec", f"the pool's spec cannot be used: {exc}")
             self._write_status(pool, AgentPoolStatus(phase="Failed"))
             return
-        resolved = resolve(spec)
+        with _CONVERT:
+            resolved = resolve(spec)
         if resolved.priority or resolved.preemption:
             self._ensure_priority_class(resolved.priority, resolved.preemption)
         self._ensure_budget(pool, resolved.desired, resolved.gang_size, spec.min_replicas)
-        want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations)
+        with _CONVERT:
+            want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations)
         pods = self._pods(namespace, name)
         actions = plan(want, pods)
         for action in actions:
@@ -94,7 +99,8 @@ class PoolController:
             pods = self._pods(namespace, name)
         with self._lock:
             nodes = dict(self.nodes)
-        status = pool_status(pool, resolved, pods, nodes)
+        with _CONVERT:
+            status = pool_status(pool, resolved, pods, nodes)
         self._write_status(pool, status)
 
     def _pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -174,7 +180,8 @@ class PoolController:
 
     def _write_status(self, pool: Mapping[str, Any], status: AgentPoolStatus) -> None:
         meta = pool["metadata"]
-        body = {"status": msgspec.to_builtins(status)}
+        with _CONVERT:
+            body = {"status": msgspec.to_builtins(status)}
         old = pool.get("status") or {}
         for key in ("placements", "conditions", "policies"):
             if key in old and key not in body["status"]:
@@ -188,32 +195,35 @@ class PoolController:
                 raise
 
     def _event(self, pool: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
-        meta = pool["metadata"]
-        now = datetime.now(UTC)
-        body = {
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": c.API_VERSION,
-                "kind": "AgentPool",
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta["uid"],
-            },
-            "type": etype,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": "neuronetes-operator"},
-            "firstTimestamp": now.isoformat(),
-            "lastTimestamp": now.isoformat(),
-            "count": 1,
-            "reportingComponent": "neuronetes-operator",
-        }
-        try:
-            self.core.create_namespaced_event(meta["namespace"], body)
-        except ApiException as exc:
-            log.warning(
-                "event %s for %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc.status
-            )
+        post_event(self.core, pool, etype, reason, message)
+
+
+def post_event(core: client.CoreV1Api, obj: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
+    """Record a core/v1 Event about `obj` (a NeuroNetes object) from the operator; never raises."""
+    meta = obj["metadata"]
+    now = datetime.now(UTC)
+    body = {
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": obj.get("apiVersion", c.API_VERSION),
+            "kind": obj.get("kind", "AgentPool"),
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+        },
+        "type": etype,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": "neuronetes-operator"},
+        "firstTimestamp": now.isoformat(),
+        "lastTimestamp": now.isoformat(),
+        "count": 1,
+        "reportingComponent": "neuronetes-operator",
+    }
+    try:
+        core.create_namespaced_event(meta["namespace"], body)
+    except ApiException as exc:
+        log.warning("event %s for %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc.status)
 
 
 def _api_message(exc: ApiException) -> str:

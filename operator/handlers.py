@@ -16,16 +16,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
 
 from neuronetes import contracts as c
 
-from .controller import PLURAL, PoolController
+from .admission import ANNOTATION_SLICE
+from .controller import PLURAL, PoolController, post_event
 from .pods import LABEL_POOL
 from .settings import OperatorSettings
+from .slice_controller import SliceController
 
 __all__ = ["WorkQueue", "build_registry", "run"]
 
@@ -62,11 +64,11 @@ class WorkQueue:
             self.add(key)
 
 
-async def _worker(queue: WorkQueue, controller: PoolController) -> None:
+async def _worker(queue: WorkQueue, reconcile: Callable[[str, str], None]) -> None:
     while True:
         key = await queue.get()
         try:
-            await asyncio.to_thread(controller.reconcile, *key)
+            await asyncio.to_thread(reconcile, *key)
         except Exception as exc:  # a failed reconcile is retried; the loop must not die
             log.warning("reconcile of %s/%s failed: %s; retrying", key[0], key[1], exc)
             asyncio.get_running_loop().call_later(2.0, queue.add, key)
@@ -119,10 +121,15 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
         )
         settings.watching.server_timeout = 300
         settings.watching.inactivity_timeout = 600
-        queue = WorkQueue()
+        queue, slice_queue = WorkQueue(), WorkQueue()
         controller = controller_factory()
-        state["queue"], state["controller"] = queue, controller
-        state["tasks"] = [asyncio.create_task(_worker(queue, controller)) for _ in range(cfg.workers)]
+        slices = SliceController(api, lambda *a: post_event(controller.core, *a))
+        state.update(queue=queue, controller=controller, slice_queue=slice_queue)
+        state["tasks"] = [
+            asyncio.create_task(_worker(queue, controller.reconcile)) for _ in range(cfg.workers)
+        ]
+        # One slice worker: slices are bound one at a time (see slice_controller).
+        state["tasks"].append(asyncio.create_task(_worker(slice_queue, slices.reconcile)))
         state["tasks"].append(asyncio.create_task(_resync(queue, controller, cfg.resync_seconds)))
 
     @kopf.on.login(registry=registry)
@@ -144,6 +151,16 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
     async def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         if namespace:
             state["queue"].add((namespace, labels[LABEL_POOL]))
+
+    @kopf.on.event(c.GROUP, c.VERSION, "gpuslices", registry=registry)
+    async def slice_event(namespace: str | None, name: str, **_: Any) -> None:
+        if namespace:
+            state["slice_queue"].add((namespace, name))
+
+    @kopf.on.event("", "v1", "pods", annotations={ANNOTATION_SLICE: kopf.PRESENT}, registry=registry)
+    async def slice_pod_event(namespace: str | None, annotations: Mapping[str, str], **_: Any) -> None:
+        if namespace:
+            state["slice_queue"].add((namespace, annotations[ANNOTATION_SLICE]))
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     async def node_event(name: str, body: Mapping[str, Any], type: str | None, **_: Any) -> None:

@@ -27,6 +27,7 @@ from neuronetes.api.units import (
 from neuronetes.mig import MigCatalog, catalogs, normalize_profile_name
 from neuronetes.quantity import QuantityError, QuantityLike
 
+from . import CONVERT_LOCK
 from .admission import POD_CHECKS
 from .pods import desired_pods
 from .policy import resolve
@@ -189,7 +190,12 @@ GPUSLICE_CHECKS: Final[dict[str, Callable[[GPUSliceSpec], list[str]]]] = {
 
 
 def review_object(obj: Mapping[str, Any]) -> list[str]:
-    """Refusals for an AgentPool, GPUSlice or ToolBinding (empty: allowed)."""
+    """Refusals for an AgentPool, GPUSlice or ToolBinding (empty: allowed); thread-safe."""
+    with CONVERT_LOCK:
+        return _review_object(obj)
+
+
+def _review_object(obj: Mapping[str, Any]) -> list[str]:
     kind = obj.get("kind")
     name = str((obj.get("metadata") or {}).get("name") or "")
     try:

@@ -27,7 +27,7 @@ from .reconcile import Action, plan
 from .settings import OperatorSettings
 from .status import pool_status
 
-__all__ = ["PoolController", "post_event"]
+__all__ = ["PoolController", "patch_status", "post_event"]
 
 log = logging.getLogger("neuronetes.operator")
 _CONVERT = CONVERT_LOCK
@@ -186,16 +186,21 @@ class PoolController:
         for key in ("placements", "conditions", "policies"):
             if key in old and key not in body["status"]:
                 body["status"][key] = None
-        try:
-            self.custom.patch_namespaced_custom_object_status(
-                c.GROUP, c.VERSION, meta["namespace"], PLURAL, meta["name"], body
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        patch_status(self.custom, PLURAL, meta, body)
 
     def _event(self, pool: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
         post_event(self.core, pool, etype, reason, message)
+
+
+def patch_status(custom: client.CustomObjectsApi, plural: str, meta: Mapping[str, Any], body: Any) -> None:
+    """Merge-patch the status subresource of a NeuroNetes object; a deleted object is no error."""
+    try:
+        custom.patch_namespaced_custom_object_status(
+            c.GROUP, c.VERSION, meta["namespace"], plural, meta["name"], body
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
 
 
 def post_event(core: client.CoreV1Api, obj: Mapping[str, Any], etype: str, reason: str, message: str) -> None:

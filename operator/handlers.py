@@ -76,14 +76,20 @@ async def _worker(queue: WorkQueue, reconcile: Callable[[str, str], None]) -> No
             queue.done(key)
 
 
-async def _resync(queue: WorkQueue, controller: PoolController, every: float) -> None:
+async def _resync(queues: Mapping[str, WorkQueue], controller: PoolController, every: float) -> None:
+    """Every `every` seconds, every pool and every slice (a Pending one may fit now) is queued."""
     while True:
         await asyncio.sleep(every)
-        pools = await asyncio.to_thread(
-            controller.custom.list_cluster_custom_object, c.GROUP, c.VERSION, PLURAL
-        )
-        for item in pools.get("items", []):
-            queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))
+        for plural, queue in queues.items():
+            try:
+                found = await asyncio.to_thread(
+                    controller.custom.list_cluster_custom_object, c.GROUP, c.VERSION, plural
+                )
+            except Exception as exc:  # the next round retries; the loop must not die
+                log.warning("resync of %s failed: %s", plural, exc)
+                continue
+            for item in found.get("items", []):
+                queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))
 
 
 def connection_info(cfg: Any) -> kopf.ConnectionInfo:
@@ -130,7 +136,11 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
         ]
         # One slice worker: slices are bound one at a time (see slice_controller).
         state["tasks"].append(asyncio.create_task(_worker(slice_queue, slices.reconcile)))
-        state["tasks"].append(asyncio.create_task(_resync(queue, controller, cfg.resync_seconds)))
+        state["tasks"].append(
+            asyncio.create_task(
+                _resync({PLURAL: queue, "gpuslices": slice_queue}, controller, cfg.resync_seconds)
+            )
+        )
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

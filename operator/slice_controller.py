@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -22,6 +23,7 @@ from neuronetes.api.models import GPUNode, GPUSlice, decode
 from neuronetes.model import NodeSpec
 
 from . import CONVERT_LOCK
+from .controller import patch_status
 from .slices import FINALIZER, choose_gpu, gpu_use, pods_using
 
 __all__ = ["SliceController"]
@@ -179,31 +181,20 @@ class SliceController:
         self, obj: Mapping[str, Any], fields: dict[str, Any], kind: str, ok: bool, reason: str, message: str
     ) -> None:
         meta = obj["metadata"]
-        condition = {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message}
-        old = [cd for cd in (obj.get("status") or {}).get("conditions") or [] if cd.get("type") != kind]
-        if not any(
-            cd.get("type") == kind and cd.get("status") == condition["status"]
-            for cd in (obj.get("status") or {}).get("conditions") or []
-        ):
-            from datetime import UTC, datetime
-
-            condition["lastTransitionTime"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-        else:
-            prev = next(
-                cd for cd in (obj.get("status") or {}).get("conditions") or [] if cd.get("type") == kind
-            )
-            condition["lastTransitionTime"] = prev.get("lastTransitionTime")
-        body = {
-            "status": {
-                **fields,
-                "observedGeneration": meta.get("generation"),
-                "conditions": [*old, condition],
-            }
+        state = "True" if ok else "False"
+        previous = {cd.get("type"): cd for cd in (obj.get("status") or {}).get("conditions") or []}
+        since = (
+            previous.get(kind, {}).get("lastTransitionTime")
+            if previous.get(kind, {}).get("status") == state
+            else None
+        )
+        condition = {
+            "type": kind,
+            "status": state,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since or datetime.now(UTC).isoformat().replace("+00:00", "Z"),
         }
-        try:
-            self.custom.patch_namespaced_custom_object_status(
-                c.GROUP, c.VERSION, meta["namespace"], PLURAL, meta["name"], body
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        conditions = [cd for t, cd in previous.items() if t != kind] + [condition]
+        body = {"status": {**fields, "observedGeneration": meta.get("generation"), "conditions": conditions}}
+        patch_status(self.custom, PLURAL, meta, body)

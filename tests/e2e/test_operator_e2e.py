@@ -23,6 +23,7 @@ from neuronetes.devcluster import ExtenderConfig
 from neuronetes.extender.server import ExtenderProcess
 from neuronetes.operator.pods import LABEL_POOL
 from neuronetes.operator.processes import LocalStack
+from neuronetes.operator.slices import FINALIZER
 
 pytestmark = pytest.mark.e2e
 
@@ -233,3 +234,69 @@ def test_sigkill_mid_reconcile_converges_without_duplicates(cluster: E2ECluster,
         if LABEL_POOL in (p["metadata"].get("labels") or {}) and not p["metadata"].get("ownerReferences")
     ]
     assert orphans == []
+
+
+# ---- acceptance 4: GPUSlice (operator side) ----------------------------------------------------
+
+SLICE = """\
+apiVersion: neuronetes.io/v1alpha1
+kind: GPUSlice
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+  memory: 6Gi
+  computePercent: 60
+  qosClass: Guaranteed
+  nodeName: {node}
+"""
+
+
+def test_gpu_slices_reserve_a_gpu_never_oversubscribe_and_defer_deletion(
+    cluster: E2ECluster, stack: LocalStack
+) -> None:
+    (node,) = cluster.add_nodes("t4x4-pcie", 1, "op-slices", labels={"neuronetes.io/e2e-suite": "slices"})
+    names = [f"slice-{i}" for i in range(6)]
+    text = "---\n".join(SLICE.format(name=n, ns=NS, node=node) for n in names)
+    cluster.kubectl("apply", "-f", "-", input=text)  # six at once, four GPUs: 60 % + 60 % never fit one
+
+    def settled() -> list[dict[str, Any]] | None:
+        items = [get_json(cluster, "gpuslice", n, "-n", NS) for n in names]
+        phases = [(s.get("status") or {}).get("phase") for s in items]
+        return (
+            items if all(p in ("Bound", "Pending") for p in phases) and phases.count("Bound") == 4 else None
+        )
+
+    items = wait_until(settled, timeout=60, what="four of six slices Bound")
+    bound = [s for s in items if s["status"]["phase"] == "Bound"]
+    uuids = [s["status"]["gpuUUIDs"][0] for s in bound]
+    assert len(set(uuids)) == 4 and {s["status"]["node"] for s in bound} == {node}
+    pending = [s for s in items if s["status"]["phase"] == "Pending"]
+    assert all(cd["reason"] == "NoCapacity" for s in pending for cd in s["status"]["conditions"])
+    assert all(FINALIZER in s["metadata"]["finalizers"] for s in items)
+
+    user = bound[0]["metadata"]["name"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "slice-user", "namespace": NS, "annotations": {"neuronetes.io/slice": user}},
+        "spec": {"containers": [{"name": "m", "image": "registry.example/w:1"}]},
+    }
+    cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
+    cluster.kubectl("delete", "gpuslice", user, "-n", NS, "--wait=false")
+
+    def deferred() -> dict[str, Any] | None:
+        s = get_json(cluster, "gpuslice", user, "-n", NS)
+        conds = {cd["type"]: cd for cd in (s.get("status") or {}).get("conditions") or []}
+        return s if conds.get("InUse", {}).get("status") == "True" else None
+
+    held = wait_until(deferred, timeout=30, what="deletion deferred while a pod uses the slice")
+    assert held["metadata"]["deletionTimestamp"] and held["status"]["phase"] == "Bound"
+    cluster.kubectl("delete", "pod", "slice-user", "-n", NS, "--grace-period=0", "--force")
+    wait_until(
+        lambda: cluster.kubectl("get", "gpuslice", user, "-n", NS, check=False).returncode != 0,
+        timeout=60,
+        what="the slice released once its pod is gone",
+    )
+    for n in names:
+        cluster.kubectl("delete", "gpuslice", n, "-n", NS, "--ignore-not-found", "--wait=false")

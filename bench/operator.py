@@ -38,6 +38,7 @@ from neuronetes.operator.processes import LocalStack
 _spec = importlib.util.spec_from_file_location("e2e_throughput", Path(_BENCH_DIR) / "e2e_throughput.py")
 assert _spec is not None and _spec.loader is not None
 throughput = importlib.util.module_from_spec(_spec)
+sys.modules["e2e_throughput"] = throughput
 _spec.loader.exec_module(throughput)
 
 

@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from neuronetes import contracts as c
-from neuronetes.api.models import AgentPool, AgentPoolStatus, decode
+from neuronetes.api.models import AgentPool, AgentPoolStatus, ToolBinding, decode
 
 from . import CONVERT_LOCK
 from .pods import LABEL_POOL, desired_pods, priority_class
@@ -26,6 +26,7 @@ from .policy import resolve
 from .reconcile import Action, plan
 from .settings import OperatorSettings
 from .status import pool_status
+from .toolbindings import binding_status
 
 __all__ = ["PoolController", "patch_status", "post_event"]
 
@@ -190,6 +191,44 @@ class PoolController:
 
     def _event(self, pool: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
         post_event(self.core, pool, etype, reason, message)
+
+    def reconcile_binding(self, namespace: str, name: str) -> None:
+        """A ToolBinding's status: its pool resolved (`toolbindings.binding_status`)."""
+        try:
+            obj = self.custom.get_namespaced_custom_object(
+                c.GROUP, c.VERSION, namespace, "toolbindings", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        try:
+            with _CONVERT:
+                spec = decode(obj, ToolBinding).spec
+        except msgspec.ValidationError as exc:
+            patch_status(self.custom, "toolbindings", obj["metadata"], {"status": {"phase": "Error"}})
+            post_event(self.core, obj, "Warning", "InvalidSpec", f"the binding's spec cannot be used: {exc}")
+            return
+        exists = False
+        if spec.pool_ref is not None:
+            try:
+                self.custom.get_namespaced_custom_object(
+                    c.GROUP, c.VERSION, namespace, PLURAL, spec.pool_ref.name
+                )
+                exists = True
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        status = binding_status(spec, exists, int(obj["metadata"].get("generation") or 0))
+        if (obj.get("status") or {}).get("phase") != status["phase"]:
+            post_event(
+                self.core,
+                obj,
+                "Normal",
+                status["conditions"][0]["reason"],
+                status["conditions"][0]["message"],
+            )
+        patch_status(self.custom, "toolbindings", obj["metadata"], {"status": status})
 
 
 def patch_status(custom: client.CustomObjectsApi, plural: str, meta: Mapping[str, Any], body: Any) -> None:

@@ -113,7 +113,7 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
     registry = kopf.OperatorRegistry()
     # The handlers are coroutines: they run on the loop that owns the queue (sync handlers would run
     # in kopf's thread pool, and asyncio queues are not thread-safe).
-    state: dict[str, Any] = {"api": api}
+    state: dict[str, Any] = {"api": api, "bindings": {}}
     cfg = settings
 
     @kopf.on.startup(registry=registry)
@@ -127,18 +127,23 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
         )
         settings.watching.server_timeout = 300
         settings.watching.inactivity_timeout = 600
-        queue, slice_queue = WorkQueue(), WorkQueue()
+        queue, slice_queue, binding_queue = WorkQueue(), WorkQueue(), WorkQueue()
         controller = controller_factory()
         slices = SliceController(api, lambda *a: post_event(controller.core, *a))
-        state.update(queue=queue, controller=controller, slice_queue=slice_queue)
+        state.update(queue=queue, controller=controller, slice_queue=slice_queue, binding_queue=binding_queue)
         state["tasks"] = [
             asyncio.create_task(_worker(queue, controller.reconcile)) for _ in range(cfg.workers)
         ]
         # One slice worker: slices are bound one at a time (see slice_controller).
         state["tasks"].append(asyncio.create_task(_worker(slice_queue, slices.reconcile)))
+        state["tasks"].append(asyncio.create_task(_worker(binding_queue, controller.reconcile_binding)))
         state["tasks"].append(
             asyncio.create_task(
-                _resync({PLURAL: queue, "gpuslices": slice_queue}, controller, cfg.resync_seconds)
+                _resync(
+                    {PLURAL: queue, "gpuslices": slice_queue, "toolbindings": binding_queue},
+                    controller,
+                    cfg.resync_seconds,
+                )
             )
         )
 
@@ -156,11 +161,19 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
     async def pool_event(namespace: str | None, name: str, **_: Any) -> None:
         if namespace:
             state["queue"].add((namespace, name))
+            for binding in state["bindings"].get(namespace, ()):  # a pool appeared or went
+                state["binding_queue"].add((namespace, binding))
 
     @kopf.on.event("", "v1", "pods", labels={LABEL_POOL: kopf.PRESENT}, registry=registry)
     async def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         if namespace:
             state["queue"].add((namespace, labels[LABEL_POOL]))
+
+    @kopf.on.event(c.GROUP, c.VERSION, "toolbindings", registry=registry)
+    async def binding_event(namespace: str | None, name: str, **_: Any) -> None:
+        if namespace:
+            state["bindings"].setdefault(namespace, set()).add(name)
+            state["binding_queue"].add((namespace, name))
 
     @kopf.on.event(c.GROUP, c.VERSION, "gpuslices", registry=registry)
     async def slice_event(namespace: str | None, name: str, **_: Any) -> None:

@@ -300,3 +300,24 @@ def test_gpu_slices_reserve_a_gpu_never_oversubscribe_and_defer_deletion(
     )
     for n in names:
         cluster.kubectl("delete", "gpuslice", n, "-n", NS, "--ignore-not-found", "--wait=false")
+
+
+# ---- ToolBinding ---------------------------------------------------------------------------------
+
+
+def test_toolbindings_resolve_their_pool(cluster: E2ECluster, stack: LocalStack) -> None:
+    seed = next(e for e in seed_examples() if e.obj["kind"] == "ToolBinding")
+    assert apply(cluster, seed.text).returncode == 0
+    bound = seed.text.replace("name: queue-binding", "name: rag-binding").replace(
+        "spec:\n", "spec:\n  poolRef:\n    name: rag-pool\n", 1
+    )
+    assert apply(cluster, bound).returncode == 0
+
+    def phase(name: str) -> str | None:
+        return (get_json(cluster, "toolbinding", name, "-n", NS).get("status") or {}).get("phase")
+
+    wait_until(lambda: phase("queue-binding") == "Pending", timeout=30, what="queue-binding Pending")
+    wait_until(lambda: phase("rag-binding") == "Active", timeout=30, what="rag-binding Active")
+    st = get_json(cluster, "toolbinding", "queue-binding", "-n", NS)["status"]
+    reasons = {cd["type"]: cd["reason"] for cd in st["conditions"]}
+    assert reasons == {"Bound": "NoPoolRef", "LagScaling": "PolicyController"}

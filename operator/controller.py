@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,14 +35,17 @@ log = logging.getLogger("neuronetes.operator")
 _CONVERT = CONVERT_LOCK
 PLURAL = "agentpools"
 _REASON_TEXT = {
-    "Created": "created pod {name}",
-    "ScaledDown": "deleted pod {name}: the pool wants fewer replicas",
-    "PodFinished": "deleted pod {name}: it failed or exited; it is recreated",
-    "GangBroken": (
-        "deleted pod {name}: a member of its gang was lost after binding; the gang is recreated whole"
-    ),
-    "Outdated": "deleted pod {name}: the pool's spec changed (rolling replacement)",
+    "Created": "created pods {names}",
+    "ScaledDown": "deleted pods {names}: the pool wants fewer replicas",
+    "PodFinished": "deleted pods {names}: they failed or exited; they are recreated",
+    "GangBroken": "deleted pods {names}: their gang lost a member after binding; the gang is recreated whole",
+    "Outdated": "deleted pods {names}: the pool's spec changed (rolling replacement)",
 }
+
+
+def _names(names: list[str], shown: int = 10) -> str:
+    head = ", ".join(names[:shown])
+    return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
 
 
 class PoolController:
@@ -57,6 +61,7 @@ class PoolController:
         self.nodes: dict[str, Mapping[str, Any]] = {}
         self._priority_classes: set[str] = set()
         self._lock = threading.Lock()
+        self._calls = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
 
     # ---- node cache (fed by the kopf node watch) ------------------------------------------------
 
@@ -92,30 +97,39 @@ class PoolController:
         self._ensure_budget(pool, resolved.desired, resolved.gang_size, spec.min_replicas)
         with _CONVERT:
             want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations)
-        pods = self._pods(namespace, name)
+        pods = self._pods(namespace, name, pool["metadata"]["uid"])
         actions = plan(want, pods)
-        for action in actions:
-            self._apply(pool, action)
+        # Concurrently: a gang's members are created together, and a big pool is not created one
+        # round trip (through the webhook) at a time. One event per reason, naming the pods.
+        applied = list(self._calls.map(lambda a: self._apply(pool, a), actions))
+        by_reason: dict[str, list[str]] = {}
+        for action, ok in zip(actions, applied, strict=True):
+            if ok:
+                by_reason.setdefault(action.reason, []).append(action.name)
+        for reason, names in by_reason.items():
+            etype = "Normal" if reason in ("Created", "ScaledDown") else "Warning"
+            self._event(pool, etype, reason, _REASON_TEXT[reason].format(names=_names(names)))
         if actions:
-            pods = self._pods(namespace, name)
+            pods = self._pods(namespace, name, pool["metadata"]["uid"])
         with self._lock:
             nodes = dict(self.nodes)
         with _CONVERT:
             status = pool_status(pool, resolved, pods, nodes)
         self._write_status(pool, status)
 
-    def _pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+    def _pods(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+        """The pool's pods: labelled with its name and controlled by this very pool (its uid), so
+        pods of an earlier pool of the same name (being garbage-collected) are not taken over."""
         found = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_POOL}={name}")
-        uid = None
         out = []
         for item in self.api.sanitize_for_serialization(found.items):
             owners = item["metadata"].get("ownerReferences") or []
-            if owners and owners[0].get("kind") == "AgentPool" and owners[0].get("name") == name:
-                uid = uid or owners[0].get("uid")
+            if any(o.get("controller") and o.get("uid") == uid for o in owners):
                 out.append(item)
         return out
 
-    def _apply(self, pool: Mapping[str, Any], action: Action) -> None:
+    def _apply(self, pool: Mapping[str, Any], action: Action) -> bool:
+        """Create or delete one pod; whether it was done by this call."""
         ns = pool["metadata"]["namespace"]
         try:
             if action.verb == "create":
@@ -125,13 +139,12 @@ class PoolController:
                 self.core.delete_namespaced_pod(action.name, ns)
         except ApiException as exc:
             if exc.status in (404, 409):  # already gone / already there (a racing or earlier reconcile)
-                return
+                return False
             if exc.status in (400, 403, 422):
                 self._event(pool, "Warning", "PodRefused", f"pod {action.name} refused: {_api_message(exc)}")
-                return
+                return False
             raise
-        etype = "Normal" if action.reason in ("Created", "ScaledDown") else "Warning"
-        self._event(pool, etype, action.reason, _REASON_TEXT[action.reason].format(name=action.name))
+        return True
 
     def _ensure_priority_class(self, priority: int, preemption: bool) -> None:
         body = priority_class(priority, preemption)

@@ -115,6 +115,7 @@ class PoolController:
             nodes = dict(self.nodes)
         with _CONVERT:
             status = pool_status(pool, resolved, pods, nodes)
+        self._event_on_transition(pool, status)
         self._write_status(pool, status)
 
     def _pods(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
@@ -201,6 +202,16 @@ class PoolController:
             if key in old and key not in body["status"]:
                 body["status"][key] = None
         patch_status(self.custom, PLURAL, meta, body)
+
+    def _event_on_transition(self, pool: Mapping[str, Any], status: AgentPoolStatus) -> None:
+        """A Warning event when a condition turns bad for a new reason (GangUnplaceable, Unschedulable)."""
+        old = {cd.get("type"): cd.get("reason") for cd in (pool.get("status") or {}).get("conditions") or []}
+        for cd in status.conditions or []:
+            if (
+                cd.reason in ("GangUnplaceable", "Unschedulable", "PodsFailed")
+                and old.get(cd.type) != cd.reason
+            ):
+                self._event(pool, "Warning", cd.reason, cd.message or cd.reason)
 
     def _event(self, pool: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
         post_event(self.core, pool, etype, reason, message)

@@ -87,6 +87,13 @@ def _unschedulable(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+def labels_of(pods: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, str]:
+    for p in pods:
+        if p["metadata"]["name"] == name:
+            return p["metadata"].get("labels") or {}
+    return {}
+
+
 def _merge_times(new: list[Condition], old: Sequence[Mapping[str, Any]], now: datetime) -> list[Condition]:
     """Keep lastTransitionTime of conditions whose status did not change."""
     before = {cd.get("type"): cd for cd in old}
@@ -159,13 +166,20 @@ def pool_status(
                 if (p["metadata"].get("labels") or {}).get(c.LABEL_GANG) == f"{meta['name']}-{g}"
             ]
             whole += len(members) == resolved.gang_size
+        unplaceable = [why for name, why in stuck if (labels_of(live, name)).get(c.LABEL_GANG)]
+        reason, message = (
+            "GangsWaiting",
+            f"{whole} of {resolved.gangs} gangs of {resolved.gang_size} bound whole",
+        )
+        if whole == resolved.gangs:
+            reason = "AllGangsBound"
+        elif unplaceable:
+            # The scheduler found no placement for a whole gang; its pods stay queued and are
+            # retried with kube-scheduler's backoff (and after the extender's reservation expires).
+            reason, message = "GangUnplaceable", f"{message}; the scheduler says: {unplaceable[0]}"
         conditions.append(
             _condition(
-                "GangScheduled",
-                whole == resolved.gangs and resolved.gangs > 0,
-                "AllGangsBound" if whole == resolved.gangs else "GangsWaiting",
-                f"{whole} of {resolved.gangs} gangs of {resolved.gang_size} bound whole",
-                generation,
+                "GangScheduled", whole == resolved.gangs and resolved.gangs > 0, reason, message, generation
             )
         )
 

@@ -313,3 +313,23 @@ def test_status_of_unplaceable_pods_says_why() -> None:
     conds = {cd.type: cd for cd in st.conditions or []}
     assert conds["Degraded"].status == "True" and "no A100" in (conds["Degraded"].message or "")
     assert st.phase == "Scaling"
+
+
+def test_a_gang_the_scheduler_cannot_place_says_so() -> None:
+    o, _, r, pods = build(GANG)
+    observed = []
+    for p in pods:
+        pod = running(p.manifest, node=None, ready=False, phase="Pending")
+        pod["status"]["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "no node holds 8 GPUs",
+            }
+        ]
+        observed.append(pod)
+    st = pool_status(o, r, observed, {})
+    gang = next(cd for cd in st.conditions or [] if cd.type == "GangScheduled")
+    assert (gang.status, gang.reason) == ("False", "GangUnplaceable")
+    assert "no node holds 8 GPUs" in (gang.message or "")

@@ -17,6 +17,7 @@ import json
 import logging
 import socket
 import ssl
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
@@ -98,10 +99,15 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             length = int(self.headers.get("Content-Length", ""))
         except ValueError:
+            self.close_connection = True
             self._send(HTTPStatus.LENGTH_REQUIRED, "Content-Length required")
             return
-        if not 0 < length <= MAX_BODY:
-            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "body too large or empty")
+        if length <= 0:
+            self._send(400, "bad request: empty body")
+            return
+        if length > MAX_BODY:
+            self.close_connection = True  # the body was not read
+            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body over {MAX_BODY} bytes")
             return
         try:
             review = json.loads(self.rfile.read(length))
@@ -116,6 +122,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _ReusePortServer(ThreadingHTTPServer):
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up mid-request (or mid-handshake) is not the server's error.
+        log.debug("connection from %s ended: %s", client_address, sys.exc_info()[1])
 
     def server_bind(self) -> None:
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)

@@ -63,13 +63,20 @@ def test_health_and_a_review_over_verified_tls(server: tuple[int, ssl.SSLContext
         ("POST", "/pods", b"\xff\xfe", 400),
         ("POST", "/elsewhere", b"{}", 404),
         ("GET", "/pods", None, 404),
-        ("POST", "/pods", b"", 413),
+        ("POST", "/pods", b"", 400),
     ],
 )
 def test_junk_gets_a_4xx(
     server: tuple[int, ssl.SSLContext], method: str, path: str, body: bytes | None, expected: int
 ) -> None:
     assert call(server, method, path, body)[0] == expected
+
+
+def test_oversized_body_is_413_without_reading_it(server: tuple[int, ssl.SSLContext]) -> None:
+    port, context = server
+    with context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="127.0.0.1") as s:
+        s.sendall(b"POST /pods HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n{")
+        assert s.recv(64).startswith(b"HTTP/1.1 413")
 
 
 def test_missing_content_length_is_411(server: tuple[int, ssl.SSLContext]) -> None:

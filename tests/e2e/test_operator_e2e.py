@@ -21,7 +21,7 @@ from e2e_cluster import E2ECluster, wait_until
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
 from neuronetes.extender.server import ExtenderProcess
-from neuronetes.operator.pods import LABEL_POOL
+from neuronetes.operator.pods import LABEL_POOL, LABEL_TEMPLATE_HASH
 from neuronetes.operator.processes import LocalStack
 from neuronetes.operator.slices import FINALIZER
 
@@ -321,3 +321,36 @@ def test_toolbindings_resolve_their_pool(cluster: E2ECluster, stack: LocalStack)
     st = get_json(cluster, "toolbinding", "queue-binding", "-n", NS)["status"]
     reasons = {cd["type"]: cd["reason"] for cd in st["conditions"]}
     assert reasons == {"Bound": "NoPoolRef", "LagScaling": "PolicyController"}
+
+
+def test_template_change_rolls_the_pods_one_at_a_time(cluster: E2ECluster, stack: LocalStack) -> None:
+    text = SCALED.replace("name: scaled", "name: rolled").replace("minReplicas: 1", "minReplicas: 3")
+    assert apply(cluster, text).returncode == 0
+    wait_ready(cluster, "rolled")
+    old = {p["metadata"]["labels"][LABEL_TEMPLATE_HASH] for p in pool_pods(cluster, "rolled")}
+    patch = {"spec": {"template": {"metadata": {"labels": {"release": "two"}}}}}
+    cluster.kubectl("patch", "agentpool", "rolled", "-n", NS, "--type=merge", "-p", json.dumps(patch))
+    lowest = 3
+
+    def rolled() -> bool:
+        nonlocal lowest
+        live = [p for p in pool_pods(cluster, "rolled") if not p["metadata"].get("deletionTimestamp")]
+        ready = [
+            p
+            for p in live
+            if any(
+                cd["type"] == "Ready" and cd["status"] == "True" for cd in p["status"].get("conditions", [])
+            )
+        ]
+        lowest = min(lowest, len(ready))
+        hashes = {p["metadata"]["labels"][LABEL_TEMPLATE_HASH] for p in live}
+        return (
+            len(live) == 3
+            and not hashes & old
+            and all(p["metadata"]["labels"].get("release") == "two" for p in live)
+        )
+
+    wait_until(rolled, timeout=120, interval=0.1, what="every pod replaced by one of the new template")
+    assert lowest >= 2  # one replica at a time
+    events = get_json(cluster, "events", "-n", NS, "--field-selector", "involvedObject.name=rolled")
+    assert any(e["reason"] == "Outdated" for e in events["items"])

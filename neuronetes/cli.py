@@ -205,6 +205,11 @@ def add_webhook_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
     serve.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=9443, help="listen port (default: 9443)")
     serve.add_argument("--cert-dir", required=True, help="folder with tls.crt and tls.key")
+    serve.add_argument(
+        "--trusted-user",
+        action="append",
+        help="user allowed to change neuronetes.io/* annotations of existing pods (repeatable)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=cmd_webhook)
 

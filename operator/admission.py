@@ -21,6 +21,7 @@ __all__ = [
     "POD_CHECKS",
     "TENANT_ANNOTATIONS",
     "PodVerdict",
+    "annotation_changes",
     "asks_for_gpus",
     "review_pod",
 ]
@@ -179,6 +180,24 @@ def check_foreign_gpus(pod: Mapping[str, Any]) -> list[str]:
                         "resources only; remove it"
                     )
     return out
+
+
+def annotation_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Refusals for an UPDATE that adds, changes or removes ``neuronetes.io/*`` or ``cdi.k8s.io/*``
+    annotations: pod annotations are mutable, and the node reads the assignment again whenever a
+    container is (re)created, so only trusted identities (the caller decides) may touch them."""
+    before = (old.get("metadata") or {}).get("annotations") or {}
+    after = (new.get("metadata") or {}).get("annotations") or {}
+    changed = sorted(
+        k
+        for k in {*before, *after}
+        if k.startswith(c.TENANT_FORBIDDEN_ANNOTATION_PREFIXES) and before.get(k) != after.get(k)
+    )
+    return [
+        f"metadata.annotations[{k}]: NeuroNetes annotations of an existing pod are changed only by "
+        "NeuroNetes; recreate the pod to ask for something else"
+        for k in changed
+    ]
 
 
 POD_CHECKS: Final[dict[str, Callable[[Mapping[str, Any]], list[str]]]] = {

@@ -101,7 +101,7 @@ def webhook_configurations(ca_pem: bytes, url: str) -> list[dict[str, Any]]:
             {
                 "apiGroups": [""],
                 "apiVersions": ["v1"],
-                "operations": ["CREATE"],
+                "operations": ["CREATE", "UPDATE"],
                 "resources": ["pods"],
                 "scope": "Namespaced",
             }

@@ -42,7 +42,7 @@ def webhook_serve(ns: argparse.Namespace) -> int:
     from .webhook import WebhookServer
 
     try:
-        server = WebhookServer(ns.host, ns.port, Path(ns.cert_dir))
+        server = WebhookServer(ns.host, ns.port, Path(ns.cert_dir), frozenset(ns.trusted_user or ()))
     except (OSError, ValueError) as exc:
         print(f"error: cannot serve on {ns.host}:{ns.port} with {ns.cert_dir}: {exc}", file=sys.stderr)
         return 1

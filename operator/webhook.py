@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
 
-from .admission import asks_for_gpus, review_pod
+from .admission import annotation_changes, asks_for_gpus, review_pod
 from .validation import review_object
 
 __all__ = ["CERT_FILE", "KEY_FILE", "WebhookServer", "admission_response", "ensure_certificate"]
@@ -47,8 +47,13 @@ def _respond(uid: str, refusals: Sequence[str], patch: Sequence[Mapping[str, Any
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-def admission_response(route: str, review: Mapping[str, Any]) -> dict[str, Any]:
+def admission_response(
+    route: str, review: Mapping[str, Any], trusted: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """The AdmissionReview answer for `review` on `route` (``/pods`` or ``/objects``).
+
+    `trusted`: user names (``request.userInfo.username``) allowed to change NeuroNetes annotations
+    of existing pods (the extender's and the agent's service accounts).
 
     Raises:
         ValueError: not an AdmissionReview request (the server answers 400).
@@ -60,7 +65,14 @@ def admission_response(route: str, review: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(obj, Mapping):
         return _respond(request["uid"], [])  # DELETE and CONNECT carry no object: nothing to check
     if route == "/pods":
-        if request.get("operation") != "CREATE" or not asks_for_gpus(obj):
+        operation = request.get("operation")
+        if operation == "UPDATE":
+            old = request.get("oldObject")
+            user = (request.get("userInfo") or {}).get("username")
+            if not isinstance(old, Mapping) or user in trusted:
+                return _respond(request["uid"], [])
+            return _respond(request["uid"], annotation_changes(old, obj))
+        if operation != "CREATE" or not asks_for_gpus(obj):
             return _respond(request["uid"], [])
         verdict = review_pod(obj)
         return _respond(request["uid"], verdict.refusals, verdict.patch)
@@ -113,7 +125,7 @@ class _Handler(BaseHTTPRequestHandler):
             review = json.loads(self.rfile.read(length))
             if not isinstance(review, Mapping):
                 raise ValueError("the body is not a JSON object")
-            answer = admission_response(self.route, review)
+            answer = admission_response(self.route, review, self.server.trusted)  # type: ignore[attr-defined]
         except (ValueError, UnicodeDecodeError) as exc:
             self._send(400, f"bad request: {exc}")
             return
@@ -135,11 +147,12 @@ class _ReusePortServer(ThreadingHTTPServer):
 class WebhookServer:
     """The HTTPS server of one webhook replica; `serve_forever` in the caller's thread."""
 
-    def __init__(self, host: str, port: int, cert_dir: Path) -> None:
+    def __init__(self, host: str, port: int, cert_dir: Path, trusted: frozenset[str] = frozenset()) -> None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(cert_dir / CERT_FILE, cert_dir / KEY_FILE)
         self.httpd = _ReusePortServer((host, port), _Handler)
+        self.httpd.trusted = trusted  # type: ignore[attr-defined]
         self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self.port = int(self.httpd.server_address[1])
         self._thread: threading.Thread | None = None

@@ -98,3 +98,12 @@ def test_one_replica_down_admission_works_both_down_fails_closed(
         webhooks.start_webhook(0)
         webhooks.start_webhook(1)
     assert create(cluster, gpu_pod(name="back"), "--dry-run=server").returncode == 0
+
+
+def test_annotations_of_an_existing_gpu_pod_are_protected(cluster: E2ECluster, webhooks: LocalStack) -> None:
+    assert create(cluster, gpu_pod(name="annotated")).returncode == 0
+    forged = cluster.kubectl(
+        "annotate", "pod", "annotated", "-n", NS, f"{c.ANNOTATION_ASSIGNED_GPUS}={{}}", check=False
+    )
+    assert forged.returncode != 0 and f"metadata.annotations[{c.ANNOTATION_ASSIGNED_GPUS}]" in forged.stderr
+    assert cluster.kubectl("annotate", "pod", "annotated", "-n", NS, "team=b", check=False).returncode == 0

@@ -90,3 +90,34 @@ def test_object_is_refused_by_the_webhook_naming_the_field(case: Any) -> None:
 @pytest.mark.parametrize("case", VALID_OBJECTS, ids=[case.name for case in VALID_OBJECTS])
 def test_valid_edge_case_is_accepted_by_the_webhook(case: Any) -> None:
     assert review_object(yaml.safe_load(case.text)) == []
+
+
+def _update(old: dict[str, Any], new: dict[str, Any], user: str = "alice") -> dict[str, Any]:
+    return {
+        "request": {
+            "uid": "u",
+            "operation": "UPDATE",
+            "object": new,
+            "oldObject": old,
+            "userInfo": {"username": user},
+        }
+    }
+
+
+def test_update_touching_neuronetes_annotations_is_refused_unless_trusted() -> None:
+    old = gpu_pod()
+    old["metadata"]["annotations"] = {c.ANNOTATION_ASSIGNED_GPUS: "{}", "team": "a"}
+    forged = copy.deepcopy(old)
+    forged["metadata"]["annotations"][c.ANNOTATION_ASSIGNED_GPUS] = '{"version": 1}'
+    refused = admission_response("/pods", _update(old, forged))["response"]
+    assert not refused["allowed"]
+    assert f"metadata.annotations[{c.ANNOTATION_ASSIGNED_GPUS}]" in refused["status"]["message"]
+    trusted = admission_response(
+        "/pods",
+        _update(old, forged, "system:serviceaccount:nn:extender"),
+        frozenset({"system:serviceaccount:nn:extender"}),
+    )
+    assert trusted["response"]["allowed"]
+    relabelled = copy.deepcopy(old)
+    relabelled["metadata"]["annotations"]["team"] = "b"
+    assert admission_response("/pods", _update(old, relabelled))["response"]["allowed"]

@@ -161,6 +161,9 @@ def test_gang_lands_whole_and_is_recreated_whole(cluster: E2ECluster, stack: Loc
     assert {p["metadata"]["labels"][c.LABEL_GANG_SIZE] for p in pods} == {"4"}
     conditions = {cd["type"]: cd["status"] for cd in pool["status"]["conditions"]}
     assert conditions["GangScheduled"] == "True"
+    budget = get_json(cluster, "poddisruptionbudget", "gang", "-n", NS)
+    assert budget["spec"]["minAvailable"] == 4
+    assert budget["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"]
     before = {p["metadata"]["uid"] for p in pods}
     cluster.kubectl("delete", "pod", "-n", NS, "gang-0-2", "--wait=false")
 

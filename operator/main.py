@@ -26,12 +26,20 @@ def operator_run(ns: argparse.Namespace) -> int:
     try:
         settings = load_settings(ns.config)
     except (OSError, msgspec.ValidationError, msgspec.DecodeError) as exc:
-        print(f"error: settings {ns.config}: {exc}", file=sys.stderr)
+        print(f"error: settings {ns.config}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    from kubernetes.config import ConfigException
+
     from .handlers import run
 
     try:
         run(settings, kubeconfig=ns.kubeconfig)
+    except (OSError, ConfigException) as exc:
+        print(
+            f"error: cannot reach the cluster with {ns.kubeconfig or 'the in-cluster config'}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt:
         return 0
     return 0

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from apitools import seed_examples
 from e2e_cluster import E2ECluster, wait_until
+from extender_harness import ExtenderProcess
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
-from neuronetes.extender.server import ExtenderProcess
 from neuronetes.operator.pods import LABEL_POOL, LABEL_TEMPLATE_HASH
 from neuronetes.operator.processes import LocalStack
 from neuronetes.operator.slices import FINALIZER

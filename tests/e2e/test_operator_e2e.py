@@ -47,7 +47,7 @@ def apply(cluster: E2ECluster, text: str, *extra: str) -> subprocess.CompletedPr
 @pytest.fixture(scope="module")
 def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     work = Path(tmp_path_factory.mktemp("operator"))
-    ext = ExtenderProcess(cluster.kubeconfig, work)
+    ext = ExtenderProcess(cluster.extender_kubeconfig, work)
     ext.start()
     cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
     local = LocalStack(cluster.kubeconfig, work, cluster.kubectl)

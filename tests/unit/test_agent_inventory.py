@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shim_build import skip_outside_ci
+from shim_build import build, skip_outside_ci
 
 from neuronetes import contracts as c
 from neuronetes.agent.daemon import inventory as inv
@@ -288,3 +288,9 @@ def test_host_device_numbers_from_dev_and_proc(tmp_path: Path, inventory_check: 
     assert not w.refresh(sim.scan())
     assert json.loads(w.path.read_text())["generation"] == 1
     sim.close()
+
+
+def test_the_built_shim_library_is_accepted(tmp_path: Path) -> None:
+    library = build("release") / "release" / "lib" / "libneuronetes-cuda.so"
+    paths = inv.install_shim(library, tmp_path / "shim")
+    assert paths.library.read_bytes() == library.read_bytes()

@@ -10,6 +10,10 @@ host's ``/dev`` and ``/proc`` (real GPUs), `SimulatedDeviceNodes` makes determin
 `install_shim` copies the shim library and writes its preload file where the inventory says they
 are; it refuses a file that is not an ELF shared object, and the agent then writes no inventory
 (every container with an assignment is refused by the plugin: fail closed).
+
+A little over 400 lines because the document's device numbers (two sources), its driver files
+(NVIDIA's CDI spec, filtered to what the plugin accepts) and the shim it names are one contract
+and share its rules; docs/gpu-health.md ("Node inventory file and shim") is the prose.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ _FORBIDDEN_MOUNT_ROOTS: Final = (
     posixpath.dirname(c.SHIM_LIBRARY_PATH),
     c.SHIM_PRELOAD_FILE,
 )
+_ENV_ENTRY: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _ELF_MAGIC: Final = b"\x7fELF"
 _ET_DYN: Final = 3
 
@@ -213,6 +218,15 @@ def _clean_abs(p: Any) -> bool:
     return isinstance(p, str) and p.startswith("/") and posixpath.normpath(p) == p and "\x00" not in p
 
 
+def _strings(items: Any) -> bool:
+    """A list the plugin accepts as a hook's args or env: at most 256 strings of at most 4096."""
+    return (
+        isinstance(items, list)
+        and len(items) <= 256
+        and all(isinstance(i, str) and len(i) <= 4096 and "\x00" not in i for i in items)
+    )
+
+
 def _forbidden(container_path: str) -> bool:
     inside = container_path + "/"
     return container_path == "/" or any(
@@ -248,7 +262,8 @@ def driver_files_from_cdi(specs: tuple[Path, ...] = CDI_SPECS) -> DriverFiles:
         if not isinstance(h, dict) or h.get("hookName") != "createContainer":
             continue
         args, env = h.get("args") or [], h.get("env") or []
-        if not _clean_abs(h.get("path")) or not all(isinstance(a, str) for a in [*args, *env]):
+        well_formed = _clean_abs(h.get("path")) and _strings(args) and _strings(env)
+        if not well_formed or not all(_ENV_ENTRY.match(e) for e in env):
             log.warning("CDI spec %s: hook %r dropped (malformed)", spec_path, h)
             continue
         hooks.append({"path": h["path"], "args": list(args), "env": list(env)})

@@ -241,6 +241,8 @@ containerEdits:
   - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook,
      args: [nvidia-cdi-hook, update-ldcache, --folder, /usr/lib/x86_64-linux-gnu]}
   - {hookName: poststart, path: /bin/true}
+  - {hookName: createContainer, path: /bin/x, env: ["not an env entry"]}
+  - {hookName: createContainer, path: /bin/x, args: "not a list"}
 """
     )
     files = inv.driver_files_from_cdi((tmp_path / "absent.yaml", spec))

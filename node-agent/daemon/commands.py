@@ -48,6 +48,7 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
 
     from .devices import DiscoveryError
     from .fleet import AgentProcess, AgentSettings
+    from .inventory import InventoryError, ShimError
 
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -59,6 +60,9 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
             watchdog_s=ns.watchdog,
             reset_seconds=ns.simulated_reset_seconds,
             region_dir=Path(ns.region_dir) if ns.region_dir else None,
+            state_dir=Path(ns.state_dir),
+            shim_library=Path(ns.shim_library) if ns.shim_library else None,
+            shim_dir=Path(ns.shim_dir),
         )
         api = _api(ns.kubeconfig)
     except (ValueError, ConfigException, OSError) as exc:
@@ -88,6 +92,8 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
         process.run()
     except DiscoveryError as exc:
         return _error(str(exc))
+    except (ShimError, InventoryError) as exc:  # fail closed: nothing written, nothing advertised
+        return _error(f"{exc}; no GPU is advertised to containers")
     finally:
         process.stop()
     return 0
@@ -236,6 +242,20 @@ def add_agent_commands(sub: Any, dev: Any) -> None:
         "--region-dir",
         default="/run/neuronetes/containers",
         help="--node: where the containers' shim regions are written ('' for none)",
+    )
+    run.add_argument(
+        "--state-dir",
+        default="/run/neuronetes",
+        help="--node: where the node inventory file (inventory.json) is written for the NRI plugin",
+    )
+    run.add_argument(
+        "--shim-library",
+        help="--node: the shim library to install (default: the one `make -C node-agent/shim` built)",
+    )
+    run.add_argument(
+        "--shim-dir",
+        default="/var/lib/neuronetes/shim",
+        help="--node: host directory the shim library and its preload file are installed into",
     )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.set_defaults(func=cmd_agent_run)

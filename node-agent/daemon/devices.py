@@ -67,6 +67,7 @@ class GpuDevice:
     mig_capable: bool
     mig_enabled: bool
     mig_devices: tuple[MigDevice, ...] = ()
+    minor: int = -1  # the device node is /dev/nvidia<minor> (NVML minorNumber); -1 unknown
 
 
 @dataclass(frozen=True, slots=True)

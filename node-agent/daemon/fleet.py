@@ -26,6 +26,15 @@ from kubernetes.client import ApiClient
 from neuronetes.devcluster.profiles import LABEL_PROFILE, PROFILES
 
 from .devices import Discovery, DiscoveryError
+from .inventory import (
+    DEFAULT_SHIM_DIR,
+    DEFAULT_STATE_DIR,
+    HostDeviceNodes,
+    InventoryWriter,
+    ShimPaths,
+    driver_files_from_cdi,
+    install_shim,
+)
 from .kube import GPUNODES_PATH, Informer, Kube, KubeError
 from .node import NodeAgent
 from .pods import pod_use
@@ -37,6 +46,10 @@ __all__ = ["AGENT_VERSION", "AgentProcess", "AgentSettings", "start_fleet_agent"
 log = logging.getLogger("neuronetes.agent")
 
 AGENT_VERSION: Final = "0.1.0"
+BUILT_SHIM_LIBRARY: Final = (
+    Path(__file__).resolve().parents[1] / "shim" / "build" / "release" / "lib" / "libneuronetes-cuda.so"
+)
+"""The library `make -C node-agent/shim` builds: the default of ``--shim-library``."""
 
 
 class AgentSettings:
@@ -54,6 +67,9 @@ class AgentSettings:
         start_workers: int = 8,
         tick_workers: int = 16,
         region_dir: Path | None = None,
+        state_dir: Path = DEFAULT_STATE_DIR,
+        shim_library: Path | None = None,
+        shim_dir: Path = DEFAULT_SHIM_DIR,
     ) -> None:
         if (node is None) == (simulate_nodes is None):
             raise ValueError("give exactly one of --node (real GPUs) and --simulate-nodes (a fleet)")
@@ -66,6 +82,11 @@ class AgentSettings:
         self.start_workers = start_workers
         self.tick_workers = tick_workers
         self.region_dir = region_dir  # shim regions are written only for real GPUs (--node)
+        # --node only: the inventory file and the installed shim. A fleet serves simulated nodes
+        # that have no host, so it writes neither.
+        self.state_dir = state_dir
+        self.shim_library = shim_library if shim_library is not None else BUILT_SHIM_LIBRARY
+        self.shim_dir = shim_dir
 
 
 class AgentProcess:
@@ -84,6 +105,7 @@ class AgentProcess:
         self.lock = threading.Lock()
         self._nvml_backend = nvml_backend
         self._local: Discovery | None = None  # the NVML backend of --node
+        self._inventory_file: InventoryWriter | None = None  # --node: the NRI plugin's device map
         self._stop = threading.Event()
         self._pending: dict[str, dict[str, Any]] = {}  # node name -> Node object, to start
         self._starting: set[str] = set()
@@ -105,6 +127,15 @@ class AgentProcess:
             if self._nvml_backend is None:
                 raise DiscoveryError("no NVML backend")
             self._local = self._nvml_backend()
+            # Fail closed: without the shim (ShimError) or with an unusable CDI spec
+            # (InventoryError) no inventory is written, so the plugin gives no GPU to anyone.
+            try:
+                shim: ShimPaths = install_shim(s.shim_library, s.shim_dir)
+                driver = driver_files_from_cdi()
+            except BaseException:
+                self._local.close()
+                raise
+            self._inventory_file = InventoryWriter(s.node, s.state_dir, shim, HostDeviceNodes(), driver)
         node_query = (
             [("labelSelector", s.simulate_nodes or "")]
             if s.simulate_nodes
@@ -226,6 +257,7 @@ class AgentProcess:
                 regions=RegionKeeper(self.settings.region_dir)
                 if self.settings.region_dir is not None and self.settings.node is not None
                 else None,
+                inventory_file=self._inventory_file,
             )
             with self.lock:
                 pods = [p for p in self._pods.values() if p["spec"].get("nodeName") == name]

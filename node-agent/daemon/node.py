@@ -30,6 +30,7 @@ from neuronetes.model import GpuHealth
 
 from .devices import Discovery, DiscoveryError, GpuLost, GpuSample, Inventory, XidEvent
 from .health import GpuHealthState, Recovery, Usage
+from .inventory import InventoryWriter
 from .kube import Kube, KubeError
 from .miglayout import MIG_MANAGER_LABEL, MigTarget, changes, targets_from_spec
 from .pods import PodUse
@@ -93,6 +94,7 @@ class NodeAgent:
         agent_version: str,
         heartbeat_s: float = 60.0,
         regions: RegionKeeper | None = None,
+        inventory_file: InventoryWriter | None = None,
     ) -> None:
         self.node = node
         self.node_uid = node_uid
@@ -102,6 +104,7 @@ class NodeAgent:
         self.agent_version = agent_version
         self.heartbeat_s = heartbeat_s
         self.regions = regions
+        self.inventory_file = inventory_file  # --node only: the NRI plugin's device map
         self._pods_changed = regions is not None
         self.lock = threading.Lock()
         self.inventory: Inventory | None = None
@@ -154,6 +157,7 @@ class NodeAgent:
             self._publish(force=True)
             # Nodes started together would heartbeat together: spread them over one period.
             self._published.heartbeat -= random.uniform(0, self.heartbeat_s)
+        self._write_inventory()
 
     # ---- inputs from watches (any thread) --------------------------------------------------------
 
@@ -223,6 +227,12 @@ class NodeAgent:
             self._evict_and_reset()
             self._apply_mig()
             self._sync_regions()
+        self._write_inventory()
+
+    def _write_inventory(self) -> None:
+        """Rewrite the node inventory file when due or changed (a MIG change rescans first)."""
+        if self.inventory_file is not None and self.inventory is not None:
+            self.inventory_file.refresh(self.inventory)
 
     def _sync_regions(self) -> None:
         inventory = self.inventory

@@ -233,6 +233,7 @@ class NvmlGpus:
             mig_capable=mig_mode is not None,
             mig_enabled=mig_enabled,
             mig_devices=self._mig_devices(h, model) if mig_enabled else (),
+            minor=int(n.nvmlDeviceGetMinorNumber(h)),
         )
 
     def _mig_devices(self, h: Any, model: str) -> tuple[MigDevice, ...]:

@@ -270,6 +270,7 @@ class SimulatedGpus:
                 nvlink_bandwidth_gbps=spec.nvlink_bandwidth_gbps,
                 mig_capable=mig.is_mig_capable(spec.model),
                 mig_enabled=spec.mig_enabled,
+                minor=spec.index,  # deterministic: /dev/nvidia<index>, as on most real nodes
             )
             if layout is not None and spec.mig_enabled:
                 device = replace(device, mig_devices=_mig_devices(spec.uuid, layout))

@@ -108,6 +108,7 @@ def fake_nvml(gpus: list[FakeGpu], events: list[tuple[int, int]] | None = None) 
         "nvmlDeviceGetHandleByIndex": lambda index: Handle(gpus[index]),
         "nvmlDeviceGetUUID": lambda handle: handle.mig[3] if handle.mig else handle.gpu.uuid,
         "nvmlDeviceGetName": lambda handle: handle.gpu.name,
+        "nvmlDeviceGetMinorNumber": lambda handle: gpus.index(handle.gpu),
         "nvmlDeviceGetPciInfo": lambda handle: types.SimpleNamespace(busId=handle.gpu.bus.encode()),
         "nvmlDeviceGetMemoryInfo": mem,
         "nvmlDeviceGetNumaNodeId": numa,

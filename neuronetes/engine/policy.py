@@ -18,7 +18,14 @@ SEED_004_WEIGHTS: Mapping[str, float] = MappingProxyType(
 """Seed 004's scoring split: availability 30 %, topology 25 %, model cache 20 %, cost 15 %, data 10 %."""
 
 DEFAULT_FRAG_WEIGHTS: Mapping[str, float] = MappingProxyType(
-    {"fgd": 100.0, "capacity_frag": 30.0, "share_waste": 300.0, "cpu_strand": 400.0, "scarcity": 0.5}
+    {
+        "fgd": 100.0,
+        "capacity_frag": 30.0,
+        "share_waste": 300.0,
+        "cpu_strand": 400.0,
+        "scarcity": 0.5,
+        "pinned_reserve": 400.0,
+    }
 )
 """The fragmentation terms of `default`, on the scale of the seed 004 terms (which sum to 1).
 

@@ -7,6 +7,11 @@ is the weighted sum over shapes. CPU-only shapes count every free GPU as fragmen
 never use it), exactly as the paper's simulator does; this is a constant for a given placement
 and never changes which node wins.
 
+GPU models: a shape's pods may be pinned to some models. Shapes that differ only in their model
+lists share one column, with `access[model, t]` the share of t's pods that may use the model
+(`ProfileArrays`); for the rest of t, all of a node's free capacity is fragment. A node of a
+model no typical shape may use is therefore all fragment.
+
 All functions take node rows as arrays: `left[R, G]` free milli-GPU per usable GPU (0 for
 missing/unusable GPUs), `cpu[R]` free CPU, `model[R]` GPU model ids.
 """

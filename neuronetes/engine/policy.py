@@ -40,6 +40,11 @@ filled, so on the GPU choice for a share it has the last word. Measured (median 
 at × 10, a tie-breaker only, gpushare40 left 5.46 % of GPUs unallocated, at × 100 5.39 %, at
 × 300 5.39 %; the bundled traces are flat from 100 to 300, share-heavier derived variants
 (`bench/openb_variants.py`) gain at 300 (gpushare80: 10.30 → 10.04 %).
+
+`pinned_reserve` (× 400, `cpu_strand`'s scale: one GPU deeper into a pinned set's shortfall
+costs 25 points) keeps the nodes of GPU models that pinned pods will need; it is neutral while
+every model holds its pinned share of the free capacity, and acts as a constraint once one does
+not (openb, 20 % of pods pinned, seed 42: × 400 and × 4,000 both leave 4.36–4.40 %).
 """
 
 

@@ -88,6 +88,11 @@ def fleet(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         except subprocess.TimeoutExpired:
             agent.kill()
             agent.wait()
+        # The session's other tests share this cluster: take this suite's nodes (and the GPUNodes the
+        # agent published for them) away again, so no later test finds its pods placed on them.
+        everything = [n for names in nodes.values() for n in names]
+        cluster.kubectl("delete", "node", *everything, "--wait=false", check=False)
+        cluster.kubectl("delete", "gpunode", *everything, "--wait=false", check=False)
         print(f"\nagent log: {log}\n" + log.read_text()[-3000:])
     assert agent.returncode == 0, f"agent exited {agent.returncode} on SIGTERM"
 

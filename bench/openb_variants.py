@@ -10,11 +10,15 @@ so a policy could fit those three by accident. This script derives more, the sam
   default's 8,152 pods and its 1,088 CPU-only ones, with 40 % of GPU demand in shares.)
 - `multigpuXX`: multi-GPU pods sampled and added until they hold XX % of the GPU demand; every
   default pod kept. (openb's multigpu20 keeps all 8,152 and adds 172.)
-- `gpuspecXX`: XX % of the GPU pods restricted to one GPU model (`gpu_spec`), drawn in
-  proportion to the GPUs of that model whose nodes are large enough for the pod.
+- `gpuspecXX`: XX % of the GPU pods (drawn uniformly, so the shape mix is kept) pinned to GPU
+  models (`gpu_spec`): one model each, drawn by the node count of the models whose nodes can
+  host the pod, so the models with the most nodes get the most pins; one pinned pod in five
+  lists two or three models (`V100M16|P100|T4`). `--spec-weighting gpus` or `uniform` draws the
+  models by GPU count or uniformly instead (files `gpuspecXX-gpus`, `gpuspecXX-uniform`): other
+  pinning families, to check that a policy does not fit one.
 
     python bench/openb_variants.py --out out/variants [--seed 7] [--share 20,60,80] \
-        [--multi 50] [--spec 33]
+        [--multi 50] [--spec 5,10,20,33] [--spec-weighting nodes,gpus]
 
 then, per written file F: `neuronetes simulate --nodes ... --pods F --policy fgd,default ...`.
 """
@@ -27,6 +31,7 @@ import os
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("NEURONETES_TRACE_DIR", ROOT.parent / "shared" / "data" / "openb" / "csv"))
@@ -106,24 +111,68 @@ def multi_variant(rows: Sequence[Row], fraction: float, rng: random.Random) -> l
     return out
 
 
-def spec_variant(rows: Sequence[Row], nodes: Sequence[Row], fraction: float, rng: random.Random) -> list[Row]:
-    """`fraction` of GPU pods pinned to one GPU model that has nodes large enough for them."""
+Weighting = Literal["nodes", "gpus", "uniform"]
+WEIGHTINGS: tuple[Weighting, ...] = ("nodes", "gpus", "uniform")
+LIST_SHARE = 0.2
+"""Share of pinned pods that list several models (the rest name one)."""
+
+
+def _hosts(nodes: Sequence[Row], want: tuple[int, int], weighting: Weighting) -> dict[str, float]:
+    """Models with nodes that can host `want` = (GPUs, CPU), each with its draw weight."""
+    weight: dict[str, float] = {}
+    for n in nodes:
+        if n["model"] and int(n["gpu"]) >= want[0] and int(n["cpu_milli"]) >= want[1]:
+            add = {"nodes": 1.0, "gpus": float(n["gpu"]), "uniform": 0.0}[weighting]
+            weight[n["model"]] = weight.get(n["model"], 0.0) + add
+    if weighting == "uniform":
+        weight = dict.fromkeys(weight, 1.0)
+    return weight
+
+
+def _draw_models(weight: dict[str, float], k: int, rng: random.Random) -> list[str]:
+    """`k` distinct models drawn by weight, without replacement."""
+    pool = dict(weight)
+    picked: list[str] = []
+    while pool and len(picked) < k:
+        models = sorted(pool)
+        m = rng.choices(models, weights=[pool[x] for x in models])[0]
+        picked.append(m)
+        del pool[m]
+    return sorted(picked)
+
+
+def spec_variant(
+    rows: Sequence[Row],
+    nodes: Sequence[Row],
+    fraction: float,
+    rng: random.Random,
+    weighting: Weighting = "nodes",
+    list_share: float = LIST_SHARE,
+) -> list[Row]:
+    """`fraction` of GPU pods pinned to GPU models (`gpu_spec`), the way production pins them.
+
+    The pinned pods are drawn uniformly from the GPU pods, so pinned and unpinned pods have the
+    same shape mix. Each pinned pod's models are drawn among those with nodes that can host it
+    (enough GPUs and CPU), in proportion to `weighting`: "nodes" (the cluster's model mix by
+    node count: teams pin to the models they see most, so the models with the most nodes get
+    the most pins), "gpus" (by GPU count), or "uniform". `list_share` of the pinned pods accept
+    a list of two or three such models (`A|B|C`, drawn the same way), the rest one model.
+    """
     if not 0 < fraction <= 1:
         raise ValueError("gpu-spec fraction must be in (0, 1]")
+    if not 0 <= list_share <= 1:
+        raise ValueError("list share must be in [0, 1]")
     out = [dict(r) for r in rows]
     gpu_pods = [r for r in out if int(r["num_gpu"])]
-    hosts: dict[tuple[int, int], dict[str, int]] = {}  # (GPUs, CPU) → GPUs per model that fit
+    hosts: dict[tuple[int, int], dict[str, float]] = {}  # (GPUs, CPU) → draw weight per model
     for r in rng.sample(gpu_pods, round(fraction * len(gpu_pods))):
         want = (int(r["num_gpu"]), int(r["cpu_milli"]))
         weight = hosts.get(want)
         if weight is None:
-            weight = hosts[want] = {}
-            for n in nodes:
-                if n["model"] and int(n["gpu"]) >= want[0] and int(n["cpu_milli"]) >= want[1]:
-                    weight[n["model"]] = weight.get(n["model"], 0) + int(n["gpu"])
+            weight = hosts[want] = _hosts(nodes, want, weighting)
+        k = rng.choice((2, 3)) if rng.random() < list_share else 1
         if weight:
-            models = sorted(weight)
-            r["gpu_spec"] = rng.choices(models, weights=[weight[m] for m in models])[0]
+            r["gpu_spec"] = "|".join(_draw_models(weight, k, rng))
     return out
 
 
@@ -139,7 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--share", default="20,60,80", help="gpushare variants, %% of GPU demand")
     ap.add_argument("--multi", default="50", help="multigpu variants, %% of GPU demand")
-    ap.add_argument("--spec", default="33", help="gpuspec variants, %% of GPU pods")
+    ap.add_argument("--spec", default="5,10,20,33", help="gpuspec variants, %% of GPU pods")
+    ap.add_argument(
+        "--spec-weighting", default="nodes", help="gpuspec model draws: comma list of nodes, gpus, uniform"
+    )
     ns = ap.parse_args(argv)
     rows = read_rows(ns.pods)
     with ns.nodes.open(newline="") as fh:
@@ -149,19 +201,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         made.append((f"gpushare{pct}", share_variant(rows, pct / 100, random.Random(ns.seed * 1000 + pct))))
     for pct in _fractions(ns.multi):
         made.append((f"multigpu{pct}", multi_variant(rows, pct / 100, random.Random(ns.seed * 2000 + pct))))
-    for pct in _fractions(ns.spec):
-        made.append(
-            (f"gpuspec{pct}", spec_variant(rows, nodes, pct / 100, random.Random(ns.seed * 3000 + pct)))
-        )
+    for weighting in [w.strip() for w in ns.spec_weighting.split(",") if w.strip()]:
+        if weighting not in WEIGHTINGS:
+            ap.error(f"--spec-weighting: {weighting!r} is not one of {', '.join(WEIGHTINGS)}")
+        suffix = "" if weighting == "nodes" else f"-{weighting}"
+        for pct in _fractions(ns.spec):
+            rng = random.Random(ns.seed * 3000 + pct)
+            variant = spec_variant(rows, nodes, pct / 100, rng, cast(Weighting, weighting))
+            made.append((f"gpuspec{pct}{suffix}", variant))
     for name, variant in made:
         path = ns.out / f"openb_pod_list_{name}_s{ns.seed}.csv"
         write_rows(path, variant)
         gpu = sum(map(_demand, variant))
         share = sum(_demand(r) for r in variant if _is_share(r))
         multi = sum(_demand(r) for r in variant if _is_multi(r))
+        pinned = sum(_demand(r) for r in variant if r["gpu_spec"])
         print(
             f"{path}: {len(variant)} pods, GPU demand {gpu / 1000:.0f}, "
-            f"shares {100 * share / gpu:.1f} %, multi-GPU {100 * multi / gpu:.1f} %"
+            f"shares {100 * share / gpu:.1f} %, multi-GPU {100 * multi / gpu:.1f} %, "
+            f"pinned {100 * pinned / gpu:.1f} %"
         )
     return 0
 

@@ -5,7 +5,11 @@ and reports the median and p99 of one decision, the whole seed's wall time, and 
 a *cold* decision (every node re-scored: a new request shape, or a cache invalidated by a
 profile change), which bounds the worst case.
 
-    python bench/placement_latency.py [--policy default] [--json OUT.json]
+    python bench/placement_latency.py [--policy default] [--pods PODS.csv] [--synthetic 5000] \
+        [--json OUT.json]
+
+`--pods` replays another pod list (a pinned variant from `bench/openb_variants.py`, say);
+`--synthetic 0` skips the 5,000-node cluster.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 
 from neuronetes.engine import PlacementEngine, WorkloadProfile
 from neuronetes.inventory import ClusterState
-from neuronetes.model import NodeSpec
+from neuronetes.model import NodeSpec, PodRequest
 from neuronetes.sim.simulate import simulate
 from neuronetes.sim.trace import load_nodes, load_pods
 
@@ -39,8 +43,7 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values), q))
 
 
-def measure(nodes: list[NodeSpec], policy: str, seed: int) -> dict[str, float]:
-    pods = load_pods(DATA / "openb_pod_list_default.csv")
+def measure(nodes: list[NodeSpec], pods: list[PodRequest], policy: str, seed: int) -> dict[str, float]:
     run = simulate(nodes, pods, policy, seed, tune=1.3, time_decisions=True)
     ms = [t * 1000 for t in run.decision_seconds]
     # Cold decisions: a fresh engine scores every node for each request.
@@ -69,11 +72,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--policy", default="default")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--pods", type=Path, default=DATA / "openb_pod_list_default.csv")
+    ap.add_argument("--synthetic", type=int, default=5000, help="nodes of the synthetic cluster (0: none)")
     ap.add_argument("--json")
     ns = ap.parse_args()
     real = load_nodes(DATA / "openb_node_list_gpu_node.csv")
-    results = [measure(real, ns.policy, ns.seed), measure(synthetic(real, 5000), ns.policy, ns.seed)]
-    print(f"policy {ns.policy}, seed {ns.seed}, one process")
+    pods = load_pods(ns.pods)
+    results = [measure(real, pods, ns.policy, ns.seed)]
+    if ns.synthetic > 0:
+        results.append(measure(synthetic(real, ns.synthetic), pods, ns.policy, ns.seed))
+    print(f"policy {ns.policy}, pods {ns.pods.name}, seed {ns.seed}, one process")
     head = ("nodes", "decisions", "seed s", "p50 ms", "p99 ms", "cold p50", "cold p99")
     print(" ".join(f"{h:>9}" for h in head))
     for r in results:
@@ -82,7 +90,8 @@ def main() -> None:
             f"{r['decision_ms_p99']:>8} {r['cold_decision_ms_p50']:>9} {r['cold_decision_ms_p99']:>9}"
         )
     if ns.json:
-        Path(ns.json).write_text(json.dumps({"policy": ns.policy, "results": results}, indent=2) + "\n")
+        out = {"policy": ns.policy, "pods": ns.pods.name, "results": results}
+        Path(ns.json).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,11 @@ is the weighted sum over shapes. CPU-only shapes count every free GPU as fragmen
 never use it), exactly as the paper's simulator does; this is a constant for a given placement
 and never changes which node wins.
 
+GPU models: a shape's pods may be pinned to some models. Shapes that differ only in their model
+lists share one column, with `access[model, t]` the share of t's pods that may use the model
+(`ProfileArrays`); for the rest of t, all of a node's free capacity is fragment. A node of a
+model no typical shape may use is therefore all fragment.
+
 All functions take node rows as arrays: `left[R, G]` free milli-GPU per usable GPU (0 for
 missing/unusable GPUs), `cpu[R]` free CPU, `model[R]` GPU model ids.
 """
@@ -28,11 +33,12 @@ def _combine(
     frag_if_fit: F64,
     total: F64,
     cpu: I64,
-    access: npt.NDArray[np.bool_],
+    access: F64,
 ) -> F64:
-    gpu_shape = p.milli > 0
-    q3 = fits_gpu & (cpu[..., None] >= p.cpu) & access & gpu_shape
-    return np.where(q3, frag_if_fit, total[..., None]) @ p.weight
+    """Σ_t w_t · (free capacity the pods of t cannot use); `access` the share of t that may."""
+    fits = fits_gpu & (cpu[..., None] >= p.cpu) & (p.milli > 0)
+    every = total[..., None]
+    return (every - np.where(fits, access, 0.0) * (every - frag_if_fit)) @ p.weight
 
 
 def node_fragmentation(left: I64, cpu: I64, model: I64, p: ProfileArrays) -> F64:
@@ -109,9 +115,9 @@ def capacity_fragmentation(left: I64, cpu: I64, model: I64, p: ProfileArrays) ->
     by_gpu = per_gpu.sum(axis=-2) // np.maximum(p.gpus, 1)  # [..., T]
     by_cpu = np.where(p.cpu > 0, cpu[..., None] // np.maximum(p.cpu, 1), np.iinfo(np.int64).max)
     usable = np.minimum(by_gpu, by_cpu) * (p.gpus * p.milli)
-    usable = np.where((p.milli > 0) & p.access[model], usable, 0)
+    usable = np.where(p.milli > 0, usable, 0)
     total = left.sum(axis=-1)[..., None]
-    return (total - np.minimum(usable, total)).astype(np.float64) @ p.weight  # type: ignore[no-any-return]
+    return (total - np.minimum(usable, total) * p.access[model]) @ p.weight  # type: ignore[no-any-return]
 
 
 def capacity_fragmentation_after_share(
@@ -133,6 +139,6 @@ def capacity_fragmentation_after_share(
     cpu_after = (cpu - cpu_req)[:, None]
     by_cpu = np.where(p.cpu > 0, cpu_after // np.maximum(p.cpu, 1), np.iinfo(np.int64).max)  # [R, T]
     usable = np.minimum(by_gpu, by_cpu[:, None, :]) * (p.gpus * p.milli)
-    usable = np.where((p.milli > 0) & p.access[model][:, None, :], usable, 0)
+    usable = np.where(p.milli > 0, usable, 0)
     total = (left.sum(axis=1)[:, None] - np.minimum(left, milli))[:, :, None]  # [R, G, 1]
-    return (total - np.minimum(usable, total)).astype(np.float64) @ p.weight  # type: ignore[no-any-return]
+    return (total - np.minimum(usable, total) * p.access[model][:, None, :]) @ p.weight  # type: ignore[no-any-return]

@@ -255,27 +255,62 @@ def score_scarcity(ctx: ScoreContext) -> F64:
 
     Each large shape t the placement would stop this node from hosting costs its frequency ×
     GPUs × (nodes / nodes that can host t now): losing one of 39 hosts of a shape costs 31×
-    what losing one of 1,213 does. The score is 1 − cost: the one scorer that may go below 0,
-    on purpose — as a shape's last hosts go, the penalty must be able to outweigh every other
-    term (bounding it, by clipping or 1/(1+cost), measured worse on openb). Depends on
-    cluster-wide counts, hence volatile.
+    what losing one of 1,213 does. A large shape pinned to GPU models counts only nodes of its
+    models as hosts. The score is 1 − cost: the one scorer that may go below 0, on purpose —
+    as a shape's last hosts go, the penalty must be able to outweigh every other term
+    (bounding it, by clipping or 1/(1+cost), measured worse on openb). Depends on cluster-wide
+    counts, hence volatile.
     """
     large, st, req, rows = ctx.large, ctx.state, ctx.req, ctx.rows
     if large.gpus.size == 0:
         return np.ones(rows.size)
+    access = large.access(st.models)  # [model, shape]
     full_all = st.fully_free().sum(axis=1)
-    hosts = ((full_all[:, None] >= large.gpus) & (st.cpu_free[:, None] >= large.cpu)).sum(axis=0)
+    can = access[st.model_id] & (st.cpu_free[:, None] >= large.cpu)  # [N, shape]
+    hosts = ((full_all[:, None] >= large.gpus) & can).sum(axis=0)
     cost = large.freq * large.gpus * st.n_nodes / np.maximum(hosts, 1)
-    full, cpu = full_all[rows], st.cpu_free[rows]
-    before = (full[:, None] >= large.gpus) & (cpu[:, None] >= large.cpu)
-    cpu_after = cpu - req.cpu_milli
+    full, can_rows = full_all[rows], can[rows]
+    before = (full[:, None] >= large.gpus) & can_rows
+    cpu_ok_after = access[st.model_id[rows]] & (st.cpu_free[rows, None] - req.cpu_milli >= large.cpu)
     if ctx.per_gpu:
         full_after = full[:, None] - (ctx.free_milli >= MILLI_PER_GPU)  # [R, G]: taking GPU g
-        after = (full_after[:, :, None] >= large.gpus) & (cpu_after[:, None, None] >= large.cpu)
+        after = (full_after[:, :, None] >= large.gpus) & cpu_ok_after[:, None, :]
         return 1.0 - ((before[:, None, :] & ~after) * cost).sum(axis=-1)  # type: ignore[no-any-return]
     full_after = full - (req.gpus if req.exclusive else 0)
-    after = (full_after[:, None] >= large.gpus) & (cpu_after[:, None] >= large.cpu)
+    after = (full_after[:, None] >= large.gpus) & cpu_ok_after
     return 1.0 - ((before & ~after) * cost).sum(axis=-1)  # type: ignore[no-any-return]
+
+
+def _reserve_shortfall(share: F64, free_all: F64 | float, free_in_set: F64) -> F64:
+    """Milli-GPU by which the models of each set hold less than their pinned share of all free."""
+    return np.maximum(share * free_all - free_in_set, 0.0)
+
+
+def score_pinned_reserve(ctx: ScoreContext) -> F64:
+    """How far the placement pushes GPU models below what pods pinned to them still need.
+
+    Pods pinned to a set S of models (`PinnedDemand`) ask for `share[S]` of all GPU demand, so
+    until the cluster is full they will claim about that share of whatever capacity is still
+    free, and only S's nodes can give it. When S's free capacity falls below share × all free
+    capacity, every further GPU taken on S by a pod that could have gone elsewhere is a pinned
+    pod turned away later (openb, 20 % of pods pinned: 200 GPUs of T4-pinned pods fail at 100 %
+    arrived under FGD, while 300 GPUs of the largest model stay free). The cost is the growth
+    of that shortfall over all sets, on the scale of `cpu_strand` (0.5 − Δ / 16 GPUs); a pod
+    pinned to S itself pays the same on every node it may use, so only a choice between models
+    is steered. Depends on cluster-wide free capacity, hence volatile.
+    """
+    pinned, st, req, rows = ctx.profile.pinned, ctx.state, ctx.req, ctx.rows
+    if pinned.share.size == 0 or req.gpus == 0:
+        return np.ones(rows.size)
+    free_node = np.where(st.usable_gpus(), st.gpu_milli_free, 0).sum(axis=1)
+    free_model = np.bincount(st.model_id, weights=free_node, minlength=len(st.models))
+    free_set = np.asarray(pinned.sets @ free_model, dtype=np.float64)  # [S]
+    free_all = float(free_model.sum())
+    before = _reserve_shortfall(pinned.share, free_all, free_set).sum()
+    taken = float(req.gpu_milli_total)
+    in_set = pinned.sets[:, st.model_id[rows]].T  # [R, S]
+    after = _reserve_shortfall(pinned.share, free_all - taken, free_set - taken * in_set).sum(axis=1)
+    return np.clip(0.5 - (after - before) / (2 * MAX_SPEC_GPU), 0.0, 1.0)  # type: ignore[no-any-return]
 
 
 def score_availability(ctx: ScoreContext) -> F64:
@@ -345,6 +380,7 @@ SCORERS: dict[str, Scorer] = {
         Scorer("share_waste", score_share_waste),
         Scorer("cpu_strand", score_cpu_strand),
         Scorer("scarcity", score_scarcity, volatile=True),
+        Scorer("pinned_reserve", score_pinned_reserve, volatile=True),
         Scorer("availability", score_availability),
         Scorer("topology", score_topology),
         Scorer("model_cache", score_model_cache),

@@ -142,6 +142,27 @@ def test_cached_decisions_equal_a_fresh_engines(nodes, policy: str) -> None:
     state.check_invariants()
 
 
+def test_pods_pinned_to_different_models_share_one_cache_entry(nodes) -> None:
+    state = ClusterState([nodes.t4("t4"), nodes.dgx("a100"), nodes.t4("t4-off"), nodes.cpu("cpu")])
+    state.set_node_schedulable(state.index["t4-off"], False)
+    engine = PlacementEngine(state, "default")
+    pinned = [PodRequest("any", gpus=1), PodRequest("t", gpus=1, gpu_models=("T4",))]
+    pinned.append(PodRequest("a", gpus=1, gpu_models=("A100",)))
+    where = [engine.place(r) for r in pinned]
+    assert len(engine._cache) == 1
+    assert [p.node if p else None for p in where] == ["t4", "t4", "a100"]
+    # The first filter to reject still names the node: unschedulable before a model mismatch.
+    assert engine.reasons(pinned[2]) == {
+        "t4": "gpu model mismatch",
+        "t4-off": "node unschedulable",
+        "cpu": "gpu model mismatch",
+    }
+    assert engine.reasons(pinned[0]) == {
+        "t4-off": "node unschedulable",
+        "cpu": "node has fewer gpus than requested",
+    }
+
+
 def test_cache_notices_health_and_schedulability_changes(nodes) -> None:
     state = ClusterState([nodes.t4("a"), nodes.t4("b")])
     engine = PlacementEngine(state, "bestfit")

@@ -51,7 +51,7 @@ def hold(engine: PlacementEngine, node: str, gpus: dict[int, int], cpu: int = 0,
 def test_scorer_table_names_match() -> None:
     assert all(name == s.name for name, s in SCORERS.items())
     # Volatile: depends on more than the scored rows (randomness; cluster-wide host counts).
-    assert {n for n, s in SCORERS.items() if s.volatile} == {"random", "scarcity"}
+    assert {n for n, s in SCORERS.items() if s.volatile} == {"random", "scarcity", "pinned_reserve"}
 
 
 # ---- paper baselines -------------------------------------------------------------------------
@@ -268,6 +268,57 @@ def test_scarcity_guards_the_last_hosts_of_a_large_shape(nodes) -> None:
     # No large shape in the workload: neutral everywhere.
     plain = engine_for([big, *small], "scarcity", WorkloadProfile.from_requests([PodRequest(gpus=1)]))
     assert set(scores(plain, PodRequest("p", gpus=1)).values()) == {1.0}
+
+
+def test_scarcity_counts_only_hosts_of_the_models_a_large_shape_may_use(nodes) -> None:
+    """8-GPU pods pinned to H100: the one H100 node is their only host, though A100s are as big."""
+    h100 = nodes.dgx("h100", model="H100-SXM5-80GB")
+    a100 = [nodes.dgx(f"a{k}") for k in range(3)]
+    pinned = [PodRequest(cpu_milli=8000, gpus=8, gpu_models=("H100",))]
+    profile = WorkloadProfile.from_requests(pinned + [PodRequest(cpu_milli=8000, gpus=1)] * 20)
+    engine = engine_for([h100, *a100], "scarcity", profile)
+    s = scores(engine, PodRequest("p", cpu_milli=8000, gpus=1))
+    assert s["h100"] < s["a0"] == s["a1"] == s["a2"] == 1.0
+    placement = engine.place(PodRequest("p", cpu_milli=8000, gpus=1))
+    assert placement is not None and placement.node != "h100"
+    # Unpinned, the same pods have four hosts: losing the H100 costs as much as losing an A100.
+    plain = WorkloadProfile.from_requests(
+        [PodRequest(cpu_milli=8000, gpus=8)] + [PodRequest(cpu_milli=8000, gpus=1)] * 20
+    )
+    assert (
+        len(set(scores(engine_for([h100, *a100], "scarcity", plain), PodRequest("p", gpus=1)).values())) == 1
+    )
+
+
+def test_pinned_reserve_keeps_a_scarce_models_nodes_for_pinned_demand(nodes) -> None:
+    """Two T4 nodes (8 GPUs) and four A100 nodes (32): 30 % of GPU demand may only use T4.
+
+    Pinned pods will claim 30 % of the 40 free GPUs, 12, and T4 holds 8: a shortfall of 4. An
+    unpinned GPU on T4 deepens it by 0.7 GPU (T4 loses 1, the need falls by 0.3); on an A100 it
+    shrinks by 0.3. Scores: 0.5 − 700/16000 and 0.5 + 300/16000.
+    """
+    specs = [nodes.t4("t0"), nodes.t4("t1")] + [nodes.dgx(f"a{k}") for k in range(4)]
+    pods = [PodRequest(cpu_milli=1000, gpus=1, gpu_models=("T4",))] * 3 + [
+        PodRequest(cpu_milli=1000, gpus=1)
+    ] * 7
+    engine = engine_for(specs, "pinned_reserve", WorkloadProfile.from_requests(pods))
+    s = scores(engine, PodRequest("p", cpu_milli=1000, gpus=1))
+    assert s["t0"] == s["t1"] == pytest.approx(0.5 - 700 / 16000)
+    assert all(s[f"a{k}"] == pytest.approx(0.5 + 300 / 16000) for k in range(4))
+    placement = engine.place(PodRequest("p", cpu_milli=1000, gpus=1))
+    assert placement is not None and placement.node.startswith("a")
+    # A pod that lists T4 and A100 goes to the A100s too; one pinned to T4 sees one score.
+    listed = engine.place(PodRequest("l", cpu_milli=1000, gpus=1, gpu_models=("T4", "A100")))
+    assert listed is not None and listed.node.startswith("a")
+    assert len(set(scores(engine, PodRequest("t", gpus=1, gpu_models=("T4",))).values())) == 1
+    # T4 still holds more than its pinned share (5 %: 2 of 40 GPUs): no steering at all.
+    few = [PodRequest(cpu_milli=1000, gpus=1, gpu_models=("T4",))] + [PodRequest(cpu_milli=1000, gpus=1)] * 19
+    loose = engine_for(specs, "pinned_reserve", WorkloadProfile.from_requests(few))
+    assert set(scores(loose, PodRequest("p", cpu_milli=1000, gpus=1)).values()) == {0.5}
+    # No pinned pods, or a CPU-only request: neutral.
+    plain = engine_for(specs, "pinned_reserve", WorkloadProfile.from_requests([PodRequest(gpus=1)]))
+    assert set(scores(plain, PodRequest("p", gpus=1)).values()) == {1.0}
+    assert set(scores(engine, PodRequest("c", cpu_milli=1000)).values()) == {1.0}
 
 
 def test_availability_scores_a_tight_fit_higher(nodes) -> None:

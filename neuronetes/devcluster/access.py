@@ -70,8 +70,7 @@ def extender_rules() -> list[dict[str, Any]]:
     - gangreservations: the informer (list+watch), server-side apply of the reservations it
       holds (patch; create: an apply that creates the object), deletion when a group ends, and
       their status (patch);
-    - podgroups of scheduling-plugins and Volcano: gang sizes and timeouts (list+watch; get for
-      the request-time lookup of an extender that does not watch them yet).
+    - podgroups of scheduling-plugins and Volcano: gang sizes and timeouts, from a watch.
     """
     watch = ["list", "watch"]
     return [
@@ -89,7 +88,7 @@ def extender_rules() -> list[dict[str, Any]]:
         {
             "apiGroups": ["scheduling.x-k8s.io", "scheduling.volcano.sh"],
             "resources": ["podgroups"],
-            "verbs": ["get", *watch],
+            "verbs": watch,
         },
     ]
 

@@ -1,16 +1,18 @@
 """A local Kubernetes control plane on loopback with simulated GPU nodes, and NeuroNetes beside it.
 
-etcd, kube-apiserver, kube-controller-manager (optional), kube-scheduler (stock profile plus the
-``neuronetes-scheduler`` profile) and kwok (running the nodes annotated ``kwok.x-k8s.io/node=fake``)
-run as host processes, each in its own process group, and so does the NeuroNetes extender when
-the cluster runs its own: one extender beside each kube-scheduler, under its own ServiceAccount
+etcd, kube-apiserver, kube-controller-manager (optional), the cluster's kube-scheduler (process
+``default-scheduler``, the stock profile), NeuroNetes' kube-scheduler (the ``neuronetes-scheduler``
+profile) and kwok (running the nodes annotated ``kwok.x-k8s.io/node=fake``) run as host processes,
+each in its own process group, and so does the NeuroNetes extender when the cluster runs its own:
+one extender beside each NeuroNetes kube-scheduler, under its own ServiceAccount
 (`neuronetes.devcluster.access`), configured by the documents of `neuronetes.devcluster.config`.
 With two or more schedulers, kube-scheduler's leader election picks the active pair; the
 standby's extender keeps its watches (a warm cache) and takes over with it.
 
 Everything a cluster owns lives in its state folder, ``~/.cache/neuronetes/clusters/<name>/``:
-``state.json`` (ports, process records), ``kubeconfig`` (admin), ``extender.kubeconfig``,
-``logs/<component>.log``, credentials and etcd's data.
+``state.json`` (ports, process records), ``kubeconfig`` (admin), ``scheduler.kubeconfig``,
+``extender.kubeconfig``, the rendered configurations, ``logs/<component>.log``, credentials and
+etcd's data.
 
 A cluster is started fresh by `DevCluster.up` (no state is kept from an earlier run) and
 `DevCluster.down` stops every process it started; both may be called from any process (the CLI,

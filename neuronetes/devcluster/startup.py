@@ -1,8 +1,9 @@
 """Bringing one run of a dev cluster up, in order.
 
-etcd → kube-apiserver (then the admin kubeconfig, and TLS verified from here on) →
-kube-controller-manager and kwok → the CRDs (Established) and the admission policies → the
-extender's identity and settings → each kube-scheduler + extender pair → every process healthy.
+etcd → kube-apiserver (then the admin and kube-scheduler kubeconfigs; TLS verified from here on)
+→ kube-controller-manager, the cluster's default-scheduler and kwok → the CRDs (Established) and
+the admission policies → the extender's identity and settings, the Lease role → each NeuroNetes
+kube-scheduler + extender pair → every process healthy.
 `spawn_pairs` also restarts kube-scheduler with another extender on a running cluster.
 """
 

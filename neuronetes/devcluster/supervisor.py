@@ -59,7 +59,7 @@ class Supervisor:
         return "\n".join(text.splitlines()[-lines:])
 
     def kill(self, state: RunState, names: Sequence[str]) -> None:
-        """SIGKILL the named processes' groups (a crash: no grace, no clean-up)."""
+        """SIGKILL the named processes' groups (a crash: no grace, no clean-up); return once dead."""
         for name in names:
             rec = state.processes.get(name)
             if rec is None:
@@ -67,7 +67,11 @@ class Supervisor:
             if procs.is_running(rec):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(rec.pid, signal.SIGKILL)
-        self.reap()
+        killed = [state.processes[n] for n in names]
+        deadline = time.monotonic() + 5.0
+        while any(procs.is_running(r) for r in killed) and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.01)
 
     def restart(
         self, state: RunState, name: str, probe: Callable[[], tuple[bool, str]], deadline: float

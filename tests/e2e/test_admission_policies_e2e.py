@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from e2e_cluster import E2ECluster, wait_until
-from gpu_workload import gpu_pod
+from pod_builder import container, manifest
 
 from neuronetes import contracts as c
 
@@ -89,9 +89,7 @@ def create(cluster: E2ECluster, token: str | None, obj: dict[str, Any]) -> Any:
 
 def unscheduled(name: str, limits: dict[str, int] | None = None, **meta: Any) -> dict[str, Any]:
     """A pod no scheduler picks up (schedulerName nobody runs): the test binds it itself."""
-    pod = gpu_pod(
-        name, NAMESPACE, limits or {}, spec={"schedulerName": "nobody", "nodeSelector": dict([NODE_LABEL])}
-    )
+    pod = manifest(name, limits, namespace=NAMESPACE, scheduler="nobody", node_selector=dict([NODE_LABEL]))
     pod["metadata"].update(meta)
     return pod
 
@@ -129,13 +127,11 @@ def test_gpu_pod_with_preset_node_name_is_refused(
     cluster: E2ECluster, tokens: dict[str, str], where: str, resource: str
 ) -> None:
     limits = {resource: 1}
-    pod = gpu_pod(
-        f"preset-{where}-{resource.rsplit('/', 1)[1].replace('.', '-')}",
-        NAMESPACE,
-        {} if where == "init" else limits,
-        init_limits=limits if where == "init" else None,
-        spec={"nodeName": "policy-cpu-0"},
-    )
+    name = f"preset-{where}-{resource.rsplit('/', 1)[1].replace('.', '-')}"
+    if where == "init":
+        pod = manifest(name, namespace=NAMESPACE, init=[container("prep", limits)], node="policy-cpu-0")
+    else:
+        pod = manifest(name, limits, namespace=NAMESPACE, node="policy-cpu-0")
     got = create(cluster, None, pod)  # not even the admin
     assert got.returncode != 0
     assert "neuronetes.io-gpu-pods-are-scheduled" in got.stderr and "spec.nodeName is preset" in got.stderr
@@ -143,7 +139,7 @@ def test_gpu_pod_with_preset_node_name_is_refused(
 
 
 def test_pods_without_gpus_may_preset_their_node(cluster: E2ECluster, tokens: dict[str, str]) -> None:
-    pod = gpu_pod("preset-cpu", NAMESPACE, {}, spec={"nodeName": "policy-cpu-0"})
+    pod = manifest("preset-cpu", namespace=NAMESPACE, node="policy-cpu-0")
     assert create(cluster, tokens["tenant"], pod).returncode == 0
 
 
@@ -210,12 +206,8 @@ def test_only_the_extender_writes_the_assignment(cluster: E2ECluster, tokens: di
 
 
 def test_ordinary_pods_are_scheduled_and_bound(cluster: E2ECluster, tokens: dict[str, str]) -> None:
-    pod = gpu_pod(
-        "plain",
-        NAMESPACE,
-        {},
-        spec={"schedulerName": "default-scheduler", "nodeSelector": dict([NODE_LABEL])},
-    )
+    selector = dict([NODE_LABEL])
+    pod = manifest("plain", namespace=NAMESPACE, scheduler="default-scheduler", node_selector=selector)
     assert create(cluster, tokens["tenant"], pod).returncode == 0
     wait_until(
         lambda: pod_json(cluster, "plain")["spec"].get("nodeName"), timeout=60, what="kube-scheduler's bind"

@@ -30,6 +30,8 @@ def test_demo_places_every_sample_pod_and_explains_why() -> None:
     text = out.getvalue()
     lines = text.splitlines()
     assert "gang llm-train (4 x 2 GPUs, same-node): all on dgx-" in text
+    assert f"no {PLACED_REASON} Event" not in text
+    assert "(one nvlink group (nvlink group 0))" in text  # the NVLink pod and the gang members
     names = [p["metadata"]["name"] for p in sample_pods()]
     for pod in names:
         (row,) = [k for k, line in enumerate(lines) if line.split()[:1] == [pod]]
@@ -40,5 +42,5 @@ def test_demo_places_every_sample_pod_and_explains_why() -> None:
             assert "insufficient gpu memory on any GPU" in why
         else:
             assert phase == "Running" and gpus and "=GPU-" in gpus[0]
-            # The extender's placement Event names the node; until it posts one, the demo says so.
-            assert node in why or f"no {PLACED_REASON} Event" in why, why
+            # Read from the extender's placement Event: node, GPUs, why, the score terms.
+            assert why.startswith(f"node {node}, gpus ") and "; " in why, why

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from e2e_cluster import STARTED, ensure_toolchain, track, wait_until
-from gpu_workload import gpu_pod
+from pod_builder import manifest
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import POLICIES_DIR, DevCluster
@@ -62,8 +62,10 @@ def native(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
 
 def member(name: str, group: str, native_group: str | None) -> dict[str, Any]:
     labels = {c.LABEL_GANG: group, c.LABEL_GANG_SIZE: "4"}
-    spec = {"schedulingGroup": {"podGroupName": native_group}} if native_group else {}
-    return gpu_pod(name, NAMESPACE, {c.RESOURCE_GPU: 2}, labels=labels, spec=spec)
+    pod = manifest(name, {c.RESOURCE_GPU: 2}, namespace=NAMESPACE, labels=labels)
+    if native_group:
+        pod["spec"]["schedulingGroup"] = {"podGroupName": native_group}
+    return pod
 
 
 def test_the_1_36_pod_field_is_scheduling_group(native: DevCluster) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,8 @@ from neuronetes.devcluster.access import (
 from neuronetes.devcluster.api import object_path
 from neuronetes.devcluster.components import Layout, extender_argv, pair_names, scheduler_argv
 from neuronetes.devcluster.config import DEV_LEADER_ELECTION, extender_settings, scheduler_config
-from neuronetes.devcluster.state import RunState
+from neuronetes.devcluster.state import ClusterError, RunState, StateStore
+from neuronetes.devcluster.supervisor import Supervisor
 from neuronetes.devcluster.tools import Toolchain
 
 pytestmark = pytest.mark.unit
@@ -131,8 +133,8 @@ def test_extender_role_holds_exactly_the_calls_its_code_makes() -> None:
         (GROUP, "gangreservations"): watch | {"create", "patch", "delete"},
         (GROUP, "gangreservations/status"): {"patch"},
         (GROUP, "gpunodes"): watch,
-        ("scheduling.x-k8s.io", "podgroups"): watch | {"get"},
-        ("scheduling.volcano.sh", "podgroups"): watch | {"get"},
+        ("scheduling.x-k8s.io", "podgroups"): watch,
+        ("scheduling.volcano.sh", "podgroups"): watch,
     }
     assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in extender_rules())
 
@@ -215,3 +217,23 @@ def test_feature_gates_option() -> None:
     }
     with pytest.raises(ValueError, match="NAME=true"):
         _feature_gates(["GenericWorkload"])
+
+
+def test_a_crashed_process_restarts_with_its_recorded_command_line(tmp_path: Path) -> None:
+    store = StateStore("t", tmp_path / "t")
+    store.wipe()
+    sup = Supervisor(store)
+    state = RunState(name="t", ports={}, versions={})
+    first = sup.spawn(state, "sleeper", ["sleep", "60"])
+    try:
+        assert store.running().processes["sleeper"] == first
+        sup.kill(state, ["sleeper"])
+        assert not procs.is_running(first)
+        with pytest.raises(ClusterError, match="no process 'nope'"):
+            sup.kill(state, ["nope"])
+        sup.restart(state, "sleeper", lambda: (True, ""), time.monotonic() + 5)
+        again = store.running().processes["sleeper"]
+        assert again.argv == first.argv and again.pid != first.pid and procs.is_running(again)
+    finally:
+        sup.stop(state, grace_s=2)
+    assert procs.survivors(store.records()) == []

@@ -1,4 +1,4 @@
-"""GPU pods for the cluster-level e2e tests, and the ledger check on what the API says was bound.
+"""The ledger check of the cluster-level e2e tests, on what the API says was bound.
 
 `no_gpu_given_twice` reads bound pods the way a user would (``spec.nodeName`` and the
 ``neuronetes.io/assigned-gpus`` annotation, decoded with `neuronetes.contracts.decode_assignment`)
@@ -13,47 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from neuronetes import contracts as c
-from neuronetes.devcluster.profiles import KWOK_TAINT, LABEL_PROFILE, profile
-
-
-def gpu_pod(
-    name: str,
-    namespace: str,
-    limits: Mapping[str, int],
-    *,
-    labels: Mapping[str, str] | None = None,
-    annotations: Mapping[str, str] | None = None,
-    init_limits: Mapping[str, int] | None = None,
-    spec: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A pod for the ``neuronetes-scheduler`` on kwok nodes; `spec` adds or overrides spec fields."""
-
-    def ctr(cname: str, lim: Mapping[str, int]) -> dict[str, Any]:
-        return {
-            "name": cname,
-            "image": "registry.example/worker:1",
-            "resources": {"limits": {k: str(v) for k, v in lim.items()}, "requests": {"cpu": "100m"}},
-        }
-
-    body: dict[str, Any] = {
-        "schedulerName": c.SCHEDULER_NAME,
-        "containers": [ctr("main", limits)],
-        "tolerations": [dict(KWOK_TAINT, operator="Equal")],
-    }
-    if init_limits is not None:
-        body["initContainers"] = [ctr("prep", init_limits)]
-    body.update(spec or {})
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": dict(labels or {}),
-            "annotations": dict(annotations or {}),
-        },
-        "spec": body,
-    }
+from neuronetes.devcluster.profiles import LABEL_PROFILE, profile
 
 
 def gpu_memory_of(nodes: Iterable[Mapping[str, Any]]) -> dict[str, int]:

@@ -33,11 +33,12 @@ from .app import create_app
 from .cache import GpuCache
 from .config import ConfigError, SettingsSource
 from .events import EventRecorder
+from .feeds import Reflectors, start_reflectors
 from .kube import AsyncKube, KubeApi, KubeError
 from .metrics import ExtenderMetrics
 from .reservations import GroupDirectory, ReservationStore
 from .service import ExtenderService
-from .watch import Reflector, Reflectors, WatchHealth, start_reflectors
+from .watch import Reflector, WatchHealth
 
 __all__ = [
     "Extender",

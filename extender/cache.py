@@ -29,13 +29,14 @@ from collections.abc import Callable, Iterable, Sequence
 
 from neuronetes.api.models import GPUNode
 from neuronetes.engine.policy import Policy
-from neuronetes.model import Locality, NodeSpec, PodRequest
+from neuronetes.model import NodeSpec
 
 from . import decisions as d
 from .config import ExtenderSettings, SettingsSource
+from .gang_facade import GangFacade
 from .gang_manager import GangListener, GangManager
-from .gangs import GangGroup, GangSpec, RestoredGang
-from .holds import HoldBook
+from .gangs import GangSpec
+from .holds import HoldBook, pod_of_hold
 from .ledger import Ledger
 from .pods import PodInfo
 from .results import (
@@ -49,7 +50,7 @@ from .results import (
     Hold,
     PodUnknownError,
 )
-from .snapshot import NodeLookup, Snapshot
+from .snapshot import NodeLookup, Snapshot, check_books
 from .store import GPUNODES, RESOURCES, ClusterStore
 from .wire import Node, Pod
 
@@ -72,8 +73,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class GpuCache:
-    """The extender's picture of the cluster's GPUs (thread-safe)."""
+class GpuCache(GangFacade):
+    """The extender's picture of the cluster's GPUs (thread-safe); gang methods in `GangFacade`."""
 
     def __init__(
         self,
@@ -315,9 +316,10 @@ class GpuCache:
                 self._upsert(PodInfo.from_pod(pod))
                 return
             info = self._store.pods.get(plan.pod)
-            if info is None:
-                return  # the watch will report the pod (its allocation is recorded above)
-            self._upsert(info.bound_to(plan.node, plan.assignment))
+            if info is None and hold is not None:  # fetched at bind, not yet seen by the watch
+                info = pod_of_hold(plan.pod, hold)
+            if info is not None:
+                self._upsert(info.bound_to(plan.node, plan.assignment))
 
     def refine_victims(self, pod: PodInfo, node: str, victims: Sequence[tuple[str, int]]) -> list[str] | None:
         """The fewest of `victims` ((pod identity, priority)) whose removal lets `pod` onto `node`
@@ -326,103 +328,6 @@ class GpuCache:
             self._ensure()
             engine = d.scratch_engine(self._parts, pod, node)
         return None if engine is None else d.fewest_victims(engine, pod.request, victims)
-
-    # ---- gang reservations ---------------------------------------------------------------------
-    @property
-    def on_gang_change(self) -> GangListener | None:
-        """Told of every change of a gang reservation (under the lock: it must not block)."""
-        return self._gangs.on_change
-
-    @on_gang_change.setter
-    def on_gang_change(self, listener: GangListener | None) -> None:
-        with self._lock:
-            self._gangs.on_change = listener
-
-    def set_barrier_listener(self, fn: Callable[[str], None] | None) -> None:
-        """`fn(group_id)` is called (under the lock: it must not block) whenever a group's
-        barrier state may have changed: a member arrived, it opened, expired, was released or
-        failed. A waiting bind then asks `gang_arrive` again."""
-        with self._lock:
-            self._barrier_listener = fn
-
-    def _barrier_changed(self, group_id: str) -> None:
-        self._cond.notify_all()
-        fn = self._barrier_listener
-        if fn is not None:
-            fn(group_id)
-
-    def gang_arrive(self, plan: BindPlan) -> BarrierState:
-        """`plan`'s member is at bind: the barrier says open, wait or failed (never blocks;
-        idempotent: a member counts as arrived from its first call)."""
-        with self._lock:
-            self._ensure()
-            return self._gangs.arrive(plan)
-
-    def fail_waiting_binds(self, reason: str) -> None:
-        """Shutdown: every member waiting at (or reaching) a barrier gets "failed" with `reason`."""
-        with self._lock:
-            self._gangs.fail_waiting(reason)
-
-    def await_gang(self, plan: BindPlan, *, timeout: float | None = None) -> str | None:
-        """The blocking form of `gang_arrive` for a threaded caller: None when the Binding may be
-        posted, else why not (the barrier failed, or `timeout` passed first)."""
-        give_up = None if timeout is None else self._clock() + timeout
-        with self._cond:
-            while True:
-                state = self.gang_arrive(plan)
-                if state.status == "open":
-                    return None
-                if state.status == "failed":
-                    return state.reason
-                now = self._clock()
-                if give_up is not None and now >= give_up:
-                    return f"{state.reason.split(';')[0]}; still waiting"
-                limit = state.deadline if give_up is None else min(state.deadline, give_up)
-                self._cond.wait(min(max(limit - now, 0.01), 0.5))
-
-    def restore_gangs(self, restored: Iterable[RestoredGang]) -> int:
-        """Hold the slots of reservations read from the API (a restart, or a standby following
-        the active extender); may be called again with the current set: known groups stay as
-        they are, new ones are restored. Returns how many groups were restored now."""
-        with self._lock:
-            self._ensure()
-            return self._gangs.restore(restored)
-
-    def release_gang(self, group_id: str, reservation_id: str | None = None) -> int:
-        """Release every slot of `group_id` (only if it is still `reservation_id`, when given)."""
-        with self._lock:
-            return self._gangs.release(group_id, reservation_id)
-
-    def reserve_group(
-        self,
-        group: str,
-        members: Sequence[PodRequest],
-        locality: Locality = Locality.ANY,
-        ttl: float | None = None,
-    ) -> tuple[Hold, ...] | None:
-        """Hold GPUs for every member of `group` at once, or for none (slots expire together after
-        `ttl`, default the assume TTL, unless released; members claim them at their filter)."""
-        with self._lock:
-            self._ensure()
-            existing = self._gangs.groups.get(group)
-            if existing is not None:
-                self._gangs.end(existing, "Released")
-            namespace, _, name = group.rpartition("/")
-            ttl = self._snap.settings.assume_ttl_seconds if ttl is None else ttl
-            planned = self._gangs.plan(group, namespace, name, len(members), members, locality, ttl)
-            if planned is None:
-                return None
-            return tuple(h for s in planned.slots if (h := self._holds.get(s.alloc_id)) is not None)
-
-    def tick(self) -> None:
-        """Apply what time has done (expired holds and reservations) without a decision."""
-        with self._lock:
-            self._ensure()
-
-    def gangs(self) -> list[GangGroup]:
-        with self._lock:
-            self._ensure()
-            return list(self._gangs.groups.values())
 
     # ---- introspection -------------------------------------------------------------------------
     @property
@@ -433,26 +338,11 @@ class GpuCache:
             return self._snap.engine.policy
 
     def check_invariants(self) -> None:
-        """`ClusterState.check_invariants` plus: every allocation belongs to a pod or a hold, and
-        every hold on a known node holds something. Raises `CacheInvariantError`."""
+        """`snapshot.check_books`: nothing oversubscribed, leaked or held for nothing (raises
+        `CacheInvariantError`)."""
         with self._lock:
             self._ensure()
-            st = self._snap.state
-            try:
-                st.check_invariants()
-            except AssertionError as exc:
-                raise CacheInvariantError(f"cluster state: {exc}") from None
-            for alloc_id in st.allocations:
-                owned = (
-                    alloc_id[4:] in self._store.pods
-                    if alloc_id.startswith("pod/")
-                    else alloc_id in self._holds
-                )
-                if not owned:
-                    raise CacheInvariantError(f"leaked allocation {alloc_id}")
-            for hold in self._holds:
-                if hold.node in st.index and hold.alloc_id not in st.allocations:  # else dormant
-                    raise CacheInvariantError(f"hold {hold.alloc_id} holds nothing")
+            check_books(self._snap.state, self._store.pods.keys(), self._holds)
 
     def holds(self) -> list[Hold]:
         with self._lock:

@@ -1,13 +1,14 @@
 """The extender's decisions as functions over a snapshot: filter, prioritize, bind planning and
 preemption refinement (kube-scheduler's framework, for one extender).
 
-Each takes the cache's parts (`Parts`: the snapshot, the store, the holds, the ledger and the
-gang manager) with the cache's lock held, and returns a typed result (`FilterDecision`, scores,
+Each takes the cache's parts (`Parts`: the snapshot, the store, the holds and the gang manager)
+with the cache's lock held, and returns a typed result (`FilterDecision`, scores,
 `BindPlan`) or raises `BindRefusedError` / `PodUnknownError` with a reason.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Final
@@ -25,7 +26,7 @@ from neuronetes.model import Placement, PodRequest
 
 from .config import ExtenderSettings
 from .gang_manager import GangManager
-from .gangs import GangSpec
+from .gangs import GangSpec, gang_assignment
 from .holds import HoldBook, owned_by
 from .nodefit import node_fit_reason
 from .pods import PodInfo
@@ -51,6 +52,8 @@ __all__ = [
     "prioritize",
     "scratch_engine",
 ]
+
+log = logging.getLogger(__name__)
 
 REASON_UNKNOWN_NODE: Final = "node not in the gpu inventory yet"
 _MAX_REASON: Final = 240
@@ -156,6 +159,7 @@ def _assume(parts: Parts, pod: PodInfo, placement: Placement, explanation: Expla
         **owned_by(pod),
     )
     if not parts.holds.allocate(snap.state, hold):
+        log.error("engine placement of %s on %s does not fit the state it was made on", pod.key, hold.node)
         return None
     hold = replace(hold, grants=snap.state.allocations[hold.alloc_id].grants)
     parts.holds.put(hold)
@@ -301,7 +305,7 @@ def prepare_bind(parts: Parts, pod_id: str, node: str, pod: PodInfo | None) -> B
     uid = info.assignment_uid
     try:
         assignment = build_assignment(
-            placement, snap.state.nodes[i], hold.gpu, pod_uid=uid, gang=GangManager.assignment_of(group)
+            placement, snap.state.nodes[i], hold.gpu, pod_uid=uid, gang=gang_assignment(group)
         )
     except ValueError as exc:
         if group is None:

@@ -17,9 +17,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
-import msgspec
-
-from neuronetes import contracts as c
 from neuronetes.engine.gang import plan_gang
 from neuronetes.model import Locality, NodeSpec, Placement, PodRequest
 
@@ -278,15 +275,6 @@ class GangManager:
             violated_locality(st, placement),
             explanation,
         )
-
-    @staticmethod
-    def assignment_of(group: GangGroup | None) -> c.GangAssignment | None:
-        if group is None:
-            return None
-        try:
-            return msgspec.convert({"name": group.name, "size": group.size}, c.GangAssignment)
-        except msgspec.ValidationError:
-            return None  # e.g. a Volcano group name longer than a label value: not recorded
 
     # ---- the bind barrier ----------------------------------------------------------------------
     def arrive(self, plan: BindPlan) -> BarrierState:

@@ -1,7 +1,7 @@
 """Gang reservations: the GPUs held for every member of a pod group until all of them bind.
 
 kube-scheduler has no gang support an extender can use (no Permit phase for extenders), so the
-extender does it itself (DESIGN.md §3, REFERENCE.md "Gang scheduling conventions"):
+extender does it itself (docs/contracts.md "Gang labels"):
 
 1. At the first member's filter the whole group is planned at once (`plan_gang`: every member
    or none, honouring the group's locality) and each member's GPUs are held in a *slot* with the
@@ -39,6 +39,7 @@ __all__ = [
     "RestoredGang",
     "decode_reservation",
     "encode_reservation",
+    "gang_assignment",
     "reservation_name",
     "same_shape",
 ]
@@ -119,6 +120,16 @@ class RestoredGang:
     slots: tuple[GangSlot, ...]
     reservation_id: str
     phase: str
+
+
+def gang_assignment(group: GangGroup | None) -> c.GangAssignment | None:
+    """What a member's assignment records of its gang (None: no gang, or a name too long)."""
+    if group is None:
+        return None
+    try:
+        return msgspec.convert({"name": group.name, "size": group.size}, c.GangAssignment)
+    except msgspec.ValidationError:
+        return None  # e.g. a Volcano group name longer than a label value: not recorded
 
 
 def _amounts(r: PodRequest) -> tuple[object, ...]:

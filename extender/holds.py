@@ -19,7 +19,7 @@ from neuronetes.inventory import ClusterState, OversubscriptionError
 from .pods import PodInfo
 from .results import Hold
 
-__all__ = ["HoldBook", "owned_by"]
+__all__ = ["HoldBook", "owned_by", "pod_of_hold"]
 
 
 def owned_by(pod: PodInfo) -> dict[str, Any]:
@@ -32,6 +32,28 @@ def owned_by(pod: PodInfo) -> dict[str, Any]:
         "name": pod.name,
         "priority": pod.priority,
     }
+
+
+def pod_of_hold(pod_id: str, hold: Hold) -> PodInfo:
+    """The pending pod a hold was made for, rebuilt from the hold (the watch has not shown it)."""
+    req = hold.request
+    return PodInfo(
+        id=pod_id,
+        uid=hold.uid,
+        namespace=hold.namespace,
+        name=hold.name,
+        node="",
+        phase="Pending",
+        deleting=False,
+        priority=hold.priority,
+        cpu_milli=req.cpu_milli,
+        memory_mib=req.memory_mib,
+        gpu=hold.gpu,
+        gpu_error="",
+        assignment=None,
+        assignment_error="",
+        resource_version="",
+    )
 
 
 class HoldBook:

@@ -1,8 +1,9 @@
 """Node objects → `NodeSpec`: the GPU inventory read from node labels and capacity.
 
 Until the node agent publishes `GPUNode` objects (per-GPU UUIDs, NVLink peers, NUMA nodes), the
-extender builds each node's GPUs from what the agent already writes on the Node (seed 004
-labels, DESIGN.md §2; `neuronetes.devcluster.profiles` writes the same for simulated nodes):
+extender builds each node's GPUs from what the agent already writes on the Node (the labels of
+docs/contracts.md "Node labels"; `neuronetes.devcluster.profiles` writes the same for simulated
+nodes):
 
 - GPU count: ``neuronetes.io/gpu-count``; of these, the ``neuronetes.io/gpu`` in allocatable are
   whole/shareable GPUs and the rest are in MIG mode (listed after the others);

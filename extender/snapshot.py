@@ -4,19 +4,20 @@ small reads every decision makes of it (a request's node rows, a placement's loc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from neuronetes.engine import PlacementEngine
-from neuronetes.inventory import ClusterState
+from neuronetes.inventory import ClusterState, StateInvariantError
 from neuronetes.model import Locality, NodeSpec, Placement
 
 from .config import ExtenderSettings
+from .results import CacheInvariantError, Hold
 
-__all__ = ["NodeLookup", "Snapshot", "violated_locality"]
+__all__ = ["NodeLookup", "Snapshot", "check_books", "violated_locality"]
 
 
 def _engine(state: ClusterState, settings: ExtenderSettings) -> PlacementEngine:
@@ -99,3 +100,24 @@ def violated_locality(state: ClusterState, placement: Placement) -> str | None:
     else:
         ok = len({int(state.gpu_socket[i, j]) for j in cols}) == 1
     return None if ok else req.locality.value
+
+
+def check_books(state: ClusterState, pod_ids: Collection[str], holds: Iterable[Hold]) -> None:
+    """`ClusterState.check_invariants` plus: every allocation belongs to a known pod
+    (``pod/<id>``) or a hold, and every hold on a known node holds something.
+
+    Raises:
+        CacheInvariantError: the first disagreement found.
+    """
+    try:
+        state.check_invariants()
+    except StateInvariantError as exc:
+        raise CacheInvariantError(f"cluster state: {exc}") from None
+    held = {h.alloc_id: h for h in holds}
+    for alloc_id in state.allocations:
+        owned = alloc_id[4:] in pod_ids if alloc_id.startswith("pod/") else alloc_id in held
+        if not owned:
+            raise CacheInvariantError(f"leaked allocation {alloc_id}")
+    for hold in held.values():
+        if hold.node in state.index and hold.alloc_id not in state.allocations:  # else dormant
+            raise CacheInvariantError(f"hold {hold.alloc_id} holds nothing")

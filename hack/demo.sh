@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Set up the virtual environment and the local control plane (built once from the Go module
 # proxy, cached under ~/.cache/neuronetes), then run the demo: a local cluster with simulated GPU
-# nodes (kwok), kube-scheduler calling the NeuroNetes extender, sample GPU pods (whole GPUs,
-# NVLink, shared slices, MIG, a gang, one that fits nowhere) and where each landed and why.
+# nodes (kwok), kube-scheduler with the NeuroNetes extender beside it (host processes, the
+# extender under its own ServiceAccount), the admission policies of manifests/policies, sample GPU
+# pods (whole GPUs, NVLink, shared slices, MIG, a gang, one that fits nowhere) and where each
+# landed and why, read from the API (pods, their assignment annotation, Events).
 #   NEURONETES_DEMO_KEEP=1   leave the cluster running (neuronetes dev cluster down --name demo)
 # The placement-quality simulation on the openb traces: see README ("Simulator").
 set -euo pipefail

@@ -410,7 +410,7 @@ def pod_gpu_request(pod: Mapping[str, Any], *, name: str | None = None) -> PodGp
     gpu_asks = [a for a in asks if a.kind is not None]
     if not gpu_asks:
         return None
-    kinds = {a.kind for a in gpu_asks}
+    kinds = {a.kind for a in gpu_asks if a.kind is not None}
     if len(kinds) > 1:
         first_of: dict[GpuKind, str] = {}
         for a in gpu_asks:
@@ -422,7 +422,6 @@ def pod_gpu_request(pod: Mapping[str, Any], *, name: str | None = None) -> PodGp
             f"slice or a MIG instance): {detail}"
         )
     (kind,) = kinds
-    assert kind is not None
 
     cpu = _effective(asks, lambda a: a.cpu_milli)
     memory = _effective(asks, lambda a: a.memory_mib)
@@ -485,7 +484,8 @@ def _gpu_entry(node: NodeSpec, grant: GpuGrant, *, memory_mib: int, compute_perc
 
 
 def _mig_memory_mib(node: NodeSpec, grant: GpuGrant) -> int:
-    assert grant.mig_profile is not None
+    if grant.mig_profile is None:
+        raise ValueError(f"gpu {grant.gpu_index}: not a MIG grant")
     try:
         return catalog_for(node.gpus[grant.gpu_index].model).profile(grant.mig_profile).memory_mib
     except (UnsupportedGpuError, KeyError) as exc:

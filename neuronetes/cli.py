@@ -7,15 +7,19 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from neuronetes.engine.policy import POLICIES
 from neuronetes.model import NodeSpec, PodRequest
 from neuronetes.sim import report
 from neuronetes.sim.simulate import RunResult, parse_seeds, simulate, summarise
 from neuronetes.sim.trace import TraceError, load_nodes, load_pods
+
+if TYPE_CHECKING:
+    from neuronetes.devcluster import DevCluster
 
 
 def _run_one(args: tuple[Sequence[NodeSpec], Sequence[PodRequest], str, int, float]) -> RunResult:
@@ -69,53 +73,51 @@ def cmd_simulate(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_dev_cluster(ns: argparse.Namespace) -> int:
-    # Imported here: `simulate` needs none of it.
-    from neuronetes.devcluster import (
-        BuildError,
-        ClusterError,
-        DevCluster,
-        ExtenderConfig,
-        KubectlError,
-        parse_node_counts,
-    )
+def _feature_gates(items: Sequence[str]) -> dict[str, bool]:
+    """``["GenericWorkload=true,GangScheduling=true"]`` → ``{"GenericWorkload": True, ...}``."""
+    gates: dict[str, bool] = {}
+    for item in ",".join(items).split(","):
+        if not item.strip():
+            continue
+        name, sep, value = item.partition("=")
+        if not sep or value.strip().lower() not in ("true", "false") or not name.strip():
+            raise ValueError(f"--feature-gates {item!r}: use NAME=true or NAME=false")
+        gates[name.strip()] = value.strip().lower() == "true"
+    return gates
+
+
+def _dev_cluster_up(ns: argparse.Namespace, cluster: DevCluster, log: Callable[[str], None]) -> int:
+    from neuronetes.devcluster import POLICIES_DIR, ExtenderConfig, parse_node_counts
     from neuronetes.devcluster.tools import REPO_ROOT
 
-    def log(msg: str) -> None:
-        print(f">> {msg}", file=sys.stderr)
+    try:
+        nodes = parse_node_counts(ns.nodes or [])
+        gates = _feature_gates(ns.feature_gates or [])
+        if ns.schedulers < 1:
+            raise ValueError("--schedulers: at least 1")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    url = ns.extender_url if ns.extender_url is not None else os.environ.get("NEURONETES_EXTENDER_URL")
+    external = ExtenderConfig.from_url(url)
+    seconds = cluster.up(
+        nodes=nodes,
+        extender=external,
+        run_extender=external is None and not ns.no_extender,
+        schedulers=ns.schedulers,
+        feature_gates=gates,
+        controller_manager=False if ns.no_controller_manager else None,
+        crds_dir=None if ns.no_crds else Path(ns.crds) if ns.crds else REPO_ROOT / "crds",
+        policies_dir=None if ns.no_policies else POLICIES_DIR,
+        apiserver_args=[f"--runtime-config={ns.runtime_config}"] if ns.runtime_config else [],
+        auto_build=ns.build,
+    )
+    log(f"cluster {ns.name!r} up in {seconds:.1f} s; logs in {cluster.log_dir}")
+    print(cluster.kubeconfig)
+    return 0
 
-    cluster = DevCluster(ns.name, log=log)
-    if ns.action == "up":
-        try:
-            nodes = parse_node_counts(ns.nodes or [])
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        url = ns.extender_url if ns.extender_url is not None else os.environ.get("NEURONETES_EXTENDER_URL")
-        try:
-            seconds = cluster.up(
-                nodes=nodes,
-                extender=ExtenderConfig.from_url(url),
-                controller_manager=False if ns.no_controller_manager else None,
-                crds_dir=None if ns.no_crds else Path(ns.crds) if ns.crds else REPO_ROOT / "crds",
-                auto_build=ns.build,
-            )
-        except (BuildError, ClusterError, KubectlError, OSError, RuntimeError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        log(f"cluster {ns.name!r} up in {seconds:.1f} s; logs in {cluster.log_dir}")
-        print(cluster.kubeconfig)
-        return 0
-    if ns.action == "down":
-        stopped = cluster.down()
-        log(f"cluster {ns.name!r}: stopped {', '.join(stopped) if stopped else 'nothing (not running)'}")
-        return 0
-    if ns.action == "kubeconfig":
-        if not cluster.kubeconfig.exists():
-            print(f"error: cluster {ns.name!r} has no kubeconfig (is it up?)", file=sys.stderr)
-            return 1
-        print(cluster.kubeconfig)
-        return 0
+
+def _dev_cluster_status(ns: argparse.Namespace, cluster: DevCluster) -> int:
     st = cluster.status()
     if ns.json:
         doc = {
@@ -128,9 +130,16 @@ def cmd_dev_cluster(ns: argparse.Namespace) -> int:
             "apiHealthy": st.api_healthy,
             "apiVersion": st.api_version,
             "nodes": st.nodes,
-            "extenderURL": st.extender_url,
+            "extenderURLs": list(st.extender_urls),
             "components": [
-                {"name": c.name, "pid": c.pid, "running": c.running, "healthy": c.healthy, "detail": c.detail}
+                {
+                    "name": c.name,
+                    "pid": c.pid,
+                    "running": c.running,
+                    "healthy": c.healthy,
+                    "detail": c.detail,
+                    **({"leader": c.leader} if c.leader is not None else {}),
+                }
                 for c in st.components
             ],
         }
@@ -141,11 +150,40 @@ def cmd_dev_cluster(ns: argparse.Namespace) -> int:
         print(
             f"cluster {st.name!r}: {'up' if st.up else 'DEGRADED'}  server {st.server}  api {st.api_version}"
         )
-        print(f"  kubeconfig {st.kubeconfig}  nodes {st.nodes}  extender {st.extender_url or 'none'}")
+        extenders = ", ".join(dict.fromkeys(st.extender_urls)) or "none"
+        print(f"  kubeconfig {st.kubeconfig}  nodes {st.nodes}  extender {extenders}")
         for c in st.components:
             health = "healthy" if c.healthy else ("-" if c.healthy is None else f"unhealthy ({c.detail})")
-            print(f"  {c.name:<24} pid {c.pid:<8} {'running' if c.running else 'STOPPED':<8} {health}")
+            role = "" if c.leader is None else ("  leader" if c.leader else "  standby")
+            print(f"  {c.name:<24} pid {c.pid:<8} {'running' if c.running else 'STOPPED':<8} {health}{role}")
     return 0 if st.up or not st.components else 1
+
+
+def cmd_dev_cluster(ns: argparse.Namespace) -> int:
+    # Imported here: `simulate` needs none of it.
+    from neuronetes.devcluster import BuildError, ClusterError, DevCluster, KubectlError
+
+    def log(msg: str) -> None:
+        print(f">> {msg}", file=sys.stderr)
+
+    cluster = DevCluster(ns.name, log=log)
+    if ns.action == "up":
+        try:
+            return _dev_cluster_up(ns, cluster, log)
+        except (BuildError, ClusterError, KubectlError, OSError, RuntimeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    if ns.action == "down":
+        stopped = cluster.down()
+        log(f"cluster {ns.name!r}: stopped {', '.join(stopped) if stopped else 'nothing (not running)'}")
+        return 0
+    if ns.action == "kubeconfig":
+        if not cluster.kubeconfig.exists():
+            print(f"error: cluster {ns.name!r} has no kubeconfig (is it up?)", file=sys.stderr)
+            return 1
+        print(cluster.kubeconfig)
+        return 0
+    return _dev_cluster_status(ns, cluster)
 
 
 def cmd_extender(ns: argparse.Namespace) -> int:
@@ -156,11 +194,11 @@ def cmd_extender(ns: argparse.Namespace) -> int:
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
-    demo = importlib.import_module("neuronetes.extender.demo")
     from neuronetes.devcluster import BuildError, ClusterError, KubectlError
+    from neuronetes.devcluster.demo import run_demo
 
     try:
-        return int(demo.run_demo(name=ns.name, keep=ns.keep, timeout=ns.timeout))
+        return run_demo(name=ns.name, keep=ns.keep, timeout=ns.timeout)
     except (BuildError, ClusterError, KubectlError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -186,8 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     dc = dev.add_parser(
         "cluster",
         help="a local control plane with simulated GPU nodes",
-        description="Local etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok on "
-        "loopback, built by hack/build-control-plane.sh; state in ~/.cache/neuronetes/clusters/NAME.",
+        description="Local etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and the "
+        "NeuroNetes extender on loopback (binaries built by hack/build-control-plane.sh); state in "
+        "~/.cache/neuronetes/clusters/NAME.",
     )
     dc.add_argument("action", choices=["up", "down", "status", "kubeconfig"])
     dc.add_argument("--name", default="dev", help="cluster name (default: dev)")
@@ -199,8 +238,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dc.add_argument(
         "--extender-url",
-        help="up: kube-scheduler's extender URL prefix (default: $NEURONETES_EXTENDER_URL; none if unset)",
+        help="up: an external extender's URL prefix instead of the one the cluster runs "
+        "(default: $NEURONETES_EXTENDER_URL)",
     )
+    dc.add_argument("--no-extender", action="store_true", help="up: kube-scheduler without an extender")
+    dc.add_argument(
+        "--schedulers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="up: N kube-scheduler + extender pairs with leader election (default: 1, no election)",
+    )
+    dc.add_argument(
+        "--feature-gates",
+        action="append",
+        metavar="NAME=BOOL,...",
+        help="up: feature gates of kube-apiserver and kube-scheduler (repeatable)",
+    )
+    dc.add_argument(
+        "--runtime-config",
+        metavar="GROUP/VERSION=true,...",
+        help="up: kube-apiserver's --runtime-config (alpha APIs, e.g. scheduling.k8s.io/v1alpha2=true)",
+    )
+    dc.add_argument("--no-policies", action="store_true", help="up: do not apply manifests/policies/")
     dc.add_argument("--no-controller-manager", action="store_true", help="up: run without it")
     dc.add_argument("--crds", help="up: folder of CRD YAML to apply (default: the checkout's crds/)")
     dc.add_argument("--no-crds", action="store_true", help="up: do not apply crds/")
@@ -247,9 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="local cluster + simulated GPU nodes + the extender; sample pods and where they landed",
         description=(
-            "Start the local control plane with a few dozen simulated GPU nodes and the extender, "
-            "submit sample pods (whole GPUs, NVLink, shared slices, MIG, a gang, one that fits "
-            "nowhere) and print where each landed and why."
+            "Start the local control plane with a few dozen simulated GPU nodes and the extender "
+            "beside kube-scheduler, submit sample pods (whole GPUs, NVLink, shared slices, MIG, a "
+            "gang, one that fits nowhere) and print where each landed and why, read from the API."
         ),
     )
     demo.add_argument("--name", default="demo", help="cluster name (default: demo)")

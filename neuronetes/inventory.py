@@ -28,6 +28,10 @@ class OversubscriptionError(RuntimeError):
     """An allocation would exceed what a node or GPU holds."""
 
 
+class StateInvariantError(AssertionError):
+    """The state's counters disagree with its allocations (a bug; raised even under ``python -O``)."""
+
+
 class UnknownAllocationError(KeyError):
     """Release or confirm of an allocation id the inventory does not hold."""
 
@@ -244,7 +248,8 @@ class ClusterState:
         for grant in alloc.grants:
             if grant.mig_profile is not None:
                 layout = self.mig_layouts[(i, grant.gpu_index)]
-                assert grant.mig_start is not None
+                if grant.mig_start is None:
+                    raise StateInvariantError(f"{alloc_id}: MIG grant recorded without its start slot")
                 self.mig_layouts[(i, grant.gpu_index)] = layout.remove(grant.mig_start)
             else:
                 self.gpu_milli_free[i, grant.gpu_index] += grant.milli
@@ -281,7 +286,7 @@ class ClusterState:
 
     # ---- checks ----------------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Recount every counter from the allocations; raise AssertionError on any drift."""
+        """Recount every counter from the allocations; raise `StateInvariantError` on any drift."""
         cpu = self.cpu_cap.copy()
         mem = self.mem_cap.copy()
         milli = self.gpu_milli_cap.copy()
@@ -293,8 +298,13 @@ class ClusterState:
                 if grant.mig_profile is None:
                     milli[a.node_index, grant.gpu_index] -= grant.milli
                     gmem[a.node_index, grant.gpu_index] -= grant.memory_mib
-        assert (cpu >= 0).all() and (mem >= 0).all(), "cpu/memory oversubscribed"
-        assert (milli >= 0).all() and (gmem >= 0).all(), "GPU oversubscribed"
-        assert np.array_equal(cpu, self.cpu_free) and np.array_equal(mem, self.mem_free), "cpu/memory drift"
-        assert np.array_equal(milli, self.gpu_milli_free), "GPU compute drift"
-        assert np.array_equal(gmem, self.gpu_mem_free), "GPU memory drift"
+        checks = (
+            ((cpu >= 0).all() and (mem >= 0).all(), "cpu/memory oversubscribed"),
+            ((milli >= 0).all() and (gmem >= 0).all(), "GPU oversubscribed"),
+            (np.array_equal(cpu, self.cpu_free) and np.array_equal(mem, self.mem_free), "cpu/memory drift"),
+            (np.array_equal(milli, self.gpu_milli_free), "GPU compute drift"),
+            (np.array_equal(gmem, self.gpu_mem_free), "GPU memory drift"),
+        )
+        for ok, what in checks:
+            if not ok:
+                raise StateInvariantError(what)

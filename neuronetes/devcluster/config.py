@@ -1,10 +1,15 @@
-"""Configuration documents of the dev cluster: kubeconfig, scheduler configuration, credentials."""
+"""What kube-scheduler and the extender read: the scheduler configuration and the extender's settings.
+
+This is the one place that renders them for the dev cluster (and the shape a Helm chart renders):
+`scheduler_config` gives NeuroNetes' kube-scheduler's ``KubeSchedulerConfiguration`` — the
+``neuronetes-scheduler`` profile, the extender entries and leader election — and
+`extender_settings` the settings file of ``neuronetes extender serve``. The cluster's own
+scheduler (`default_scheduler_config`) runs apart, as in any cluster NeuroNetes is installed in.
+"""
 
 from __future__ import annotations
 
-import base64
 import os
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,19 +20,17 @@ from neuronetes.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GP
 from neuronetes.devcluster.profiles import mig_resource_name
 
 __all__ = [
-    "ADMIN_GROUP",
-    "ADMIN_USER",
+    "BUILTIN_EXTENDER_WEIGHT",
+    "DEV_LEADER_ELECTION",
     "EXTENDER_URL_ENV",
     "ExtenderConfig",
+    "LeaderElection",
     "default_managed_resources",
-    "generate_service_account_key",
-    "kubeconfig",
+    "default_scheduler_config",
+    "extender_settings",
     "scheduler_config",
-    "write_private",
 ]
 
-ADMIN_USER: Final = "neuronetes-admin"
-ADMIN_GROUP: Final = "system:masters"
 EXTENDER_URL_ENV: Final = "NEURONETES_EXTENDER_URL"
 
 
@@ -105,12 +108,89 @@ class ExtenderConfig:
         return out
 
 
-def scheduler_config(kubeconfig_path: Path, extender: ExtenderConfig | None) -> dict[str, Any]:
-    """KubeSchedulerConfiguration with the stock profile and the ``neuronetes-scheduler`` one.
+BUILTIN_EXTENDER_WEIGHT: Final = 20
+"""One point of the extender's 0-10 score (x 10 x 20) outweighs kube-scheduler's own score
+plugins, so the node the engine ranks first is the one kube-scheduler binds."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderElection:
+    """kube-scheduler's leader election: one Lease, the active instance holds it.
+
+    A standby takes over at most ``lease_duration + retry_period`` after the leader last renewed
+    (the leader gives up after ``renew_deadline`` without a renewal). Production defaults are
+    15 s / 10 s / 2 s; `DEV_LEADER_ELECTION` is shorter so a failover in the dev cluster takes
+    seconds.
+    """
+
+    lease_duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+    namespace: str = "kube-system"
+    name: str = "neuronetes-scheduler"
+    """Not ``kube-scheduler``: that Lease is the cluster's own kube-scheduler's."""
+
+    def __post_init__(self) -> None:
+        # client-go's own check: the leader must renew before the lease can be taken from it.
+        if not self.lease_duration_s > self.renew_deadline_s > 1.2 * self.retry_period_s > 0:
+            raise ValueError("leader election: need leaseDuration > renewDeadline > 1.2 x retryPeriod > 0")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "leaderElect": True,
+            "leaseDuration": f"{self.lease_duration_s:g}s",
+            "renewDeadline": f"{self.renew_deadline_s:g}s",
+            "retryPeriod": f"{self.retry_period_s:g}s",
+            "resourceLock": "leases",
+            "resourceNamespace": self.namespace,
+            "resourceName": self.name,
+        }
+
+
+DEV_LEADER_ELECTION: Final = LeaderElection(lease_duration_s=4.0, renew_deadline_s=3.0, retry_period_s=1.0)
+
+
+def extender_settings(*, filter_top_k: int = 3, **overrides: Any) -> dict[str, Any]:
+    """The settings file of an extender started beside kube-scheduler (keys as in the file).
+
+    Three nodes per filter answer, so kube-scheduler also asks prioritize (it skips prioritize
+    when one node is left) and the extender's ranking decides among them. `overrides` are
+    file keys (``gangTTLSeconds=60``); the extender validates them when it loads the file.
+    """
+    return {"filterTopK": filter_top_k, **overrides}
+
+
+def _base(kubeconfig_path: Path, leader_election: LeaderElection | None) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig_path), "qps": 200, "burst": 400},
+        "leaderElection": leader_election.to_json() if leader_election else {"leaderElect": False},
+    }
+
+
+def default_scheduler_config(kubeconfig_path: Path) -> dict[str, Any]:
+    """The cluster's own kube-scheduler: the stock ``default-scheduler`` profile, no extenders.
+
+    It runs apart from NeuroNetes' kube-scheduler because extenders apply to every profile of a
+    kube-scheduler, and the extender binds only pods of the ``neuronetes-scheduler``.
+    """
+    return _base(kubeconfig_path, None) | {"profiles": [{"schedulerName": "default-scheduler"}]}
+
+
+def scheduler_config(
+    kubeconfig_path: Path,
+    extender: ExtenderConfig | None,
+    *,
+    leader_election: LeaderElection | None = None,
+) -> dict[str, Any]:
+    """NeuroNetes' KubeSchedulerConfiguration: the ``neuronetes-scheduler`` profile and `extender`.
+
+    `leader_election` None: this kube-scheduler is the only one and always active.
 
     The NeuroNetes profile scores every feasible node (``percentageOfNodesToScore: 100``: the
     engine wants the global view) and packs with NodeResourcesFit's MostAllocated strategy, so
-    kube-scheduler's own scores do not undo the extender's packing (DESIGN.md §3).
+    kube-scheduler's own scores do not undo the extender's packing (docs/contracts.md).
     """
     fit_args = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
@@ -125,14 +205,9 @@ def scheduler_config(kubeconfig_path: Path, extender: ExtenderConfig | None) -> 
             ],
         },
     }
-    doc: dict[str, Any] = {
-        "apiVersion": "kubescheduler.config.k8s.io/v1",
-        "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(kubeconfig_path), "qps": 200, "burst": 400},
-        "leaderElection": {"leaderElect": False},
+    doc = _base(kubeconfig_path, leader_election) | {
         "percentageOfNodesToScore": 100,
         "profiles": [
-            {"schedulerName": "default-scheduler"},
             {
                 "schedulerName": SCHEDULER_NAME,
                 "percentageOfNodesToScore": 100,
@@ -143,66 +218,3 @@ def scheduler_config(kubeconfig_path: Path, extender: ExtenderConfig | None) -> 
     if extender is not None:
         doc["extenders"] = extender.entries()
     return doc
-
-
-def kubeconfig(*, name: str, server: str, ca_pem: bytes, token: str) -> dict[str, Any]:
-    """An admin kubeconfig (bearer token of a ``system:masters`` user; CA inline)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": name,
-                "cluster": {
-                    "server": server,
-                    "certificate-authority-data": base64.b64encode(ca_pem).decode(),
-                },
-            }
-        ],
-        "users": [{"name": f"{name}-{ADMIN_USER}", "user": {"token": token}}],
-        "contexts": [
-            {
-                "name": name,
-                "context": {"cluster": name, "user": f"{name}-{ADMIN_USER}", "namespace": "default"},
-            }
-        ],
-        "current-context": name,
-        "preferences": {},
-    }
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write a file readable by its owner only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
-def generate_service_account_key(private: Path, public: Path) -> None:
-    """An RSA key pair for service-account tokens, made with the ``openssl`` command."""
-    try:
-        subprocess.run(
-            [
-                "openssl",
-                "genpkey",
-                "-algorithm",
-                "RSA",
-                "-pkeyopt",
-                "rsa_keygen_bits:2048",
-                "-out",
-                str(private),
-            ],
-            check=True,
-            capture_output=True,
-        )
-        subprocess.run(
-            ["openssl", "pkey", "-in", str(private), "-pubout", "-out", str(public)],
-            check=True,
-            capture_output=True,
-        )
-    except FileNotFoundError:
-        raise RuntimeError("the openssl command is needed to generate the service-account key") from None
-    except subprocess.CalledProcessError as exc:
-        raise RuntimeError(f"openssl failed: {exc.stderr.decode(errors='replace').strip()}") from None
-    private.chmod(0o600)

@@ -3,10 +3,10 @@
 A profile is one kind of machine (a DGX A100, a 4×T4 PCIe box, …). `TopologyProfile.node_spec`
 turns it into the `neuronetes.model.NodeSpec` the placement engine reads, and `node_manifest`
 turns any `NodeSpec` into the Kubernetes Node object the NeuroNetes agent would advertise for it
-(seed 004 labels, price/spot/zone labels, GPU resources in capacity), so the engine, the unit tests
-and the simulated cluster describe the same hardware.
+(the node labels of docs/contracts.md, price/spot/zone labels, GPU resources in capacity), so the
+engine, the unit tests and the simulated cluster describe the same hardware.
 
-Node capacity (the agent's contract, DESIGN.md §2 "Resources"):
+Node capacity (the agent's contract, docs/contracts.md):
 
 - ``neuronetes.io/gpu``: GPUs that can be granted whole or shared, i.e. GPUs *not* in MIG mode
   (a GPU in MIG mode can only be handed out as MIG instances; the engine's `usable_gpus` agrees);
@@ -17,13 +17,13 @@ Node capacity (the agent's contract, DESIGN.md §2 "Resources"):
 
 The ``neuronetes.io/mig-config`` label carries the node's MIG layout as instance totals over all
 its GPUs in the label-safe spelling of `neuronetes.mig.format_mig_config` (``1g.5gb-16_2g.10gb-8``):
-seed 004's ``1g.5gb:7,2g.10gb:3`` is not a valid label value.
+the spelling ``1g.5gb:7,2g.10gb:3`` is not a valid label value.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -61,6 +61,7 @@ __all__ = [
     "node_labels",
     "node_manifest",
     "node_resources",
+    "parse_node_counts",
     "profile",
 ]
 
@@ -250,18 +251,35 @@ def profile(name: str) -> TopologyProfile:
         raise ValueError(f"unknown node profile {name!r}; choose from {', '.join(PROFILES)}") from None
 
 
+def parse_node_counts(items: Sequence[str]) -> list[tuple[str, int]]:
+    """``["dgx-h100=2", "t4x4-pcie"]`` → ``[("dgx-h100", 2), ("t4x4-pcie", 1)]`` (profiles checked)."""
+    out: list[tuple[str, int]] = []
+    for item in items:
+        name, sep, count = item.partition("=")
+        name = name.strip()
+        profile(name)  # ValueError naming the profiles
+        try:
+            n = int(count) if sep else 1
+        except ValueError:
+            raise ValueError(f"--nodes {item!r}: COUNT must be an integer") from None
+        if n < 0:
+            raise ValueError(f"--nodes {item!r}: COUNT must be >= 0")
+        out.append((name, n))
+    return out
+
+
 def gpu_type_label(model: str) -> str:
-    """Seed 004's ``neuronetes.io/gpu-type`` value: the GPU family (``A100-SXM4-80GB`` → ``A100``)."""
+    """The ``neuronetes.io/gpu-type`` label value: the GPU family (``A100-SXM4-80GB`` → ``A100``)."""
     text = re.sub(r"^NVIDIA[\s-]+", "", model.strip(), flags=re.IGNORECASE)
     return re.split(r"[\s_-]+", text, maxsplit=1)[0].upper() if text else ""
 
 
-# Marketing sizes of GPU memory, GB (read as Gi in labels and requests, as seed 004 does).
+# Marketing sizes of GPU memory, GB (read as Gi in labels and requests, as the node labels do).
 _MEMORY_CLASSES_GB: Final = (4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 94, 96, 141, 144, 180, 192, 288)
 
 
 def _gib_label(mib: int) -> str:
-    """GPU memory as seed 004 labels it: the GPU's memory *class* (neuronetes.api.units), the
+    """GPU memory as the node label carries it: the GPU's memory *class* (neuronetes.api.units), the
     largest nominal size whose requests it satisfies (81559 MiB → ``80Gi``, T4's 15360 → ``16Gi``)."""
     fitting = [c for c in _MEMORY_CLASSES_GB if gpu_memory_satisfies(f"{c}Gi", mib)]
     return f"{fitting[-1]}Gi" if fitting else f"{max(1, round(mib / 1024))}Gi"
@@ -286,7 +304,7 @@ def _mig_totals(spec: NodeSpec) -> dict[str, int]:
 
 
 def node_labels(spec: NodeSpec) -> dict[str, str]:
-    """The labels the agent writes for this node (seed 004 GPU labels, price/spot, zone/region).
+    """The labels the agent writes for this node (GPU labels of docs/contracts.md, price, zone).
 
     `spec.labels` is applied last, so it may add or override labels.
     """

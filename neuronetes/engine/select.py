@@ -1,6 +1,6 @@
 """Choosing GPUs inside the chosen node, and saying why.
 
-Order of preference for several whole GPUs (seed 002): one NVLink group, then one NUMA node,
+Order of preference for several whole GPUs: one NVLink group, then one NUMA node,
 then one socket, then anything. Among groups that can hold the request the tightest one wins,
 so whole NVLink groups stay free for the next large request.
 """

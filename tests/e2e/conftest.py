@@ -2,14 +2,15 @@
 
 `cluster` (session scope) builds the pinned binaries if needed (``hack/build-control-plane.sh``),
 starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler (``neuronetes-scheduler``
-profile; extender from ``$NEURONETES_EXTENDER_URL`` if set) and kwok, applies ``crds/``, and
-yields an `E2ECluster`:
+profile; extender from ``$NEURONETES_EXTENDER_URL`` if set) and kwok, applies ``crds/`` and the
+admission policies of ``manifests/policies/``, and yields an `E2ECluster`:
 
-- ``.kubeconfig: Path``
+- ``.kubeconfig: Path`` (admin) and ``.extender_kubeconfig: Path`` (the extender's ServiceAccount:
+  an extender a test runs must use it, the policies let no one else write GPU assignments)
 - ``.kubectl(*args, input=None, check=True) -> subprocess.CompletedProcess[str]``
 - ``.add_nodes(profile, count, prefix) -> list[str]`` (kwok nodes of a named topology profile,
   Ready on return; profiles in ``neuronetes/devcluster/profiles.py``)
-- ``.api_client() -> kubernetes.client.ApiClient``
+- ``.api_client() -> kubernetes.client.ApiClient`` (admin; ``extender_api_client()``: the extender's)
 - ``.set_extender(url_or_config_or_None)`` restarts kube-scheduler with another extender
 - ``.wait_until(fn, timeout=..., what=...)`` polls until ``fn()`` is truthy and returns it
 - ``.dev``: the underlying `neuronetes.devcluster.DevCluster`
@@ -30,7 +31,7 @@ from pathlib import Path
 import pytest
 from e2e_cluster import RECORDS, STARTED, E2ECluster, ensure_toolchain, prerequisites_missing, track
 
-from neuronetes.devcluster import DevCluster, ExtenderConfig, procs
+from neuronetes.devcluster import POLICIES_DIR, DevCluster, ExtenderConfig, procs
 from neuronetes.devcluster.tools import REPO_ROOT
 
 E2E_DIR = Path(__file__).resolve().parent
@@ -50,6 +51,11 @@ def crds_dir() -> Path | None:
     return Path(override) if override else None
 
 
+def policies_dir() -> Path | None:
+    """``manifests/policies/`` (the admission policies), unless ``$NEURONETES_E2E_CRDS_DIR`` is set."""
+    return POLICIES_DIR if os.environ.get("NEURONETES_E2E_CRDS_DIR") is None else None
+
+
 @pytest.fixture(scope="session")
 def cluster(request: pytest.FixtureRequest) -> Iterator[E2ECluster]:
     tools = ensure_toolchain()
@@ -59,7 +65,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[E2ECluster]:
     STARTED.append(dev)
     started = time.monotonic()
     try:
-        dev.up(extender=ExtenderConfig.from_env(), crds_dir=crds_dir())
+        dev.up(extender=ExtenderConfig.from_env(), crds_dir=crds_dir(), policies_dir=policies_dir())
     except BaseException:
         dev.down()
         raise

@@ -88,6 +88,11 @@ class E2ECluster:
     def kubeconfig(self) -> Path:
         return self.dev.kubeconfig
 
+    @property
+    def extender_kubeconfig(self) -> Path:
+        """The extender's credentials (its ServiceAccount): what an extender a test runs uses."""
+        return self.dev.extender_kubeconfig
+
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
@@ -96,11 +101,15 @@ class E2ECluster:
     def add_nodes(self, profile: str, count: int, prefix: str, **kwargs: Any) -> list[str]:
         return self.dev.add_nodes(profile, count, prefix, **kwargs)
 
-    def api_client(self) -> Any:
-        """A `kubernetes.client.ApiClient` for this cluster (admin credentials)."""
+    def api_client(self, kubeconfig: Path | None = None) -> Any:
+        """A `kubernetes.client.ApiClient` for this cluster (admin credentials by default)."""
         from kubernetes import config
 
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
+        return config.new_client_from_config(config_file=str(kubeconfig or self.kubeconfig))
+
+    def extender_api_client(self) -> Any:
+        """A `kubernetes.client.ApiClient` with the extender's credentials."""
+        return self.api_client(self.extender_kubeconfig)
 
     def set_extender(self, extender: str | ExtenderConfig | None) -> None:
         """Restart kube-scheduler calling `extender` (a URL prefix or a full config; None: none)."""

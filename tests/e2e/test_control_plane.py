@@ -276,7 +276,7 @@ class StubExtender:
 
         self.chosen = chosen
         self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.api_client = cluster.api_client()
+        self.api_client = cluster.extender_api_client()  # the policies let only it set GPUs
         api = client.CoreV1Api(self.api_client)
         stub = self
 
@@ -305,7 +305,9 @@ class StubExtender:
                         ),
                         target=client.V1ObjectReference(api_version="v1", kind="Node", name=body["Node"]),
                     )
-                    api.create_namespaced_binding(body["PodNamespace"], binding, _preload_content=False)
+                    api.create_namespaced_pod_binding(  # pods/binding, as the extender posts it
+                        body["PodName"], body["PodNamespace"], binding, _preload_content=False
+                    )
                     reply = {"Error": ""}
                 else:  # preempt: no refinement
                     reply = {"NodeNameToMetaVictims": body.get("NodeNameToMetaVictims") or {}}
@@ -408,7 +410,15 @@ def test_cli_lifecycle_warm_start_and_down_leaves_no_process(cluster: E2ECluster
         assert doc["up"] and doc["apiHealthy"] and doc["nodes"] == 3
         assert doc["apiVersion"] == read_versions().kubernetes
         comps = {c["name"]: c for c in doc["components"]}
-        assert set(comps) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}
+        assert set(comps) == {
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "default-scheduler",
+            "kube-scheduler",
+            "extender",
+            "kwok",
+        }
         assert all(c["running"] and c["healthy"] for c in comps.values()), comps
         pids = [c["pid"] for c in comps.values()]
 

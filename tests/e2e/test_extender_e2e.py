@@ -84,7 +84,7 @@ def extender(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> I
     config = Path(tmp_path_factory.mktemp("extender")) / "extender.yaml"
     # Three nodes per filter answer, so kube-scheduler also calls prioritize (it skips it for one).
     config.write_text("filterTopK: 3\nassumeTTLSeconds: 60\n")
-    ext = build(kubeconfig=cluster.kubeconfig, config=config, service_class=RecordingService)
+    ext = build(kubeconfig=cluster.extender_kubeconfig, config=config, service_class=RecordingService)
     with ExtenderThread(ext.app) as server:
         wait_until(lambda: ext.cache.synced, timeout=30, what="extender cache synced")
         # Weight 20: one point of our 0-10 score (x 10 x 20) outweighs kube-scheduler's own plugins,

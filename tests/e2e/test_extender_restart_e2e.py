@@ -35,7 +35,7 @@ def extender_process(
     workdir = Path(tmp_path_factory.mktemp("restart"))
     config = workdir / "extender.yaml"
     config.write_text("assumeTTLSeconds: 60\ngangTTLSeconds: 120\nbindWaitSeconds: 100\n")
-    ext = ExtenderProcess(cluster.kubeconfig, workdir, config)
+    ext = ExtenderProcess(cluster.extender_kubeconfig, workdir, config)
     cluster.add_nodes("dgx-a100-80gb", 3, "rs-dgx", labels=dict([SUITE_LABEL]))
     cluster.kubectl("create", "namespace", NAMESPACE)
     ext.start()

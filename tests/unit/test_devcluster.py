@@ -20,7 +20,7 @@ from neuronetes.contracts import (
     SCHEDULER_NAME,
 )
 from neuronetes.devcluster import ExtenderConfig, parse_node_counts, procs, profile, read_versions
-from neuronetes.devcluster.config import default_managed_resources, scheduler_config
+from neuronetes.devcluster.config import default_managed_resources, default_scheduler_config, scheduler_config
 from neuronetes.devcluster.profiles import (
     PROFILES,
     gpu_type_label,
@@ -129,7 +129,9 @@ def test_scheduler_config_profile_and_extender() -> None:
     assert ours["percentageOfNodesToScore"] == 100
     fit = ours["pluginConfig"][0]
     assert fit["name"] == "NodeResourcesFit" and fit["args"]["scoringStrategy"]["type"] == "MostAllocated"
-    assert "default-scheduler" in prof
+    assert "default-scheduler" not in prof  # extenders apply to every profile: it runs apart
+    (stock,) = default_scheduler_config(Path("/k"))["profiles"]
+    assert stock == {"schedulerName": "default-scheduler"}
     ext = ExtenderConfig.from_url("http://127.0.0.1:9999/scheduler/")
     assert ext is not None
     doc = scheduler_config(Path("/k"), ext)

@@ -401,3 +401,14 @@ def test_a_gang_spec_is_what_the_filter_gets() -> None:
     assert decision.feasible == () and "maxGangSize=4" in next(iter(decision.unresolvable.values()))
     with pytest.raises(BindRefusedError):
         env.cache.prepare_bind(info(pod).id, T4)
+
+
+def test_a_pod_bound_before_the_watch_showed_it_keeps_its_gpus_past_the_hold_ttl() -> None:
+    env = Env(assume_ttl_seconds=10)
+    pod = info(gpu_pod("unseen", 2))  # filtered and bound; the watch has not reported it yet
+    (node,) = env.cache.filter(pod, env.names).feasible
+    plan = env.cache.prepare_bind(pod.id, node, pod)
+    env.cache.bind_done(plan, ok=True)
+    env.clock.now += 60
+    assert len(whole_free(env.cache, node)) == 2 and env.cache.holds() == []
+    env.cache.check_invariants()

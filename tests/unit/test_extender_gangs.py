@@ -22,6 +22,8 @@ from neuronetes.extender.service import ExtenderService
 from neuronetes.extender.watch import CustomObject
 from neuronetes.extender.wire import ExtenderBindingArgs, ObjectMeta, Pod
 
+pytestmark = pytest.mark.unit
+
 NODES = {"dgx-a100-80gb": 2, "t4x4-pcie": 2}
 DGX = {"ndgx-a100-80gb-0", "ndgx-a100-80gb-1"}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,10 +45,11 @@ def nvlink_groups(state: ClusterState, plan: GangPlan) -> set[tuple[int, int]]:
     }
 
 
+@dataclass(frozen=True)
 class Committed(GangPlan):
     """A plan as `commit_gang` held it (the ids of its allocations)."""
 
-    alloc_ids: tuple[str, ...]
+    alloc_ids: tuple[str, ...] = ()
 
 
 def plan_gang(
@@ -63,9 +65,7 @@ def plan_gang(
     assert_same(engine.state, before)
     if plan is None:
         return None
-    committed = Committed(plan.placements)
-    object.__setattr__(committed, "alloc_ids", commit_gang(engine, plan, prefix, ttl))
-    return committed
+    return Committed(plan.placements, commit_gang(engine, plan, prefix, ttl))
 
 
 def workers(n: int, gpus: int, cpu: int = 1000, **kw: Any) -> list[PodRequest]:

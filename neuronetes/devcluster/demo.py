@@ -1,35 +1,29 @@
-"""The README's main job: a local cluster with simulated GPU nodes, the extender, sample pods.
+"""The README's main job: a local cluster with simulated GPU nodes, NeuroNetes, sample pods.
 
 `neuronetes demo` starts the real local control plane (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler with the ``neuronetes-scheduler`` profile, kwok) with a
-few dozen simulated GPU nodes, runs the extender (in this process), submits sample pods — whole
-GPUs, an NVLink group, shared GPU slices, a MIG instance, a gang of four, and one that fits
-nowhere — and prints where each landed and why: node, GPU indices and UUIDs, and the engine's
-reason for those GPUs (NVLink group, NUMA node, socket). Then it takes the cluster down (unless
-``--keep``).
+kube-controller-manager, kwok) with kube-scheduler's ``neuronetes-scheduler`` profile and the
+NeuroNetes extender beside it, as host processes configured as a Helm chart configures them
+(`neuronetes.devcluster.config`), and the admission policies of ``manifests/policies``. It adds a few
+dozen simulated GPU nodes, submits sample pods — whole GPUs, an NVLink group, shared GPU slices,
+a MIG instance, a gang of four, and one that fits nowhere — and prints where each landed and
+why, read from the API as any user would: the pod's node and ``neuronetes.io/assigned-gpus``,
+the extender's placement Event (reason ``GpusAssigned``) and, for the pod that stays Pending,
+kube-scheduler's ``FailedScheduling`` Event. Then it takes the cluster down (unless ``--keep``).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 from neuronetes import contracts as c
-from neuronetes.devcluster import DevCluster, ExtenderConfig
+from neuronetes.devcluster.cluster import POLICIES_DIR, DevCluster
 from neuronetes.devcluster.profiles import KWOK_TAINT
 
-from .bodies import NodeSet
-from .server import ExtenderThread, build
-from .service import ExtenderService
-from .wire import ExtenderFilterResult
-
-__all__ = ["DEMO_NODES", "run_demo", "sample_pods"]
+__all__ = ["DEMO_NODES", "UNFIT", "run_demo", "sample_pods"]
 
 NAMESPACE: Final = "demo"
 DEMO_NODES: Final = (
@@ -39,21 +33,9 @@ DEMO_NODES: Final = (
     ("a100-40gb-mig", 4),
     ("cpu-only", 4),
 )
-
-
-class _Reasons(ExtenderService):
-    """The extender's service, remembering why the engine chose each pod's GPUs."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.why: dict[str, str] = {}
-
-    def filter(self, nodes: NodeSet) -> tuple[ExtenderFilterResult, str]:
-        result, outcome = super().filter(nodes)
-        hold = self.cache.hold_of(nodes.pod.metadata.uid)
-        if hold is not None:
-            self.why[nodes.pod.metadata.name] = hold.reason
-        return result, outcome
+UNFIT: Final = "too-big-for-any-gpu"
+PLACED_REASON: Final = "GpusAssigned"
+"""The reason of the Event the extender posts on a pod it placed."""
 
 
 def _pod(
@@ -112,7 +94,7 @@ def sample_pods() -> list[dict[str, Any]]:
         ),
         # More GPU memory on one GPU than any GPU has: kube-scheduler's node totals pass, the
         # extender refuses with its reason and the pod stays Pending.
-        _pod("too-big-for-any-gpu", {c.RESOURCE_GPU_MEMORY: 100_000, c.RESOURCE_GPU_COMPUTE: 50}),
+        _pod(UNFIT, {c.RESOURCE_GPU_MEMORY: 100_000, c.RESOURCE_GPU_COMPUTE: 50}),
     ]
 
 
@@ -147,72 +129,66 @@ def run_demo(
     nodes: Sequence[tuple[str, int]] = DEMO_NODES,
     keep: bool = False,
     timeout: float = 180.0,
-    out: Any = sys.stdout,
+    out: TextIO = sys.stdout,
 ) -> int:
-    """Run the demo; 0 when every pod but the unfittable one is Running where the engine said."""
+    """Run the demo; 0 when every pod but the unfittable one runs with its GPUs assigned."""
 
     def say(msg: str) -> None:
         print(f">> {msg}", file=sys.stderr, flush=True)
 
-    logging.basicConfig(level=logging.WARNING)
     cluster = DevCluster(name, log=say)
     if cluster.is_up():
         say(f"cluster {name!r} is already up: taking it down first")
         cluster.down()
-    seconds = cluster.up(auto_build=True)
-    say(
-        f"local control plane up in {seconds:.1f}s "
-        "(etcd, kube-apiserver, controller-manager, scheduler, kwok)"
-    )
     ok = False
     try:
-        total = 0
+        seconds = cluster.up(run_extender=True, policies_dir=POLICIES_DIR, auto_build=True)
+        say(f"local control plane and NeuroNetes up in {seconds:.1f}s")
         for profile_name, count in nodes:
             cluster.add_nodes(profile_name, count, profile_name)
-            total += count
-        say(f"{total} simulated nodes: " + ", ".join(f"{n} x {p}" for p, n in nodes))
-        with tempfile.TemporaryDirectory() as tmp:
-            config = Path(tmp) / "extender.yaml"
-            config.write_text("filterTopK: 3\n")
-            ext = build(kubeconfig=cluster.kubeconfig, config=config, service_class=_Reasons)
-            with ExtenderThread(ext.app) as server:
-                _wait(lambda: ext.cache.synced, 60, "the extender's cache to sync")
-                cluster.set_extender(ExtenderConfig(url=server.url, weight=20))
-                say(f"extender on {server.url}; kube-scheduler restarted to call it")
-                cluster.kubectl("create", "namespace", NAMESPACE)
-                pods = sample_pods()
-                cluster.kubectl(
-                    "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": pods})
-                )
-                say(f"submitted {len(pods)} pods; waiting for them to be scheduled")
-                ok = _report(cluster, pods, ext.service, timeout, out)
+        say(f"{sum(n for _, n in nodes)} simulated nodes: " + ", ".join(f"{n} x {p}" for p, n in nodes))
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        pods = sample_pods()
+        cluster.kubectl(
+            "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": pods})
+        )
+        say(f"submitted {len(pods)} pods; waiting for them to be scheduled")
+        ok = report(cluster, [p["metadata"]["name"] for p in pods], timeout, out)
     finally:
         if keep:
             say(f"cluster kept: KUBECONFIG={cluster.kubeconfig} (neuronetes dev cluster down --name {name})")
         else:
-            cluster.down()
             cluster.purge()
             say("cluster down")
     return 0 if ok else 1
 
 
-def _report(cluster: DevCluster, pods: list[dict[str, Any]], service: Any, timeout: float, out: Any) -> bool:
-    names = [p["metadata"]["name"] for p in pods]
-    unfit = "too-big-for-any-gpu"
+def _get(cluster: DevCluster, kind: str) -> list[dict[str, Any]]:
+    return list(json.loads(cluster.kubectl("get", kind, "-n", NAMESPACE, "-o", "json").stdout)["items"])
 
-    def listing() -> dict[str, dict[str, Any]]:
-        got = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout)
-        return {p["metadata"]["name"]: p for p in got["items"]}
+
+def _scheduled_condition(pod: dict[str, Any]) -> dict[str, Any]:
+    conds = [x for x in pod.get("status", {}).get("conditions") or [] if x["type"] == "PodScheduled"]
+    return dict(conds[0]) if conds else {}
+
+
+def _latest_event(events: list[dict[str, Any]], pod: str, reason: str) -> str | None:
+    mine = [e for e in events if e.get("involvedObject", {}).get("name") == pod and e.get("reason") == reason]
+    mine.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return str(mine[-1].get("message") or "") if mine else None
+
+
+def report(cluster: DevCluster, names: list[str], timeout: float, out: TextIO) -> bool:
+    """Wait until the sample pods settle; print node, GPUs and why for each, from the API."""
 
     def settled() -> dict[str, dict[str, Any]] | None:
-        items = listing()
+        items = {p["metadata"]["name"]: p for p in _get(cluster, "pods")}
         for n in names:
             p = items.get(n)
             if p is None:
                 return None
-            if n == unfit:
-                conds = [x for x in p["status"].get("conditions") or [] if x["type"] == "PodScheduled"]
-                if not conds or conds[0].get("reason") != "Unschedulable":
+            if n == UNFIT:
+                if _scheduled_condition(p).get("reason") != "Unschedulable":
                     return None
             elif p["status"].get("phase") != "Running":
                 return None
@@ -222,7 +198,8 @@ def _report(cluster: DevCluster, pods: list[dict[str, Any]], service: Any, timeo
         items = _wait(settled, timeout, "the sample pods")
     except TimeoutError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        items = listing()
+        items = {p["metadata"]["name"]: p for p in _get(cluster, "pods")}
+    events = _get(cluster, "events")
     rows = []
     ok = True
     for n in names:
@@ -230,15 +207,17 @@ def _report(cluster: DevCluster, pods: list[dict[str, Any]], service: Any, timeo
         node = p.get("spec", {}).get("nodeName") or "-"
         raw = (p.get("metadata", {}).get("annotations") or {}).get(c.ANNOTATION_ASSIGNED_GPUS)
         gpus = _gpu_text(c.decode_assignment(raw)) if raw else "-"
-        if n == unfit:
-            conds = [x for x in p.get("status", {}).get("conditions") or [] if x["type"] == "PodScheduled"]
-            why = conds[0].get("message", "") if conds else "not scheduled yet"
+        if n == UNFIT:
+            why = _latest_event(events, n, "FailedScheduling") or _scheduled_condition(p).get(
+                "message", "not scheduled yet"
+            )
             ok &= node == "-"
         else:
-            why = service.why.get(n, "")
+            why = _latest_event(events, n, PLACED_REASON) or (
+                f"(no {PLACED_REASON} Event; node and GPUs from the pod's {c.ANNOTATION_ASSIGNED_GPUS})"
+            )
             ok &= p.get("status", {}).get("phase") == "Running" and raw is not None
-        phase = p.get("status", {}).get("phase", "?")
-        rows.append((n, phase, node, gpus, why))
+        rows.append((n, p.get("status", {}).get("phase", "?"), node, gpus, why))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     print(
         f"{'POD':<{widths[0]}}  {'PHASE':<{widths[1]}}  {'NODE':<{widths[2]}}  GPUS (index=UUID) / WHY",
@@ -250,13 +229,8 @@ def _report(cluster: DevCluster, pods: list[dict[str, Any]], service: Any, timeo
     gang_nodes = {
         items[n]["spec"].get("nodeName") for n in names if n.startswith("llm-train-") and n in items
     }
-    print(
-        "\ngang llm-train (4 x 2 GPUs, same-node): "
-        + (
-            f"all on {gang_nodes.pop()}"
-            if len(gang_nodes) == 1
-            else f"SPLIT over {sorted(map(str, gang_nodes))}"
-        ),
-        file=out,
+    where = (
+        f"all on {gang_nodes.pop()}" if len(gang_nodes) == 1 else f"SPLIT over {sorted(map(str, gang_nodes))}"
     )
+    print(f"\ngang llm-train (4 x 2 GPUs, same-node): {where}", file=out)
     return ok

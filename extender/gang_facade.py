@@ -129,4 +129,3 @@ class GangFacade:
         with self._lock:
             self._ensure()
             return list(self._gangs.groups.values())
-

@@ -244,13 +244,24 @@ def prioritize(parts: Parts, pod: PodInfo, lookup: NodeLookup) -> list[int]:
 
 
 # ---- bind -----------------------------------------------------------------------------------------
+def _check_node_rules(store: ClusterStore, info: PodInfo, node: str) -> None:
+    """Refuse unless `node` passes the pod's nodeSelector, required node affinity and taints."""
+    facts = store.facts.get(node)
+    if facts is None:
+        raise BindRefusedError(f"{node}: node not known to the extender")
+    why = node_fit_reason(facts, info.node_selector, info.affinity, info.tolerations)
+    if why is not None:
+        raise BindRefusedError(short(f"pod {info.key}: {why}"))
+
+
 def prepare_bind(parts: Parts, pod_id: str, node: str, pod: PodInfo | None) -> BindPlan:
     """The Binding's annotations for `pod_id` on `node`: only what this extender decided.
 
     A GPU pod binds only where its live hold (from this extender's filter) is, with exactly
     those GPUs; the hold is re-stamped with a full TTL so it cannot expire while the Binding is
-    posted. A pod without NeuroNetes resources binds only if the node passes its nodeSelector,
-    required node affinity and taints. Pods of other schedulers are never bound.
+    posted. Every pod binds only if the node passes its nodeSelector, required node affinity and
+    taints (kube-scheduler checked them for what it filtered; a request that did not come from it
+    did not). Pods of other schedulers are never bound.
 
     Raises:
         PodUnknownError: the pod is not known (pass `pod` after fetching it).
@@ -274,12 +285,7 @@ def prepare_bind(parts: Parts, pod_id: str, node: str, pod: PodInfo | None) -> B
     if info.gpu_error:
         raise BindRefusedError(short(f"invalid gpu request: {info.gpu_error}"))
     if info.gpu is None:
-        facts = store.facts.get(node)
-        if facts is None:
-            raise BindRefusedError(f"{node}: node not known to the extender")
-        why = node_fit_reason(facts, info.node_selector, info.affinity, info.tolerations)
-        if why is not None:
-            raise BindRefusedError(short(f"pod {info.key}: {why}"))
+        _check_node_rules(store, info, node)
         return BindPlan(pod_id, node, {}, None)
     hold = holds.of(pod_id)
     if hold is None:
@@ -297,6 +303,7 @@ def prepare_bind(parts: Parts, pod_id: str, node: str, pod: PodInfo | None) -> B
         if group is None:
             holds.drop(snap.state, hold.alloc_id)
         raise BindRefusedError(f"{node}: {REASON_UNKNOWN_NODE}")
+    _check_node_rules(store, info, node)  # a filter reached without kube-scheduler's own checks
     if group is None:
         hold = holds.renew(hold.alloc_id, snap.now() + snap.settings.assume_ttl_seconds)
     if hold.gpu is None:

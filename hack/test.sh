@@ -58,6 +58,22 @@ if [[ "${NEURONETES_SKIP_CONTROL_PLANE_BUILD:-0}" != 1 ]]; then
     fi
 fi
 
+# ---- CUDA shim (node-agent/shim): build it and run its C tests under sanitizers ------------------
+# libneuronetes-cuda.so, the fake libcuda/libnvidia-ml and the C tests are built against the real
+# cuda.h / nvml.h of the dev extra; every case runs under ASan+UBSan, the region logic under TSan
+# too (gcc's libasan/libubsan/libtsan; Debian's gcc ships them). ~30 s on 2 cores.
+echo ">> make -C node-agent/shim test" >&2
+make -s -C "$REPO_ROOT/node-agent/shim" PYTHON="$VIRTUAL_ENV/bin/python" test
+
+# Prometheus (Debian package `prometheus`: the server and `promtool`) for the agent's exporter
+# tests: `promtool check metrics` on its output, and a real server scraping it in tests/e2e.
+# Installed without recommends (the package alone and a few JavaScript libraries of its web UI).
+if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+    echo ">> apt-get install prometheus (promtool, server)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null \
+        || echo "WARNING: prometheus not installed; the agent's promtool/scrape tests will skip" >&2
+fi
+
 echo ">> pytest" >&2
 status=0
 pytest "$@" || status=$?

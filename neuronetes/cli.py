@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from neuronetes.engine.policy import POLICIES
 from neuronetes.model import NodeSpec, PodRequest
@@ -204,6 +204,60 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         return 1
 
 
+def add_agent_commands_to(sub: Any, dev: Any) -> None:
+    """The node agent's verbs (``agent run``, ``drain``/``offline``/``online``, ``dev inject-*``).
+    Through importlib: node-agent/ is mapped to neuronetes.agent at install time."""
+    importlib.import_module("neuronetes.agent.daemon.commands").add_agent_commands(sub, dev)
+
+
+def cmd_operator(ns: argparse.Namespace) -> int:
+    # Through importlib: operator/ is installed as neuronetes.operator, which mypy cannot follow.
+    main_module = importlib.import_module("neuronetes.operator.main")
+    return int(main_module.operator_run(ns))
+
+
+def cmd_webhook(ns: argparse.Namespace) -> int:
+    main_module = importlib.import_module("neuronetes.operator.main")
+    return int(main_module.webhook_serve(ns))
+
+
+def add_operator_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    op = sub.add_parser("operator", help="the AgentPool/GPUSlice/ToolBinding operator").add_subparsers(
+        dest="operator_command", required=True
+    )
+    run = op.add_parser(
+        "run",
+        help="reconcile AgentPools (one replica)",
+        description="The NeuroNetes operator (kopf): AgentPool -> pods, status, events. Run one replica.",
+    )
+    run.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster)")
+    run.add_argument("--config", help="settings file, YAML or JSON (default: built-in settings)")
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.set_defaults(func=cmd_operator)
+
+
+def add_webhook_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    wh = sub.add_parser("webhook", help="the admission webhook").add_subparsers(
+        dest="webhook_command", required=True
+    )
+    serve = wh.add_parser(
+        "serve",
+        help="serve pod and NeuroNetes-object admission over HTTPS",
+        description="The NeuroNetes admission webhook: refuses what no GPU could satisfy, sets the "
+        "scheduler name. Run two or more replicas; they may share --port on one host (SO_REUSEPORT).",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=9443, help="listen port (default: 9443)")
+    serve.add_argument("--cert-dir", required=True, help="folder with tls.crt and tls.key")
+    serve.add_argument(
+        "--trusted-user",
+        action="append",
+        help="user allowed to change neuronetes.io/* annotations of existing pods (repeatable)",
+    )
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=cmd_webhook)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuronetes", description="NeuroNetes GPU scheduling")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -316,6 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the pods")
     demo.set_defaults(func=cmd_demo)
+    add_agent_commands_to(sub, dev)
+
+    add_operator_parser(sub)
+    add_webhook_parser(sub)
     return parser
 
 

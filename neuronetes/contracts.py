@@ -45,7 +45,7 @@ def mig_resource_name(profile: str) -> str:
     return RESOURCE_MIG_PREFIX + normalize_profile_name(profile).replace("+", ".")
 
 
-# ---- node labels (written by the agent; seed 004) --------------------------------------------
+# ---- node labels (written by the agent; docs/contracts.md) --------------------------------------------
 LABEL_GPU_TYPE: Final = f"{GROUP}/gpu-type"
 LABEL_GPU_MEMORY: Final = f"{GROUP}/gpu-memory"
 LABEL_GPU_COUNT: Final = f"{GROUP}/gpu-count"
@@ -87,14 +87,14 @@ SHIM_LIBRARY_PATH: Final = "/usr/lib/neuronetes/libneuronetes-cuda.so"  # inside
 SHIM_PRELOAD_FILE: Final = "/etc/ld.so.preload"  # injected read-only, lists SHIM_LIBRARY_PATH
 
 
-# ---- metrics (seed 004 names; base units, _total counters) ------------------------------------
+# ---- metrics (the documented names; base units, _total counters) ------------------------------------
 METRIC_SCHEDULER_LATENCY: Final = "neuronetes_scheduler_latency_seconds"
 METRIC_SCHEDULER_ATTEMPTS: Final = "neuronetes_scheduler_attempts_total"
 METRIC_SCHEDULER_SUCCESS: Final = "neuronetes_scheduler_success_total"
 METRIC_SCHEDULER_PENDING: Final = "neuronetes_scheduler_pending_pods"
 METRIC_TOPOLOGY_VIOLATIONS: Final = "neuronetes_scheduler_topology_violations_total"
 METRIC_GPU_UTILIZATION: Final = "neuronetes_gpu_utilization_percent"
-# extender (beyond seed 004): HTTP outcomes and the GPU cache
+# extender (beyond the scheduler metrics): HTTP outcomes and the GPU cache
 METRIC_SCHEDULER_REQUESTS: Final = "neuronetes_scheduler_requests_total"
 METRIC_CACHE_NODES: Final = "neuronetes_scheduler_cache_nodes"
 METRIC_CACHE_GPUS: Final = "neuronetes_scheduler_cache_gpus"
@@ -113,6 +113,10 @@ METRIC_GPU_POWER: Final = "neuronetes_gpu_power_watts"
 METRIC_GPU_LAST_XID: Final = "neuronetes_gpu_last_xid"
 METRIC_GPU_XID_ERRORS: Final = "neuronetes_gpu_xid_errors_total"
 METRIC_GPU_HEALTH: Final = "neuronetes_gpu_health_state"
+METRIC_GPU_STATE_TRANSITIONS: Final = "neuronetes_gpu_state_transitions_total"
+# per node (agent)
+METRIC_AGENT_DISCOVERY: Final = "neuronetes_agent_discovery_seconds"
+METRIC_AGENT_EVICTIONS: Final = "neuronetes_agent_evictions_total"
 # per slice = per (container, GPU) with an assignment (agent, from the shim's region)
 METRIC_SLICE_MEMORY_LIMIT: Final = "neuronetes_slice_memory_limit_bytes"
 METRIC_SLICE_MEMORY_USED: Final = "neuronetes_slice_memory_used_bytes"
@@ -140,7 +144,15 @@ class MetricSpec:
     help: str
 
 
-GPU_LABELS: Final = ("Hostname", "gpu", "UUID", "modelName")  # dcgm-exporter's label names
+# dcgm-exporter's label names, except `modelName`, spelled `model_name`: promtool's lint refuses
+# camelCase label names (docs/contracts.md "Metrics").
+GPU_LABELS: Final = ("Hostname", "gpu", "UUID", "model_name")
+GPU_USER_LABELS: Final = (
+    *GPU_LABELS,
+    "namespace",
+    "pod",
+    "container",
+)  # + the GPU's one user, as dcgm-exporter
 SLICE_LABELS: Final = ("Hostname", "namespace", "pod", "container", "UUID")
 
 METRICS: Final[tuple[MetricSpec, ...]] = (
@@ -203,21 +215,41 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(
         METRIC_GPU_UTILIZATION,
         MetricType.GAUGE,
-        GPU_LABELS,
-        "GPU utilization, 0-100 (seed 004 name; the one metric not in base units).",
+        GPU_USER_LABELS,
+        "GPU utilization, 0-100 (the product's documented name; the one metric not in base units).",
     ),
-    MetricSpec(METRIC_GPU_MEMORY_USED, MetricType.GAUGE, GPU_LABELS, "Framebuffer in use, bytes."),
-    MetricSpec(METRIC_GPU_MEMORY_FREE, MetricType.GAUGE, GPU_LABELS, "Framebuffer free, bytes."),
-    MetricSpec(METRIC_GPU_MEMORY_TOTAL, MetricType.GAUGE, GPU_LABELS, "Framebuffer size, bytes."),
-    MetricSpec(METRIC_GPU_TEMPERATURE, MetricType.GAUGE, GPU_LABELS, "GPU temperature, degrees Celsius."),
-    MetricSpec(METRIC_GPU_POWER, MetricType.GAUGE, GPU_LABELS, "Power draw, watts."),
-    MetricSpec(METRIC_GPU_LAST_XID, MetricType.GAUGE, GPU_LABELS, "Last XID error seen (0: none)."),
+    MetricSpec(METRIC_GPU_MEMORY_USED, MetricType.GAUGE, GPU_USER_LABELS, "Framebuffer in use, bytes."),
+    MetricSpec(METRIC_GPU_MEMORY_FREE, MetricType.GAUGE, GPU_USER_LABELS, "Framebuffer free, bytes."),
+    MetricSpec(METRIC_GPU_MEMORY_TOTAL, MetricType.GAUGE, GPU_USER_LABELS, "Framebuffer size, bytes."),
+    MetricSpec(
+        METRIC_GPU_TEMPERATURE, MetricType.GAUGE, GPU_USER_LABELS, "GPU temperature, degrees Celsius."
+    ),
+    MetricSpec(METRIC_GPU_POWER, MetricType.GAUGE, GPU_USER_LABELS, "Power draw, watts."),
+    MetricSpec(METRIC_GPU_LAST_XID, MetricType.GAUGE, GPU_USER_LABELS, "Last XID error seen (0: none)."),
     MetricSpec(METRIC_GPU_XID_ERRORS, MetricType.COUNTER, (*GPU_LABELS, "xid"), "XID errors seen."),
     MetricSpec(
         METRIC_GPU_HEALTH,
         MetricType.GAUGE,
         (*GPU_LABELS, "state"),
         "1 for the GPU's current health state (Available, Allocated, InUse, Degraded, ...), else 0.",
+    ),
+    MetricSpec(
+        METRIC_GPU_STATE_TRANSITIONS,
+        MetricType.COUNTER,
+        (*GPU_LABELS, "from", "to"),
+        "GPU state-machine transitions the agent recorded.",
+    ),
+    MetricSpec(
+        METRIC_AGENT_DISCOVERY,
+        MetricType.GAUGE,
+        ("Hostname",),
+        "Duration of the node's last GPU discovery (inventory scan), seconds.",
+    ),
+    MetricSpec(
+        METRIC_AGENT_EVICTIONS,
+        MetricType.COUNTER,
+        ("Hostname", "code"),
+        "Pods the agent asked the Eviction API to evict, by HTTP status of the answer.",
     ),
     MetricSpec(METRIC_SLICE_MEMORY_LIMIT, MetricType.GAUGE, SLICE_LABELS, "Slice memory limit, bytes."),
     MetricSpec(
@@ -253,7 +285,7 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
 
 
 class QoS(enum.StrEnum):
-    """GPU QoS class of a slice (seed 000 §8). Memory limits are hard for every class."""
+    """GPU QoS class of a slice (docs/contracts.md, `qos`). Memory limits are hard for every class."""
 
     GUARANTEED = "Guaranteed"  # compute share reserved: pacing keeps others out of it
     BURSTABLE = "Burstable"  # compute share is a floor under contention; idle compute may be used

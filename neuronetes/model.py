@@ -15,7 +15,7 @@ MILLI_PER_GPU = 1000
 
 
 class GpuHealth(enum.Enum):
-    """GPU states of seed 002's state machine.
+    """GPU states of the GPU state machine (docs/gpu-health.md).
 
     AVAILABLE/ALLOCATED/IN_USE are schedulable (capacity permitting); DEGRADED, RESETTING and
     OFFLINE take the GPU out of placement until it returns to AVAILABLE.
@@ -34,7 +34,7 @@ class GpuHealth(enum.Enum):
 
 
 class Locality(enum.Enum):
-    """Topology locality a multi-GPU request (or a gang) asks for (seed 004)."""
+    """Topology locality a multi-GPU request (or a gang) asks for (`gpuRequirements.topology.locality`)."""
 
     ANY = "any"
     SAME_NODE = "same-node"

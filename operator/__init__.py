@@ -1,1 +1,8 @@
 """NeuroNetes operator (kopf): reconciles AgentPool, GPUSlice and ToolBinding; admission webhook."""
+
+import threading
+
+CONVERT_LOCK = threading.Lock()
+"""Held around msgspec conversions in worker threads: msgspec 0.22 crashed the operator process
+(a segfault in msgspec._core) when threads converted the same Struct types for the first time at
+once. The conversions are CPU-bound, so the GIL serialises them anyway."""

@@ -59,6 +59,9 @@ MIG_PROFILE_PATTERN: Final = r"^[1-9][0-9]*g\.[1-9][0-9]*gb(\+me)?$"
 """MIG profile names (``1g.5gb``, ``3g.40gb``, ``1g.10gb+me``), as ``neuronetes.mig`` parses them."""
 DURATION_PATTERN: Final = r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$"
 CLOCK_RANGE_PATTERN: Final = r"^([01][0-9]|2[0-3]):[0-5][0-9]-([01][0-9]|2[0-3]):[0-5][0-9]$"
+TIME_ZONE_PATTERN: Final = r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$"
+LABEL_VALUE_PATTERN: Final = r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$"
+DNS_SUBDOMAIN_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 # Shared field types. int32/int64 are both Python int; the CRD's `format` is not mirrored.
 Quantity = int | Annotated[str, Meta(pattern=QUANTITY_PATTERN)]
@@ -151,7 +154,7 @@ class InterruptionThreshold(_Object):
 
 
 class CostOptimization(_Object):
-    enabled: bool = False
+    enabled: bool | None = None  # unset: resolved by neuronetes.operator.policy (docs/agentpool.md)
     slo_headroom_ms: NonNegative | None = None
     max_cost_per_hour: Annotated[float, Meta(ge=0)] | None = None
     spot_enabled: bool = False
@@ -165,12 +168,15 @@ class CostOptimization(_Object):
 class TimeShifting(_Object):
     enabled: bool = False
     clean_energy_hours: Annotated[str, Meta(pattern=CLOCK_RANGE_PATTERN)] | None = None
-    time_zone: Annotated[str, Meta(max_length=64)] = "UTC"
+    time_zone: Annotated[str, Meta(max_length=64, pattern=TIME_ZONE_PATTERN)] = "UTC"
 
 
 class CarbonAware(_Object):
     enabled: bool = False
-    preferred_regions: Annotated[list[Str63], Meta(max_length=64)] | None = None
+    preferred_regions: (
+        Annotated[list[Annotated[str, Meta(max_length=63, pattern=LABEL_VALUE_PATTERN)]], Meta(max_length=64)]
+        | None
+    ) = None
     time_shifting: TimeShifting | None = None
     max_carbon_intensity: Annotated[float, Meta(ge=0)] | None = None
 
@@ -243,6 +249,23 @@ class AgentPoolSpec(_Object):
     template: PodTemplate | None = None
 
 
+class Placement(_Object):
+    """Where one bound pod of a pool runs (from its ``neuronetes.io/assigned-gpus``)."""
+
+    pod: Str253
+    node: Str253 | None = None
+    gpus: Annotated[list[NonNegative], Meta(max_length=64)] | None = None
+    gang: Str63 | None = None
+
+
+class PolicyState(_Object):
+    """A policy block of an AgentPool spec as resolved, and what it does now."""
+
+    name: Str63
+    enabled: bool
+    effect: Annotated[str, Meta(max_length=1024)] | None = None
+
+
 class AgentPoolStatus(_Object):
     phase: Literal["Pending", "Scheduling", "Ready", "Scaling", "Degraded", "Failed"] | None = None
     replicas: NonNegative | None = None
@@ -255,6 +278,8 @@ class AgentPoolStatus(_Object):
     selector: str | None = None
     last_scale_time: datetime | None = None
     observed_generation: NonNegative | None = None
+    placements: Annotated[list[Placement], Meta(max_length=1024)] | None = None
+    policies: Annotated[list[PolicyState], Meta(max_length=16)] | None = None
     conditions: Conditions | None = None
 
 
@@ -377,8 +402,14 @@ class QueueConfig(_Object):
     poll_interval_seconds: Annotated[int, Meta(ge=1, le=3600)] = 15
 
 
+class PoolReference(_Object):
+    """A reference to an AgentPool in the same namespace."""
+
+    name: Annotated[str, Meta(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+
+
 class ToolBindingSpec(_Object):
-    pool_ref: LocalObjectReference | None = None
+    pool_ref: PoolReference | None = None
     queue: QueueSource | None = None
     queue_config: QueueConfig = field(default_factory=QueueConfig)
 
@@ -437,7 +468,7 @@ class _Root(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=
 
 class AgentPool(_Root, kw_only=True):
     kind: Literal["AgentPool"] = "AgentPool"
-    spec: AgentPoolSpec = field(default_factory=AgentPoolSpec)
+    spec: AgentPoolSpec = field(default_factory=AgentPoolSpec)  # the CRD requires it on the wire
     status: AgentPoolStatus | None = None
 
 
@@ -455,7 +486,7 @@ class GPUNode(_Root, kw_only=True):
 
 class ToolBinding(_Root, kw_only=True):
     kind: Literal["ToolBinding"] = "ToolBinding"
-    spec: ToolBindingSpec = field(default_factory=ToolBindingSpec)
+    spec: ToolBindingSpec = field(default_factory=ToolBindingSpec)  # the CRD requires it on the wire
     status: ToolBindingStatus | None = None
 
 

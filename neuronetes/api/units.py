@@ -1,6 +1,6 @@
 """How the API's quantities map onto hardware: GPU memory classes and NVLink bandwidth.
 
-Two seed values cannot be read literally (DESIGN.md §2):
+Two values of the scheduler guide's examples cannot be read literally (docs/agentpool.md):
 
 * **GPU memory.** ``gpuRequirements.memory: 80Gi`` means "an 80 GB GPU", but GPUs report a little
   less than their marketing size: an H100 80GB reports 81559 MiB (79.6 GiB), an A10 24GB 23028 MiB,
@@ -30,10 +30,14 @@ from neuronetes.quantity import QuantityError, QuantityLike, parse_quantity
 
 __all__ = [
     "BANDWIDTH_EPSILON_GBPS",
+    "GPU_MEMORY_CLASSES_GB",
     "GPU_MEMORY_CLASS_TOLERANCE",
+    "MAX_GPU_MEMORY_GB",
+    "MAX_NVLINK_GBPS",
     "NOMINAL_NVLINK_GBPS",
     "bandwidth_gbps",
     "bandwidth_satisfies",
+    "gpu_memory_class_labels",
     "gpu_memory_class_min_mib",
     "gpu_memory_satisfies",
     "nominal_nvlink_gbps",
@@ -45,6 +49,17 @@ _GB: Final = 10**9
 
 GPU_MEMORY_CLASS_TOLERANCE: Final = Fraction(7, 100)
 """A GPU may report this fraction less memory than a whole-GPU request names and still satisfy it."""
+
+GPU_MEMORY_CLASSES_GB: Final = (
+    *(4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80),
+    *(94, 96, 141, 144, 180, 192, 288),
+)
+"""Marketing sizes of GPU memory in GB, read as Gi in labels and requests (``80Gi``): the values of the
+node label ``neuronetes.io/gpu-memory`` (a GPU is labelled with the largest class it satisfies)."""
+
+MAX_GPU_MEMORY_GB: Final = GPU_MEMORY_CLASSES_GB[-1]
+"""The most memory any GPU model has (GB300: 288 GB); a larger request can never be satisfied. The CRDs
+repeat it as ``288Gi`` in their CEL bounds (tests/unit/test_operator_validation.py checks they agree)."""
 
 BANDWIDTH_EPSILON_GBPS: Final = 1e-6
 """Float slack when comparing GB/s figures (both sides are nominal, so equality must pass)."""
@@ -63,6 +78,9 @@ NOMINAL_NVLINK_GBPS: Final[dict[str, float]] = {
     "P100": 160.0,
 }
 """Nominal per-GPU NVLink bandwidth in decimal GB/s by GPU family (a PCIe card has no NVLink)."""
+
+MAX_NVLINK_GBPS: Final = max(NOMINAL_NVLINK_GBPS.values())
+"""The most NVLink bandwidth any GPU has; a larger ``minBandwidth`` can never be satisfied."""
 
 # A quantity string with a binary suffix; reading the suffix as decimal is one character less.
 _BINARY_SUFFIX_RE: Final = re.compile(
@@ -130,6 +148,21 @@ def gpu_memory_class_min_mib(q: QuantityLike) -> int:
     """
     mib = _positive(parse_quantity(q), "GPU memory", q) / _MIB
     return math.ceil(mib * (1 - GPU_MEMORY_CLASS_TOLERANCE))
+
+
+def gpu_memory_class_labels(q: QuantityLike) -> tuple[str, ...]:
+    """The ``neuronetes.io/gpu-memory`` label values of the GPUs a whole-GPU request ``q`` accepts.
+
+    A node is labelled with the largest class its GPUs satisfy, so the classes at least ``q`` are the
+    ones whose GPUs satisfy ``q`` (empty when no GPU model has that much memory).
+
+    >>> gpu_memory_class_labels("141Gi")
+    ('141Gi', '144Gi', '180Gi', '192Gi', '288Gi')
+    >>> gpu_memory_class_labels("70Gi")[:2], gpu_memory_class_labels("1Ti")
+    (('80Gi', '94Gi'), ())
+    """
+    least = gpu_memory_class_min_mib(q)
+    return tuple(f"{gb}Gi" for gb in GPU_MEMORY_CLASSES_GB if gb * 1024 >= least)
 
 
 def gpu_memory_satisfies(request: QuantityLike, gpu_memory_mib: int) -> bool:

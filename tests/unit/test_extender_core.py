@@ -204,6 +204,18 @@ def test_a_pod_without_gpus_binds_only_where_its_rules_allow(
         assert refused in error and env.api.bindings == []
 
 
+def test_a_gpu_pod_held_by_a_filter_still_needs_the_nodes_rules_at_bind() -> None:
+    # The attack of issue 9: a made-up /filter holds a DGX for an 8-GPU pod whose nodeSelector
+    # matches no node (kube-scheduler never offered it that node); its /bind is refused.
+    env = Env({"dgx-a100-80gb": 1})
+    pod = gpu_pod("sneaky", 8)
+    pod["spec"]["nodeSelector"] = {"pool": "nowhere"}
+    env.add(pod)
+    (node,) = env.filter(pod).node_names
+    assert "does not match the pod's nodeSelector (pool=nowhere)" in env.bind(pod, node)
+    assert env.api.bindings == []
+
+
 # ---- nudges when holds end ------------------------------------------------------------------------
 def test_an_expired_hold_nudges_the_pods_it_blocked() -> None:
     env = Env(assume_ttl_seconds=10)

@@ -75,7 +75,7 @@ extern "C" {
 #define NN_NAME_BYTES 64u        /* a DNS label (63) + NUL */
 #define NN_REGION_SIZE 65536u    /* total file size; fixed per major version */
 
-#define NN_DEFAULT_PACING_WINDOW_NS UINT64_C(10000000) /* 10 ms (seed 000 §5) */
+#define NN_DEFAULT_PACING_WINDOW_NS UINT64_C(10000000) /* 10 ms (docs/shim.md) */
 
 /* Where the region is inside the container (the NRI plugin mounts the directory read-only;
  * the file itself is writable). Not overridable by environment in cluster mode. */

@@ -1,0 +1,272 @@
+"""The agent's command-line verbs: ``agent run``, ``drain``/``offline``/``online`` and the dev fault
+injectors. `neuronetes.cli` registers them (`add_agent_commands`); every verb prints one line on
+error and returns an exit status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import secrets
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported when a verb runs: the rest of the CLI does without the API client
+    from kubernetes.client import ApiClient
+
+    from .kube import Kube
+
+__all__ = ["add_agent_commands"]
+
+
+def _api(kubeconfig: str | None) -> ApiClient:
+    from kubernetes import config as kube_config
+    from kubernetes.client import ApiClient
+
+    if kubeconfig:
+        return kube_config.new_client_from_config(config_file=kubeconfig)
+    try:
+        kube_config.load_incluster_config()
+        return ApiClient()
+    except kube_config.ConfigException:
+        return kube_config.new_client_from_config()
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 1
+
+
+# ---- agent run -----------------------------------------------------------------------------------
+
+
+def cmd_agent_run(ns: argparse.Namespace) -> int:
+    from kubernetes.config import ConfigException
+
+    from .devices import DiscoveryError
+    from .fleet import AgentProcess, AgentSettings
+
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        settings = AgentSettings(
+            node=ns.node,
+            simulate_nodes=ns.simulate_nodes,
+            interval_s=ns.interval,
+            heartbeat_s=ns.heartbeat,
+            watchdog_s=ns.watchdog,
+            reset_seconds=ns.simulated_reset_seconds,
+            region_dir=Path(ns.region_dir) if ns.region_dir else None,
+        )
+        api = _api(ns.kubeconfig)
+    except (ValueError, ConfigException, OSError) as exc:
+        return _error(str(exc))
+
+    def nvml_backend() -> Any:
+        from .nvml import NvmlGpus, load_nvml
+
+        return NvmlGpus(load_nvml())
+
+    process = AgentProcess(api, settings, nvml_backend=nvml_backend)
+    if ns.metrics_port >= 0:
+        from .exporter import serve_metrics
+
+        try:
+            port = serve_metrics(lambda: list(process.agents.values()), ns.metrics_port, ns.metrics_host)
+        except OSError as exc:
+            return _error(f"metrics on {ns.metrics_host}:{ns.metrics_port}: {exc}")
+        print(f"metrics on http://{ns.metrics_host}:{port}/metrics", file=sys.stderr, flush=True)
+
+    def on_signal(signum: int, frame: object) -> None:
+        process.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        process.run()
+    except DiscoveryError as exc:
+        return _error(str(exc))
+    finally:
+        process.stop()
+    return 0
+
+
+# ---- drain / offline / online ---------------------------------------------------------------------
+
+
+def _find_gpunode(kube: Kube, uuid: str) -> dict[str, Any]:
+    """The GPUNode whose status lists GPU `uuid` (KeyError when none does)."""
+    from .kube import GPUNODES_PATH
+
+    for item in kube.request("GET", GPUNODES_PATH).get("items") or ():
+        for g in (item.get("status") or {}).get("gpus") or ():
+            if g.get("uuid") == uuid:
+                return dict(item)
+    raise KeyError(f"no GPUNode lists GPU {uuid}")
+
+
+def _gpu_status(gpunode: dict[str, Any], uuid: str) -> dict[str, Any]:
+    return next(g for g in gpunode["status"]["gpus"] if g.get("uuid") == uuid)
+
+
+def _request(kube: Kube, node: str, order: dict[str, Any]) -> str:
+    from .node import REQUEST_PREFIX
+
+    key = f"{REQUEST_PREFIX}{secrets.token_hex(6)}"
+    kube.patch_gpunode(node, {"metadata": {"annotations": {key: json.dumps(order)}}})
+    return key
+
+
+def _set_lists(kube: Kube, gpunode: dict[str, Any], uuid: str, *, cordon: bool, offline: bool) -> None:
+    """Add or remove `uuid` in spec.cordonedGPUs and the offline annotation, guarded by the
+    object's resourceVersion (a concurrent change makes the patch fail with 409, not lose data)."""
+    from .node import ANNOTATION_OFFLINE_GPUS
+
+    meta = gpunode["metadata"]
+    cordoned = [u for u in (gpunode.get("spec") or {}).get("cordonedGPUs") or () if u != uuid]
+    held = [
+        u
+        for u in (meta.get("annotations") or {}).get(ANNOTATION_OFFLINE_GPUS, "").split(",")
+        if u and u != uuid
+    ]
+    if cordon:
+        cordoned.append(uuid)
+    if offline:
+        held.append(uuid)
+    patch = {
+        "metadata": {
+            "resourceVersion": meta["resourceVersion"],
+            "annotations": {ANNOTATION_OFFLINE_GPUS: ",".join(held) or None},
+        },
+        "spec": {"cordonedGPUs": cordoned or None},
+    }
+    kube.patch_gpunode(meta["name"], patch)
+
+
+def cmd_gpu_admin(ns: argparse.Namespace) -> int:
+    from kubernetes.config import ConfigException
+
+    from .kube import Kube, KubeError
+
+    try:
+        kube = Kube(_api(ns.kubeconfig))
+        gpunode = _find_gpunode(kube, ns.gpu_id)
+        node = gpunode["metadata"]["name"]
+        if ns.command == "drain":
+            _set_lists(kube, gpunode, ns.gpu_id, cordon=True, offline=False)
+            print(f"GPU {ns.gpu_id} on {node}: cordoned (running work continues, nothing new is placed)")
+        elif ns.command == "offline":
+            users = _gpu_status(gpunode, ns.gpu_id).get("allocations") or []
+            if users and not ns.force:
+                pods = sorted({f"{a['namespace']}/{a['pod']}" for a in users})
+                return _error(
+                    f"GPU {ns.gpu_id} is used by {', '.join(pods)}: drain it, or --force to evict them"
+                )
+            _set_lists(kube, gpunode, ns.gpu_id, cordon=True, offline=True)
+            if users:
+                _request(kube, node, {"verb": "evict", "gpu": ns.gpu_id})
+            print(
+                f"GPU {ns.gpu_id} on {node}: offline"
+                + (f", evicting {len(users)} allocations" if users else "")
+            )
+        else:
+            _set_lists(kube, gpunode, ns.gpu_id, cordon=False, offline=False)
+            _request(kube, node, {"verb": "online", "gpu": ns.gpu_id})
+            print(f"GPU {ns.gpu_id} on {node}: back in service")
+    except (KeyError, KubeError, ConfigException, OSError) as exc:
+        return _error(str(exc).strip("'\""))
+    return 0
+
+
+# ---- dev inject-* ----------------------------------------------------------------------------
+
+
+def cmd_inject(ns: argparse.Namespace) -> int:
+    if ns.dev_command == "inject-xid":
+        if not 1 <= ns.xid <= 999:
+            return _error(f"--xid {ns.xid} is not an XID (1-999)")
+        fault: dict[str, Any] = {"xid": ns.xid}
+    elif ns.dev_command == "inject-temperature":
+        fault = {"temperatureCelsius": ns.celsius}
+    else:
+        if ns.corrected < 0 or ns.uncorrected < 0 or not (ns.corrected or ns.uncorrected):
+            return _error("give --corrected and/or --uncorrected as positive counts")
+        fault = {k: v for k, v in (("eccCorrected", ns.corrected), ("eccUncorrected", ns.uncorrected)) if v}
+    from kubernetes.config import ConfigException
+
+    from .kube import Kube, KubeError
+
+    try:
+        kube = Kube(_api(ns.kubeconfig))
+        node = _find_gpunode(kube, ns.gpu_id)["metadata"]["name"]
+        key = _request(kube, node, {"verb": "inject", "gpu": ns.gpu_id, "fault": fault})
+    except (KeyError, KubeError, ConfigException, OSError) as exc:
+        return _error(str(exc).strip("'\""))
+    print(f"{node}: {key} {json.dumps(fault)}")
+    return 0
+
+
+def add_agent_commands(sub: Any, dev: Any) -> None:
+    """Register ``agent run``, ``drain``, ``offline``, ``online`` on `sub` and the ``inject-*``
+    verbs on the ``dev`` subparsers."""
+    agent = sub.add_parser("agent", help="the node agent").add_subparsers(dest="agent_command", required=True)
+    run = agent.add_parser(
+        "run",
+        help="serve a GPU node (NVML) or a fleet of simulated nodes",
+        description="Discover GPUs, track their health, publish GPUNode, labels and capacity, evict pods "
+        "from failed GPUs, export metrics (docs/gpu-health.md).",
+    )
+    target = run.add_mutually_exclusive_group(required=True)
+    target.add_argument("--node", help="serve this node's real GPUs through NVML")
+    target.add_argument(
+        "--simulate-nodes", metavar="SELECTOR", help="serve every Node matching this label selector"
+    )
+    run.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, else ~/.kube/config)")
+    run.add_argument("--interval", type=float, default=1.0, help="seconds between health rounds (default 1)")
+    run.add_argument("--heartbeat", type=float, default=60.0, help="seconds between GPUNode heartbeats")
+    run.add_argument("--watchdog", type=float, default=10.0, help="seconds NVML may hang before GPUs degrade")
+    run.add_argument(
+        "--simulated-reset-seconds", type=float, default=5.0, help="fleet: a GPU reset's duration"
+    )
+    run.add_argument("--metrics-port", type=int, default=9400, help="Prometheus port (-1: none; 0: any free)")
+    run.add_argument("--metrics-host", default="127.0.0.1", help="metrics listen address (default loopback)")
+    run.add_argument(
+        "--region-dir",
+        default="/run/neuronetes/containers",
+        help="--node: where the containers' shim regions are written ('' for none)",
+    )
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.set_defaults(func=cmd_agent_run)
+
+    for verb, text in (
+        ("drain", "keep new work off a GPU; running work continues"),
+        ("offline", "take a GPU out of service (refused while pods use it, unless --force evicts them)"),
+        ("online", "put a GPU back in service (after a repair or a failed reset)"),
+    ):
+        p = sub.add_parser(verb, help=text, description=text)
+        p.add_argument("--gpu-id", required=True, metavar="UUID", help="the GPU's NVML UUID (GPU-...)")
+        p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, else ~/.kube/config)")
+        if verb == "offline":
+            p.add_argument("--force", action="store_true", help="evict the pods using the GPU")
+        p.set_defaults(func=cmd_gpu_admin)
+
+    for verb, text in (
+        ("inject-xid", "report an XID on a simulated GPU"),
+        ("inject-temperature", "set a simulated GPU's temperature"),
+        ("inject-ecc", "add ECC errors to a simulated GPU"),
+    ):
+        p = dev.add_parser(
+            verb, help=text, description=f"{text} (served by a fleet agent; docs/gpu-health.md)"
+        )
+        p.add_argument("--gpu-id", required=True, metavar="UUID")
+        p.add_argument("--kubeconfig", help="kubeconfig (default: ~/.kube/config)")
+        if verb == "inject-xid":
+            p.add_argument("--xid", type=int, required=True)
+        elif verb == "inject-temperature":
+            p.add_argument("--celsius", type=float, required=True)
+        else:
+            p.add_argument("--corrected", type=int, default=0)
+            p.add_argument("--uncorrected", type=int, default=0)
+        p.set_defaults(func=cmd_inject)

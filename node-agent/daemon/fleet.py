@@ -1,0 +1,284 @@
+"""The agent process: one node with real GPUs (NVML), or a fleet of simulated nodes.
+
+`AgentProcess` owns the watches (Nodes, Pods, GPUNodes), one `NodeAgent` per served node, the
+loop that ticks them, the NVML watchdog and the reset workers. In fleet mode
+(``--simulate-nodes SELECTOR``) every Node matching the label selector is served with the
+simulated backend of its profile (label ``node.kubernetes.io/instance-type``), so a kwok cluster
+of a thousand nodes has live agents in one process. `start_fleet_agent` launches that process for
+the dev cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+from kubernetes.client import ApiClient
+
+from neuronetes.devcluster.profiles import LABEL_PROFILE, PROFILES
+
+from .devices import Discovery, DiscoveryError
+from .kube import GPUNODES_PATH, Informer, Kube, KubeError
+from .node import NodeAgent
+from .pods import pod_use
+from .regions import RegionKeeper
+from .simulated import SimulatedGpus
+
+__all__ = ["AGENT_VERSION", "AgentProcess", "AgentSettings", "start_fleet_agent"]
+
+log = logging.getLogger("neuronetes.agent")
+
+AGENT_VERSION: Final = "0.1.0"
+
+
+class AgentSettings:
+    """How the process runs (the CLI's flags)."""
+
+    def __init__(
+        self,
+        *,
+        node: str | None = None,
+        simulate_nodes: str | None = None,
+        interval_s: float = 1.0,
+        heartbeat_s: float = 60.0,
+        watchdog_s: float = 10.0,
+        reset_seconds: float = 5.0,
+        start_workers: int = 8,
+        tick_workers: int = 16,
+        region_dir: Path | None = None,
+    ) -> None:
+        if (node is None) == (simulate_nodes is None):
+            raise ValueError("give exactly one of --node (real GPUs) and --simulate-nodes (a fleet)")
+        self.node = node
+        self.simulate_nodes = simulate_nodes
+        self.interval_s = interval_s
+        self.heartbeat_s = heartbeat_s
+        self.watchdog_s = watchdog_s
+        self.reset_seconds = reset_seconds
+        self.start_workers = start_workers
+        self.tick_workers = tick_workers
+        self.region_dir = region_dir  # shim regions are written only for real GPUs (--node)
+
+
+class AgentProcess:
+    """Serves its nodes until `stop()`."""
+
+    def __init__(
+        self,
+        api: ApiClient,
+        settings: AgentSettings,
+        *,
+        nvml_backend: Callable[[], Discovery] | None = None,
+    ) -> None:
+        self.kube = Kube(api)
+        self.settings = settings
+        self.agents: dict[str, NodeAgent] = {}
+        self.lock = threading.Lock()
+        self._nvml_backend = nvml_backend
+        self._local: Discovery | None = None  # the NVML backend of --node
+        self._stop = threading.Event()
+        self._pending: dict[str, dict[str, Any]] = {}  # node name -> Node object, to start
+        self._starting: set[str] = set()
+        self._pods: dict[str, dict[str, Any]] = {}  # pod uid -> pod (the served nodes' pods)
+        self._resets = ThreadPoolExecutor(max_workers=4, thread_name_prefix="gpu-reset")
+        self._starter = ThreadPoolExecutor(
+            max_workers=settings.start_workers, thread_name_prefix="node-start"
+        )
+        self.informers: list[Informer] = []
+        self.started_at = time.monotonic()
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Start the watches, then tick every node each interval until `stop()`. With ``--node``,
+        raises `DiscoveryError` at once when NVML cannot be used (the DaemonSet restarts it)."""
+        s = self.settings
+        if s.node is not None:
+            if self._nvml_backend is None:
+                raise DiscoveryError("no NVML backend")
+            self._local = self._nvml_backend()
+        node_query = (
+            [("labelSelector", s.simulate_nodes or "")]
+            if s.simulate_nodes
+            else [("fieldSelector", f"metadata.name={s.node}")]
+        )
+        pod_query = [("fieldSelector", f"spec.nodeName={s.node}")] if s.node else []
+        gpunode_query = [("fieldSelector", f"metadata.name={s.node}")] if s.node else []
+        self.informers = [
+            Informer(self.kube, "/api/v1/nodes", self._on_node, query=node_query).start(),
+            Informer(self.kube, "/api/v1/pods", self._on_pod, query=pod_query).start(),
+            Informer(self.kube, GPUNODES_PATH, self._on_gpunode, query=gpunode_query).start(),
+        ]
+        watchdog = threading.Thread(target=self._watchdog, name="nvml-watchdog", daemon=True)
+        watchdog.start()
+        # Rounds run on the workers: a node's writes (heartbeats, transitions) wait on the API
+        # server, and a thousand nodes' worth of them in one thread would not fit in a round.
+        with ThreadPoolExecutor(max_workers=s.tick_workers, thread_name_prefix="tick") as ticks:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                self._start_pending()
+                for _ in ticks.map(self._tick, list(self.agents.values())):
+                    pass
+                self._stop.wait(max(0.0, s.interval_s - (time.monotonic() - started)))
+        watchdog.join(timeout=5)
+
+    def _tick(self, agent: NodeAgent) -> None:
+        if not self._stop.is_set():
+            agent.tick()
+
+    def request_stop(self) -> None:
+        """Make `run` return after the current round (safe from a signal handler)."""
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Stop the watches, the backends and the workers (after `run` returned)."""
+        self._stop.set()
+        for informer in self.informers:
+            informer.stop()
+        with self.lock:
+            agents = list(self.agents.values())
+        for agent in agents:
+            agent.backend.close()
+        self._starter.shutdown(wait=True, cancel_futures=True)
+        self._resets.shutdown(wait=True, cancel_futures=True)
+
+    def published(self) -> int:
+        """Nodes whose first publication is done."""
+        return len(self.agents)
+
+    # ---- watches -------------------------------------------------------------------------------
+
+    def _on_node(self, kind: str, node: dict[str, Any]) -> None:
+        name = node["metadata"]["name"]
+        with self.lock:
+            if kind == "DELETED":
+                self._pending.pop(name, None)
+                agent = self.agents.pop(name, None)
+                if agent is not None:
+                    agent.backend.close()
+            elif name not in self.agents and name not in self._starting:
+                self._pending[name] = node
+
+    def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"].get("uid", "")
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            return
+        use = None if kind == "DELETED" else pod_use(pod)
+        with self.lock:
+            if use is None:
+                self._pods.pop(uid, None)
+            else:
+                self._pods[uid] = pod
+            agent = self.agents.get(node)
+        if agent is not None:
+            agent.set_pod(uid, use)
+
+    def _on_gpunode(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            agent = self.agents.get(obj["metadata"]["name"])
+        if agent is None:
+            return
+        if kind == "DELETED":
+            agent.gpunode_deleted()
+        else:
+            agent.set_gpunode(obj)
+
+    # ---- nodes ---------------------------------------------------------------------------------
+
+    def _start_pending(self) -> None:
+        with self.lock:
+            pending, self._pending = self._pending, {}
+            self._starting |= set(pending)
+        for name, node in pending.items():
+            self._starter.submit(self._start_node, name, node)
+
+    def _backend(self, name: str, node: dict[str, Any]) -> Discovery | None:
+        if self.settings.node is not None:
+            return self._local
+        profile_name = (node["metadata"].get("labels") or {}).get(LABEL_PROFILE, "")
+        profile = PROFILES.get(profile_name)
+        if profile is None or not profile.gpu_count:
+            return None  # a CPU node or an unknown profile: nothing to serve
+        return SimulatedGpus(profile, name, reset_seconds=self.settings.reset_seconds)
+
+    def _start_node(self, name: str, node: dict[str, Any]) -> None:
+        try:
+            backend = self._backend(name, node)
+            if backend is None:
+                return
+            agent = NodeAgent(
+                name,
+                node["metadata"].get("uid", ""),
+                backend,
+                self.kube,
+                self._resets,
+                agent_version=AGENT_VERSION,
+                heartbeat_s=self.settings.heartbeat_s,
+                regions=RegionKeeper(self.settings.region_dir)
+                if self.settings.region_dir is not None and self.settings.node is not None
+                else None,
+            )
+            with self.lock:
+                pods = [p for p in self._pods.values() if p["spec"].get("nodeName") == name]
+            for pod in pods:
+                agent.set_pod(pod["metadata"]["uid"], pod_use(pod))
+            agent.start(node)
+            with self.lock:
+                self.agents[name] = agent
+                # Pods seen while starting.
+                late = [p for p in self._pods.values() if p["spec"].get("nodeName") == name]
+            for pod in late:
+                agent.set_pod(pod["metadata"]["uid"], pod_use(pod))
+        except (DiscoveryError, KubeError) as exc:
+            log.warning("node %s: cannot start: %s; retrying", name, exc)
+            with self.lock:
+                self._pending.setdefault(name, node)
+        finally:
+            with self.lock:
+                self._starting.discard(name)
+
+    def _watchdog(self) -> None:
+        while not self._stop.wait(1.0):
+            for agent in list(self.agents.values()):
+                if agent.watchdog(self.settings.watchdog_s):
+                    log.error("node %s: NVML has hung for over %.0f s", agent.node, self.settings.watchdog_s)
+
+
+def start_fleet_agent(
+    kubeconfig: Path,
+    selector: str,
+    log_file: Path,
+    *,
+    metrics_port: int = 0,
+    extra_args: Sequence[str] = (),
+) -> subprocess.Popen[bytes]:
+    """Launch ``neuronetes agent run --simulate-nodes SELECTOR`` as a host process (the dev
+    cluster's agent); its output goes to `log_file`. The caller stops it with SIGTERM."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "neuronetes.cli",
+        "agent",
+        "run",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--simulate-nodes",
+        selector,
+        "--metrics-port",
+        str(metrics_port),
+        *extra_args,
+    ]
+    out = log_file.open("ab")
+    try:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+    finally:
+        out.close()

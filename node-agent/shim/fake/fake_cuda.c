@@ -1,0 +1,1126 @@
+/*
+ * fake_cuda.c — a fake libcuda.so.1 for testing the shim without a GPU (never shipped).
+ *
+ * Compiled against the real cuda.h (with __CUDA_API_VERSION_INTERNAL, as the driver itself is,
+ * so every versioned and per-thread-stream name is declared and each definition here is checked
+ * against the header's prototype). It simulates:
+ *   - devices with FAKE_CUDA_MEM_BYTES of memory, whose account (per device and per process) is
+ *     kept in the shared state file (fake_state.h): the oracle;
+ *   - one GPU engine per device that runs kernels one at a time, in submission order across all
+ *     processes. A kernel "runs" for the nanoseconds in its first parameter (a uint64_t that
+ *     kernelParams[0] points to) or FAKE_CUDA_KERNEL_NS; nothing really executes, the fake only
+ *     keeps time, so stream and event waits sleep until the simulated completion;
+ *   - events stamped with simulated GPU time: an event recorded just before a kernel is stamped
+ *     with that kernel's start (as the GPU processes it when it gets to it), one after with its end;
+ *   - stream capture into graphs (kernel, memory-allocation and free nodes) and graph launch;
+ *   - pools, VMM (cuMemCreate/cuMemMap/cuMemRelease), managed and pitched allocations;
+ *   - cuGetProcAddress / cuGetProcAddress_v2 with versioned and _ptsz variants;
+ *   - the checkpoint API's state machine: RUNNING -> LOCKED -> CHECKPOINTED -> LOCKED -> RUNNING;
+ *     a checkpoint moves the process's device memory out of the account, a restore brings it back,
+ *     and the locked process's allocations and launches wait until it runs again.
+ * One file, long, because it stands for one library; its sections follow the driver's API families.
+ */
+#define _GNU_SOURCE
+#define __CUDA_API_VERSION_INTERNAL 1
+#include <cuda.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../src/ptrmap.h"
+#include "fake_state.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- time and the account ------------------------------------------------------------------ */
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_until(uint64_t t) {
+    struct timespec ts = {(time_t)(t / 1000000000u), (long)(t % 1000000000u)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+/* The latest clock reading: events complete in order, so most completion checks are answered
+ * without reading the clock again (a system call on some machines). */
+static uint64_t g_seen_now;
+
+static int reached(uint64_t t) {
+    if (t <= __atomic_load_n(&g_seen_now, __ATOMIC_RELAXED)) return 1;
+    uint64_t now = now_ns();
+    __atomic_store_n(&g_seen_now, now, __ATOMIC_RELAXED);
+    return t <= now;
+}
+
+static int g_initialized;
+static fake_state *g_state;
+static fake_proc *g_self; /* this process's entry (dropped in a forked child) */
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+static void forget_self(void) { g_self = NULL; }
+static void install_atfork(void) { pthread_atfork(NULL, NULL, forget_self); }
+
+static fake_proc *self_entry(void) {
+    fake_proc *p = __atomic_load_n(&g_self, __ATOMIC_ACQUIRE);
+    if (p != NULL) return p;
+    pthread_once(&g_atfork_once, install_atfork);
+    fake_state_lock(g_state);
+    p = fake_state_self(g_state);
+    fake_state_unlock(g_state);
+    __atomic_store_n(&g_self, p, __ATOMIC_RELEASE);
+    return p;
+}
+
+/* A checkpoint-locked process's API calls block until it runs again (as the driver's locks do). */
+static void ckpt_gate(fake_proc *self) {
+    while (self != NULL && __atomic_load_n(&self->ckpt_state, __ATOMIC_ACQUIRE) != FAKE_CKPT_RUNNING)
+        usleep(500);
+}
+
+#define REQUIRE_INIT()                                    \
+    do {                                                  \
+        if (!__atomic_load_n(&g_initialized, __ATOMIC_ACQUIRE)) \
+            return CUDA_ERROR_NOT_INITIALIZED;            \
+    } while (0)
+
+/* ---- process-local objects ------------------------------------------------------------------- */
+
+typedef struct fake_ctx {
+    int dev;
+    int primary;
+} fake_ctx;
+
+typedef struct fake_event {
+    uint64_t ts;  /* simulated GPU time the event completes */
+    int recorded;
+} fake_event;
+
+enum { NODE_KERNEL, NODE_ALLOC, NODE_FREE };
+typedef struct fake_node {
+    int type;
+    uint64_t value; /* kernel ns, or the allocation's address */
+    uint64_t size;
+    int dev;
+} fake_node;
+
+typedef struct fake_graph {
+    fake_node *nodes;
+    size_t count, cap;
+} fake_graph;
+
+typedef struct fake_stream {
+    pthread_mutex_t lock;
+    int dev;
+    uint64_t tail;             /* simulated time its last queued work completes */
+    fake_event *pending_begin; /* recorded right before the next work: stamped with its start */
+    fake_graph *capture;       /* non-NULL while capturing */
+    uint64_t capture_id;
+} fake_stream;
+
+typedef struct fake_pool {
+    int dev;
+} fake_pool;
+
+static fake_ctx g_primary[FAKE_MAX_DEVICES] = {{0, 1}, {1, 1}, {2, 1}, {3, 1}};
+static __thread fake_ctx *t_ctx;
+static fake_stream g_legacy_stream = {PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, NULL, 0};
+static __thread fake_stream *t_ptds_stream;
+static fake_pool g_default_pool[FAKE_MAX_DEVICES] = {{0}, {1}, {2}, {3}};
+static pthread_mutex_t g_map_lock = PTHREAD_MUTEX_INITIALIZER;
+static nn_ptrmap g_allocs;  /* device address -> bytes (device memory the fake holds for us) */
+static nn_ptrmap g_handles; /* VMM handle -> bytes */
+static uint64_t g_next_va = UINT64_C(0x7f0000000000);
+static uint64_t g_capture_seq;
+static uint64_t g_last_tail; /* latest completion of anything this process queued */
+
+static int current_dev(void) { return t_ctx != NULL ? t_ctx->dev : 0; }
+
+static uint64_t reserve_va(uint64_t size) {
+    uint64_t aligned = (size + 0x1fffff) & ~UINT64_C(0x1fffff);
+    return __atomic_fetch_add(&g_next_va, aligned ? aligned : 0x200000, __ATOMIC_RELAXED);
+}
+
+static fake_stream *stream_of(CUstream s, int per_thread) {
+    if (s == CU_STREAM_PER_THREAD || (s == NULL && per_thread)) {
+        if (t_ptds_stream == NULL) {
+            /* one per thread for the process's lifetime, as the driver's per-thread stream */
+            t_ptds_stream = calloc(1, sizeof *t_ptds_stream);
+            if (t_ptds_stream == NULL) abort();
+            pthread_mutex_init(&t_ptds_stream->lock, NULL);
+            t_ptds_stream->dev = current_dev();
+        }
+        return t_ptds_stream;
+    }
+    if (s == NULL || s == CU_STREAM_LEGACY) return &g_legacy_stream;
+    return (fake_stream *)s;
+}
+
+static void note_tail(uint64_t t) {
+    uint64_t old = __atomic_load_n(&g_last_tail, __ATOMIC_RELAXED);
+    while (old < t && !__atomic_compare_exchange_n(&g_last_tail, &old, t, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
+static void graph_add(fake_graph *g, fake_node n) {
+    if (g->count == g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 16;
+        fake_node *nodes = realloc(g->nodes, cap * sizeof *nodes);
+        if (nodes == NULL) abort();
+        g->nodes = nodes;
+        g->cap = cap;
+    }
+    g->nodes[g->count++] = n;
+}
+
+/* ---- memory in the account ------------------------------------------------------------------- */
+
+static CUresult account_alloc(int dev, uint64_t size) {
+    fake_proc *self = self_entry();
+    if (self == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    ckpt_gate(self);
+    fake_state_lock(g_state);
+    fake_device *d = &g_state->devices[dev];
+    if (d->used_bytes + size > d->total_bytes) fake_state_reap(g_state);
+    CUresult rc = CUDA_SUCCESS;
+    if (d->used_bytes + size > d->total_bytes) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        self->used[dev] += size;
+        d->used_bytes += size;
+        if (d->used_bytes > d->peak_bytes) d->peak_bytes = d->used_bytes;
+    }
+    fake_state_unlock(g_state);
+    return rc;
+}
+
+static void account_free(int dev, uint64_t size) {
+    fake_proc *self = self_entry();
+    if (self == NULL) return;
+    fake_state_lock(g_state);
+    self->used[dev] -= size < self->used[dev] ? size : self->used[dev];
+    g_state->devices[dev].used_bytes -= size < g_state->devices[dev].used_bytes ? size : g_state->devices[dev].used_bytes;
+    fake_state_unlock(g_state);
+}
+
+static CUresult alloc_at(uint64_t va, uint64_t size, int dev, nn_ptrmap *map) {
+    CUresult rc = account_alloc(dev, size);
+    if (rc != CUDA_SUCCESS) return rc;
+    pthread_mutex_lock(&g_map_lock);
+    int ok = nn_ptrmap_put(map, (nn_ptr_entry){va, size, dev, 0});
+    pthread_mutex_unlock(&g_map_lock);
+    if (ok != 0) {
+        account_free(dev, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult alloc_new(CUdeviceptr *dptr, uint64_t size, int dev) {
+    if (dptr == NULL || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t va = reserve_va(size);
+    CUresult rc = alloc_at(va, size, dev, &g_allocs);
+    if (rc == CUDA_SUCCESS) *dptr = (CUdeviceptr)va;
+    return rc;
+}
+
+static CUresult free_at(uint64_t key, nn_ptrmap *map) {
+    nn_ptr_entry e;
+    pthread_mutex_lock(&g_map_lock);
+    int found = nn_ptrmap_take(map, key, &e);
+    pthread_mutex_unlock(&g_map_lock);
+    if (!found) return CUDA_ERROR_INVALID_VALUE;
+    account_free(e.dev, e.size);
+    return CUDA_SUCCESS;
+}
+
+/* ---- init, devices, contexts ----------------------------------------------------------------- */
+
+EXPORT CUresult cuInit(unsigned int flags) {
+    (void)flags;
+    g_state = fake_state_open();
+    if (g_state == NULL) return CUDA_ERROR_NO_DEVICE;
+    static int image_started;
+    if (!__atomic_exchange_n(&image_started, 1, __ATOMIC_ACQ_REL)) {
+        /* first cuInit of this program image: memory an earlier image of this PID held (before an
+         * exec) was released when its device files closed */
+        fake_state_lock(g_state);
+        fake_proc *p = fake_state_find(g_state, (int32_t)getpid());
+        if (p != NULL) {
+            for (unsigned d = 0; d < FAKE_MAX_DEVICES; d++) {
+                g_state->devices[d].used_bytes -= p->used[d];
+                p->used[d] = 0;
+            }
+        }
+        fake_state_unlock(g_state);
+    }
+    __atomic_store_n(&g_initialized, 1, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v) {
+    if (v == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *v = CUDA_VERSION;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *count) {
+    REQUIRE_INIT();
+    if (count == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *count = (int)g_state->device_count;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    REQUIRE_INIT();
+    if (device == NULL || ordinal < 0 || ordinal >= (int)g_state->device_count) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+static int valid_dev(CUdevice dev) { return g_state != NULL && dev >= 0 && dev < (int)g_state->device_count; }
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    REQUIRE_INIT();
+    if (name == NULL || len <= 0 || !valid_dev(dev)) return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)len, "NeuroNetes Fake GPU %d", dev);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    REQUIRE_INIT();
+    if (uuid == NULL || !valid_dev(dev)) return CUDA_ERROR_INVALID_VALUE;
+    /* the bytes of fake_device_uuid(): fa4e0000-0000-4000-8000-<index as 12 hex digits> */
+    static const unsigned char prefix[10] = {0xfa, 0x4e, 0, 0, 0, 0, 0x40, 0, 0x80, 0};
+    memcpy(uuid->bytes, prefix, sizeof prefix);
+    for (int i = 0; i < 6; i++) uuid->bytes[10 + i] = (char)(((uint64_t)dev >> (8 * (5 - i))) & 0xff);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
+
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    REQUIRE_INIT();
+    if (bytes == NULL || !valid_dev(dev)) return CUDA_ERROR_INVALID_VALUE;
+    *bytes = g_state->devices[dev].total_bytes;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+    REQUIRE_INIT();
+    if (pi == NULL || !valid_dev(dev)) return CUDA_ERROR_INVALID_VALUE;
+    switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = 132; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
+    default: *pi = 1; break;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    REQUIRE_INIT();
+    if (pctx == NULL || !valid_dev(dev)) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (CUcontext)&g_primary[dev];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    REQUIRE_INIT();
+    return valid_dev(dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+static CUresult ctx_create(CUcontext *pctx, CUdevice dev) {
+    REQUIRE_INIT();
+    if (pctx == NULL || !valid_dev(dev)) return CUDA_ERROR_INVALID_VALUE;
+    fake_ctx *c = calloc(1, sizeof *c);
+    if (c == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    c->dev = dev;
+    t_ctx = c;
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags, CUdevice dev) {
+    (void)params, (void)n, (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev) {
+    (void)params, (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    REQUIRE_INIT();
+    fake_ctx *c = (fake_ctx *)ctx;
+    if (c == NULL || c->primary) return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_ctx == c) t_ctx = NULL;
+    free(c);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+    REQUIRE_INIT();
+    t_ctx = (fake_ctx *)ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    REQUIRE_INIT();
+    if (pctx == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (CUcontext)t_ctx;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *device) {
+    REQUIRE_INIT();
+    if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (t_ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    *device = t_ctx->dev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    REQUIRE_INIT();
+    sleep_until(__atomic_load_n(&g_last_tail, __ATOMIC_RELAXED));
+    return CUDA_SUCCESS;
+}
+
+/* ---- memory ------------------------------------------------------------------------------------ */
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    REQUIRE_INIT();
+    return alloc_new(dptr, bytesize, current_dev());
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width, size_t height, unsigned int elem) {
+    REQUIRE_INIT();
+    if (pPitch == NULL || (elem != 4 && elem != 8 && elem != 16)) return CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = (width + 511) & ~(size_t)511;
+    CUresult rc = alloc_new(dptr, (uint64_t)pitch * height, current_dev());
+    if (rc == CUDA_SUCCESS) *pPitch = pitch;
+    return rc;
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    REQUIRE_INIT();
+    (void)flags;
+    return alloc_new(dptr, bytesize, current_dev());
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    REQUIRE_INIT();
+    if (dptr == 0) return CUDA_SUCCESS;
+    return free_at((uint64_t)dptr, &g_allocs);
+}
+
+static CUresult alloc_async(CUdeviceptr *dptr, size_t size, int dev, CUstream hStream, int ptds) {
+    REQUIRE_INIT();
+    if (dptr == NULL || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    fake_stream *s = stream_of(hStream, ptds);
+    pthread_mutex_lock(&s->lock);
+    fake_graph *g = s->capture;
+    if (g != NULL) { /* captured: a memory node, allocated when the graph is launched */
+        uint64_t va = reserve_va(size);
+        graph_add(g, (fake_node){NODE_ALLOC, va, size, dev});
+        pthread_mutex_unlock(&s->lock);
+        *dptr = (CUdeviceptr)va;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return alloc_new(dptr, size, dev);
+}
+
+static CUresult free_async(CUdeviceptr dptr, CUstream hStream, int ptds) {
+    REQUIRE_INIT();
+    fake_stream *s = stream_of(hStream, ptds);
+    pthread_mutex_lock(&s->lock);
+    fake_graph *g = s->capture;
+    if (g != NULL) {
+        graph_add(g, (fake_node){NODE_FREE, (uint64_t)dptr, 0, 0});
+        pthread_mutex_unlock(&s->lock);
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return free_at((uint64_t)dptr, &g_allocs);
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) { return alloc_async(dptr, size, current_dev(), s, 0); }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) { return alloc_async(dptr, size, current_dev(), s, 1); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) { return free_async(dptr, s, 0); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s) { return free_async(dptr, s, 1); }
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
+    if (pool == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return alloc_async(dptr, size, ((fake_pool *)pool)->dev, s, 0);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
+    if (pool == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return alloc_async(dptr, size, ((fake_pool *)pool)->dev, s, 1);
+}
+
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    REQUIRE_INIT();
+    if (pool == NULL || props == NULL || !valid_dev(props->location.id)) return CUDA_ERROR_INVALID_VALUE;
+    fake_pool *p = calloc(1, sizeof *p);
+    if (p == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    p->dev = props->location.id;
+    *pool = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    REQUIRE_INIT();
+    fake_pool *p = (fake_pool *)pool;
+    if (p == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (p < g_default_pool || p >= g_default_pool + FAKE_MAX_DEVICES) free(p);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    (void)keep;
+    REQUIRE_INIT();
+    return pool != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+    REQUIRE_INIT();
+    if (pool == NULL || !valid_dev(dev)) return CUDA_ERROR_INVALID_VALUE;
+    *pool = (CUmemoryPool)&g_default_pool[dev];
+    return CUDA_SUCCESS;
+}
+
+/* VMM: physical memory is held from cuMemCreate until cuMemRelease (mappings are not tracked). */
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags) {
+    REQUIRE_INIT();
+    (void)flags;
+    if (handle == NULL || prop == NULL || size == 0 || !valid_dev(prop->location.id)) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t key = reserve_va(1) | 1; /* unique, never 0 */
+    CUresult rc = alloc_at(key, size, prop->location.id, &g_handles);
+    if (rc == CUDA_SUCCESS) *handle = (CUmemGenericAllocationHandle)key;
+    return rc;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    REQUIRE_INIT();
+    return free_at((uint64_t)handle, &g_handles);
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags) {
+    REQUIRE_INIT();
+    (void)align, (void)addr, (void)flags;
+    if (ptr == NULL || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    *ptr = (CUdeviceptr)reserve_va(size);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    REQUIRE_INIT();
+    return (ptr != 0 && size != 0) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                         unsigned long long flags) {
+    REQUIRE_INIT();
+    (void)offset, (void)flags;
+    pthread_mutex_lock(&g_map_lock);
+    int known = nn_ptrmap_find(&g_handles, (uint64_t)handle) != NULL;
+    pthread_mutex_unlock(&g_map_lock);
+    return (known && ptr != 0 && size != 0) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    REQUIRE_INIT();
+    return (ptr != 0 && size != 0) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    REQUIRE_INIT();
+    return (ptr != 0 && size != 0 && desc != NULL && count > 0) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                              CUmemAllocationGranularity_flags option) {
+    REQUIRE_INIT();
+    (void)option;
+    if (granularity == NULL || prop == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *granularity = 2u << 20;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    REQUIRE_INIT();
+    if (free_bytes == NULL || total == NULL) return CUDA_ERROR_INVALID_VALUE;
+    int dev = current_dev();
+    fake_state_lock(g_state);
+    fake_state_reap(g_state);
+    fake_device *d = &g_state->devices[dev];
+    *total = d->total_bytes;
+    *free_bytes = d->total_bytes - d->used_bytes;
+    fake_state_unlock(g_state);
+    return CUDA_SUCCESS;
+}
+
+/* ---- streams, events, capture ------------------------------------------------------------------- */
+
+EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int flags) {
+    REQUIRE_INIT();
+    (void)flags;
+    if (phStream == NULL) return CUDA_ERROR_INVALID_VALUE;
+    fake_stream *s = calloc(1, sizeof *s);
+    if (s == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_init(&s->lock, NULL);
+    s->dev = current_dev();
+    *phStream = (CUstream)s;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
+    REQUIRE_INIT();
+    fake_stream *s = (fake_stream *)hStream;
+    if (s == NULL || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD) return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_destroy(&s->lock);
+    free(s->capture);
+    free(s);
+    return CUDA_SUCCESS;
+}
+
+static CUresult stream_sync(CUstream h, int ptds) {
+    REQUIRE_INIT();
+    fake_stream *s = stream_of(h, ptds);
+    pthread_mutex_lock(&s->lock);
+    uint64_t tail = s->tail;
+    int capturing = s->capture != NULL;
+    pthread_mutex_unlock(&s->lock);
+    if (capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    sleep_until(tail);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream h) { return stream_sync(h, 0); }
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream h) { return stream_sync(h, 1); }
+
+static CUresult stream_query(CUstream h, int ptds) {
+    REQUIRE_INIT();
+    fake_stream *s = stream_of(h, ptds);
+    pthread_mutex_lock(&s->lock);
+    uint64_t tail = s->tail;
+    pthread_mutex_unlock(&s->lock);
+    return tail <= now_ns() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuStreamQuery(CUstream h) { return stream_query(h, 0); }
+EXPORT CUresult cuStreamQuery_ptsz(CUstream h) { return stream_query(h, 1); }
+
+static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, int ptds) {
+    REQUIRE_INIT();
+    (void)mode;
+    if (h == NULL || h == CU_STREAM_LEGACY) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    fake_stream *s = stream_of(h, ptds);
+    pthread_mutex_lock(&s->lock);
+    CUresult rc = CUDA_ERROR_ILLEGAL_STATE;
+    if (s->capture == NULL) {
+        s->capture = calloc(1, sizeof *s->capture);
+        s->capture_id = __atomic_add_fetch(&g_capture_seq, 1, __ATOMIC_RELAXED);
+        rc = s->capture != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode) { return begin_capture(h, mode, 0); }
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode) { return begin_capture(h, mode, 1); }
+
+static CUresult end_capture(CUstream h, CUgraph *graph, int ptds) {
+    REQUIRE_INIT();
+    if (graph == NULL) return CUDA_ERROR_INVALID_VALUE;
+    fake_stream *s = stream_of(h, ptds);
+    pthread_mutex_lock(&s->lock);
+    fake_graph *g = s->capture;
+    s->capture = NULL;
+    s->capture_id = 0;
+    pthread_mutex_unlock(&s->lock);
+    if (g == NULL) return CUDA_ERROR_ILLEGAL_STATE;
+    *graph = (CUgraph)g;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph *graph) { return end_capture(h, graph, 0); }
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *graph) { return end_capture(h, graph, 1); }
+
+static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status, cuuint64_t *id, int ptds) {
+    REQUIRE_INIT();
+    if (status == NULL) return CUDA_ERROR_INVALID_VALUE;
+    fake_stream *s = stream_of(h, ptds);
+    pthread_mutex_lock(&s->lock);
+    *status = s->capture != NULL ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (id != NULL) *id = s->capture_id;
+    pthread_mutex_unlock(&s->lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st) { return is_capturing(h, st, NULL, 0); }
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st) { return is_capturing(h, st, NULL, 1); }
+
+EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *graph,
+                                          const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps) {
+    (void)graph, (void)deps, (void)edges;
+    if (ndeps != NULL) *ndeps = 0;
+    return is_capturing(h, st, id, 0);
+}
+
+EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *graph,
+                                               const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps) {
+    (void)graph, (void)deps, (void)edges;
+    if (ndeps != NULL) *ndeps = 0;
+    return is_capturing(h, st, id, 1);
+}
+
+EXPORT CUresult cuEventCreate(CUevent *ev, unsigned int flags) {
+    REQUIRE_INIT();
+    (void)flags;
+    if (ev == NULL) return CUDA_ERROR_INVALID_VALUE;
+    fake_event *e = calloc(1, sizeof *e);
+    if (e == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    *ev = (CUevent)e;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent ev) {
+    REQUIRE_INIT();
+    if (ev == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    free(ev);
+    return CUDA_SUCCESS;
+}
+
+static CUresult event_record(CUevent ev, CUstream h, int ptds) {
+    REQUIRE_INIT();
+    fake_event *e = (fake_event *)ev;
+    if (e == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    fake_stream *s = stream_of(h, ptds);
+    pthread_mutex_lock(&s->lock);
+    if (s->capture == NULL) {
+        e->ts = s->tail; /* refined to the next kernel's start if one follows (run_kernels) */
+        e->recorded = 1;
+        s->pending_begin = e;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent ev, CUstream h) { return event_record(ev, h, 0); }
+EXPORT CUresult cuEventRecord_ptsz(CUevent ev, CUstream h) { return event_record(ev, h, 1); }
+
+static uint64_t event_time(const fake_event *e) { return __atomic_load_n(&e->ts, __ATOMIC_ACQUIRE); }
+
+EXPORT CUresult cuEventQuery(CUevent ev) {
+    REQUIRE_INIT();
+    fake_event *e = (fake_event *)ev;
+    if (e == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    return reached(event_time(e)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent ev) {
+    REQUIRE_INIT();
+    fake_event *e = (fake_event *)ev;
+    if (e == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    sleep_until(event_time(e));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end) {
+    REQUIRE_INIT();
+    fake_event *a = (fake_event *)start, *b = (fake_event *)end;
+    if (ms == NULL || a == NULL || b == NULL || !a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t ta = event_time(a), tb = event_time(b);
+    if (!reached(ta) || !reached(tb)) return CUDA_ERROR_NOT_READY;
+    *ms = (float)((double)((int64_t)(tb - ta)) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) { return cuEventElapsedTime_v2(ms, start, end); }
+
+/* ---- launches ---------------------------------------------------------------------------------- */
+
+static uint64_t g_default_kernel_ns;
+
+static uint64_t kernel_ns(void **params) {
+    if (params != NULL && params[0] != NULL) return *(const uint64_t *)params[0];
+    uint64_t d = __atomic_load_n(&g_default_kernel_ns, __ATOMIC_RELAXED);
+    if (d == 0) {
+        const char *v = getenv("FAKE_CUDA_KERNEL_NS");
+        d = v != NULL ? strtoull(v, NULL, 10) : 10000;
+        if (d == 0) d = 1;
+        __atomic_store_n(&g_default_kernel_ns, d, __ATOMIC_RELAXED);
+    }
+    return d;
+}
+
+/* Queue `ns` of GPU work on stream `s` (locked by the caller): it starts when both the stream
+ * and the device's engine are free, and the engine is taken until it ends. */
+static void run_kernels(fake_stream *s, uint64_t ns, uint64_t count) {
+    fake_proc *self = self_entry();
+    ckpt_gate(self);
+    fake_device *d = &g_state->devices[s->dev];
+    uint64_t now = now_ns();
+    uint64_t start, end;
+    uint64_t busy = __atomic_load_n(&d->busy_until_ns, __ATOMIC_RELAXED);
+    do {
+        start = now > s->tail ? now : s->tail;
+        if (busy > start) start = busy;
+        end = start + ns;
+    } while (!__atomic_compare_exchange_n(&d->busy_until_ns, &busy, end, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED));
+    if (s->pending_begin != NULL) {
+        __atomic_store_n(&s->pending_begin->ts, start, __ATOMIC_RELEASE);
+        s->pending_begin = NULL;
+    }
+    s->tail = end;
+    note_tail(end);
+    __atomic_fetch_add(&d->busy_ns_total, ns, __ATOMIC_RELAXED);
+    if (self != NULL) {
+        __atomic_fetch_add(&self->busy_ns[s->dev], ns, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&self->launches, count, __ATOMIC_RELAXED);
+    }
+}
+
+static CUresult launch(CUfunction f, CUstream h, void **params, int ptds) {
+    REQUIRE_INIT();
+    if (f == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t ns = kernel_ns(params);
+    fake_stream *s = stream_of(h, ptds);
+    pthread_mutex_lock(&s->lock);
+    if (s->capture != NULL)
+        graph_add(s->capture, (fake_node){NODE_KERNEL, ns, 0, s->dev});
+    else
+        run_kernels(s, ns, 1);
+    pthread_mutex_unlock(&s->lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                               unsigned bz, unsigned shared, CUstream h, void **params, void **extra) {
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)extra;
+    return launch(f, h, params, 0);
+}
+
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                    unsigned bz, unsigned shared, CUstream h, void **params, void **extra) {
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)extra;
+    return launch(f, h, params, 1);
+}
+
+/* The same function under a name the shim does not hook: the benchmark's "direct" baseline. */
+EXPORT CUresult fake_direct_cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                           unsigned, CUstream, void **, void **)
+    __attribute__((alias("cuLaunchKernel")));
+
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
+    (void)extra;
+    if (config == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, config->hStream, params, 0);
+}
+
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params, void **extra) {
+    (void)extra;
+    if (config == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, config->hStream, params, 1);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                          unsigned by, unsigned bz, unsigned shared, CUstream h, void **params) {
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared;
+    return launch(f, h, params, 0);
+}
+
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                               unsigned by, unsigned bz, unsigned shared, CUstream h, void **params) {
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared;
+    return launch(f, h, params, 1);
+}
+
+/* ---- graphs -------------------------------------------------------------------------------------- */
+
+static CUresult instantiate(CUgraphExec *exec, CUgraph graph) {
+    REQUIRE_INIT();
+    fake_graph *g = (fake_graph *)graph;
+    if (exec == NULL || g == NULL) return CUDA_ERROR_INVALID_VALUE;
+    fake_graph *copy = calloc(1, sizeof *copy);
+    if (copy == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    for (size_t i = 0; i < g->count; i++) graph_add(copy, g->nodes[i]);
+    *exec = (CUgraphExec)copy;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
+    (void)flags;
+    return instantiate(exec, graph);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+    (void)p;
+    return instantiate(exec, graph);
+}
+
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph graph, CUDA_GRAPH_INSTANTIATE_PARAMS *p) {
+    (void)p;
+    return instantiate(exec, graph);
+}
+
+static void graph_free(fake_graph *g) {
+    if (g == NULL) return;
+    free(g->nodes);
+    free(g);
+}
+
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
+    REQUIRE_INIT();
+    graph_free((fake_graph *)exec);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphDestroy(CUgraph graph) {
+    REQUIRE_INIT();
+    graph_free((fake_graph *)graph);
+    return CUDA_SUCCESS;
+}
+
+/* Memory nodes allocate when the graph runs and free at its free nodes; kernels run back to back. */
+static CUresult graph_launch(CUgraphExec exec, CUstream h, int ptds) {
+    REQUIRE_INIT();
+    fake_graph *g = (fake_graph *)exec;
+    if (g == NULL) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t ns = 0, kernels = 0;
+    for (size_t i = 0; i < g->count; i++) {
+        fake_node *n = &g->nodes[i];
+        if (n->type == NODE_ALLOC) {
+            CUresult rc = alloc_at(n->value, n->size, n->dev, &g_allocs);
+            if (rc != CUDA_SUCCESS) return rc;
+        } else if (n->type == NODE_FREE) {
+            free_at(n->value, &g_allocs);
+        } else {
+            ns += n->value;
+            kernels++;
+        }
+    }
+    fake_stream *s = stream_of(h, ptds);
+    pthread_mutex_lock(&s->lock);
+    if (kernels > 0) run_kernels(s, ns, kernels);
+    pthread_mutex_unlock(&s->lock);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream h) { return graph_launch(exec, h, 0); }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream h) { return graph_launch(exec, h, 1); }
+
+/* ---- checkpoint API ------------------------------------------------------------------------------ */
+
+static CUresult ckpt_transition(int pid, uint32_t from, uint32_t to, int move_memory) {
+    REQUIRE_INIT();
+    fake_state_lock(g_state);
+    fake_proc *p = fake_state_find(g_state, pid);
+    CUresult rc = CUDA_SUCCESS;
+    if (p == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (p->ckpt_state != from) {
+        rc = CUDA_ERROR_ILLEGAL_STATE;
+    } else {
+        for (unsigned d = 0; d < FAKE_MAX_DEVICES && move_memory != 0; d++) {
+            fake_device *dev = &g_state->devices[d];
+            if (move_memory > 0) { /* checkpoint: device memory out to the host */
+                p->checkpointed[d] = p->used[d];
+                dev->used_bytes -= p->used[d];
+                p->used[d] = 0;
+            } else if (dev->used_bytes + p->checkpointed[d] > dev->total_bytes) {
+                rc = CUDA_ERROR_OUT_OF_MEMORY; /* restore needs the room back */
+            }
+        }
+        if (move_memory < 0 && rc == CUDA_SUCCESS) {
+            for (unsigned d = 0; d < FAKE_MAX_DEVICES; d++) {
+                p->used[d] = p->checkpointed[d];
+                g_state->devices[d].used_bytes += p->checkpointed[d];
+                if (g_state->devices[d].used_bytes > g_state->devices[d].peak_bytes)
+                    g_state->devices[d].peak_bytes = g_state->devices[d].used_bytes;
+                p->checkpointed[d] = 0;
+            }
+        }
+        if (rc == CUDA_SUCCESS) __atomic_store_n(&p->ckpt_state, to, __ATOMIC_RELEASE);
+    }
+    fake_state_unlock(g_state);
+    return rc;
+}
+
+EXPORT CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args) {
+    (void)args;
+    return ckpt_transition(pid, FAKE_CKPT_RUNNING, FAKE_CKPT_LOCKED, 0);
+}
+
+EXPORT CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args) {
+    (void)args;
+    return ckpt_transition(pid, FAKE_CKPT_LOCKED, FAKE_CKPT_CHECKPOINTED, 1);
+}
+
+EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args) {
+    (void)args;
+    return ckpt_transition(pid, FAKE_CKPT_CHECKPOINTED, FAKE_CKPT_LOCKED, -1);
+}
+
+EXPORT CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args) {
+    (void)args;
+    return ckpt_transition(pid, FAKE_CKPT_LOCKED, FAKE_CKPT_RUNNING, 0);
+}
+
+EXPORT CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state) {
+    REQUIRE_INIT();
+    if (state == NULL) return CUDA_ERROR_INVALID_VALUE;
+    fake_state_lock(g_state);
+    fake_proc *p = fake_state_find(g_state, pid);
+    if (p != NULL) *state = (CUprocessState)p->ckpt_state;
+    fake_state_unlock(g_state);
+    return p != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+EXPORT CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) {
+    REQUIRE_INIT();
+    if (tid == NULL) return CUDA_ERROR_INVALID_VALUE;
+    fake_state_lock(g_state);
+    int known = fake_state_find(g_state, pid) != NULL;
+    fake_state_unlock(g_state);
+    if (!known) return CUDA_ERROR_INVALID_VALUE;
+    *tid = pid; /* the fake restores on the process's main thread */
+    return CUDA_SUCCESS;
+}
+
+/* ---- errors, export tables ------------------------------------------------------------------------ */
+
+EXPORT CUresult cuGetErrorString(CUresult error, const char **str) {
+    if (str == NULL) return CUDA_ERROR_INVALID_VALUE;
+    switch (error) {
+    case CUDA_SUCCESS: *str = "no error"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *str = "out of memory"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *str = "initialization error"; break;
+    default: *str = "unknown error"; break;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGetErrorName(CUresult error, const char **str) {
+    if (str == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *str = error == CUDA_SUCCESS ? "CUDA_SUCCESS" : error == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY"
+                                                                                     : "CUDA_ERROR_UNKNOWN";
+    return CUDA_SUCCESS;
+}
+
+/* Private tables the runtime asks for by UUID; the fake has one, the same for every id. */
+static const uintptr_t g_export_table[4] = {sizeof g_export_table, 0x5eed, 0, 0};
+
+EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id) {
+    if (table == NULL || id == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *table = g_export_table;
+    return CUDA_SUCCESS;
+}
+
+/* ---- cuGetProcAddress -------------------------------------------------------------------------------- */
+
+typedef struct proc_entry {
+    const char *name;   /* base name the caller asks for */
+    int min_version;    /* first CUDA version (1000*major + 10*minor) that has this variant */
+    void *legacy;       /* default-stream variant */
+    void *per_thread;   /* _ptsz/_ptds variant, or NULL when the same */
+} proc_entry;
+
+#define E(n, v, f) {n, v, (void *)(f), NULL}
+#define P(n, v, f) {n, v, (void *)(f), (void *)(f##_ptsz)}
+/* Newest variant first: the first entry whose min_version the caller reaches wins. */
+static const proc_entry g_procs[] = {
+    E("cuInit", 2000, cuInit), E("cuDriverGetVersion", 2020, cuDriverGetVersion),
+    E("cuDeviceGet", 2000, cuDeviceGet), E("cuDeviceGetCount", 2000, cuDeviceGetCount),
+    E("cuDeviceGetName", 2000, cuDeviceGetName), E("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
+    E("cuDeviceGetUuid", 9020, cuDeviceGetUuid), E("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+    E("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+    E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    E("cuCtxCreate", 12050, cuCtxCreate_v4), E("cuCtxCreate", 11040, cuCtxCreate_v3),
+    E("cuCtxCreate", 3020, cuCtxCreate_v2), E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    E("cuCtxSetCurrent", 4000, cuCtxSetCurrent), E("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
+    E("cuCtxGetDevice", 2000, cuCtxGetDevice), E("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    E("cuMemAlloc", 3020, cuMemAlloc_v2), E("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
+    E("cuMemAllocManaged", 6000, cuMemAllocManaged), E("cuMemFree", 3020, cuMemFree_v2),
+    P("cuMemAllocAsync", 11020, cuMemAllocAsync), P("cuMemFreeAsync", 11020, cuMemFreeAsync),
+    P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+    E("cuMemPoolCreate", 11020, cuMemPoolCreate), E("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+    E("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo), E("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    E("cuMemCreate", 10020, cuMemCreate), E("cuMemRelease", 10020, cuMemRelease),
+    E("cuMemAddressReserve", 10020, cuMemAddressReserve), E("cuMemAddressFree", 10020, cuMemAddressFree),
+    E("cuMemMap", 10020, cuMemMap), E("cuMemUnmap", 10020, cuMemUnmap), E("cuMemSetAccess", 10020, cuMemSetAccess),
+    E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+    E("cuStreamCreate", 2000, cuStreamCreate), E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    P("cuStreamSynchronize", 2000, cuStreamSynchronize), P("cuStreamQuery", 2000, cuStreamQuery),
+    P("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2), P("cuStreamEndCapture", 10000, cuStreamEndCapture),
+    P("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
+    P("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3),
+    E("cuEventCreate", 2000, cuEventCreate), E("cuEventDestroy", 4000, cuEventDestroy_v2),
+    P("cuEventRecord", 2000, cuEventRecord), E("cuEventQuery", 2000, cuEventQuery),
+    E("cuEventSynchronize", 2000, cuEventSynchronize), E("cuEventElapsedTime", 12080, cuEventElapsedTime_v2),
+    E("cuEventElapsedTime", 2000, cuEventElapsedTime),
+    P("cuLaunchKernel", 4000, cuLaunchKernel), P("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
+    P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    E("cuGraphInstantiate", 11040, cuGraphInstantiateWithFlags),
+    E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    P("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams),
+    E("cuGraphExecDestroy", 10000, cuGraphExecDestroy), E("cuGraphDestroy", 10000, cuGraphDestroy),
+    P("cuGraphLaunch", 10000, cuGraphLaunch),
+    E("cuCheckpointProcessLock", 12080, cuCheckpointProcessLock),
+    E("cuCheckpointProcessCheckpoint", 12080, cuCheckpointProcessCheckpoint),
+    E("cuCheckpointProcessRestore", 12080, cuCheckpointProcessRestore),
+    E("cuCheckpointProcessUnlock", 12080, cuCheckpointProcessUnlock),
+    E("cuCheckpointProcessGetState", 12080, cuCheckpointProcessGetState),
+    E("cuCheckpointProcessGetRestoreThreadId", 12080, cuCheckpointProcessGetRestoreThreadId),
+    E("cuGetErrorString", 6000, cuGetErrorString), E("cuGetErrorName", 6000, cuGetErrorName),
+    E("cuGetExportTable", 3000, cuGetExportTable),
+    E("cuGetProcAddress", 12000, cuGetProcAddress_v2), E("cuGetProcAddress", 11030, cuGetProcAddress),
+};
+#undef E
+#undef P
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status) {
+    if (symbol == NULL || pfn == NULL) return CUDA_ERROR_INVALID_VALUE;
+    int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    int found_older = 0;
+    for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
+        const proc_entry *e = &g_procs[i];
+        if (strcmp(e->name, symbol) != 0) continue;
+        if (version < e->min_version) {
+            found_older = 1;
+            continue;
+        }
+        *pfn = (per_thread && e->per_thread != NULL) ? e->per_thread : e->legacy;
+        if (status != NULL) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
+    *pfn = NULL;
+    if (status != NULL)
+        *status = found_older ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Run one C test case of the shim: run_case.sh <build variant dir> <case>
+# Each case gets a fresh region (written as the agent writes it) and a fresh fake-GPU account.
+set -euo pipefail
+build="$1" name="$2"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+export FAKE_CUDA_STATE="$work/gpu" NEURONETES_REGION_PATH="$work/region"
+export LD_LIBRARY_PATH="$build/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+preload="$build/lib/libneuronetes-cuda.so"
+if [[ "$build" == *asan* ]]; then
+    # the sanitizer runtime must come first in the initial library list
+    preload="$(${CC:-gcc} -print-file-name=libasan.so):$preload"
+    export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0" UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+fi
+mib=$((1 << 20))
+limit=$((128 * mib)) share=100 control=1 flags=0 case="$name" major=""
+case "$name" in
+    memory|checkpoint) limit=$((256 * mib)) ;;
+    capture) share=10 ;;
+    admission) control=0 ;;
+    env-cluster) case=env; export CUDA_DEVICE_MEMORY_LIMIT=64m ;;
+    env-standalone) case=env flags=2; export CUDA_DEVICE_MEMORY_LIMIT=64m ;;
+    unassigned) export FAKE_CUDA_DEVICES=2 ;;
+    refused-missing) case=refused ;;
+    refused-version) case=refused major=2 ;;
+    race)
+        # processes x threads racing every allocation API against the limit; one is killed
+        LD_PRELOAD="$preload" "$build/race" 4 8 1500 $((256 * mib)) 1
+        exit 0 ;;
+esac
+if [[ "$name" != refused-missing ]]; then
+    "$build/mkregion" "$work/region" "$limit" "$share" "$control" "$flags" $major
+fi
+LD_PRELOAD="$preload" "$build/test_shim" "$case" "$work/region"

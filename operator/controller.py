@@ -1,0 +1,301 @@
+"""One AgentPool reconcile: read the pool and its pods, apply the plan, write status and events.
+
+The decisions are made by pure functions (`policy.resolve`, `pods.desired_pods`,
+`reconcile.plan`, `status.pool_status`); this module only does the API calls around them, with
+the synchronous Kubernetes client (the kopf handlers run it in worker threads).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from neuronetes import contracts as c
+from neuronetes.api.models import AgentPool, AgentPoolStatus, ToolBinding, decode
+
+from . import CONVERT_LOCK
+from .pods import LABEL_POOL, desired_pods, priority_class
+from .policy import resolve
+from .reconcile import Action, plan
+from .settings import OperatorSettings
+from .status import pool_status
+from .toolbindings import binding_status
+
+__all__ = ["PoolController", "patch_status", "post_event"]
+
+log = logging.getLogger("neuronetes.operator")
+_CONVERT = CONVERT_LOCK
+PLURAL = "agentpools"
+_REASON_TEXT = {
+    "Created": "created pods {names}",
+    "ScaledDown": "deleted pods {names}: the pool wants fewer replicas",
+    "PodFinished": "deleted pods {names}: they failed or exited; they are recreated",
+    "GangBroken": "deleted pods {names}: their gang lost a member after binding; the gang is recreated whole",
+    "Outdated": "deleted pods {names}: the pool's spec changed (rolling replacement)",
+}
+
+
+def _names(names: list[str], shown: int = 10) -> str:
+    head = ", ".join(names[:shown])
+    return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
+
+
+class PoolController:
+    """Reconciles AgentPools; thread-safe (one reconcile per pool at a time is the caller's job)."""
+
+    def __init__(self, api: client.ApiClient, settings: OperatorSettings) -> None:
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.policy = client.PolicyV1Api(api)
+        self.scheduling = client.SchedulingV1Api(api)
+        self.api = api
+        self.settings = settings
+        self.nodes: dict[str, Mapping[str, Any]] = {}
+        self._priority_classes: set[str] = set()
+        self._lock = threading.Lock()
+        self._calls = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
+
+    # ---- node cache (fed by the kopf node watch) ------------------------------------------------
+
+    def node_seen(self, name: str, body: Mapping[str, Any] | None) -> None:
+        with self._lock:
+            if body is None:
+                self.nodes.pop(name, None)
+            else:
+                self.nodes[name] = {
+                    "metadata": {"labels": dict(body.get("metadata", {}).get("labels") or {})}
+                }
+
+    # ---- the reconcile -------------------------------------------------------------------------
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        try:
+            pool = self.custom.get_namespaced_custom_object(c.GROUP, c.VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # deleted: its pods and budget go with it (ownerReferences)
+            raise
+        try:
+            with _CONVERT:
+                spec = decode(pool, AgentPool).spec
+        except msgspec.ValidationError as exc:
+            self._event(pool, "Warning", "InvalidSpec", f"the pool's spec cannot be used: {exc}")
+            self._write_status(pool, AgentPoolStatus(phase="Failed"))
+            return
+        with _CONVERT:
+            resolved = resolve(spec)
+        if resolved.priority or resolved.preemption:
+            self._ensure_priority_class(resolved.priority, resolved.preemption)
+        self._ensure_budget(pool, resolved.desired, resolved.gang_size, spec.min_replicas)
+        with _CONVERT:
+            want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations)
+        pods = self._pods(namespace, name, pool["metadata"]["uid"])
+        actions = plan(want, pods)
+        # Concurrently: a gang's members are created together, and a big pool is not created one
+        # round trip (through the webhook) at a time. One event per reason, naming the pods.
+        applied = list(self._calls.map(lambda a: self._apply(pool, a), actions))
+        by_reason: dict[str, list[str]] = {}
+        for action, ok in zip(actions, applied, strict=True):
+            if ok:
+                by_reason.setdefault(action.reason, []).append(action.name)
+        for reason, names in by_reason.items():
+            etype = "Normal" if reason in ("Created", "ScaledDown") else "Warning"
+            self._event(pool, etype, reason, _REASON_TEXT[reason].format(names=_names(names)))
+        if actions:
+            pods = self._pods(namespace, name, pool["metadata"]["uid"])
+        with self._lock:
+            nodes = dict(self.nodes)
+        with _CONVERT:
+            status = pool_status(pool, resolved, pods, nodes)
+        self._event_on_transition(pool, status)
+        self._write_status(pool, status)
+
+    def _pods(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+        """The pool's pods: labelled with its name and controlled by this very pool (its uid), so
+        pods of an earlier pool of the same name (being garbage-collected) are not taken over."""
+        found = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_POOL}={name}")
+        out = []
+        for item in self.api.sanitize_for_serialization(found.items):
+            owners = item["metadata"].get("ownerReferences") or []
+            if any(o.get("controller") and o.get("uid") == uid for o in owners):
+                out.append(item)
+        return out
+
+    def _apply(self, pool: Mapping[str, Any], action: Action) -> bool:
+        """Create or delete one pod; whether it was done by this call."""
+        ns = pool["metadata"]["namespace"]
+        try:
+            if action.verb == "create":
+                assert action.manifest is not None
+                self.core.create_namespaced_pod(ns, action.manifest)
+            else:
+                self.core.delete_namespaced_pod(action.name, ns)
+        except ApiException as exc:
+            if exc.status in (404, 409):  # already gone / already there (a racing or earlier reconcile)
+                return False
+            if exc.status in (400, 403, 422):
+                self._event(pool, "Warning", "PodRefused", f"pod {action.name} refused: {_api_message(exc)}")
+                return False
+            raise
+        return True
+
+    def _ensure_priority_class(self, priority: int, preemption: bool) -> None:
+        body = priority_class(priority, preemption)
+        name = body["metadata"]["name"]
+        if name in self._priority_classes:
+            return
+        try:
+            self.scheduling.create_priority_class(body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        self._priority_classes.add(name)
+
+    def _ensure_budget(
+        self, pool: Mapping[str, Any], desired: int, gang_size: int, min_replicas: int
+    ) -> None:
+        meta = pool["metadata"]
+        # A gang loses its meaning with any member gone: keep them all; else keep minReplicas.
+        min_available = desired if gang_size else min(min_replicas, desired)
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "labels": {LABEL_POOL: meta["name"]},
+                "ownerReferences": [
+                    {
+                        "apiVersion": c.API_VERSION,
+                        "kind": "AgentPool",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {"minAvailable": min_available, "selector": {"matchLabels": {LABEL_POOL: meta["name"]}}},
+        }
+        try:
+            self.policy.create_namespaced_pod_disruption_budget(meta["namespace"], body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            patch = {"spec": {"minAvailable": min_available}}
+            self.policy.patch_namespaced_pod_disruption_budget(meta["name"], meta["namespace"], patch)
+
+    def _write_status(self, pool: Mapping[str, Any], status: AgentPoolStatus) -> None:
+        meta = pool["metadata"]
+        with _CONVERT:
+            body = {"status": msgspec.to_builtins(status)}
+        old = pool.get("status") or {}
+        for key in ("placements", "conditions", "policies"):
+            if key in old and key not in body["status"]:
+                body["status"][key] = None
+        patch_status(self.custom, PLURAL, meta, body)
+
+    def _event_on_transition(self, pool: Mapping[str, Any], status: AgentPoolStatus) -> None:
+        """A Warning event when a condition turns bad for a new reason (GangUnplaceable, Unschedulable)."""
+        old = {cd.get("type"): cd.get("reason") for cd in (pool.get("status") or {}).get("conditions") or []}
+        for cd in status.conditions or []:
+            if (
+                cd.reason in ("GangUnplaceable", "Unschedulable", "PodsFailed")
+                and old.get(cd.type) != cd.reason
+            ):
+                self._event(pool, "Warning", cd.reason, cd.message or cd.reason)
+
+    def _event(self, pool: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
+        post_event(self.core, pool, etype, reason, message)
+
+    def reconcile_binding(self, namespace: str, name: str) -> None:
+        """A ToolBinding's status: its pool resolved (`toolbindings.binding_status`)."""
+        try:
+            obj = self.custom.get_namespaced_custom_object(
+                c.GROUP, c.VERSION, namespace, "toolbindings", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        try:
+            with _CONVERT:
+                spec = decode(obj, ToolBinding).spec
+        except msgspec.ValidationError as exc:
+            patch_status(self.custom, "toolbindings", obj["metadata"], {"status": {"phase": "Error"}})
+            post_event(self.core, obj, "Warning", "InvalidSpec", f"the binding's spec cannot be used: {exc}")
+            return
+        exists = False
+        if spec.pool_ref is not None:
+            try:
+                self.custom.get_namespaced_custom_object(
+                    c.GROUP, c.VERSION, namespace, PLURAL, spec.pool_ref.name
+                )
+                exists = True
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        status = binding_status(spec, exists, int(obj["metadata"].get("generation") or 0))
+        if (obj.get("status") or {}).get("phase") != status["phase"]:
+            post_event(
+                self.core,
+                obj,
+                "Normal",
+                status["conditions"][0]["reason"],
+                status["conditions"][0]["message"],
+            )
+        patch_status(self.custom, "toolbindings", obj["metadata"], {"status": status})
+
+
+def patch_status(custom: client.CustomObjectsApi, plural: str, meta: Mapping[str, Any], body: Any) -> None:
+    """Merge-patch the status subresource of a NeuroNetes object; a deleted object is no error."""
+    try:
+        custom.patch_namespaced_custom_object_status(
+            c.GROUP, c.VERSION, meta["namespace"], plural, meta["name"], body
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def post_event(core: client.CoreV1Api, obj: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
+    """Record a core/v1 Event about `obj` (a NeuroNetes object) from the operator; never raises."""
+    meta = obj["metadata"]
+    now = datetime.now(UTC)
+    body = {
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": obj.get("apiVersion", c.API_VERSION),
+            "kind": obj.get("kind", "AgentPool"),
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+        },
+        "type": etype,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": "neuronetes-operator"},
+        "firstTimestamp": now.isoformat(),
+        "lastTimestamp": now.isoformat(),
+        "count": 1,
+        "reportingComponent": "neuronetes-operator",
+    }
+    try:
+        core.create_namespaced_event(meta["namespace"], body)
+    except ApiException as exc:
+        log.warning("event %s for %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc.status)
+
+
+def _api_message(exc: ApiException) -> str:
+    try:
+        return str(msgspec.json.decode(exc.body or b"{}").get("message") or exc.reason)
+    except msgspec.DecodeError:
+        return str(exc.reason)

@@ -1,0 +1,212 @@
+"""The kopf operator: watches turned into pool keys, a work queue, `PoolController.reconcile` per key.
+
+The handlers only enqueue: an AgentPool event enqueues that pool, a pod event enqueues the pool
+named by the pod's ``neuronetes.io/pool`` label, a node event refreshes the node cache. Workers
+take keys from the queue, never two for the same pool at once, and a pool that changes while it
+is being reconciled is reconciled again afterwards. No handler adds a finalizer, so pools delete
+normally even while the operator is down.
+
+One replica: kopf's peering only pauses an operator while a higher-priority peer runs; it is not
+leader election. The operator runs standalone, and a second copy would only duplicate API calls
+(pods have deterministic names, so it could not duplicate pods). docs/agentpool.md says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kopf
+
+from neuronetes import contracts as c
+
+from .admission import ANNOTATION_SLICE
+from .controller import PLURAL, PoolController, post_event
+from .pods import LABEL_POOL
+from .settings import OperatorSettings
+from .slice_controller import SliceController
+
+__all__ = ["WorkQueue", "build_registry", "run"]
+
+log = logging.getLogger("neuronetes.operator")
+Key = tuple[str, str]
+
+
+class WorkQueue:
+    """Keys waiting for a reconcile; a key is queued once however often it is added."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._running: set[Key] = set()
+        self._dirty: set[Key] = set()
+
+    def add(self, key: Key) -> None:
+        if key in self._running:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    async def get(self) -> Key:
+        key = await self._queue.get()
+        self._queued.discard(key)
+        self._running.add(key)
+        return key
+
+    def done(self, key: Key) -> None:
+        self._running.discard(key)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self.add(key)
+
+
+async def _worker(queue: WorkQueue, reconcile: Callable[[str, str], None]) -> None:
+    while True:
+        key = await queue.get()
+        try:
+            await asyncio.to_thread(reconcile, *key)
+        except Exception as exc:  # a failed reconcile is retried; the loop must not die
+            log.warning("reconcile of %s/%s failed: %s; retrying", key[0], key[1], exc)
+            asyncio.get_running_loop().call_later(2.0, queue.add, key)
+        finally:
+            queue.done(key)
+
+
+async def _resync(queues: Mapping[str, WorkQueue], controller: PoolController, every: float) -> None:
+    """Every `every` seconds, every pool and every slice (a Pending one may fit now) is queued."""
+    while True:
+        await asyncio.sleep(every)
+        for plural, queue in queues.items():
+            try:
+                found = await asyncio.to_thread(
+                    controller.custom.list_cluster_custom_object, c.GROUP, c.VERSION, plural
+                )
+            except Exception as exc:  # the next round retries; the loop must not die
+                log.warning("resync of %s failed: %s", plural, exc)
+                continue
+            for item in found.get("items", []):
+                queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))
+
+
+def connection_info(cfg: Any) -> kopf.ConnectionInfo:
+    """kopf's credentials from a `kubernetes.client.Configuration` (kubeconfig or in-cluster)."""
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0] if parts else None)
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        scheme=scheme,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
+
+
+def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any) -> kopf.OperatorRegistry:
+    """The kopf handlers, registered in their own registry (nothing global)."""
+    registry = kopf.OperatorRegistry()
+    # The handlers are coroutines: they run on the loop that owns the queue (sync handlers would run
+    # in kopf's thread pool, and asyncio queues are not thread-safe).
+    state: dict[str, Any] = {"api": api, "bindings": {}}
+    cfg = settings
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.posting.enabled = False  # our Events say what was done and why; kopf's would be noise
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix="operator.neuronetes.io"
+        )
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="operator.neuronetes.io"
+        )
+        settings.watching.server_timeout = 300
+        settings.watching.inactivity_timeout = 600
+        queue, slice_queue, binding_queue = WorkQueue(), WorkQueue(), WorkQueue()
+        controller = controller_factory()
+        slices = SliceController(api, lambda *a: post_event(controller.core, *a))
+        state.update(queue=queue, controller=controller, slice_queue=slice_queue, binding_queue=binding_queue)
+        state["tasks"] = [
+            asyncio.create_task(_worker(queue, controller.reconcile)) for _ in range(cfg.workers)
+        ]
+        # One slice worker: slices are bound one at a time (see slice_controller).
+        state["tasks"].append(asyncio.create_task(_worker(slice_queue, slices.reconcile)))
+        state["tasks"].append(asyncio.create_task(_worker(binding_queue, controller.reconcile_binding)))
+        state["tasks"].append(
+            asyncio.create_task(
+                _resync(
+                    {PLURAL: queue, "gpuslices": slice_queue, "toolbindings": binding_queue},
+                    controller,
+                    cfg.resync_seconds,
+                )
+            )
+        )
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        # An own registry has no default login handler; kopf's reads only the default kubeconfig.
+        return connection_info(state["api"].configuration)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        for task in state.get("tasks", []):
+            task.cancel()
+
+    @kopf.on.event(c.GROUP, c.VERSION, PLURAL, registry=registry)
+    async def pool_event(namespace: str | None, name: str, **_: Any) -> None:
+        if namespace:
+            state["queue"].add((namespace, name))
+            for binding in state["bindings"].get(namespace, ()):  # a pool appeared or went
+                state["binding_queue"].add((namespace, binding))
+
+    @kopf.on.event("", "v1", "pods", labels={LABEL_POOL: kopf.PRESENT}, registry=registry)
+    async def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        if namespace:
+            state["queue"].add((namespace, labels[LABEL_POOL]))
+
+    @kopf.on.event(c.GROUP, c.VERSION, "toolbindings", registry=registry)
+    async def binding_event(namespace: str | None, name: str, **_: Any) -> None:
+        if namespace:
+            state["bindings"].setdefault(namespace, set()).add(name)
+            state["binding_queue"].add((namespace, name))
+
+    @kopf.on.event(c.GROUP, c.VERSION, "gpuslices", registry=registry)
+    async def slice_event(namespace: str | None, name: str, **_: Any) -> None:
+        if namespace:
+            state["slice_queue"].add((namespace, name))
+
+    @kopf.on.event("", "v1", "pods", annotations={ANNOTATION_SLICE: kopf.PRESENT}, registry=registry)
+    async def slice_pod_event(namespace: str | None, annotations: Mapping[str, str], **_: Any) -> None:
+        if namespace:
+            state["slice_queue"].add((namespace, annotations[ANNOTATION_SLICE]))
+
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    async def node_event(name: str, body: Mapping[str, Any], type: str | None, **_: Any) -> None:
+        state["controller"].node_seen(name, None if type == "DELETED" else body)
+
+    return registry
+
+
+def run(settings: OperatorSettings, *, kubeconfig: str | None, stop: threading.Event | None = None) -> None:
+    """Run the operator until `stop` is set or the process is signalled (SIGTERM/SIGINT)."""
+    from kubernetes import client, config
+
+    if kubeconfig:
+        api = config.new_client_from_config(config_file=kubeconfig)
+    else:
+        config.load_incluster_config()
+        api = client.ApiClient()
+    registry = build_registry(settings, api, lambda: PoolController(api, settings))
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one INFO line per watch event
+    kopf.run(
+        registry=registry,
+        standalone=True,
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        stop_flag=stop,
+    )

@@ -1,0 +1,190 @@
+"""How the operator and the webhook are started and registered: argv, settings, RBAC, webhook configs.
+
+`neuronetes dev cluster up` (and the e2e tests) start both as host processes with these: the
+operator with `operator_argv` and a settings file from `dev_operator_settings`, two webhook
+replicas with `webhook_argv` on one port, and the API objects from `webhook_configurations`
+(pointing at ``https://127.0.0.1:<port>``) and `operator_rbac` (what the operator may do, for
+a deployment under its own service account). The chart renders the same objects.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+from neuronetes import contracts as c
+
+from .admission import ANNOTATION_SLICE
+
+__all__ = [
+    "MUTATING_WEBHOOK_NAME",
+    "POD_MATCH_CONDITION",
+    "VALIDATING_WEBHOOK_NAME",
+    "dev_operator_settings",
+    "operator_argv",
+    "operator_rbac",
+    "webhook_argv",
+    "webhook_configurations",
+]
+
+MUTATING_WEBHOOK_NAME: Final = "neuronetes-pods"
+VALIDATING_WEBHOOK_NAME: Final = "neuronetes-objects"
+
+_HAS_OURS = "c.resources.{part}.exists(k, k.startsWith('" + c.RESOURCE_PREFIX + "'))"
+_ASKS = (
+    "(has(c.resources) && ((has(c.resources.limits) && " + _HAS_OURS.format(part="limits") + ") || "
+    "(has(c.resources.requests) && " + _HAS_OURS.format(part="requests") + ")))"
+)
+POD_MATCH_CONDITION: Final = (
+    f"object.spec.containers.exists(c, {_ASKS}) || "
+    f"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, {_ASKS})) || "
+    f"(has(object.metadata.annotations) && '{ANNOTATION_SLICE}' in object.metadata.annotations)"
+)
+"""CEL: the pod asks for a NeuroNetes resource or names a GPUSlice. Other pods never reach the
+webhook, so they are admitted even when no replica is up."""
+
+
+def operator_argv(kubeconfig: Path, settings: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "neuronetes.cli",
+        "operator",
+        "run",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--config",
+        str(settings),
+    ]
+
+
+def webhook_argv(port: int, cert_dir: Path, host: str = "127.0.0.1") -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "neuronetes.cli",
+        "webhook",
+        "serve",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--cert-dir",
+        str(cert_dir),
+    ]
+
+
+def dev_operator_settings() -> dict[str, Any]:
+    """Settings for a local cluster: pool pods tolerate the simulated (kwok) nodes' taint."""
+    from neuronetes.devcluster.profiles import KWOK_TAINT
+
+    return {"podTolerations": [dict(KWOK_TAINT, operator="Equal")]}
+
+
+def webhook_configurations(ca_pem: bytes, url: str) -> list[dict[str, Any]]:
+    """The Mutating (pods) and Validating (AgentPool, GPUSlice) webhook configurations for `url`."""
+    import base64
+
+    bundle = base64.b64encode(ca_pem).decode()
+    common = {
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "timeoutSeconds": 5,
+    }
+    pods = {
+        **common,
+        "name": f"pods.{c.GROUP}",
+        "clientConfig": {"url": f"{url}/pods", "caBundle": bundle},
+        "rules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["pods"],
+                "scope": "Namespaced",
+            }
+        ],
+        "matchConditions": [{"name": "asks-for-neuronetes-gpus", "expression": POD_MATCH_CONDITION}],
+        "reinvocationPolicy": "IfNeeded",
+    }
+    objects = {
+        **common,
+        "name": f"objects.{c.GROUP}",
+        "clientConfig": {"url": f"{url}/objects", "caBundle": bundle},
+        "rules": [
+            {
+                "apiGroups": [c.GROUP],
+                "apiVersions": [c.VERSION],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["agentpools", "gpuslices"],
+                "scope": "Namespaced",
+            }
+        ],
+    }
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": MUTATING_WEBHOOK_NAME},
+            "webhooks": [pods],
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": VALIDATING_WEBHOOK_NAME},
+            "webhooks": [objects],
+        },
+    ]
+
+
+def operator_rbac(namespace: str, service_account: str = "neuronetes-operator") -> list[dict[str, Any]]:
+    """Least privilege for the operator: its objects, the pods and budgets it owns, events, nodes."""
+    rules = [
+        {
+            "apiGroups": [c.GROUP],
+            "resources": ["agentpools", "gpuslices", "toolbindings", "gpunodes"],
+            "verbs": ["get", "list", "watch", "patch"],
+        },
+        {
+            "apiGroups": [c.GROUP],
+            "resources": ["agentpools/status", "gpuslices/status", "toolbindings/status"],
+            "verbs": ["get", "patch", "update"],
+        },
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch"]},
+        {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get", "create"]},
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+    ]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": service_account, "namespace": namespace},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "neuronetes-operator"},
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "neuronetes-operator"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "neuronetes-operator",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}],
+        },
+    ]

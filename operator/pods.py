@@ -1,0 +1,202 @@
+"""The pods an AgentPool wants: names, manifests and the PriorityClass of its priority. Pure.
+
+Pods have deterministic names, so a restarted operator (or two reconciles racing) finds the pods
+it made instead of making more: ``<pool>-<i>`` without gang scheduling, ``<pool>-<g>-<m>`` (gang
+``g``, member ``m``) with it. A pod's ``neuronetes.io/pod-template-hash`` label is a hash of
+everything the pool contributes to it, so a changed spec is a changed hash (rollout).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from neuronetes import contracts as c
+from neuronetes.api.models import AgentPoolSpec
+from neuronetes.api.units import bandwidth_gbps, gpu_memory_class_labels
+
+from .policy import ResolvedPool
+
+__all__ = [
+    "DEFAULT_CONTAINER",
+    "LABEL_POOL",
+    "LABEL_TEMPLATE_HASH",
+    "DesiredPod",
+    "desired_pods",
+    "gang_name",
+    "priority_class",
+    "priority_class_name",
+]
+
+LABEL_POOL: Final = f"{c.GROUP}/pool"
+"""Label on every pod (and the PodDisruptionBudget) of a pool: the pool's name."""
+LABEL_TEMPLATE_HASH: Final = f"{c.GROUP}/pod-template-hash"
+"""Label: hash of what the pool put into the pod; a pod with another hash is outdated."""
+DEFAULT_CONTAINER: Final[dict[str, Any]] = {"name": "agent", "image": "registry.k8s.io/pause:3.10"}
+"""The container of a pool without a template: it only holds the replica's GPUs."""
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredPod:
+    """One pod the pool wants: its name, gang (index or None) and manifest."""
+
+    name: str
+    gang: int | None
+    manifest: dict[str, Any]
+
+
+def gang_name(pool: str, index: int) -> str:
+    """The ``neuronetes.io/gang`` value of a pool's gang ``index``."""
+    return f"{pool}-{index}"
+
+
+def priority_class_name(priority: int, preemption: bool) -> str:
+    """The PriorityClass the operator keeps for a priority level (one per level and preemption)."""
+    return f"neuronetes-p{priority}" + ("" if preemption else "-nopreempt")
+
+
+def priority_class(priority: int, preemption: bool) -> dict[str, Any]:
+    """The cluster-scoped PriorityClass object of `priority_class_name`."""
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {
+            "name": priority_class_name(priority, preemption),
+            "labels": {"app.kubernetes.io/managed-by": "neuronetes-operator"},
+        },
+        "value": priority,
+        "globalDefault": False,
+        "preemptionPolicy": "PreemptLowerPriority" if preemption else "Never",
+        "description": "NeuroNetes AgentPool spec.scheduling.priority level.",
+    }
+
+
+def _resources(spec: AgentPoolSpec) -> dict[str, str]:
+    if spec.mig_profile is not None:
+        return {c.mig_resource_name(spec.mig_profile): "1"}
+    return {c.RESOURCE_GPU: str(spec.gpu_requirements.count)}
+
+
+def _node_requirements(spec: AgentPoolSpec, resolved: ResolvedPool) -> list[dict[str, Any]]:
+    req = spec.gpu_requirements
+    out: list[dict[str, Any]] = []
+    if req.type is not None:
+        values = sorted({req.type, req.type.upper()})
+        out.append({"key": c.LABEL_GPU_TYPE, "operator": "In", "values": values})
+    if req.memory is not None and spec.mig_profile is None:
+        out.append(
+            {"key": c.LABEL_GPU_MEMORY, "operator": "In", "values": list(gpu_memory_class_labels(req.memory))}
+        )
+    if not resolved.spot_allowed:
+        out.append({"key": c.LABEL_SPOT, "operator": "NotIn", "values": ["true"]})
+    return out
+
+
+def _with_node_requirements(spec: dict[str, Any], extra: list[dict[str, Any]]) -> None:
+    """AND `extra` into every required node-selector term of the pod spec (a new term if none)."""
+    if not extra:
+        return
+    affinity = spec.setdefault("affinity", {})
+    node = affinity.setdefault("nodeAffinity", {})
+    required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term["matchExpressions"] = [*term.get("matchExpressions", []), *copy.deepcopy(extra)]
+
+
+def _annotations(spec: AgentPoolSpec, resolved: ResolvedPool) -> dict[str, str]:
+    topo = spec.gpu_requirements.topology
+    out: dict[str, str] = {c.ANNOTATION_LOCALITY: topo.locality}
+    if topo.min_bandwidth is not None:
+        out[c.ANNOTATION_MIN_BANDWIDTH] = f"{bandwidth_gbps(topo.min_bandwidth):g}"
+    gang = spec.scheduling.gang_scheduling if spec.scheduling else None
+    if resolved.gang_size and gang is not None:
+        out[c.ANNOTATION_GANG_TIMEOUT] = str(gang.schedule_timeout_seconds)
+    return out
+
+
+def _pod_spec(
+    spec: AgentPoolSpec, resolved: ResolvedPool, tolerations: list[dict[str, Any]]
+) -> dict[str, Any]:
+    template = spec.template.spec if spec.template and spec.template.spec else {}
+    pod = copy.deepcopy(dict(template))
+    containers = pod.get("containers") or [dict(DEFAULT_CONTAINER)]
+    pod["containers"] = containers
+    first = containers[0]
+    resources = first.setdefault("resources", {})
+    limits = resources.setdefault("limits", {})
+    limits.update(_resources(spec))
+    pod["schedulerName"] = c.SCHEDULER_NAME
+    if resolved.priority or resolved.preemption:
+        pod["priorityClassName"] = priority_class_name(resolved.priority, resolved.preemption)
+    _with_node_requirements(pod, _node_requirements(spec, resolved))
+    if tolerations:
+        pod["tolerations"] = [*pod.get("tolerations", []), *copy.deepcopy(tolerations)]
+    return pod
+
+
+def _template_hash(*parts: Any) -> str:
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def desired_pods(
+    pool: Mapping[str, Any],
+    spec: AgentPoolSpec,
+    resolved: ResolvedPool,
+    *,
+    tolerations: list[dict[str, Any]] | None = None,
+) -> list[DesiredPod]:
+    """Every pod `pool` (the AgentPool object as the API server sent it) wants, in creation order.
+
+    Args:
+        pool: the AgentPool's object (for name, namespace, uid: the pods' owner).
+        spec: its decoded spec; resolved: `neuronetes.operator.policy.resolve(spec)`.
+        tolerations: added to every pod (the operator's settings; e.g. simulated nodes' taint).
+    """
+    meta = pool["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    template_meta = spec.template.metadata if spec.template and spec.template.metadata else {}
+    pod_spec = _pod_spec(spec, resolved, tolerations or [])
+    annotations = {**(template_meta.get("annotations") or {}), **_annotations(spec, resolved)}
+    digest = _template_hash(pod_spec, annotations, template_meta.get("labels") or {}, resolved.gang_size)
+    owner = {
+        "apiVersion": pool.get("apiVersion", c.API_VERSION),
+        "kind": "AgentPool",
+        "name": name,
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+    def manifest(pod_name: str, gang: int | None) -> dict[str, Any]:
+        labels = {**(template_meta.get("labels") or {}), LABEL_POOL: name, LABEL_TEMPLATE_HASH: digest}
+        if gang is not None:
+            labels[c.LABEL_GANG] = gang_name(name, gang)
+            labels[c.LABEL_GANG_SIZE] = str(resolved.gang_size)
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "namespace": namespace,
+                "labels": labels,
+                "annotations": dict(annotations),
+                "ownerReferences": [dict(owner)],
+            },
+            "spec": copy.deepcopy(pod_spec),
+        }
+
+    if resolved.gang_size:
+        return [
+            DesiredPod(f"{name}-{g}-{m}", g, manifest(f"{name}-{g}-{m}", g))
+            for g in range(resolved.gangs)
+            for m in range(resolved.gang_size)
+        ]
+    return [DesiredPod(f"{name}-{i}", None, manifest(f"{name}-{i}", None)) for i in range(resolved.desired)]

@@ -1,0 +1,142 @@
+"""An AgentPool spec resolved: defaults that depend on other fields, replica counts, policy states.
+
+Pure functions of the spec (no API access). The operator's handlers call `resolve` once per
+reconcile and build pods (`neuronetes.operator.pods`) and status (`neuronetes.operator.status`)
+from the result. docs/agentpool.md describes every rule here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from neuronetes.api.models import AgentPoolSpec, CostOptimization, PolicyState
+
+__all__ = ["POLICY_CONTROLLER", "ResolvedPool", "cost_optimization_enabled", "resolve"]
+
+POLICY_CONTROLLER = "validated; takes effect in the policy controller"
+"""The `effect` of a policy block that the operator shows but does not act on itself."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedPool:
+    """What an AgentPool spec asks for once its defaults are resolved."""
+
+    desired: int
+    """Pods wanted: spec.replicas (else minReplicas) plus prewarm, within maxReplicas, whole gangs."""
+    gang_size: int
+    """Members per gang; 0 without gang scheduling."""
+    spot_allowed: bool
+    """Whether the pods may land on spot nodes (label neuronetes.io/spot=true)."""
+    priority: int
+    preemption: bool
+    policies: tuple[PolicyState, ...]
+
+    @property
+    def gangs(self) -> int:
+        return self.desired // self.gang_size if self.gang_size else 0
+
+
+def cost_optimization_enabled(cost: CostOptimization | None) -> bool:
+    """`costOptimization.enabled`, resolved: unset means on when the block asks for anything.
+
+    The block is the user's statement of intent: ``spotEnabled: true`` without ``enabled`` means
+    "use spot", not "document that I would like spot". An explicit ``enabled: false`` wins.
+    """
+    if cost is None:
+        return False
+    if cost.enabled is not None:
+        return cost.enabled
+    return bool(
+        cost.spot_enabled
+        or cost.max_cost_per_hour is not None
+        or cost.fallback_model is not None
+        or cost.fallback_trigger is not None
+        or cost.spot_strategy is not None
+        or cost.interruption_threshold is not None
+    )
+
+
+def _desired(spec: AgentPoolSpec, gang_size: int) -> int:
+    base = spec.min_replicas if spec.replicas is None else spec.replicas
+    base = max(base, spec.min_replicas)
+    want = base + math.ceil(base * spec.prewarm_percent / 100)
+    if spec.max_replicas is not None:
+        want = min(want, spec.max_replicas)
+    if gang_size:
+        gangs = math.ceil(want / gang_size)
+        if spec.max_replicas is not None and gangs * gang_size > spec.max_replicas:
+            gangs = spec.max_replicas // gang_size
+        want = gangs * gang_size
+    return want
+
+
+def _gang_size(spec: AgentPoolSpec) -> int:
+    gang = spec.scheduling.gang_scheduling if spec.scheduling else None
+    if gang is None or not gang.enabled:
+        return 0
+    return gang.min_members if gang.min_members is not None else spec.min_replicas
+
+
+def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...]:
+    s = spec.scheduling
+    out: list[PolicyState] = []
+    if spec.autoscaling is not None:
+        out.append(
+            PolicyState(name="autoscaling", enabled=spec.autoscaling.enabled, effect=POLICY_CONTROLLER)
+        )
+    if s is None:
+        return tuple(out)
+    if s.cost_optimization is not None:
+        enabled = cost_optimization_enabled(s.cost_optimization)
+        spot = "pods may use spot nodes" if spot_allowed else "pods avoid spot nodes"
+        out.append(
+            PolicyState(
+                name="costOptimization",
+                enabled=enabled,
+                effect=f"{spot}; budget, fallback model and spot strategy: {POLICY_CONTROLLER}",
+            )
+        )
+    if s.preemption is not None:
+        effect = (
+            "kube-scheduler may preempt lower-priority pods (PriorityClass); GPU-aware victim choice: "
+            + POLICY_CONTROLLER
+            if s.preemption.enabled
+            else "pods never preempt others (PriorityClass preemptionPolicy: Never)"
+        )
+        out.append(PolicyState(name="preemption", enabled=s.preemption.enabled, effect=effect))
+    for name, block in (
+        ("carbonAware", s.carbon_aware),
+        ("dataLocality", s.data_locality),
+        ("cacheAware", s.cache_aware),
+        ("fastScheduling", s.fast_scheduling),
+    ):
+        if block is not None:
+            enabled = getattr(block, "enabled", True)
+            out.append(PolicyState(name=name, enabled=bool(enabled), effect=POLICY_CONTROLLER))
+    return tuple(out)
+
+
+def resolve(spec: AgentPoolSpec) -> ResolvedPool:
+    """The pool `spec` asks for, defaults resolved (docs/agentpool.md "Defaults")."""
+    gang_size = _gang_size(spec)
+    s = spec.scheduling
+    cost = s.cost_optimization if s else None
+    spot_allowed = cost_optimization_enabled(cost) and cost is not None and cost.spot_enabled
+    if spec.mig_profile is not None:
+        mig = PolicyState(
+            name="migPlanner",
+            enabled=True,
+            effect=f"pods ask for one {spec.mig_profile} instance; repartitioning GPUs: {POLICY_CONTROLLER}",
+        )
+        extra: tuple[PolicyState, ...] = (mig,)
+    else:
+        extra = ()
+    return ResolvedPool(
+        desired=_desired(spec, gang_size),
+        gang_size=gang_size,
+        spot_allowed=spot_allowed,
+        priority=s.priority if s else 0,
+        preemption=bool(s and s.preemption and s.preemption.enabled),
+        policies=_policies(spec, spot_allowed) + extra,
+    )

@@ -1,0 +1,200 @@
+"""GPUSlice reconcile: finalizer, bind a Pending slice to a GPU, release a deleted one when unused.
+
+Slices are reconciled one at a time (one lock), reading every Bound slice and bound pod before
+choosing, so concurrent slices never oversubscribe a GPU. The choice is `slices.choose_gpu`; the
+node inventory is the extender's reading of Node objects (`neuronetes.extender.nodes`), refined by
+the agents' GPUNode objects, so both see the same GPUs and UUIDs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from neuronetes import contracts as c
+from neuronetes.api.models import GPUNode, GPUSlice, decode
+from neuronetes.model import NodeSpec
+
+from . import CONVERT_LOCK
+from .controller import patch_status
+from .slices import FINALIZER, choose_gpu, gpu_use, pods_using
+
+__all__ = ["SliceController"]
+
+PLURAL = "gpuslices"
+# Through importlib: extender/ is installed as neuronetes.extender, which mypy cannot follow.
+_nodes = importlib.import_module("neuronetes.extender.nodes")
+node_spec_from_node: Callable[[Mapping[str, Any]], NodeSpec] = _nodes.node_spec_from_node
+apply_gpunode: Callable[[NodeSpec, GPUNode], NodeSpec] = _nodes.apply_gpunode
+
+
+class SliceController:
+    """Reconciles GPUSlices (serially)."""
+
+    def __init__(
+        self, api: client.ApiClient, event: Callable[[Mapping[str, Any], str, str, str], None]
+    ) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.event = event
+        self._lock = threading.Lock()
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._reconcile(namespace, name)
+
+    def _get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                c.GROUP, c.VERSION, namespace, PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    def _reconcile(self, namespace: str, name: str) -> None:
+        obj = self._get(namespace, name)
+        if obj is None:
+            return
+        meta = obj["metadata"]
+        finalizers = list(meta.get("finalizers") or [])
+        status = obj.get("status") or {}
+        if meta.get("deletionTimestamp"):
+            self._release(obj, finalizers)
+            return
+        if FINALIZER not in finalizers:
+            patch = {
+                "metadata": {
+                    "finalizers": [*finalizers, FINALIZER],
+                    "resourceVersion": meta["resourceVersion"],
+                }
+            }
+            self.custom.patch_namespaced_custom_object(c.GROUP, c.VERSION, namespace, PLURAL, name, patch)
+        if status.get("phase") in ("Bound", "Active"):
+            return
+        try:
+            with CONVERT_LOCK:
+                sl = decode(obj, GPUSlice)
+        except msgspec.ValidationError as exc:
+            self._status(obj, {"phase": "Failed"}, "Bound", False, "InvalidSpec", str(exc))
+            return
+        if sl.spec.mig_profile is not None:
+            self._status(
+                obj,
+                {"phase": "Pending"},
+                "Bound",
+                False,
+                "WaitingForMigPlanner",
+                "MIG slices are bound by the MIG planner (policy controller)",
+            )
+            return
+        slices, pods, nodes = self._inventory()
+        choice = choose_gpu(sl.spec, nodes, gpu_use(slices, pods))
+        if choice is None:
+            self._status(
+                obj,
+                {"phase": "Pending"},
+                "Bound",
+                False,
+                "NoCapacity",
+                "no GPU has the slice's memory and share free",
+            )
+            return
+        self._status(
+            obj,
+            {"phase": "Bound", "node": choice.node, "gpuUUIDs": [choice.uuid]},
+            "Bound",
+            True,
+            "Reserved",
+            f"reserved on {choice.node} GPU {choice.index} ({choice.uuid})",
+        )
+        self.event(obj, "Normal", "Bound", f"reserved on node {choice.node}, GPU {choice.index}")
+
+    def _inventory(self) -> tuple[list[GPUSlice], list[dict[str, Any]], list[NodeSpec]]:
+        raw_slices = self.custom.list_cluster_custom_object(c.GROUP, c.VERSION, PLURAL)["items"]
+        pods = self.api.sanitize_for_serialization(
+            self.core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=").items
+        )
+        nodes_raw = self.api.sanitize_for_serialization(self.core.list_node().items)
+        try:
+            gpunodes_raw = self.custom.list_cluster_custom_object(c.GROUP, c.VERSION, "gpunodes")["items"]
+        except ApiException:
+            gpunodes_raw = []
+        with CONVERT_LOCK:
+            slices = []
+            for item in raw_slices:
+                try:
+                    slices.append(decode(item, GPUSlice))
+                except msgspec.ValidationError:
+                    continue
+            gpunodes = {}
+            for item in gpunodes_raw:
+                try:
+                    gn = decode(item, GPUNode)
+                except msgspec.ValidationError:
+                    continue
+                gpunodes[gn.metadata.get("name")] = gn
+            nodes = []
+            for item in nodes_raw:
+                try:
+                    spec = node_spec_from_node(item)
+                except ValueError:
+                    continue
+                nodes.append(apply_gpunode(spec, gpunodes[spec.name]) if spec.name in gpunodes else spec)
+        return slices, pods, nodes
+
+    def _release(self, obj: Mapping[str, Any], finalizers: list[str]) -> None:
+        meta = obj["metadata"]
+        if FINALIZER not in finalizers:
+            return
+        found = self.core.list_namespaced_pod(meta["namespace"])
+        users = pods_using(meta["name"], self.api.sanitize_for_serialization(found.items))
+        if users:
+            message = (
+                f"deletion deferred: pods {', '.join(users[:5])} use the slice; it is released when they end"
+            )
+            self._status(obj, {}, "InUse", True, "PodsUseSlice", message)
+            self.event(obj, "Warning", "DeletionDeferred", message)
+            return
+        self._status(obj, {"phase": "Released"}, "InUse", False, "Released", "no pod uses the slice")
+        remaining = [f for f in finalizers if f != FINALIZER]
+        patch = {"metadata": {"finalizers": remaining, "resourceVersion": meta["resourceVersion"]}}
+        try:
+            self.custom.patch_namespaced_custom_object(
+                c.GROUP, c.VERSION, meta["namespace"], PLURAL, meta["name"], patch
+            )
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+
+    def _status(
+        self, obj: Mapping[str, Any], fields: dict[str, Any], kind: str, ok: bool, reason: str, message: str
+    ) -> None:
+        meta = obj["metadata"]
+        state = "True" if ok else "False"
+        previous = {cd.get("type"): cd for cd in (obj.get("status") or {}).get("conditions") or []}
+        since = (
+            previous.get(kind, {}).get("lastTransitionTime")
+            if previous.get(kind, {}).get("status") == state
+            else None
+        )
+        condition = {
+            "type": kind,
+            "status": state,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": since or datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+        }
+        conditions = [cd for t, cd in previous.items() if t != kind] + [condition]
+        body = {"status": {**fields, "observedGeneration": meta.get("generation"), "conditions": conditions}}
+        patch_status(self.custom, PLURAL, meta, body)

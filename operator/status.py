@@ -1,0 +1,223 @@
+"""An AgentPool's status from its pods and their nodes. Pure: objects in, status out.
+
+Placements come from each bound pod's ``neuronetes.io/assigned-gpus`` (the extender's decision,
+read with the strict contract decoder); the cost is each bound pod's share of its node's
+``neuronetes.io/price-per-hour``: price × (the pod's GPUs / the node's ``neuronetes.io/gpu-count``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from neuronetes import contracts as c
+from neuronetes.api.models import AgentPoolStatus, Condition, Placement
+
+from .pods import LABEL_POOL
+from .policy import ResolvedPool
+from .reconcile import is_ready, is_terminating
+
+__all__ = ["pod_gpus", "pool_status"]
+
+
+def pod_gpus(pod: Mapping[str, Any]) -> int:
+    """GPUs (or MIG instances) the pod's containers ask for."""
+    total = 0
+    for ctr in pod.get("spec", {}).get("containers") or []:
+        limits = (ctr.get("resources") or {}).get("limits") or {}
+        for key, value in limits.items():
+            if key == c.RESOURCE_GPU or key.startswith(c.RESOURCE_MIG_PREFIX):
+                try:
+                    total += int(str(value))
+                except ValueError:
+                    continue
+    return total
+
+
+def _placement(pod: Mapping[str, Any]) -> Placement:
+    meta = pod["metadata"]
+    node = pod.get("spec", {}).get("nodeName")
+    gpus: list[int] | None = None
+    raw = (meta.get("annotations") or {}).get(c.ANNOTATION_ASSIGNED_GPUS)
+    if raw:
+        try:
+            doc = c.decode_assignment(raw)
+            gpus = sorted({g.index for ctr in doc.containers.values() for g in ctr.gpus})
+        except c.AssignmentError:
+            gpus = None
+    return Placement(
+        pod=meta["name"], node=node, gpus=gpus, gang=(meta.get("labels") or {}).get(c.LABEL_GANG)
+    )
+
+
+def _cost(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> float:
+    node = nodes.get(pod.get("spec", {}).get("nodeName") or "")
+    if node is None:
+        return 0.0
+    labels = node.get("metadata", {}).get("labels") or {}
+    try:
+        price = float(labels.get(c.LABEL_PRICE_PER_HOUR, "0"))
+        count = int(labels.get(c.LABEL_GPU_COUNT, "0"))
+    except ValueError:
+        return 0.0
+    if price <= 0 or count <= 0:
+        return 0.0
+    return price * min(1.0, pod_gpus(pod) / count)
+
+
+def _condition(kind: str, ok: bool, reason: str, message: str, generation: int) -> Condition:
+    return Condition(
+        type=kind,
+        status="True" if ok else "False",
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+    )
+
+
+def _unschedulable(pod: Mapping[str, Any]) -> str | None:
+    for cd in pod.get("status", {}).get("conditions") or []:
+        if (
+            cd.get("type") == "PodScheduled"
+            and cd.get("status") == "False"
+            and cd.get("reason") == "Unschedulable"
+        ):
+            return str(cd.get("message") or "unschedulable")
+    return None
+
+
+def labels_of(pods: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, str]:
+    for p in pods:
+        if p["metadata"]["name"] == name:
+            return p["metadata"].get("labels") or {}
+    return {}
+
+
+def _merge_times(new: list[Condition], old: Sequence[Mapping[str, Any]], now: datetime) -> list[Condition]:
+    """Keep lastTransitionTime of conditions whose status did not change."""
+    before = {cd.get("type"): cd for cd in old}
+    out = []
+    for cd in new:
+        prev = before.get(cd.type)
+        since = now
+        if prev is not None and prev.get("status") == cd.status and prev.get("lastTransitionTime"):
+            since = datetime.fromisoformat(str(prev["lastTransitionTime"]).replace("Z", "+00:00"))
+        out.append(Condition(**{**_fields(cd), "last_transition_time": since}))
+    return out
+
+
+def _fields(cd: Condition) -> dict[str, Any]:
+    return {f: getattr(cd, f) for f in cd.__struct_fields__}
+
+
+def pool_status(
+    pool: Mapping[str, Any],
+    resolved: ResolvedPool,
+    pods: Sequence[Mapping[str, Any]],
+    nodes: Mapping[str, Mapping[str, Any]],
+    *,
+    now: datetime | None = None,
+) -> AgentPoolStatus:
+    """The status of `pool` given its pods and the nodes they are bound to (by name)."""
+    now = now or datetime.now(UTC)
+    meta = pool["metadata"]
+    generation = int(meta.get("generation") or 0)
+    live = [p for p in pods if not is_terminating(p)]
+    bound = [p for p in live if p.get("spec", {}).get("nodeName")]
+    ready = [p for p in live if is_ready(p)]
+    failed = [p for p in live if p.get("status", {}).get("phase") == "Failed"]
+    stuck = [(p["metadata"]["name"], why) for p in live if (why := _unschedulable(p)) is not None]
+    desired = resolved.desired
+
+    conditions = [
+        _condition(
+            "Ready",
+            len(ready) >= desired,
+            "AllReplicasReady" if len(ready) >= desired else "ReplicasNotReady",
+            f"{len(ready)} of {desired} replicas ready",
+            generation,
+        ),
+        _condition(
+            "Progressing",
+            len(live) != desired or len(bound) < desired or len(pods) != len(live),
+            "Converging" if len(live) != desired or len(pods) != len(live) else "WaitingForPlacement",
+            f"{len(live)} pods, {len(bound)} bound, {desired} desired",
+            generation,
+        ),
+        _condition(
+            "Degraded",
+            bool(failed or stuck),
+            "PodsFailed" if failed else ("Unschedulable" if stuck else "AsExpected"),
+            (
+                f"{len(failed)} pods failed"
+                if failed
+                else (f"{len(stuck)} pods cannot be placed; {stuck[0][0]}: {stuck[0][1]}" if stuck else "")
+            ),
+            generation,
+        ),
+    ]
+    if resolved.gang_size:
+        whole = 0
+        for g in range(resolved.gangs):
+            members = [
+                p
+                for p in bound
+                if (p["metadata"].get("labels") or {}).get(c.LABEL_GANG) == f"{meta['name']}-{g}"
+            ]
+            whole += len(members) == resolved.gang_size
+        unplaceable = [why for name, why in stuck if (labels_of(live, name)).get(c.LABEL_GANG)]
+        reason, message = (
+            "GangsWaiting",
+            f"{whole} of {resolved.gangs} gangs of {resolved.gang_size} bound whole",
+        )
+        if whole == resolved.gangs:
+            reason = "AllGangsBound"
+        elif unplaceable:
+            # The scheduler found no placement for a whole gang; its pods stay queued and are
+            # retried with kube-scheduler's backoff (and after the extender's reservation expires).
+            reason, message = "GangUnplaceable", f"{message}; the scheduler says: {unplaceable[0]}"
+        conditions.append(
+            _condition(
+                "GangScheduled", whole == resolved.gangs and resolved.gangs > 0, reason, message, generation
+            )
+        )
+
+    if failed:
+        phase = "Degraded"
+    elif desired and len(ready) >= desired and len(live) == desired:
+        phase = "Ready"
+    elif len(live) != desired:
+        phase = "Scaling"
+    elif not bound:
+        phase = "Pending"
+    elif len(bound) < desired:
+        phase = "Scheduling"
+    else:
+        phase = "Degraded" if stuck else "Scheduling"
+    if desired == 0 and not live:
+        phase = "Ready"
+
+    old = (pool.get("status") or {}).get("conditions") or []
+    return AgentPoolStatus(
+        phase=phase,  # type: ignore[arg-type]
+        replicas=len(live),
+        ready_replicas=len(ready),
+        desired=desired,
+        spot_replicas=sum(
+            1
+            for p in bound
+            if (nodes.get(p["spec"]["nodeName"], {}).get("metadata", {}).get("labels") or {}).get(
+                c.LABEL_SPOT
+            )
+            == "true"
+        ),
+        gpus=sum(pod_gpus(p) for p in bound),
+        cost_per_hour=round(sum(_cost(p, nodes) for p in bound), 4),
+        selector=f"{LABEL_POOL}={meta['name']}",
+        active_model=(pool.get("spec") or {}).get("model"),
+        observed_generation=generation,
+        placements=sorted((_placement(p) for p in bound), key=lambda x: x.pod)[:1024],
+        policies=list(resolved.policies),
+        conditions=_merge_times(conditions, old, now),
+    )

@@ -1,0 +1,218 @@
+"""Checks of NeuroNetes objects that need the MIG catalog, GPU models or the time-zone database.
+
+The CRD schemas and their CEL rules refuse everything that can be said there (the API server's
+message names the field); these are the rest, run by the admission webhook on CREATE and UPDATE.
+Each check is a small named function in `AGENTPOOL_CHECKS` / `GPUSLICE_CHECKS`; each returns
+messages that start with the field and say what to do. docs/webhook.md lists them.
+"""
+
+from __future__ import annotations
+
+import zoneinfo
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any, Final
+
+import msgspec
+
+from neuronetes.api.models import AgentPool, AgentPoolSpec, GPUSlice, GPUSliceSpec, decode
+from neuronetes.api.units import (
+    MAX_GPU_MEMORY_GB,
+    MAX_NVLINK_GBPS,
+    bandwidth_gbps,
+    gpu_memory_class_labels,
+    nominal_nvlink_gbps,
+    slice_memory_mib,
+)
+from neuronetes.mig import MigCatalog, catalogs, normalize_profile_name
+from neuronetes.quantity import QuantityError, QuantityLike
+
+from . import CONVERT_LOCK
+from .admission import POD_CHECKS
+from .pods import desired_pods
+from .policy import resolve
+
+__all__ = ["AGENTPOOL_CHECKS", "GPUSLICE_CHECKS", "MAX_POOL_NAME", "review_object"]
+
+MAX_POOL_NAME: Final = 50
+"""Pods are named ``<pool>-<g>-<m>`` and gangs ``<pool>-<g>`` (a label value, at most 63)."""
+
+
+def _catalogs_for_type(gpu_type: str | None) -> list[MigCatalog]:
+    """The MIG catalogs of GPUs of `gpu_type` (all of them when unset); matched as the extender does:
+    case-insensitively as a prefix of the model (A100 matches A100-40GB and A100-80GB)."""
+    if gpu_type is None:
+        return list(catalogs())
+    t = gpu_type.upper().removeprefix("NVIDIA ").replace(" ", "-")
+    return [
+        cat
+        for cat in catalogs()
+        if cat.gpu_model.upper().startswith(t) or t.startswith(cat.gpu_model.upper())
+    ]
+
+
+def _mig_profile(where: str, profile: str | None, gpu_type: str | None) -> list[str]:
+    if profile is None:
+        return []
+    name = normalize_profile_name(profile)
+    offered = [cat for cat in catalogs() if name in cat.names]
+    if not offered:
+        known = sorted({n for cat in catalogs() for n in cat.names})
+        return [f"{where}: {profile!r} is offered by no MIG-capable GPU; use one of {', '.join(known)}"]
+    fitting = _catalogs_for_type(gpu_type)
+    if not fitting:
+        return [
+            f"spec.gpuRequirements.type: {gpu_type!r} has no MIG support; unset migProfile or use A100/H100"
+        ]
+    if not any(name in cat.names for cat in fitting):
+        theirs = sorted({n for cat in fitting for n in cat.names})
+        return [f"{where}: {gpu_type} GPUs do not offer {profile!r}; they offer {', '.join(theirs)}"]
+    return []
+
+
+def _memory_bound(where: str, q: QuantityLike | None, *, exact: bool) -> list[str]:
+    if q is None:
+        return []
+    try:
+        too_big = slice_memory_mib(q) > MAX_GPU_MEMORY_GB * 1024 if exact else not gpu_memory_class_labels(q)
+    except (QuantityError, ValueError, OverflowError) as exc:
+        return [f"{where}: {q!r} is not a usable quantity ({exc}); write e.g. 40Gi"]
+    if too_big:
+        return [f"{where}: {q!r} is more memory than any GPU has (at most {MAX_GPU_MEMORY_GB}Gi)"]
+    return []
+
+
+def check_pool_memory(spec: AgentPoolSpec) -> list[str]:
+    return _memory_bound("spec.gpuRequirements.memory", spec.gpu_requirements.memory, exact=False)
+
+
+def check_pool_mig(spec: AgentPoolSpec) -> list[str]:
+    return _mig_profile("spec.migProfile", spec.mig_profile, spec.gpu_requirements.type)
+
+
+def check_pool_bandwidth(spec: AgentPoolSpec) -> list[str]:
+    req = spec.gpu_requirements
+    bw = req.topology.min_bandwidth
+    if bw is None:
+        return []
+    where = "spec.gpuRequirements.topology.minBandwidth"
+    try:
+        gbps = bandwidth_gbps(bw)
+    except (QuantityError, ValueError, OverflowError) as exc:
+        return [f"{where}: {bw!r} is not a usable quantity ({exc}); write e.g. 600Gi"]
+    if gbps > MAX_NVLINK_GBPS:
+        return [f"{where}: {bw!r} ({gbps:g} GB/s) is more than any GPU's NVLink ({MAX_NVLINK_GBPS:g} GB/s)"]
+    if req.type is not None:
+        nominal = nominal_nvlink_gbps(req.type)
+        if nominal == 0.0:
+            return [
+                f"{where}: {req.type} GPUs have no NVLink; unset minBandwidth or choose an NVLink GPU type"
+            ]
+        if gbps > nominal:
+            return [f"{where}: {bw!r} ({gbps:g} GB/s) is more than {req.type} NVLink ({nominal:g} GB/s)"]
+    return []
+
+
+def check_pool_time_zone(spec: AgentPoolSpec) -> list[str]:
+    carbon = spec.scheduling.carbon_aware if spec.scheduling else None
+    shifting = carbon.time_shifting if carbon else None
+    if shifting is None:
+        return []
+    try:
+        zoneinfo.ZoneInfo(shifting.time_zone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return [
+            f"spec.scheduling.carbonAware.timeShifting.timeZone: {shifting.time_zone!r} is not an IANA time "
+            "zone; use a name such as Europe/Paris or UTC"
+        ]
+    return []
+
+
+def check_pool_template(spec: AgentPoolSpec) -> list[str]:
+    """The template's owned fields, then the pod checks on the pod the pool would create."""
+    out = []
+    tspec = spec.template.spec if spec.template and spec.template.spec else {}
+    for key, what in (
+        ("nodeName", "the NeuroNetes scheduler places the pool's pods (use a nodeSelector)"),
+        ("schedulerName", "the operator sets neuronetes-scheduler"),
+        ("priority", "use spec.scheduling.priority"),
+        ("priorityClassName", "use spec.scheduling.priority"),
+    ):
+        if key in tspec:
+            out.append(f"spec.template.spec.{key}: must not be set; {what}")
+    for i, ctr in enumerate(tspec.get("containers") or []):
+        for part in ("limits", "requests"):
+            for res in ((ctr or {}).get("resources") or {}).get(part) or {}:
+                if str(res).startswith("neuronetes.io/") or res == "nvidia.com/gpu":
+                    out.append(
+                        f"spec.template.spec.containers[{i}].resources.{part}[{res}]: must not be set; the "
+                        "operator derives GPU resources from spec.gpuRequirements and spec.migProfile"
+                    )
+    if out:
+        return out
+    fake = {
+        "metadata": {"name": "pool", "namespace": "default", "uid": "00000000-0000-0000-0000-000000000000"}
+    }
+    resolved = resolve(spec)
+    # A pool scaled to zero still has a template: check the pod it would make at one replica.
+    pods = desired_pods(fake, spec, resolved) or desired_pods(
+        fake, spec, replace(resolved, desired=1, gang_size=0)
+    )
+    pod = pods[0].manifest
+    pod["spec"].pop("schedulerName", None)
+    for check in POD_CHECKS.values():
+        out.extend(f"spec.template ({m})" for m in check(pod))
+    return out
+
+
+AGENTPOOL_CHECKS: Final[dict[str, Callable[[AgentPoolSpec], list[str]]]] = {
+    "memory": check_pool_memory,
+    "mig-profile": check_pool_mig,
+    "bandwidth": check_pool_bandwidth,
+    "time-zone": check_pool_time_zone,
+    "template": check_pool_template,
+}
+"""Every AgentPool check, by name, in the order they run."""
+
+
+def check_slice_memory(spec: GPUSliceSpec) -> list[str]:
+    return _memory_bound("spec.memory", spec.memory, exact=True)
+
+
+def check_slice_mig(spec: GPUSliceSpec) -> list[str]:
+    return _mig_profile("spec.migProfile", spec.mig_profile, None)
+
+
+GPUSLICE_CHECKS: Final[dict[str, Callable[[GPUSliceSpec], list[str]]]] = {
+    "memory": check_slice_memory,
+    "mig-profile": check_slice_mig,
+}
+
+
+def review_object(obj: Mapping[str, Any]) -> list[str]:
+    """Refusals for an AgentPool, GPUSlice or ToolBinding (empty: allowed); thread-safe."""
+    with CONVERT_LOCK:
+        return _review_object(obj)
+
+
+def _review_object(obj: Mapping[str, Any]) -> list[str]:
+    kind = obj.get("kind")
+    name = str((obj.get("metadata") or {}).get("name") or "")
+    try:
+        if kind == "AgentPool":
+            out = []
+            if len(name) > MAX_POOL_NAME:
+                out.append(
+                    f"metadata.name: at most {MAX_POOL_NAME} characters for an AgentPool (its pods are named "
+                    "<pool>-<gang>-<member>); choose a shorter name"
+                )
+            spec = decode(obj, AgentPool).spec
+            for pool_check in AGENTPOOL_CHECKS.values():
+                out.extend(pool_check(spec))
+            return out
+        if kind == "GPUSlice":
+            slice_spec = decode(obj, GPUSlice).spec
+            return [m for slice_check in GPUSLICE_CHECKS.values() for m in slice_check(slice_spec)]
+    except msgspec.ValidationError as exc:
+        return [f"{exc} (the object does not match its CRD schema)"]
+    return []

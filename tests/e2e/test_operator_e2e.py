@@ -1,0 +1,359 @@
+"""The operator and the admission webhook as real processes against the local control plane.
+
+The extender runs as a process too (kube-scheduler's ``neuronetes-scheduler`` profile calls it),
+the operator with ``neuronetes operator run`` and two webhook replicas sharing one port with
+``neuronetes webhook serve`` (`neuronetes.operator.processes.LocalStack`). Nodes are kwok nodes
+of the simulated GPU profiles; the operator's dev settings make pool pods tolerate their taint.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apitools import seed_examples
+from e2e_cluster import E2ECluster, wait_until
+from extender_harness import ExtenderProcess
+
+from neuronetes import contracts as c
+from neuronetes.devcluster import ExtenderConfig
+from neuronetes.operator.pods import LABEL_POOL, LABEL_TEMPLATE_HASH
+from neuronetes.operator.processes import LocalStack
+from neuronetes.operator.slices import FINALIZER
+
+pytestmark = pytest.mark.e2e
+
+NS = "operator-e2e"
+NODES = {"dgx-a100-80gb": 10, "a100-40gb-mig": 4, "t4x4-pcie": 6}  # 20 nodes
+SEED_POOLS = [e for e in seed_examples() if e.obj["kind"] == "AgentPool"]
+
+
+def get_json(cluster: E2ECluster, *args: str) -> Any:
+    return json.loads(cluster.kubectl("get", "-o", "json", *args).stdout)
+
+
+def pool_pods(cluster: E2ECluster, pool: str) -> list[dict[str, Any]]:
+    return list(get_json(cluster, "pods", "-n", NS, "-l", f"{LABEL_POOL}={pool}")["items"])
+
+
+def apply(cluster: E2ECluster, text: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("apply", "-n", NS, "-f", "-", *extra, input=text, check=False)
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    work = Path(tmp_path_factory.mktemp("operator"))
+    ext = ExtenderProcess(cluster.kubeconfig, work)
+    ext.start()
+    cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
+    local = LocalStack(cluster.kubeconfig, work, cluster.kubectl)
+    try:
+        local.start()
+        cluster.kubectl("create", "namespace", NS)
+        for profile, count in NODES.items():
+            cluster.add_nodes(profile, count, f"op-{profile}")
+        yield local
+    finally:
+        cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
+        local.stop()
+        cluster.set_extender(ExtenderConfig.from_env())
+        ext.stop()
+        for proc in (local.operator, *local.webhooks):
+            print(f"--- {proc.name} log ---\n{proc.tail(15)}")
+
+
+def wait_ready(cluster: E2ECluster, pool: str, timeout: float = 90) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    def ready() -> dict[str, Any] | None:
+        obj = get_json(cluster, "agentpool", pool, "-n", NS)
+        st = seen["status"] = obj.get("status") or {}
+        return obj if st.get("phase") == "Ready" and st.get("readyReplicas") == st.get("desired") else None
+
+    try:
+        return wait_until(ready, timeout=timeout, what=f"pool {pool} Ready")
+    except pytest.fail.Exception:
+        status = {k: v for k, v in seen.get("status", {}).items() if k != "placements"}
+        pytest.fail(f"pool {pool} not Ready in {timeout:.0f}s; status: {json.dumps(status)}")
+
+
+# ---- acceptance 1: every seed AgentPool reconciles ----------------------------------------------
+
+
+def test_every_seed_pool_reconciles(cluster: E2ECluster, stack: LocalStack) -> None:
+    for example in SEED_POOLS:
+        result = apply(cluster, example.text)
+        assert result.returncode == 0, (example.name, result.stderr)
+    for example in SEED_POOLS:
+        obj = example.obj
+        name = obj["metadata"]["name"]
+        pool = wait_ready(cluster, name, timeout=120)
+        st = pool["status"]
+        pods = [p for p in pool_pods(cluster, name) if not p["metadata"].get("deletionTimestamp")]
+        assert len(pods) == st["desired"] == st["replicas"]
+        spec = obj["spec"]
+        req = spec.get("gpuRequirements") or {}
+        for pod in pods:
+            assert pod["spec"]["schedulerName"] == c.SCHEDULER_NAME
+            assert pod["spec"]["nodeName"], pod["metadata"]["name"]
+            assert pod["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"]
+            limits = pod["spec"]["containers"][0]["resources"]["limits"]
+            if "migProfile" in spec:
+                assert limits == {c.mig_resource_name(spec["migProfile"]): "1"}
+            else:
+                assert limits == {c.RESOURCE_GPU: str(req.get("count", 1))}
+            locality = (req.get("topology") or {}).get("locality", "any")
+            assert pod["metadata"]["annotations"][c.ANNOTATION_LOCALITY] == locality
+            priority = (spec.get("scheduling") or {}).get("priority", 0)
+            assert pod["spec"].get("priority", 0) == priority
+            node = get_json(cluster, "node", pod["spec"]["nodeName"])
+            if "type" in req:
+                assert node["metadata"]["labels"][c.LABEL_GPU_TYPE] == req["type"]
+            assert c.ANNOTATION_ASSIGNED_GPUS in pod["metadata"]["annotations"]
+        placed = {p["pod"]: p for p in st["placements"]}
+        assert set(placed) == {p["metadata"]["name"] for p in pods}
+        assert all(p["node"] and p["gpus"] for p in placed.values())
+        assert st["costPerHour"] > 0 and st["gpus"] == sum(
+            int(next(iter(p["spec"]["containers"][0]["resources"]["limits"].values()))) for p in pods
+        )
+        conditions = {cd["type"]: cd["status"] for cd in st["conditions"]}
+        assert conditions["Ready"] == "True" and conditions["Degraded"] == "False"
+    tp = get_json(cluster, "pods", "-n", NS, "-l", f"{LABEL_POOL}=tensor-parallel-pool")["items"][0]
+    assert tp["metadata"]["annotations"][c.ANNOTATION_MIN_BANDWIDTH] == "600"
+    spot = get_json(cluster, "agentpool", "spot-pool", "-n", NS)["status"]["policies"]
+    assert {"name": "costOptimization", "enabled": True}.items() <= spot[0].items()
+    lines = cluster.kubectl("get", "agentpools", "-n", NS, "tensor-parallel-pool").stdout.splitlines()
+    assert lines[1].split()[:6] == ["tensor-parallel-pool", "1", "1", "8", lines[1].split()[4], "Ready"]
+    events = get_json(cluster, "events", "-n", NS, "--field-selector", "involvedObject.name=rag-pool")
+    assert any(e["reason"] == "Created" and "rag-pool-0" in e["message"] for e in events["items"])
+
+
+# ---- acceptance 2: gangs ------------------------------------------------------------------------
+
+GANG = """\
+apiVersion: neuronetes.io/v1alpha1
+kind: AgentPool
+metadata:
+  name: gang
+spec:
+  minReplicas: 4
+  gpuRequirements:
+    count: 2
+    topology:
+      locality: same-node
+  scheduling:
+    gangScheduling:
+      enabled: true
+      minMembers: 4
+"""
+
+
+def test_gang_lands_whole_and_is_recreated_whole(cluster: E2ECluster, stack: LocalStack) -> None:
+    assert apply(cluster, GANG).returncode == 0
+    pool = wait_ready(cluster, "gang")
+    pods = pool_pods(cluster, "gang")
+    assert len(pods) == 4 and len({p["spec"]["nodeName"] for p in pods}) == 1
+    assert {p["metadata"]["labels"][c.LABEL_GANG] for p in pods} == {"gang-0"}
+    assert {p["metadata"]["labels"][c.LABEL_GANG_SIZE] for p in pods} == {"4"}
+    conditions = {cd["type"]: cd["status"] for cd in pool["status"]["conditions"]}
+    assert conditions["GangScheduled"] == "True"
+    budget = get_json(cluster, "poddisruptionbudget", "gang", "-n", NS)
+    assert budget["spec"]["minAvailable"] == 4
+    assert budget["metadata"]["ownerReferences"][0]["uid"] == pool["metadata"]["uid"]
+    before = {p["metadata"]["uid"] for p in pods}
+    cluster.kubectl("delete", "pod", "-n", NS, "gang-0-2", "--wait=false")
+
+    def recreated() -> list[dict[str, Any]] | None:
+        now = [p for p in pool_pods(cluster, "gang") if not p["metadata"].get("deletionTimestamp")]
+        fresh = [p for p in now if p["metadata"]["uid"] not in before and p["spec"].get("nodeName")]
+        return now if len(fresh) == 4 and len(now) == 4 else None
+
+    pods = wait_until(recreated, timeout=90, what="the whole gang recreated and bound")
+    assert len({p["spec"]["nodeName"] for p in pods}) == 1
+    events = get_json(cluster, "events", "-n", NS, "--field-selector", "involvedObject.name=gang")
+    assert any(e["reason"] == "GangBroken" for e in events["items"])
+
+
+# ---- acceptance 3: scale and restart ----------------------------------------------------------
+
+SCALED = """\
+apiVersion: neuronetes.io/v1alpha1
+kind: AgentPool
+metadata:
+  name: scaled
+spec:
+  minReplicas: 1
+  maxReplicas: 5
+"""
+
+
+def test_kubectl_scale_within_bounds_and_refused_outside(cluster: E2ECluster, stack: LocalStack) -> None:
+    assert apply(cluster, SCALED).returncode == 0
+    wait_ready(cluster, "scaled")
+    out = cluster.kubectl("scale", "agentpool", "scaled", "-n", NS, "--replicas=3")
+    assert "scaled" in out.stdout
+    wait_until(lambda: len(pool_pods(cluster, "scaled")) == 3, timeout=60, what="3 pods")
+    assert wait_ready(cluster, "scaled")["status"]["replicas"] == 3
+    refused = cluster.kubectl("scale", "agentpool", "scaled", "-n", NS, "--replicas=6", check=False)
+    assert refused.returncode != 0 and "spec.replicas must be <= spec.maxReplicas" in refused.stderr
+    cluster.kubectl("scale", "agentpool", "scaled", "-n", NS, "--replicas=1")
+    wait_until(
+        lambda: (
+            len([p for p in pool_pods(cluster, "scaled") if not p["metadata"].get("deletionTimestamp")]) == 1
+        ),
+        timeout=60,
+        what="scaled down to 1",
+    )
+
+
+RESTART = """\
+apiVersion: neuronetes.io/v1alpha1
+kind: AgentPool
+metadata:
+  name: restart
+spec:
+  minReplicas: 24
+"""
+
+
+def test_sigkill_mid_reconcile_converges_without_duplicates(cluster: E2ECluster, stack: LocalStack) -> None:
+    assert apply(cluster, RESTART).returncode == 0
+    wait_until(lambda: len(pool_pods(cluster, "restart")) >= 3, timeout=60, what="the first pods")
+    stack.operator.kill()
+    partial = len(pool_pods(cluster, "restart"))
+    stack.operator.start()
+    wait_ready(cluster, "restart", timeout=120)
+    pods = pool_pods(cluster, "restart")
+    names = sorted(p["metadata"]["name"] for p in pods)
+    assert names == sorted(f"restart-{i}" for i in range(24)), (partial, names)
+    every = get_json(cluster, "pods", "-n", NS)["items"]
+    orphans = [
+        p["metadata"]["name"]
+        for p in every
+        if LABEL_POOL in (p["metadata"].get("labels") or {}) and not p["metadata"].get("ownerReferences")
+    ]
+    assert orphans == []
+
+
+# ---- acceptance 4: GPUSlice (operator side) ----------------------------------------------------
+
+SLICE = """\
+apiVersion: neuronetes.io/v1alpha1
+kind: GPUSlice
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+  memory: 6Gi
+  computePercent: 60
+  qosClass: Guaranteed
+  nodeName: {node}
+"""
+
+
+def test_gpu_slices_reserve_a_gpu_never_oversubscribe_and_defer_deletion(
+    cluster: E2ECluster, stack: LocalStack
+) -> None:
+    (node,) = cluster.add_nodes("t4x4-pcie", 1, "op-slices", labels={"neuronetes.io/e2e-suite": "slices"})
+    names = [f"slice-{i}" for i in range(6)]
+    text = "---\n".join(SLICE.format(name=n, ns=NS, node=node) for n in names)
+    cluster.kubectl("apply", "-f", "-", input=text)  # six at once, four GPUs: 60 % + 60 % never fit one
+
+    def settled() -> list[dict[str, Any]] | None:
+        items = [get_json(cluster, "gpuslice", n, "-n", NS) for n in names]
+        phases = [(s.get("status") or {}).get("phase") for s in items]
+        return (
+            items if all(p in ("Bound", "Pending") for p in phases) and phases.count("Bound") == 4 else None
+        )
+
+    items = wait_until(settled, timeout=60, what="four of six slices Bound")
+    bound = [s for s in items if s["status"]["phase"] == "Bound"]
+    uuids = [s["status"]["gpuUUIDs"][0] for s in bound]
+    assert len(set(uuids)) == 4 and {s["status"]["node"] for s in bound} == {node}
+    pending = [s for s in items if s["status"]["phase"] == "Pending"]
+    assert all(cd["reason"] == "NoCapacity" for s in pending for cd in s["status"]["conditions"])
+    assert all(FINALIZER in s["metadata"]["finalizers"] for s in items)
+
+    user = bound[0]["metadata"]["name"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "slice-user", "namespace": NS, "annotations": {"neuronetes.io/slice": user}},
+        "spec": {"containers": [{"name": "m", "image": "registry.example/w:1"}]},
+    }
+    cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
+    cluster.kubectl("delete", "gpuslice", user, "-n", NS, "--wait=false")
+
+    def deferred() -> dict[str, Any] | None:
+        s = get_json(cluster, "gpuslice", user, "-n", NS)
+        conds = {cd["type"]: cd for cd in (s.get("status") or {}).get("conditions") or []}
+        return s if conds.get("InUse", {}).get("status") == "True" else None
+
+    held = wait_until(deferred, timeout=30, what="deletion deferred while a pod uses the slice")
+    assert held["metadata"]["deletionTimestamp"] and held["status"]["phase"] == "Bound"
+    cluster.kubectl("delete", "pod", "slice-user", "-n", NS, "--grace-period=0", "--force")
+    wait_until(
+        lambda: cluster.kubectl("get", "gpuslice", user, "-n", NS, check=False).returncode != 0,
+        timeout=60,
+        what="the slice released once its pod is gone",
+    )
+    for n in names:
+        cluster.kubectl("delete", "gpuslice", n, "-n", NS, "--ignore-not-found", "--wait=false")
+
+
+# ---- ToolBinding ---------------------------------------------------------------------------------
+
+
+def test_toolbindings_resolve_their_pool(cluster: E2ECluster, stack: LocalStack) -> None:
+    seed = next(e for e in seed_examples() if e.obj["kind"] == "ToolBinding")
+    assert apply(cluster, seed.text).returncode == 0
+    bound = seed.text.replace("name: queue-binding", "name: rag-binding").replace(
+        "spec:\n", "spec:\n  poolRef:\n    name: rag-pool\n", 1
+    )
+    assert apply(cluster, bound).returncode == 0
+
+    def phase(name: str) -> str | None:
+        return (get_json(cluster, "toolbinding", name, "-n", NS).get("status") or {}).get("phase")
+
+    wait_until(lambda: phase("queue-binding") == "Pending", timeout=30, what="queue-binding Pending")
+    wait_until(lambda: phase("rag-binding") == "Active", timeout=30, what="rag-binding Active")
+    st = get_json(cluster, "toolbinding", "queue-binding", "-n", NS)["status"]
+    reasons = {cd["type"]: cd["reason"] for cd in st["conditions"]}
+    assert reasons == {"Bound": "NoPoolRef", "LagScaling": "PolicyController"}
+
+
+def test_template_change_rolls_the_pods_one_at_a_time(cluster: E2ECluster, stack: LocalStack) -> None:
+    text = SCALED.replace("name: scaled", "name: rolled").replace("minReplicas: 1", "minReplicas: 3")
+    assert apply(cluster, text).returncode == 0
+    wait_ready(cluster, "rolled")
+    old = {p["metadata"]["labels"][LABEL_TEMPLATE_HASH] for p in pool_pods(cluster, "rolled")}
+    patch = {"spec": {"template": {"metadata": {"labels": {"release": "two"}}}}}
+    cluster.kubectl("patch", "agentpool", "rolled", "-n", NS, "--type=merge", "-p", json.dumps(patch))
+    lowest = 3
+
+    def rolled() -> bool:
+        nonlocal lowest
+        live = [p for p in pool_pods(cluster, "rolled") if not p["metadata"].get("deletionTimestamp")]
+        ready = [
+            p
+            for p in live
+            if any(
+                cd["type"] == "Ready" and cd["status"] == "True" for cd in p["status"].get("conditions", [])
+            )
+        ]
+        lowest = min(lowest, len(ready))
+        hashes = {p["metadata"]["labels"][LABEL_TEMPLATE_HASH] for p in live}
+        return (
+            len(live) == 3
+            and not hashes & old
+            and all(p["metadata"]["labels"].get("release") == "two" for p in live)
+        )
+
+    wait_until(rolled, timeout=120, interval=0.1, what="every pod replaced by one of the new template")
+    assert lowest >= 2  # one replica at a time
+    events = get_json(cluster, "events", "-n", NS, "--field-selector", "involvedObject.name=rolled")
+    assert any(e["reason"] == "Outdated" for e in events["items"])

@@ -1,0 +1,61 @@
+"""The agent's CLI verbs refuse bad input with one line, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from neuronetes.cli import main
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["online", "--gpu-id", "GPU-x", "--kubeconfig", "/nonexistent/kubeconfig"],
+        ["offline", "--force", "--gpu-id", "GPU-x", "--kubeconfig", "/nonexistent/kubeconfig"],
+        ["dev", "inject-xid", "--gpu-id", "GPU-x", "--xid", "48", "--kubeconfig", "/nonexistent/kubeconfig"],
+        ["dev", "inject-xid", "--gpu-id", "GPU-x", "--xid", "0"],
+        ["dev", "inject-ecc", "--gpu-id", "GPU-x"],
+        ["agent", "run", "--node", "n1", "--kubeconfig", "/nonexistent/kubeconfig"],
+    ],
+)
+def test_one_line_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
+
+
+def test_agent_run_needs_exactly_one_target(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["agent", "run", "--node", "a", "--simulate-nodes", "x=y"])
+    assert exit_.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["agent", "run"])
+
+
+def test_agent_on_a_node_without_nvml_exits_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass  # no NVML here: what this test is about
+    else:
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has NVML")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]\n'
+        "users: [{name: u, user: {token: x}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+    )
+    argv = ["agent", "run", "--node", "n1", "--kubeconfig", str(kubeconfig), "--metrics-port", "-1"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: NVML is not available") and "\n" not in err

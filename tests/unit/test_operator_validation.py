@@ -1,0 +1,53 @@
+"""Constants the CRDs repeat agree with the code, and the launch objects say what docs/webhook.md says."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+from apitools import CRD_DIR
+
+from neuronetes.api.units import MAX_GPU_MEMORY_GB
+from neuronetes.operator.launch import POD_MATCH_CONDITION, operator_rbac, webhook_configurations
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("crd", ["neuronetes.io_agentpools.yaml", "neuronetes.io_gpuslices.yaml"])
+def test_crd_memory_bound_is_the_largest_gpu(crd: str) -> None:
+    text = (CRD_DIR / crd).read_text()
+    assert f"quantity('{MAX_GPU_MEMORY_GB}Gi')" in text
+    assert f"self <= {MAX_GPU_MEMORY_GB * 2**30}" in text
+    assert f"at most {MAX_GPU_MEMORY_GB}Gi" in text
+
+
+def test_webhook_configurations_fail_closed_and_are_scoped() -> None:
+    mutating, validating = webhook_configurations(b"PEM", "https://127.0.0.1:9443")
+    (pods,) = mutating["webhooks"]
+    (objects,) = validating["webhooks"]
+    for hook in (pods, objects):
+        assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == b"PEM"
+    assert pods["clientConfig"]["url"] == "https://127.0.0.1:9443/pods"
+    assert pods["matchConditions"][0]["expression"] == POD_MATCH_CONDITION
+    assert set(pods["rules"][0]["operations"]) == {"CREATE", "UPDATE"}
+    assert objects["rules"][0]["resources"] == ["agentpools", "gpuslices"]
+    # The scope names the resource prefix and the slice annotation, in limits, requests and init containers.
+    assert re.search(r"limits\.exists\(k, k\.startsWith\('neuronetes\.io/'\)\)", POD_MATCH_CONDITION)
+    assert "initContainers" in POD_MATCH_CONDITION and "'neuronetes.io/slice' in" in POD_MATCH_CONDITION
+
+
+def test_operator_rbac_is_least_privilege() -> None:
+    account, role, binding = operator_rbac("neuronetes-system")
+    rules = {
+        (g, r): set(rule["verbs"])
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    assert rules[("", "pods")] == {"get", "list", "watch", "create", "delete"}
+    assert rules[("", "nodes")] == {"get", "list", "watch"}
+    assert "delete" not in rules[("neuronetes.io", "agentpools")]
+    assert all("*" not in verbs for verbs in rules.values())
+    assert binding["subjects"][0]["name"] == account["metadata"]["name"]

@@ -52,7 +52,7 @@ def fleet(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     """Nodes of three profiles, the extender, and one fleet agent serving the nodes."""
     config = Path(tmp_path_factory.mktemp("extender")) / "extender.yaml"
     config.write_text("filterTopK: 3\nassumeTTLSeconds: 60\n")
-    ext = build(kubeconfig=cluster.kubeconfig, config=config)
+    ext = build(kubeconfig=cluster.extender_kubeconfig, config=config)
     nodes = {
         "dgx-a100-80gb": cluster.add_nodes("dgx-a100-80gb", 2, "ag-dgx", labels=dict([SUITE])),
         "a100-40gb-mig": cluster.add_nodes("a100-40gb-mig", 1, "ag-mig", labels=dict([SUITE])),

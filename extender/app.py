@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -131,7 +132,7 @@ def _content(schema: dict[str, Any]) -> dict[str, Any]:
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     text = {
-        400: "malformed JSON, or a body that is not this verb's request",
+        400: "malformed JSON, JSON nested too deeply, or a body that is not this verb's request",
         413: "body over the configured limit",
         415: "content type is not JSON",
     }
@@ -173,6 +174,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Everything allocated so far (modules, the app) lives as long as the process: out of the
+        # collector's sight, so a full collection (it holds the GIL) walks only what requests
+        # allocate, and a big request cannot stall the loop for a walk over the whole heap.
+        gc.collect()
+        gc.freeze()
         decode.start()
         writer = asyncio.create_task(service.events.run(), name="event-writer")
         if on_startup is not None:

@@ -85,7 +85,6 @@ class GpuCache(GangFacade):
         self.settings = settings if isinstance(settings, SettingsSource) else SettingsSource(initial=settings)
         self._clock = clock
         self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)  # the blocking `await_gang` waits on it
         self._settings_version = self.settings.version
         self._snap = Snapshot.empty(self.settings.get(), clock)
         self._store = ClusterStore(clock)

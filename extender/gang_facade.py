@@ -25,7 +25,6 @@ class GangFacade:
     """`GpuCache`'s gang methods (each takes the lock)."""
 
     _lock: threading.RLock
-    _cond: threading.Condition
     _clock: Callable[[], float]
     _snap: Snapshot
     _holds: HoldBook
@@ -52,7 +51,6 @@ class GangFacade:
             self._barrier_listener = fn
 
     def _barrier_changed(self, group_id: str) -> None:
-        self._cond.notify_all()
         fn = self._barrier_listener
         if fn is not None:
             fn(group_id)
@@ -68,23 +66,6 @@ class GangFacade:
         """Shutdown: every member waiting at (or reaching) a barrier gets "failed" with `reason`."""
         with self._lock:
             self._gangs.fail_waiting(reason)
-
-    def await_gang(self, plan: BindPlan, *, timeout: float | None = None) -> str | None:
-        """The blocking form of `gang_arrive` for a threaded caller: None when the Binding may be
-        posted, else why not (the barrier failed, or `timeout` passed first)."""
-        give_up = None if timeout is None else self._clock() + timeout
-        with self._cond:
-            while True:
-                state = self.gang_arrive(plan)
-                if state.status == "open":
-                    return None
-                if state.status == "failed":
-                    return state.reason
-                now = self._clock()
-                if give_up is not None and now >= give_up:
-                    return f"{state.reason.split(';')[0]}; still waiting"
-                limit = state.deadline if give_up is None else min(state.deadline, give_up)
-                self._cond.wait(min(max(limit - now, 0.01), 0.5))
 
     def restore_gangs(self, restored: Iterable[RestoredGang]) -> int:
         """Hold the slots of reservations read from the API (a restart, or a standby following
@@ -129,4 +110,3 @@ class GangFacade:
         with self._lock:
             self._ensure()
             return list(self._gangs.groups.values())
-

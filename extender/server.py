@@ -33,15 +33,16 @@ from .app import create_app
 from .cache import GpuCache
 from .config import ConfigError, SettingsSource
 from .events import EventRecorder
+from .feeds import Reflectors, start_reflectors
 from .kube import AsyncKube, KubeApi, KubeError
 from .metrics import ExtenderMetrics
 from .reservations import GroupDirectory, ReservationStore
 from .service import ExtenderService
-from .watch import Reflector, Reflectors, WatchHealth, start_reflectors
+from .watch import Reflector, WatchHealth
 
 __all__ = [
+    "SHUTTING_DOWN",
     "Extender",
-    "ExtenderThread",
     "ListenError",
     "ListenPolicy",
     "build",
@@ -229,51 +230,6 @@ def uvicorn_config(app: Any, policy: ListenPolicy, log_level: str) -> uvicorn.Co
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
         **policy.uvicorn_ssl(),
     )
-
-
-class ExtenderThread:
-    """The extender's uvicorn server in a background thread (the demo; tests use
-    ``tests/extender_harness.py``)."""
-
-    def __init__(
-        self,
-        app: Any,
-        *,
-        host: str = "127.0.0.1",
-        port: int | None = None,
-        policy: ListenPolicy | None = None,
-    ) -> None:
-        self.app = app
-        self.policy = policy or ListenPolicy(host, port or free_port(host))
-        self.host, self.port = self.policy.host, self.policy.port
-        self.server = uvicorn.Server(uvicorn_config(app, self.policy, "warning"))
-        self._thread = threading.Thread(target=self.server.run, name="extender-http", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"{'https' if self.policy.https else 'http'}://{self.host}:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> ExtenderThread:
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"extender did not start on {self.url}")
-            time.sleep(0.02)
-        return self
-
-    def stop(self, timeout: float = 15.0) -> None:
-        service = getattr(getattr(self.app, "state", None), "service", None)
-        if isinstance(service, ExtenderService):
-            service.barrier.fail_all(SHUTTING_DOWN)  # as on SIGTERM: waiting binds do not hold the stop
-        self.server.should_exit = True
-        self._thread.join(timeout)
-
-    def __enter__(self) -> ExtenderThread:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def serve(ns: argparse.Namespace) -> int:

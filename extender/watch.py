@@ -1,4 +1,4 @@
-"""List + watch of nodes and pods into the `GpuCache` (one background thread per resource).
+"""The reflector: list + watch of one resource into the `GpuCache` (one background thread each).
 
 The usual reflector loop: list (paged) → replace the cache's set → watch from the list's
 resourceVersion (with bookmarks) → apply events; relist when the server answers 410 Gone (the
@@ -23,14 +23,11 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 import msgspec
 
 from neuronetes import contracts as c
-from neuronetes.api import models as m
-from neuronetes.api.models import GPUNode
 
-from .cache import GPUNODES, GpuCache
 from .kube import KubeApi, KubeError, WatchStream
-from .wire import ListMeta, Node, NodeList, ObjectMeta, Pod, PodList, WatchEvent, decoder
+from .wire import ListMeta, ObjectMeta, WatchEvent, decoder
 
-__all__ = ["Reflector", "Reflectors", "WatchHealth", "start_reflectors"]
+__all__ = ["CustomObject", "CustomObjectList", "Reflector", "WatchHealth", "crd_installed"]
 
 log = logging.getLogger(__name__)
 
@@ -293,44 +290,6 @@ def crd_installed(
     return None
 
 
-def _gpunode(obj: CustomObject) -> GPUNode | None:
-    try:
-        return m.decode(obj.as_object("GPUNode"), GPUNode)
-    except msgspec.ValidationError as exc:
-        log.warning("GPUNode %s ignored (not valid): %s", obj.metadata.name, exc)
-        return None
-
-
-def gpunode_reflector(
-    cache: GpuCache, api: KubeApi, *, resync_period: float = 600.0
-) -> Reflector[CustomObject]:
-    """Feeds `cache` the agents' GPUNode objects (the GPUs as NVML discovered them)."""
-
-    def replace(items: Iterable[CustomObject]) -> None:
-        cache.replace_gpunodes(g for g in map(_gpunode, items) if g is not None)
-
-    def upsert(obj: CustomObject) -> None:
-        g = _gpunode(obj)
-        if g is not None:
-            cache.upsert_gpunode(g)
-
-    return Reflector(
-        api,
-        GPUNODES,
-        f"/apis/{c.API_VERSION}/gpunodes",
-        CustomObject,
-        CustomObjectList,
-        on_replace=replace,
-        on_upsert=upsert,
-        on_delete=lambda obj: cache.delete_gpunode(obj.metadata.name),
-        on_synced=lambda: cache.mark_synced(GPUNODES),
-        on_heard=lambda: cache.touch(GPUNODES),
-        resync_period=resync_period,
-        # Without the GPUNode CRD (no agents yet) node labels and capacity are the inventory.
-        on_missing=lambda: log.info("no GPUNode CRD: the GPU inventory comes from node labels and capacity"),
-    )
-
-
 class WatchHealth:
     """The reflectors whose breakage makes the extender unready (and its filter refuse)."""
 
@@ -360,75 +319,3 @@ class WatchHealth:
             return None
         parts = ", ".join(f"{name} for {t:.0f} s" for name, t in sorted(over.items()))
         return f"watch broken ({parts}; limit {limit:g} s): the GPU cache may be stale"
-
-
-class Reflectors:
-    """The node, pod and GPUNode reflectors of one cache."""
-
-    def __init__(
-        self, nodes: Reflector[Node], pods: Reflector[Pod], gpunodes: Reflector[CustomObject]
-    ) -> None:
-        self.nodes, self.pods, self.gpunodes = nodes, pods, gpunodes
-
-    @property
-    def all(self) -> tuple[Reflector[Any], ...]:
-        return (self.nodes, self.pods, self.gpunodes)
-
-    def start(self) -> None:
-        for reflector in self.all:
-            reflector.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop every reflector within `timeout` seconds in all (their threads are daemons)."""
-        deadline = time.monotonic() + timeout
-        for reflector in self.all:
-            reflector.signal_stop()
-        for reflector in self.all:
-            reflector.join(deadline - time.monotonic())
-
-
-def start_reflectors(
-    cache: GpuCache,
-    api: KubeApi,
-    *,
-    resync_period: float = 600.0,
-    watch_timeout: float = 300.0,
-    health: WatchHealth | None = None,
-) -> Reflectors:
-    """Feed `cache` from the API server in background threads (returned, started; each one
-    added to `health`)."""
-    nodes: Reflector[Node] = Reflector(
-        api,
-        "nodes",
-        "/api/v1/nodes",
-        Node,
-        NodeList,
-        on_replace=cache.replace_nodes,
-        on_upsert=cache.upsert_node,
-        on_delete=lambda n: cache.delete_node(n.metadata.name),
-        on_synced=lambda: cache.mark_synced("nodes"),
-        on_heard=lambda: cache.touch("nodes"),
-        resync_period=resync_period,
-        watch_timeout=watch_timeout,
-    )
-    pods: Reflector[Pod] = Reflector(
-        api,
-        "pods",
-        "/api/v1/pods",
-        Pod,
-        PodList,
-        on_replace=cache.replace_pods,
-        on_upsert=cache.upsert_pod,
-        on_delete=cache.delete_pod,
-        on_synced=lambda: cache.mark_synced("pods"),
-        on_heard=lambda: cache.touch("pods"),
-        resync_period=resync_period,
-        watch_timeout=watch_timeout,
-    )
-    cache.require_sync(GPUNODES)
-    reflectors = Reflectors(nodes, pods, gpunode_reflector(cache, api, resync_period=resync_period))
-    if health is not None:
-        for reflector in reflectors.all:
-            health.add(reflector)
-    reflectors.start()
-    return reflectors

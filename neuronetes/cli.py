@@ -209,6 +209,7 @@ def add_agent_commands_to(sub: Any, dev: Any) -> None:
     Through importlib: node-agent/ is mapped to neuronetes.agent at install time."""
     importlib.import_module("neuronetes.agent.daemon.commands").add_agent_commands(sub, dev)
 
+
 def cmd_operator(ns: argparse.Namespace) -> int:
     # Through importlib: operator/ is installed as neuronetes.operator, which mypy cannot follow.
     main_module = importlib.import_module("neuronetes.operator.main")

@@ -1,4 +1,5 @@
-"""The extender as tests and benchmarks run it: ``neuronetes extender serve`` in a child process.
+"""The extender as tests and benchmarks run it: ``neuronetes extender serve`` in a child process,
+or its app in a thread of this one.
 
 Importable from tests (pytest's ``pythonpath`` holds ``tests/``) and from the benchmarks (they
 put this folder on ``sys.path``).
@@ -11,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -18,9 +20,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from neuronetes.extender.server import free_port
+import uvicorn
 
-__all__ = ["ExtenderProcess", "free_port", "terminate"]
+from neuronetes.extender.server import SHUTTING_DOWN, ListenPolicy, free_port, uvicorn_config
+from neuronetes.extender.service import ExtenderService
+
+__all__ = ["ExtenderProcess", "ExtenderThread", "free_port", "terminate"]
 
 
 def terminate(proc: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
@@ -31,6 +36,50 @@ def terminate(proc: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+class ExtenderThread:
+    """The extender's uvicorn server in a background thread of this process (e2e tests)."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        policy: ListenPolicy | None = None,
+    ) -> None:
+        self.app = app
+        self.policy = policy or ListenPolicy(host, port or free_port(host))
+        self.host, self.port = self.policy.host, self.policy.port
+        self.server = uvicorn.Server(uvicorn_config(app, self.policy, "warning"))
+        self._thread = threading.Thread(target=self.server.run, name="extender-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.policy.https else 'http'}://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ExtenderThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"extender did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        service = getattr(getattr(self.app, "state", None), "service", None)
+        if isinstance(service, ExtenderService):
+            service.barrier.fail_all(SHUTTING_DOWN)  # as on SIGTERM: waiting binds do not hold the stop
+        self.server.should_exit = True
+        self._thread.join(timeout)
+
+    def __enter__(self) -> ExtenderThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 class ExtenderProcess:
@@ -144,13 +193,10 @@ class ExtenderProcess:
 def serve_fake(port: int, max_body_bytes: int) -> None:
     """Serve the extender app over a synced in-memory cache of four nodes (no API server) on
     loopback `port` until killed: for tests that need a real HTTP server in another process."""
-    import uvicorn
     from extender_support import FakeApi, node_objects, synced_cache
 
     from neuronetes.extender.app import create_app
     from neuronetes.extender.config import ExtenderSettings
-    from neuronetes.extender.server import ListenPolicy, uvicorn_config
-    from neuronetes.extender.service import ExtenderService
 
     cache = synced_cache(node_objects({"dgx-a100-80gb": 4}), ExtenderSettings(max_body_bytes=max_body_bytes))
     app = create_app(ExtenderService(cache, FakeApi(cache=cache)))

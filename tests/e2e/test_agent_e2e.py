@@ -21,13 +21,14 @@ from typing import Any
 
 import pytest
 from e2e_cluster import E2ECluster, wait_until
+from extender_harness import ExtenderThread
 
 from neuronetes import contracts as c
 from neuronetes.agent.daemon.fleet import start_fleet_agent
 from neuronetes.cli import main as cli
 from neuronetes.devcluster import ExtenderConfig
 from neuronetes.devcluster.profiles import KWOK_TAINT, PROFILES
-from neuronetes.extender.server import ExtenderThread, build
+from neuronetes.extender.server import build
 
 pytestmark = pytest.mark.e2e
 

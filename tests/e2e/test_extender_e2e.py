@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 from e2e_cluster import E2ECluster, wait_until
+from extender_harness import ExtenderThread
 from extender_support import metric_value
 from pod_builder import container, manifest
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
 from neuronetes.extender.bodies import NodeSet
-from neuronetes.extender.server import Extender, ExtenderThread, build
+from neuronetes.extender.server import Extender, build
 from neuronetes.extender.service import ExtenderService
 from neuronetes.extender.wire import ExtenderFilterResult
 

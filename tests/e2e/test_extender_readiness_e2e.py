@@ -128,9 +128,7 @@ def test_losing_the_api_server_makes_the_extender_unready_and_its_filter_refuse(
     assert _readyz(ext)[0] == 200
     assert "watch broken" not in _filter_error(ext)
     proxy.cut()
-    _, text = wait_until(
-        lambda: r if (r := _readyz(ext))[0] == 503 else None, timeout=30, what="/readyz 503"
-    )
+    _, text = wait_until(lambda: r if (r := _readyz(ext))[0] == 503 else None, timeout=30, what="/readyz 503")
     assert "watch broken" in text, text
     assert "watch broken" in _filter_error(ext)
     proxy.open()

@@ -18,7 +18,7 @@ import anyio
 import httpx
 import msgspec
 import pytest
-from extender_harness import free_port, terminate
+from extender_harness import ExtenderThread, free_port, terminate
 from extender_support import (
     AsgiClient,
     FakeApi,
@@ -34,7 +34,7 @@ from neuronetes.extender.bodies import BodyDecoder, decode_nodes_request
 from neuronetes.extender.config import ExtenderSettings
 from neuronetes.extender.events import REPORTING_CONTROLLER, EventRecorder, PodRef
 from neuronetes.extender.kube import KubeError
-from neuronetes.extender.server import ExtenderThread, ListenError, ListenPolicy, listen_policy
+from neuronetes.extender.server import ListenError, ListenPolicy, listen_policy
 from neuronetes.extender.service import ExtenderService
 from neuronetes.extender.watch import Reflector, WatchHealth
 from neuronetes.extender.wire import Node, NodeList

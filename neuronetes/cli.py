@@ -104,6 +104,8 @@ def _dev_cluster_up(ns: argparse.Namespace, cluster: DevCluster, log: Callable[[
         nodes=nodes,
         extender=external,
         run_extender=external is None and not ns.no_extender,
+        run_agent=not ns.no_agent,
+        run_operator=not ns.no_operator,
         schedulers=ns.schedulers,
         feature_gates=gates,
         controller_manager=False if ns.no_controller_manager else None,
@@ -296,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: $NEURONETES_EXTENDER_URL)",
     )
     dc.add_argument("--no-extender", action="store_true", help="up: kube-scheduler without an extender")
+    dc.add_argument(
+        "--no-agent", action="store_true", help="up: no node agent (fleet mode) for the simulated nodes"
+    )
+    dc.add_argument("--no-operator", action="store_true", help="up: no operator and admission webhook")
     dc.add_argument(
         "--schedulers",
         type=int,

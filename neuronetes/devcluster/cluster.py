@@ -125,6 +125,8 @@ class DevCluster:
         nodes: Sequence[tuple[str, int]] = (),
         extender: ExtenderConfig | None = None,
         run_extender: bool = False,
+        run_agent: bool = False,
+        run_operator: bool = False,
         schedulers: int = 1,
         feature_gates: Mapping[str, bool] | None = None,
         extender_overrides: Mapping[str, Any] | None = None,
@@ -141,7 +143,9 @@ class DevCluster:
         beside each kube-scheduler instead (``neuronetes extender serve`` as the extender's
         ServiceAccount, settings from `neuronetes.devcluster.config.extender_settings` with
         `extender_overrides`). `schedulers` > 1 runs that many kube-scheduler (+ extender)
-        pairs with leader election. `feature_gates` go to kube-apiserver and kube-scheduler.
+        pairs with leader election. `run_agent` / `run_operator` start the node agent in fleet
+        mode / the operator and two webhook replicas (`neuronetes.devcluster.addons`).
+        `feature_gates` go to kube-apiserver and kube-scheduler.
         `policies_dir`: ValidatingAdmissionPolicy manifests to apply (``manifests/policies``).
 
         Raises `ClusterError` when it is already running (`down` it first) or fails to start
@@ -174,6 +178,7 @@ class DevCluster:
             keys = ["etcd", "etcd_peer", "apiserver", "controller_manager", "default_scheduler", "kwok"]
             for _, _, sfx in (cmd.pair_names(i, schedulers) for i in range(schedulers)):
                 keys += ["scheduler" + sfx] + (["extender" + sfx] if run_extender else [])
+            keys += (["agent_metrics"] if run_agent else []) + (["webhook"] if run_operator else [])
             state = RunState(
                 name=self.name,
                 ports=dict(zip(keys, free_ports(len(keys)), strict=True)),
@@ -184,6 +189,8 @@ class DevCluster:
                 },
                 extender=extender.to_json() if extender else None,
                 run_extender=run_extender,
+                run_agent=run_agent,
+                run_operator=run_operator,
                 schedulers=schedulers,
                 feature_gates=dict(feature_gates or {}),
                 controller_manager=controller_manager,

@@ -29,6 +29,7 @@ from neuronetes.devcluster.access import (
     static_tokens,
     write_private,
 )
+from neuronetes.devcluster.addons import start_addons
 from neuronetes.devcluster.api import Api, http_ok
 from neuronetes.devcluster.config import (
     BUILTIN_EXTENDER_WEIGHT,
@@ -151,6 +152,7 @@ class Startup:
         self.spawn_pairs(extender)
         for name in [n for n in state.processes if n in probe and n not in ("etcd", "kube-apiserver")]:
             self.sup.wait(state, name, probe[name], deadline)
+        start_addons(self.sup, state, at, self.kubectl, self.log, deadline)
 
     def spawn_pairs(self, extender: ExtenderConfig | None) -> None:
         """Each pair's extender (when the cluster runs it), then its kube-scheduler."""

@@ -28,7 +28,9 @@ class RunState:
     """One run of a cluster: ports, versions, the processes started and how it was configured.
 
     `extender` is kube-scheduler's entry for an external extender (``--extender-url``);
-    `run_extender` says the cluster runs its own extender beside each kube-scheduler instead.
+    `run_extender` says the cluster runs its own extender beside each kube-scheduler instead;
+    `run_agent` / `run_operator` that it runs the node agent (fleet mode) / the operator and its
+    webhook (`neuronetes.devcluster.addons`).
     """
 
     name: str
@@ -37,6 +39,8 @@ class RunState:
     processes: dict[str, procs.ProcessRecord] = field(default_factory=dict)
     extender: dict[str, Any] | None = None
     run_extender: bool = False
+    run_agent: bool = False
+    run_operator: bool = False
     schedulers: int = 1
     feature_gates: dict[str, bool] = field(default_factory=dict)
     controller_manager: bool = True
@@ -61,6 +65,8 @@ class RunState:
             "processes": {k: v.to_json() for k, v in self.processes.items()},
             "extender": self.extender,
             "runExtender": self.run_extender,
+            "runAgent": self.run_agent,
+            "runOperator": self.run_operator,
             "schedulers": self.schedulers,
             "featureGates": self.feature_gates,
             "controller_manager": self.controller_manager,
@@ -76,6 +82,8 @@ class RunState:
             processes={str(k): procs.ProcessRecord.from_json(v) for k, v in data["processes"].items()},
             extender=data.get("extender"),
             run_extender=bool(data.get("runExtender", False)),
+            run_agent=bool(data.get("runAgent", False)),
+            run_operator=bool(data.get("runOperator", False)),
             schedulers=int(data.get("schedulers", 1)),
             feature_gates={str(k): bool(v) for k, v in (data.get("featureGates") or {}).items()},
             controller_manager=bool(data.get("controller_manager", True)),

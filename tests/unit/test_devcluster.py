@@ -191,3 +191,24 @@ def test_process_groups_are_stopped_whole(tmp_path: Path) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_addons_are_recorded_in_the_run_state_and_the_agent_serves_every_simulated_node(
+    tmp_path: Path,
+) -> None:
+    from neuronetes.devcluster.addons import KWOK_SELECTOR, agent_argv
+    from neuronetes.devcluster.components import Layout
+    from neuronetes.devcluster.profiles import node_labels, profile
+    from neuronetes.devcluster.state import RunState
+    from neuronetes.devcluster.tools import Toolchain
+
+    state = RunState(name="x", ports={"agent_metrics": 9500}, versions={}, run_agent=True, run_operator=True)
+    again = RunState.from_json(state.to_json())
+    assert (again.run_agent, again.run_operator) == (True, True)
+    assert RunState.from_json({**state.to_json(), "runAgent": False}).run_agent is False
+    at = Layout(tmp_path, name="x", ports={"agent_metrics": 9500}, tools=Toolchain.pinned())
+    argv = agent_argv(at)
+    assert argv[argv.index("--simulate-nodes") + 1] == KWOK_SELECTOR
+    assert argv[argv.index("--metrics-port") + 1] == "9500"
+    key, value = KWOK_SELECTOR.split("=")
+    assert node_labels(profile("dgx-a100-80gb").node_spec("n"))[key] == value

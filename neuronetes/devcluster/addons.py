@@ -17,7 +17,6 @@ import importlib
 import json
 import ssl
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -40,19 +39,11 @@ KWOK_SELECTOR: Final = "type=kwok"
 
 def agent_argv(at: Layout) -> list[str]:
     """The fleet agent serving every simulated node, metrics on the cluster's port for it."""
-    return [
-        sys.executable,
-        "-m",
-        "neuronetes.cli",
-        "agent",
-        "run",
-        "--kubeconfig",
-        str(at.kubeconfig),
-        "--simulate-nodes",
-        KWOK_SELECTOR,
-        "--metrics-port",
-        str(at.ports["agent_metrics"]),
-    ]
+    fleet: Any = importlib.import_module("neuronetes.agent.daemon.fleet")
+    argv: list[str] = fleet.fleet_agent_argv(
+        at.kubeconfig, KWOK_SELECTOR, metrics_port=at.ports["agent_metrics"]
+    )
+    return argv
 
 
 def _webhook_ready(url: str, ca_file: str) -> Callable[[], tuple[bool, str]]:

@@ -285,17 +285,11 @@ class AgentProcess:
                     log.error("node %s: NVML has hung for over %.0f s", agent.node, self.settings.watchdog_s)
 
 
-def start_fleet_agent(
-    kubeconfig: Path,
-    selector: str,
-    log_file: Path,
-    *,
-    metrics_port: int = 0,
-    extra_args: Sequence[str] = (),
-) -> subprocess.Popen[bytes]:
-    """Launch ``neuronetes agent run --simulate-nodes SELECTOR`` as a host process (the dev
-    cluster's agent); its output goes to `log_file`. The caller stops it with SIGTERM."""
-    cmd = [
+def fleet_agent_argv(
+    kubeconfig: Path, selector: str, *, metrics_port: int = 0, extra_args: Sequence[str] = ()
+) -> list[str]:
+    """``neuronetes agent run --simulate-nodes SELECTOR`` (the dev cluster's agent) as argv."""
+    return [
         sys.executable,
         "-m",
         "neuronetes.cli",
@@ -309,6 +303,19 @@ def start_fleet_agent(
         str(metrics_port),
         *extra_args,
     ]
+
+
+def start_fleet_agent(
+    kubeconfig: Path,
+    selector: str,
+    log_file: Path,
+    *,
+    metrics_port: int = 0,
+    extra_args: Sequence[str] = (),
+) -> subprocess.Popen[bytes]:
+    """Launch ``neuronetes agent run --simulate-nodes SELECTOR`` as a host process (the dev
+    cluster's agent); its output goes to `log_file`. The caller stops it with SIGTERM."""
+    cmd = fleet_agent_argv(kubeconfig, selector, metrics_port=metrics_port, extra_args=extra_args)
     out = log_file.open("ab")
     try:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))

@@ -15,7 +15,7 @@ TieBreak = Literal["first", "random"]
 SEED_004_WEIGHTS: Mapping[str, float] = MappingProxyType(
     {"availability": 0.30, "topology": 0.25, "model_cache": 0.20, "cost": 0.15, "data_locality": 0.10}
 )
-"""Seed 004's scoring split: availability 30 %, topology 25 %, model cache 20 %, cost 15 %, data 10 %."""
+"""The documented default scoring split (README, "Scheduler extender"): availability 30 %, topology 25 %, model cache 20 %, cost 15 %, data 10 %."""
 
 DEFAULT_FRAG_WEIGHTS: Mapping[str, float] = MappingProxyType(
     {
@@ -27,10 +27,10 @@ DEFAULT_FRAG_WEIGHTS: Mapping[str, float] = MappingProxyType(
         "pinned_reserve": 400.0,
     }
 )
-"""The fragmentation terms of `default`, on the scale of the seed 004 terms (which sum to 1).
+"""The fragmentation terms of `default`, on the scale of the default split's terms (which sum to 1).
 
 FGD's gradient, bucketed to 1/100, decides first; within a bucket the capacity-aware gradient
-(± ~0.02 per placement, × 30), the guard on scarce hosts of large pods and the seed 004 terms
+(± ~0.02 per placement, × 30), the guard on scarce hosts of large pods and the default split's terms
 trade off; exact ties go to node order. Two terms may override FGD: `cpu_strand` (× 400 makes
 one GPU stranded for lack of CPU cost 25 points, what one GPU of fragmentation costs FGD's own
 sigmoid (× 100) at its midpoint) and, for a share of one GPU, `share_waste` (× 300: 0.1 GPU
@@ -88,7 +88,7 @@ POLICIES: dict[str, Policy] = {
             "default",
             {**DEFAULT_FRAG_WEIGHTS, **SEED_004_WEIGHTS},
             "topology",
-            "FGD gradient, capacity-aware fragmentation, seed 004 terms",
+            "FGD gradient, capacity-aware fragmentation, the default scoring split",
         ),
     )
 }

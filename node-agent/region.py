@@ -495,15 +495,19 @@ class Region:
             if not recovered:
                 self._recompute(self.view)
 
-    def reclaim_slot(self, slot: int, timeout: float = 1.0) -> None:
+    def reclaim_slot(self, slot: int, timeout: float = 1.0, *, claim_seq: int | None = None) -> bool:
         """Free `slot` and drop its memory from the totals (its process is gone and NVML shows its
-        memory released)."""
+        memory released). With `claim_seq`, only while the slot is still that claim and DEAD (a
+        process may have claimed it since the caller looked); True when it was freed."""
         with self.lock(timeout):
             view = self.view
             proc = view.procs[slot]
+            if claim_seq is not None and (proc.claim_seq != claim_seq or proc.state != SLOT_DEAD):
+                return False
             ctypes.memset(ctypes.addressof(proc), 0, ctypes.sizeof(NnProcSlot))
             proc.state = SLOT_FREE
             self._recompute(view)
+        return True
 
     # -- lifetime
 

@@ -11,13 +11,14 @@ the NRI plugin then refuses the container.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from neuronetes import contracts as c
 from neuronetes.agent import region as shim
 
+from . import hostpids
 from .devices import Inventory
 
 __all__ = ["RegionKeeper", "SliceReading"]
@@ -102,6 +103,25 @@ class RegionKeeper:
             )
             for d in list(view.devices)[: view.container.device_count]
         ]
+
+    def tend(
+        self,
+        pod_uid: str,
+        container: str,
+        cgroup_procs: Path | None,
+        driver_holds: Callable[[int], bool],
+        proc_root: Path = Path("/proc"),
+    ) -> list[int]:
+        """Register the container's host PIDs (only when its cgroup's `cgroup.procs` is known:
+        the agent never guesses it) and reclaim its dead processes' slots; returns the freed slots.
+
+        Raises:
+            RegionError, OSError: no valid region, or its lock was not taken in time.
+        """
+        with shim.open_region(self.path(pod_uid, container)) as region:
+            if cgroup_procs is not None:
+                hostpids.register_host_pids(region, cgroup_procs, proc_root)
+            return hostpids.reclaim_dead(region, hostpids.process_alive(proc_root), driver_holds)
 
     @staticmethod
     def _device(g: c.GpuAssignment, inventory: Inventory) -> shim.DeviceLimit:

@@ -1,0 +1,158 @@
+"""The agent's host-PID registration and dead-slot reclaim on real region files and fake /proc trees
+(docs/contracts.md "Host PIDs", "Dead processes")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from neuronetes.agent import region as shim
+from neuronetes.agent.daemon import hostpids
+from neuronetes.agent.daemon.devices import GpuProcess
+from neuronetes.agent.daemon.regions import RegionKeeper
+
+pytestmark = pytest.mark.unit
+
+UUID = "GPU-fa4e0000-0000-4000-8000-000000000000"
+MIB = 1 << 20
+
+
+def new_region(path: Path) -> shim.Region:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return shim.create_region(path, [shim.DeviceLimit.from_mib(UUID, 1024, 8192)])
+
+
+def claim(region: shim.Region, slot: int, container_pid: int, start: int, used_mib: int = 0) -> None:
+    """What the shim writes when a process claims `slot` and allocates."""
+    s = region.view.procs[slot]
+    s.container_pid, s.start_time_ticks, s.claim_seq = container_pid, start, slot + 1
+    s.used_bytes[0] = used_mib * MIB
+    s.state = shim.SLOT_ACTIVE
+    del s
+    region.recompute_usage()
+
+
+def fake_process(proc: Path, host_pid: int, nspid: tuple[int, ...], start: int) -> None:
+    d = proc / str(host_pid)
+    d.mkdir(parents=True)
+    (d / "status").write_text(
+        "Name:\tpython\nNSpid:\t" + "\t".join(str(p) for p in nspid) + "\nUid:\t0\t0\t0\t0\n"
+    )
+    rest = ["S"] + ["0"] * 18 + [str(start)] + ["0"] * 10  # fields 3..21, 22 = start time, more
+    (d / "stat").write_text(f"{host_pid} (a) b (c)) " + " ".join(rest) + "\n")
+
+
+def cgroup(tmp_path: Path, *pids: int) -> Path:
+    procs = tmp_path / "cgroup.procs"
+    procs.write_text("".join(f"{p}\n" for p in pids))
+    return procs
+
+
+def host_pids(region: shim.Region) -> list[int]:
+    return [int(region.view.procs[i].host_pid) for i in range(4)]
+
+
+def test_start_time_is_field_22_even_with_parentheses_in_the_name(tmp_path: Path) -> None:
+    fake_process(tmp_path, 50, (50, 7), 987654)
+    assert hostpids.start_ticks(tmp_path, 50) == 987654
+    assert hostpids.start_ticks(tmp_path, 51) is None
+
+
+def test_a_cgroup_member_matching_pid_and_start_time_gets_its_host_pid(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    fake_process(proc, 4242, (4242, 7), 1000)
+    fake_process(proc, 4300, (4300, 100, 9), 1200)  # nested namespace: the innermost PID counts
+    with new_region(tmp_path / "region") as region:
+        claim(region, 0, 7, 1000)
+        claim(region, 2, 9, 1200)
+        assert hostpids.register_host_pids(region, cgroup(tmp_path, 4242, 4300), proc) == 2
+        assert host_pids(region) == [4242, 0, 4300, 0]
+        assert hostpids.register_host_pids(region, cgroup(tmp_path, 4242, 4300), proc) == 0
+
+
+def test_a_process_outside_the_cgroup_is_never_registered(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    fake_process(proc, 4242, (4242, 7), 1000)  # matches the slot, but is not in the container
+    fake_process(proc, 5000, (5000, 8), 1000)
+    with new_region(tmp_path / "region") as region:
+        claim(region, 0, 7, 1000)
+        assert hostpids.register_host_pids(region, cgroup(tmp_path, 5000), proc) == 0
+        assert host_pids(region) == [0, 0, 0, 0]
+        # A member whose NSpid does not start with the PID listed is not trusted either.
+        fake_process(proc, 6000, (4242, 7), 1000)
+        assert hostpids.register_host_pids(region, cgroup(tmp_path, 6000), proc) == 0
+        assert hostpids.register_host_pids(region, tmp_path / "gone.procs", proc) == 0
+        assert host_pids(region) == [0, 0, 0, 0]
+
+
+def test_a_reused_pid_with_another_start_time_is_ignored(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    fake_process(proc, 4242, (4242, 7), 2000)  # container PID 7 again, but a later process
+    with new_region(tmp_path / "region") as region:
+        claim(region, 0, 7, 1000)
+        assert hostpids.register_host_pids(region, cgroup(tmp_path, 4242), proc) == 0
+        assert host_pids(region) == [0, 0, 0, 0]
+
+
+def test_a_dead_slot_stays_charged_until_the_driver_releases_it(tmp_path: Path) -> None:
+    alive = {4242: 1000, 4300: 1200}
+    driver = {4242: True}
+    with new_region(tmp_path / "region") as region:
+        claim(region, 0, 7, 1000, used_mib=300)
+        claim(region, 1, 9, 1200, used_mib=100)
+        claim(region, 2, 11, 1300, used_mib=50)  # never registered: left alone
+        region.set_host_pid(0, 4242)
+        region.set_host_pid(1, 4300)
+
+        def is_alive(pid: int, start: int) -> bool:
+            return alive.get(pid) == start
+
+        def holds(pid: int) -> bool:
+            return driver.get(pid, False)
+
+        assert hostpids.reclaim_dead(region, is_alive, holds) == []
+        assert [int(region.view.procs[i].state) for i in range(3)] == [shim.SLOT_ACTIVE] * 3
+
+        del alive[4242]
+        assert hostpids.reclaim_dead(region, is_alive, holds) == []
+        assert region.view.procs[0].state == shim.SLOT_DEAD
+        assert region.view.container.memory_used_bytes == 450 * MIB
+
+        driver[4242] = False
+        assert hostpids.reclaim_dead(region, is_alive, holds) == [0]
+        assert region.view.procs[0].state == shim.SLOT_FREE
+        assert region.view.container.memory_used_bytes == 150 * MIB
+        assert [int(region.view.procs[i].state) for i in (1, 2)] == [shim.SLOT_ACTIVE] * 2
+
+        alive[4300] = 9999  # PID reused by another process: the one in the slot is gone
+        assert hostpids.reclaim_dead(region, is_alive, holds) == [1]
+        assert region.view.procs[2].state == shim.SLOT_ACTIVE
+
+
+def test_reclaim_skips_a_slot_claimed_again_since_it_was_read(tmp_path: Path) -> None:
+    with new_region(tmp_path / "region") as region:
+        claim(region, 0, 7, 1000, used_mib=10)
+        region.view.procs[0].state = shim.SLOT_DEAD
+        assert not region.reclaim_slot(0, claim_seq=99)
+        assert region.view.procs[0].state == shim.SLOT_DEAD
+        assert region.reclaim_slot(0, claim_seq=1)
+
+
+def test_keeper_registers_and_reclaims_with_production_answers(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    fake_process(proc, 4242, (4242, 7), 1000)
+    keeper = RegionKeeper(tmp_path / "containers")
+    with new_region(keeper.path("uid-1", "main")) as region:
+        claim(region, 0, 7, 1000, used_mib=64)
+        claim(region, 1, 8, 1100, used_mib=32)  # registered earlier; its process is gone now
+        region.set_host_pid(1, 4400)
+    nvml = hostpids.driver_holds_in([GpuProcess(4400, 32 * MIB), GpuProcess(4242, 64 * MIB)])
+    assert keeper.tend("uid-1", "main", cgroup(tmp_path, 4242), nvml, proc) == []
+    released = hostpids.driver_holds_in([GpuProcess(4242, 64 * MIB), GpuProcess(4400, 0)])
+    assert keeper.tend("uid-1", "main", None, released, proc) == [1]
+    with shim.open_region(keeper.path("uid-1", "main"), writable=False) as region:
+        view = region.snapshot()
+    assert view.procs[0].host_pid == 4242 and view.procs[0].state == shim.SLOT_ACTIVE
+    assert view.procs[1].state == shim.SLOT_FREE
+    assert view.container.memory_used_bytes == 64 * MIB

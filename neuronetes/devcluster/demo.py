@@ -142,7 +142,9 @@ def run_demo(
         cluster.down()
     ok = False
     try:
-        seconds = cluster.up(run_extender=True, policies_dir=POLICIES_DIR, auto_build=True)
+        seconds = cluster.up(
+            run_extender=True, run_agent=True, run_operator=True, policies_dir=POLICIES_DIR, auto_build=True
+        )
         say(f"local control plane and NeuroNetes up in {seconds:.1f}s")
         for profile_name, count in nodes:
             cluster.add_nodes(profile_name, count, profile_name)

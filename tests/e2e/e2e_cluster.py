@@ -5,10 +5,11 @@ Imported by tests/e2e/conftest.py and by e2e tests (``from e2e_cluster import E2
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,6 +33,28 @@ def track(dev: DevCluster) -> None:
     if dev not in STARTED:
         STARTED.append(dev)
     RECORDS.extend(r for r in dev.processes() if r not in RECORDS)
+
+
+@contextlib.contextmanager
+def own_cluster(request: pytest.FixtureRequest, name: str, **up: Any) -> Iterator[DevCluster]:
+    """A DevCluster of a suite's own (`up` passed to `DevCluster.up`), torn down afterwards: no
+    process may be left, and its state is purged unless a test of the session failed."""
+    ensure_toolchain()
+    dev = DevCluster(name)
+    STARTED.append(dev)
+    try:
+        dev.up(**up)
+    except BaseException:
+        dev.down()
+        raise
+    track(dev)
+    try:
+        yield dev
+    finally:
+        dev.down()
+        assert dev.leftover_processes() == []
+        if request.session.testsfailed == 0:
+            dev.purge()
 
 
 def prerequisites_missing(reason: str) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_cluster import STARTED, ensure_toolchain, track, wait_until
+from e2e_cluster import own_cluster, wait_until
 from gpu_ledger import gpu_memory_of, no_gpu_given_twice
 from pod_builder import manifest
 
@@ -33,27 +33,15 @@ TAIL_S = 1.0
 
 @pytest.fixture(scope="module")
 def ha(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
-    ensure_toolchain()
-    dev = DevCluster(f"ha-e2e-{os.getpid()}")
-    STARTED.append(dev)
-    try:
-        dev.up(
-            run_extender=True,
-            schedulers=2,
-            policies_dir=POLICIES_DIR,
-            nodes=[("dgx-a100-80gb", 6)],
-        )
-    except BaseException:
-        dev.down()
-        raise
-    track(dev)
-    try:
+    with own_cluster(
+        request,
+        f"ha-e2e-{os.getpid()}",
+        run_extender=True,
+        schedulers=2,
+        policies_dir=POLICIES_DIR,
+        nodes=[("dgx-a100-80gb", 6)],
+    ) as dev:
         yield dev
-    finally:
-        dev.down()
-        assert dev.leftover_processes() == []
-        if request.session.testsfailed == 0:
-            dev.purge()
 
 
 class BindWatcher:

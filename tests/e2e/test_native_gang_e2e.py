@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_cluster import STARTED, ensure_toolchain, track, wait_until
+from e2e_cluster import own_cluster, wait_until
 from pod_builder import manifest
 
 from neuronetes import contracts as c
@@ -36,28 +36,16 @@ RUNTIME_CONFIG = "--runtime-config=scheduling.k8s.io/v1alpha2=true"
 
 @pytest.fixture(scope="module")
 def native(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
-    ensure_toolchain()
-    dev = DevCluster(f"native-gang-e2e-{os.getpid()}")
-    STARTED.append(dev)
-    try:
-        dev.up(
-            run_extender=True,
-            feature_gates=GATES,
-            apiserver_args=[RUNTIME_CONFIG],
-            policies_dir=POLICIES_DIR,
-            nodes=[("dgx-a100-80gb", 2)],
-        )
-    except BaseException:
-        dev.down()
-        raise
-    track(dev)
-    try:
+    with own_cluster(
+        request,
+        f"native-gang-e2e-{os.getpid()}",
+        run_extender=True,
+        feature_gates=GATES,
+        apiserver_args=[RUNTIME_CONFIG],
+        policies_dir=POLICIES_DIR,
+        nodes=[("dgx-a100-80gb", 2)],
+    ) as dev:
         yield dev
-    finally:
-        dev.down()
-        assert dev.leftover_processes() == []
-        if request.session.testsfailed == 0:
-            dev.purge()
 
 
 def member(name: str, group: str, native_group: str | None) -> dict[str, Any]:

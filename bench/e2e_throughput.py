@@ -53,7 +53,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +70,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from extender_harness import ExtenderProcess
 from pod_builder import manifest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from extender_profile import SpyRecorder, breakdown, format_breakdown
+
 HOST = "127.0.0.1"
 EXTENDER_LATENCY = c.METRIC_SCHEDULER_LATENCY
 SCHEDULER_HISTOGRAMS = (
@@ -77,6 +80,9 @@ SCHEDULER_HISTOGRAMS = (
     "scheduler_scheduling_algorithm_duration_seconds",
     "scheduler_pod_scheduling_sli_duration_seconds",
 )
+EXTENSION_POINTS = "scheduler_framework_extension_point_duration_seconds"
+"""kube-scheduler's own Bind (the default binder: the run without the extender; with an extender
+that binds, kube-scheduler records no Bind extension point)."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -334,6 +340,17 @@ class Hist:
         }
 
 
+def sum_hists(parts: Iterable[Hist]) -> Hist:
+    merged = Hist()
+    for part in parts:
+        merged = Hist(
+            {le: merged.buckets.get(le, 0.0) + v for le, v in part.buckets.items()},
+            merged.sum + part.sum,
+            merged.count + part.count,
+        )
+    return merged
+
+
 def histograms(text: str, metric: str, by: str | None = None, **where: str) -> dict[str, Hist]:
     """Histogram `metric` from exposition `text`, keyed by the value of label `by` ("" for none)."""
     out: dict[str, Hist] = {}
@@ -526,6 +543,14 @@ def stop_scheduler(dev: DevCluster) -> None:
     procs.stop_all([r for r in dev.processes() if r.name == "kube-scheduler" and procs.is_running(r)])
 
 
+def start_profile(ns: argparse.Namespace, ext_proc: ExtenderProcess | None, nodes: int) -> SpyRecorder | None:
+    """py-spy on the extender for this run (`--profile-extender`), or None."""
+    if ns.profile_extender is None or ext_proc is None or ext_proc.proc is None:
+        return None
+    spy = SpyRecorder(ext_proc.proc.pid, ns.profile_extender / f"extender-{nodes}-nodes.txt")
+    return spy if spy.start() else None
+
+
 @contextlib.contextmanager
 def watching(api: Api, namespace: str, expected: int) -> Iterator[BindWatch]:
     watch = BindWatch(api, namespace, expected)
@@ -564,12 +589,14 @@ def run_batch(
             stop_scheduler(dev)
             first_create, create_s = create_pods(api, namespace, ns.pods, ns.gpus_per_pod, ns.create_workers)
             log(f"{label}: {ns.pods} pods created in {create_s:.1f} s, kube-scheduler stopped; starting it")
+            spy = start_profile(ns, ext_proc, nodes)
             cpu0 = cpu_sample(dev, extra)
             t_start = time.monotonic()
             dev.set_extender(extender, timeout_s=120)
             t_ready = time.monotonic()
         else:
             dev.set_extender(extender, timeout_s=120)
+            spy = start_profile(ns, ext_proc, nodes)
             cpu0 = cpu_sample(dev, extra)
             t_start = t_ready = time.monotonic()
             first_create, create_s = create_pods(api, namespace, ns.pods, ns.gpus_per_pod, ns.create_workers)
@@ -580,6 +607,7 @@ def run_batch(
                 + (f"extender log:\n{ext_proc.tail()}" if ext_proc is not None else "")
             )
         cpu1 = cpu_sample(dev, extra)
+        recorded = spy.stop() if spy is not None else None
     usable_after, taints_after = node_taints(list_nodes(api))
     binds = sorted(watch.bound_at.values())
     first_bind, last_bind = binds[0], binds[-1]
@@ -604,23 +632,26 @@ def run_batch(
         "taints_after": taints_after,
         "cpu_s": cpu_delta(cpu0, cpu1),
     }
+    if recorded is not None:
+        out["extender_profile"] = {
+            "raw": str(recorded.raw),
+            "cpu_s_by_stage": {k: round(v, 4) for k, v in breakdown(recorded).items()},
+        }
     # kube-scheduler restarted for this run: its counters cover this batch (and nothing earlier).
     text = scheduler_metrics(dev, api.token)
     if text is not None:
         sched: dict[str, Any] = {}
         for metric in SCHEDULER_HISTOGRAMS:
             h = histograms(text, metric, profile=c.SCHEDULER_NAME) or histograms(text, metric)
-            merged = Hist()
-            for part in h.values():
-                merged = Hist(
-                    {le: merged.buckets.get(le, 0.0) + v for le, v in part.buckets.items()},
-                    merged.sum + part.sum,
-                    merged.count + part.count,
-                )
+            merged = sum_hists(h.values())
             if merged.count:
                 sched[metric.removeprefix("scheduler_").removesuffix("_seconds") + "_ms"] = (
                     merged.summary_ms()
                 )
+        bind = histograms(text, EXTENSION_POINTS, extension_point="Bind")
+        merged_bind = sum_hists(bind.values())
+        if merged_bind.count:
+            sched["bind_extension_point_ms"] = merged_bind.summary_ms()
         sched["schedule_attempts"] = {
             k: int(v) for k, v in counters(text, "scheduler_schedule_attempts_total", "result").items()
         }
@@ -633,6 +664,12 @@ def run_batch(
             for verb, h in sorted(histograms(after, EXTENDER_LATENCY, "verb").items())
         }
         out["extender_verbs_ms"] = {v: s for v, s in verbs.items() if s["count"]}
+        before_api = histograms(ext_before, c.METRIC_API_LATENCY, "call")
+        calls = {
+            call: h.minus(before_api.get(call)).summary_ms()
+            for call, h in sorted(histograms(after, c.METRIC_API_LATENCY, "call").items())
+        }
+        out["extender_api_ms"] = {k: v for k, v in calls.items() if v["count"]}
         before_r = histograms(ext_before, EXTENDER_LATENCY, "result")
         out["extender_results"] = {
             r: int(h.count - (before_r[r].count if r in before_r else 0.0))
@@ -683,7 +720,33 @@ def print_table(result: dict[str, Any]) -> None:
     names = sorted({k for r in runs.values() for k in r["cpu_s"]})
     cpu = "; ".join(f"{n} " + "/".join(f"{r['cpu_s'].get(n, 0.0):.1f}" for r in runs.values()) for n in names)
     print(f"CPU seconds during each run ({' / '.join(runs)}): {cpu}")
+    print_binds(result)
+    profile = runs["with_extender"].get("extender_profile")
+    if profile is not None:
+        print(
+            f"extender CPU by stage (threads' CPU shared by py-spy GIL samples; stacks in {profile['raw']}):"
+        )
+        for line in format_breakdown(profile["cpu_s_by_stage"], result["pods"]):
+            print(line)
     print(summary(result))
+
+
+def print_binds(result: dict[str, Any]) -> None:
+    """The extender's bind handler (its own histogram: from its body read to its answer, the API
+    call included) beside kube-scheduler's default binder in the run without the extender (the
+    same API server, the same load: how long a Binding takes there without us)."""
+    runs = result["runs"]
+    ours = runs["with_extender"].get("extender_verbs_ms", {}).get("bind", {})
+    api = runs["with_extender"].get("extender_api_ms", {}).get("binding", {})
+    default = runs.get("without_extender", {}).get("kube_scheduler", {}).get("bind_extension_point_ms", {})
+    parts = [f"extender bind handler p50 {num(ours.get('p50'), 0)} p99 {num(ours.get('p99'), 0)}"]
+    if api:
+        parts.append(f"of which its Binding POST p50 {num(api.get('p50'), 0)} p99 {num(api.get('p99'), 0)}")
+    parts.append(
+        f"kube-scheduler's default binder (run without) p50 {num(default.get('p50'), 0)} "
+        f"p99 {num(default.get('p99'), 0)}"
+    )
+    print("bind (ms): " + "; ".join(parts))
 
 
 def measure(ns: argparse.Namespace, nodes: int) -> dict[str, Any] | None:
@@ -718,17 +781,20 @@ def measure(ns: argparse.Namespace, nodes: int) -> dict[str, Any] | None:
             nodes=nodes,
         )
         ext_proc.stop()
-        without = run_batch(
-            dev,
-            api,
-            label="without extender",
-            namespace="bench-without",
-            extender=None,
-            ext_proc=None,
-            ns=ns,
-            nodes=nodes,
-        )
-        w, wo = with_ext["pods_per_s"], without["pods_per_s"]
+        runs = {"with_extender": with_ext}
+        if not ns.skip_without:
+            runs["without_extender"] = run_batch(
+                dev,
+                api,
+                label="without extender",
+                namespace="bench-without",
+                extender=None,
+                ext_proc=None,
+                ns=ns,
+                nodes=nodes,
+            )
+        w = with_ext["pods_per_s"]
+        wo = runs["without_extender"]["pods_per_s"] if "without_extender" in runs else math.nan
         extender_cpu_s = with_ext["cpu_s"].get("extender")
         result: dict[str, Any] = {
             "with_extender_pods_per_s": w,
@@ -747,7 +813,7 @@ def measure(ns: argparse.Namespace, nodes: int) -> dict[str, Any] | None:
             "lifted_taints": ns.lift_taints,
             "cpus": os.cpu_count(),
             "extender_verbs_ms": with_ext.get("extender_verbs_ms", {}),
-            "runs": {"with_extender": with_ext, "without_extender": without},
+            "runs": runs,
         }
     finally:
         if ext_proc is not None:
@@ -810,6 +876,15 @@ def main() -> int:
         "--logs", type=Path, help="copy the cluster's and the extender's logs here (per size) before purging"
     )
     ap.add_argument("--json", type=Path, help="write the results here (a list, one per size)")
+    ap.add_argument(
+        "--profile-extender",
+        type=Path,
+        metavar="DIR",
+        help="sample the extender with py-spy during its run; print its CPU by stage (raw stacks in DIR)",
+    )
+    ap.add_argument(
+        "--skip-without", action="store_true", help="only the run through the extender (no ratio)"
+    )
     ns = ap.parse_args()
     ns.lift_taints = ns.lift_taints or ns.no_controller_manager
     prof = profile(ns.profile)

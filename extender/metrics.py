@@ -79,6 +79,9 @@ class ExtenderMetrics:
             ("verb", "code"),
             registry=r,
         )
+        self.api_latency = Histogram(
+            c.METRIC_API_LATENCY, _help(c.METRIC_API_LATENCY), ("call",), buckets=LATENCY_BUCKETS, registry=r
+        )
         self._stats = stats
         self._snapshot: CacheStats | None = None
         self._attached = False

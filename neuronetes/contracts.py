@@ -104,6 +104,7 @@ METRIC_CACHE_UNACCOUNTED: Final = "neuronetes_scheduler_cache_unaccounted_pods"
 METRIC_CACHE_SYNC_AGE: Final = "neuronetes_scheduler_cache_sync_age_seconds"
 METRIC_WATCH_BROKEN: Final = "neuronetes_scheduler_watch_broken_seconds"
 METRIC_EVENTS: Final = "neuronetes_scheduler_events_total"
+METRIC_API_LATENCY: Final = "neuronetes_scheduler_api_latency_seconds"
 # per GPU (agent), DCGM-equivalent
 METRIC_GPU_MEMORY_USED: Final = "neuronetes_gpu_memory_used_bytes"
 METRIC_GPU_MEMORY_FREE: Final = "neuronetes_gpu_memory_free_bytes"
@@ -178,6 +179,12 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         MetricType.COUNTER,
         ("verb", "code"),
         "Extender HTTP requests by verb and status code (4xx: refused input).",
+    ),
+    MetricSpec(
+        METRIC_API_LATENCY,
+        MetricType.HISTOGRAM,
+        ("call",),
+        "API server calls on the extender's bind path (call: binding, get_pod) in seconds.",
     ),
     MetricSpec(METRIC_CACHE_NODES, MetricType.GAUGE, (), "Nodes in the extender's GPU cache."),
     MetricSpec(METRIC_CACHE_GPUS, MetricType.GAUGE, (), "GPUs in the extender's GPU cache."),

@@ -636,6 +636,8 @@ def run_batch(
         out["extender_profile"] = {
             "raw": str(recorded.raw),
             "cpu_s_by_stage": {k: round(v, 4) for k, v in breakdown(recorded).items()},
+            "cpu_s_by_thread": recorded.cpu_by_thread,
+            "system_s_by_thread": recorded.system_by_thread,
         }
     # kube-scheduler restarted for this run: its counters cover this batch (and nothing earlier).
     text = scheduler_metrics(dev, api.token)
@@ -728,6 +730,11 @@ def print_table(result: dict[str, Any]) -> None:
         )
         for line in format_breakdown(profile["cpu_s_by_stage"], result["pods"]):
             print(line)
+        threads = ", ".join(
+            f"{tid}: {cpu:.2f} s ({profile['system_s_by_thread'].get(tid, 0.0):.2f} in the kernel)"
+            for tid, cpu in sorted(profile["cpu_s_by_thread"].items(), key=lambda kv: -kv[1])
+        )
+        print(f"  CPU by thread (the first is the event loop's): {threads}")
     print(summary(result))
 
 

@@ -37,8 +37,9 @@ def py_spy() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("py-spy")
 
 
-def thread_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds (user + system) of each thread of `pid`, by thread id (empty when it is gone)."""
+def thread_cpu(pid: int, *, system_only: bool = False) -> dict[int, float]:
+    """CPU seconds (user + system, or system only) of each thread of `pid`, by thread id (empty
+    when it is gone)."""
     out: dict[int, float] = {}
     try:
         tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
@@ -50,7 +51,7 @@ def thread_cpu(pid: int) -> dict[int, float]:
         except OSError:
             continue
         rest = raw[raw.rindex(")") + 2 :].split()
-        out[tid] = (int(rest[11]) + int(rest[12])) / CLK_TCK
+        out[tid] = (int(rest[12]) + (0 if system_only else int(rest[11]))) / CLK_TCK
     return out
 
 
@@ -60,6 +61,8 @@ class Profile:
 
     raw: Path
     cpu_by_thread: dict[int, float]
+    system_by_thread: dict[int, float]
+    """Of `cpu_by_thread`, the seconds in the kernel (system calls: socket reads and writes)."""
 
 
 class SpyRecorder:
@@ -71,6 +74,7 @@ class SpyRecorder:
         self.rate = rate
         self._proc: subprocess.Popen[bytes] | None = None
         self._cpu0: dict[int, float] = {}
+        self._sys0: dict[int, float] = {}
 
     def start(self) -> bool:
         exe = py_spy()
@@ -84,6 +88,7 @@ class SpyRecorder:
         # --nonblocking: never pause the extender to read its stacks (its timings stay its own).
         argv += ["--gil", "--nonblocking", "--threads", "--full-filenames", "--output", str(self.out)]
         self._cpu0 = thread_cpu(self.pid)
+        self._sys0 = thread_cpu(self.pid, system_only=True)
         self._proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         return True
 
@@ -93,6 +98,7 @@ class SpyRecorder:
         if proc is None:
             return None
         cpu1 = thread_cpu(self.pid)
+        sys1 = thread_cpu(self.pid, system_only=True)
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
         try:
@@ -104,7 +110,12 @@ class SpyRecorder:
             print(f">> py-spy wrote no profile: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
             return None
         cpu = {tid: round(v - self._cpu0.get(tid, 0.0), 3) for tid, v in cpu1.items()}
-        return Profile(self.out, {tid: v for tid, v in cpu.items() if v > 0})
+        system = {tid: round(v - self._sys0.get(tid, 0.0), 3) for tid, v in sys1.items()}
+        return Profile(
+            self.out,
+            {tid: v for tid, v in cpu.items() if v > 0},
+            {tid: v for tid, v in system.items() if v > 0},
+        )
 
 
 # ---- stages ------------------------------------------------------------------------------------
@@ -135,6 +146,8 @@ def _leaf_in(stack: Stack, path: str) -> bool:
 class Stage:
     name: str
     rule: Callable[[Stack], bool]
+    syscall: bool = False
+    """Samples here sit in a socket system call: the thread's kernel time is theirs."""
 
 
 def _watch(stack: Stack) -> bool:
@@ -148,7 +161,9 @@ def _bind(stack: Stack) -> bool:
 STAGES: Final[tuple[Stage, ...]] = (
     Stage("metrics scrape (the benchmark's)", lambda s: _in(s, "extender/metrics.py", "render")),
     Stage(
-        "watch: read stream (urllib3, TLS)", lambda s: _watch(s) and _in(s, "extender/kube.py", "__iter__")
+        "watch: read stream (kernel)",
+        lambda s: _watch(s) and _in(s, "extender/kube.py", "__iter__"),
+        syscall=True,
     ),
     Stage(
         "watch: apply (PodInfo, cache)",
@@ -175,8 +190,9 @@ STAGES: Final[tuple[Stage, ...]] = (
     Stage("answer encode", lambda s: _leaf_in(s, "extender/app.py") or _in(s, "extender/wire.py", "encode")),
     Stage("metrics observe", lambda s: _in(s, "extender/metrics.py") or _has(s, "prometheus_client")),
     Stage(
-        "HTTP: answer socket writes (send syscalls)",
+        "HTTP: answer socket writes (kernel)",
         lambda s: _in(s[-1:], "uvicorn/protocols/http/httptools_impl.py", "send"),
+        syscall=True,
     ),
     Stage(
         "HTTP: FastAPI/Starlette", lambda s: _has(s, "/fastapi/", "/starlette/") or _in(s, "extender/app.py")
@@ -186,6 +202,7 @@ STAGES: Final[tuple[Stage, ...]] = (
 )
 OTHER: Final = "other"
 UNSAMPLED: Final = "threads that ran no Python (TLS, C libraries)"
+KERNEL: Final = "kernel, other system calls"
 
 
 def _stack(line: str) -> tuple[int | None, list[str], int]:
@@ -204,11 +221,15 @@ def _stack(line: str) -> tuple[int | None, list[str], int]:
 def breakdown(profile: Profile) -> dict[str, float]:
     """CPU seconds per stage (`STAGES`, then "other").
 
-    A sample is a moment some thread held the GIL; on a loaded machine a thread also holds it
-    while preempted, so samples are not CPU. Each thread's measured CPU seconds are shared out
-    over that thread's stages in proportion to its samples; the CPU of threads never sampled
-    (they ran no Python: the GIL was never theirs) is its own line.
+    A sample is a moment some thread held the GIL. On a loaded machine a thread also holds it
+    while preempted, and it is preempted most right after a system call that wakes another
+    process (a socket write to kube-scheduler), so samples are not CPU. Each thread's measured
+    CPU is therefore shared out in two parts: its kernel seconds over its system-call stages
+    (`Stage.syscall`) by their samples, and its user seconds over its other stages by theirs.
+    Kernel time with no system-call sample, and the CPU of threads never sampled (they ran no
+    Python), get lines of their own.
     """
+    syscall = {s.name for s in STAGES if s.syscall}
     per_thread: dict[int | None, Counter[str]] = {}
     for line in profile.raw.read_text(errors="replace").splitlines():
         if not line.strip():
@@ -217,14 +238,23 @@ def breakdown(profile: Profile) -> dict[str, float]:
         stage = next((s.name for s in STAGES if s.rule(stack)), OTHER)
         per_thread.setdefault(tid, Counter())[stage] += count
     out: dict[str, float] = {}
+
+    def share(seconds: float, samples: dict[str, int], rest: str) -> None:
+        total = sum(samples.values())
+        if total == 0:
+            out[rest] = out.get(rest, 0.0) + seconds
+            return
+        for stage, n in samples.items():
+            out[stage] = out.get(stage, 0.0) + seconds * n / total
+
     for tid, cpu in profile.cpu_by_thread.items():
         samples = per_thread.get(tid)
         if not samples:
             out[UNSAMPLED] = out.get(UNSAMPLED, 0.0) + cpu
             continue
-        total = sum(samples.values())
-        for stage, n in samples.items():
-            out[stage] = out.get(stage, 0.0) + cpu * n / total
+        kernel = min(cpu, profile.system_by_thread.get(tid, 0.0))
+        share(kernel, {k: n for k, n in samples.items() if k in syscall}, KERNEL)
+        share(cpu - kernel, {k: n for k, n in samples.items() if k not in syscall}, OTHER)
     return out
 
 
@@ -234,7 +264,7 @@ def format_breakdown(seconds: dict[str, float], pods: int) -> list[str]:
     if total <= 0:
         return ["(no CPU recorded)"]
     lines = []
-    for name in [s.name for s in STAGES] + [OTHER, UNSAMPLED]:
+    for name in [s.name for s in STAGES] + [OTHER, KERNEL, UNSAMPLED]:
         t = seconds.get(name, 0.0)
         if t <= 0:
             continue

@@ -38,7 +38,7 @@ from .gang_manager import GangListener, GangManager
 from .gangs import GangSpec
 from .holds import HoldBook, pod_of_hold
 from .ledger import Ledger
-from .pods import PodInfo
+from .pods import PodInfo, pod_identity
 from .results import (
     BarrierState,
     BindPlan,
@@ -198,7 +198,9 @@ class GpuCache(GangFacade):
         self._ledger.remove(self._snap, pod_id)
 
     def upsert_pod(self, pod: Pod) -> None:
-        info = PodInfo.from_pod(pod)
+        meta = pod.metadata
+        # A dict read needs no lock; the record read is immutable (`PodInfo.from_pod` reuses it).
+        info = PodInfo.from_pod(pod, self._store.pods.get(pod_identity(meta.uid, meta.namespace, meta.name)))
         with self._lock:
             self._upsert(info)
         self.touch("pods")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from neuronetes import contracts as c
@@ -25,7 +25,17 @@ from neuronetes.assignment import (
 from neuronetes.model import PodRequest
 from neuronetes.quantity import QuantityError, to_mib, to_milli
 
-from .wire import Affinity, Container, Pod, Quantity, ResourceList, Toleration, pod_as_mapping
+from .wire import (
+    Affinity,
+    Container,
+    ObjectMeta,
+    Pod,
+    PodSpec,
+    Quantity,
+    ResourceList,
+    Toleration,
+    pod_as_mapping,
+)
 
 __all__ = [
     "TERMINAL_PHASES",
@@ -141,10 +151,36 @@ class PodInfo:
     node_selector: dict[str, str] | None = None  # spec.nodeSelector
     affinity: Affinity | None = None  # spec.affinity
     tolerations: tuple[Toleration, ...] = ()
+    # What the derived fields above were read from (spec, labels, annotations): a later version
+    # of the pod with the same sources needs none of them read again (`from_pod`).
+    sources: tuple[PodSpec, dict[str, str] | None, dict[str, str] | None] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     @classmethod
-    def from_pod(cls, pod: Pod) -> PodInfo:
+    def from_pod(cls, pod: Pod, previous: PodInfo | None = None) -> PodInfo:
+        """The record of `pod`; `previous` (the record of an earlier version, if any) is reused
+        when the pod's spec, labels and annotations are unchanged (only its status, deletion or
+        resourceVersion moved).
+
+        Reusing it is the watch's hot path: most pod events after a bind are status updates
+        (kubelet or kwok), and reading a pod's requests, gang and assignment again cost more than
+        decoding the event (`bench/e2e_throughput.py --profile-extender`: "watch: apply").
+        """
         meta = pod.metadata
+        if previous is not None and previous.sources is not None and previous.uid == meta.uid:
+            spec, labels, annotations = previous.sources
+            if spec == pod.spec and labels == meta.labels and annotations == meta.annotations:
+                return replace(
+                    previous,
+                    phase=pod.status.phase,
+                    deleting=meta.deletion_timestamp is not None,
+                    resource_version=meta.resource_version,
+                )
+        return cls._parse(pod, meta)
+
+    @classmethod
+    def _parse(cls, pod: Pod, meta: ObjectMeta) -> PodInfo:
         gpu: PodGpuRequest | None = None
         gpu_error = ""
         gang: GangRef | None = None
@@ -184,6 +220,7 @@ class PodInfo:
             node_selector=pod.spec.node_selector,
             affinity=pod.spec.affinity,
             tolerations=tuple(pod.spec.tolerations or ()),
+            sources=(pod.spec, meta.labels, meta.annotations),
         )
 
     @property

@@ -66,6 +66,8 @@ def scale_scores(ev: Evaluation, rows: I64) -> I64:
     )
     out[known] = np.where(np.isnan(mine), 0, scaled).astype(np.int64)
     return out
+
+
 _MODEL_FILTER = next(k for k, f in enumerate(FILTERS) if f.name == "GpuModel")
 
 
@@ -136,9 +138,14 @@ class PlacementEngine:
         return ScoreContext(st, req, rows, fit, self._profile, self._large, self.rng)
 
     def _combine(self, ctx: ScoreContext, terms: Sequence[tuple[Scorer, float]]) -> F64:
+        return self._total(ctx, [weight * scorer.fn(ctx) for scorer, weight in terms])
+
+    @staticmethod
+    def _total(ctx: ScoreContext, weighted: Sequence[F64]) -> F64:
+        """The sum of weighted term values (per node, or per node and GPU for a one-GPU share;
+        GPUs the pod does not fit score -inf)."""
         total: F64 | None = None
-        for scorer, weight in terms:
-            s = weight * scorer.fn(ctx)
+        for s in weighted:
             if total is None:
                 total = s
             elif s.ndim == total.ndim:
@@ -230,7 +237,12 @@ class PlacementEngine:
         the terms are taken at the GPU the total scores best; an infeasible node gives {}.
         """
         rows = np.array([node_index], dtype=np.int64)
-        if int(self._refresh(req).reason[node_index]) != FEASIBLE:
+        # The filters on this one row, not `_refresh`: the shape's cache row would be scored in
+        # full only to be stale again at the next change of the node (the bind that follows),
+        # and the terms below are each computed once. Two of three scoring passes per bind fewer
+        # (`bench/e2e_throughput.py --profile-extender`: "bind: cache").
+        shape = replace(req.shape(), gpu_models=())
+        if not all(bool(flt.fn(self.state, shape, rows)[0]) for flt in FILTERS):
             return {}
         ctx = self._context(req, rows)
         terms = [
@@ -239,7 +251,7 @@ class PlacementEngine:
         ]
         column: int | None = None
         if ctx.per_gpu:
-            total = self._combine(ctx, [*self._cached_terms, *self._volatile_terms])
+            total = self._total(ctx, [values for _, values in terms])
             column = int(np.argmax(total[0]))
         out: dict[str, float] = {}
         for name, values in terms:

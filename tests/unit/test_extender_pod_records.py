@@ -1,4 +1,4 @@
-"""A pod's cache record is reused across versions that change only its status (the watch's hot path)."""
+"""The hot paths: a pod's record reused across status-only versions; the hold book's expiry order."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import pytest
 from pod_builder import manifest, served
 
 from neuronetes import contracts as c
+from neuronetes.extender.holds import HoldBook
 from neuronetes.extender.pods import PodInfo
+from neuronetes.extender.results import Hold
 from neuronetes.extender.wire import Pod
+from neuronetes.model import PodRequest
 
 pytestmark = pytest.mark.unit
 
@@ -52,3 +55,27 @@ def test_a_changed_spec_label_annotation_or_uid_is_read_again(change: Any) -> No
     change(later)
     old = PodInfo.from_pod(_pod(first))
     assert PodInfo.from_pod(_pod(later), old) == PodInfo.from_pod(_pod(later))
+
+
+# ---- the hold book's expiry order ----------------------------------------------------------------
+
+
+def _hold(alloc_id: str, expires_at: float) -> Hold:
+    return Hold(alloc_id, f"pod-{alloc_id}", "n1", PodRequest(name=alloc_id), None, (), expires_at)
+
+
+def test_due_holds_come_soonest_first_and_follow_renewals_and_releases() -> None:
+    book = HoldBook()
+    for alloc_id, at in (("a", 30.0), ("b", 10.0), ("c", 20.0), ("d", 99.0)):
+        book.put(_hold(alloc_id, at))
+    book.renew("b", 50.0)  # renewed past now: not due
+    book.forget("c")  # released: not due
+    book.put(_hold("a", 25.0))  # re-put with another expiry: due once, at the new one
+    assert [h.alloc_id for h in book.due(40.0)] == ["a"]
+    assert [h.alloc_id for h in book.due(40.0)] == ["a"]  # still held: due again
+    book.forget("a")
+    assert [(h.alloc_id, h.expires_at) for h in book.due(60.0)] == [("b", 50.0)]
+    for k in range(500):  # many renewals: the expiry heap stays bounded
+        book.renew("d", 100.0 + k)
+    assert len(book._expiries) <= 2 * len(book) + 64
+    assert [h.alloc_id for h in book.due(1000.0)] == ["b", "d"]

@@ -187,7 +187,10 @@ STAGES: Final[tuple[Stage, ...]] = (
     Stage("filter: other", lambda s: _in(s, "extender/service.py", "filter")),
     Stage("prioritize", lambda s: _in(s, "extender/service.py", "prioritize")),
     Stage("body decode", lambda s: _in(s, "extender/bodies.py") or _in(s, "extender/app.py", "bind_verb")),
-    Stage("answer encode", lambda s: _leaf_in(s, "extender/app.py") or _in(s, "extender/wire.py", "encode")),
+    Stage(
+        "verb glue, answer encode",
+        lambda s: _leaf_in(s, "extender/app.py") or _in(s, "extender/wire.py", "encode"),
+    ),
     Stage("metrics observe", lambda s: _in(s, "extender/metrics.py") or _has(s, "prometheus_client")),
     Stage(
         "HTTP: answer socket writes (kernel)",

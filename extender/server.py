@@ -228,6 +228,10 @@ def uvicorn_config(app: Any, policy: ListenPolicy, log_level: str) -> uvicorn.Co
         lifespan="on",
         timeout_keep_alive=120,  # kube-scheduler keeps one connection per extender
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
+        # No proxy sits between kube-scheduler and the extender: trust no X-Forwarded-* header, and
+        # spare every request uvicorn's proxy-header middleware (`bench/e2e_throughput.py
+        # --profile-extender`: "HTTP: uvicorn").
+        proxy_headers=False,
         **policy.uvicorn_ssl(),
     )
 

@@ -320,7 +320,7 @@ class GpuCache(GangFacade):
             if info is None and hold is not None:  # fetched at bind, not yet seen by the watch
                 info = pod_of_hold(plan.pod, hold)
             if info is not None:
-                self._upsert(info.bound_to(plan.node, plan.assignment))
+                self._upsert(info.bound_to(plan.node, plan.assignment, plan.annotations))
 
     def refine_victims(self, pod: PodInfo, node: str, victims: Sequence[tuple[str, int]]) -> list[str] | None:
         """The fewest of `victims` ((pod identity, priority)) whose removal lets `pod` onto `node`

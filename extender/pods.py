@@ -9,9 +9,11 @@ bind verb may need it) and for the pending-pods gauge.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
+
+import msgspec
 
 from neuronetes import contracts as c
 from neuronetes.assignment import (
@@ -266,9 +268,18 @@ class PodInfo:
         """The UID to record in an assignment (the contract's format), or None."""
         return self.uid if _POD_UID.fullmatch(self.uid) else None
 
-    def bound_to(self, node: str, assignment: c.Assignment | None) -> PodInfo:
-        """This pod as bound by our Binding (before the watch reports it)."""
-        return replace(self, node=node, assignment=assignment, assignment_error="")
+    def bound_to(
+        self, node: str, assignment: c.Assignment | None, annotations: Mapping[str, str] | None = None
+    ) -> PodInfo:
+        """This pod as bound by our Binding, which set `node` and added `annotations` (before the
+        watch reports it). Its sources become what the API server makes of them, so the watch's
+        report of the binding reuses this record unless something else changed too."""
+        sources = self.sources
+        if sources is not None:
+            spec, labels, before = sources
+            after = {**(before or {}), **annotations} if annotations else before
+            sources = (msgspec.structs.replace(spec, node_name=node), labels, after)
+        return replace(self, node=node, assignment=assignment, assignment_error="", sources=sources)
 
 
 def assigned_gpu_uuids(assignment: c.Assignment) -> Iterable[tuple[str, str | None, int | None]]:

@@ -79,3 +79,19 @@ def test_due_holds_come_soonest_first_and_follow_renewals_and_releases() -> None
         book.renew("d", 100.0 + k)
     assert len(book._expiries) <= 2 * len(book) + 64
     assert [h.alloc_id for h in book.due(1000.0)] == ["b", "d"]
+
+
+def test_the_watch_report_of_our_binding_reuses_the_bound_record() -> None:
+    first = served(manifest("p", {c.RESOURCE_GPU: 2}), resource_version="10")
+    pending = PodInfo.from_pod(_pod(first))
+    bound = pending.bound_to("n7", None, {"example.com/written-at-bind": "1"})
+    reported = copy.deepcopy(first)  # what the API server makes of the Binding
+    reported["metadata"]["resourceVersion"] = "12"
+    reported["metadata"].setdefault("annotations", {})["example.com/written-at-bind"] = "1"
+    reported["spec"]["nodeName"] = "n7"
+    again = PodInfo.from_pod(_pod(reported), bound)
+    assert again.gpu is pending.gpu  # nothing read again
+    assert (again.node, again.resource_version) == ("n7", "12")
+    assert again == PodInfo.from_pod(_pod(reported))
+    reported["spec"]["nodeName"] = "elsewhere"  # not what we bound: read again
+    assert PodInfo.from_pod(_pod(reported), bound).node == "elsewhere"

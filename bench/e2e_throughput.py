@@ -832,8 +832,9 @@ def measure(ns: argparse.Namespace, nodes: int) -> dict[str, Any] | None:
             logs.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(OSError):
                 shutil.copytree(dev.log_dir, logs / "cluster", dirs_exist_ok=True)
-            with contextlib.suppress(OSError):
-                shutil.copy2(workdir / "extender.log", logs / "extender.log")
+            for extender_log in workdir.glob("extender*.log"):  # one per start of the extender
+                with contextlib.suppress(OSError):
+                    shutil.copy2(extender_log, logs / extender_log.name)
         dev.purge()
         shutil.rmtree(workdir, ignore_errors=True)
         log(f"cluster {dev.name} down and purged after {time.monotonic() - t_total:.0f} s")

@@ -198,9 +198,8 @@ class GpuCache(GangFacade):
         self._ledger.remove(self._snap, pod_id)
 
     def upsert_pod(self, pod: Pod) -> None:
-        meta = pod.metadata
-        # A dict read needs no lock; the record read is immutable (`PodInfo.from_pod` reuses it).
-        info = PodInfo.from_pod(pod, self._store.pods.get(pod_identity(meta.uid, meta.namespace, meta.name)))
+        meta = pod.metadata  # `ClusterStore.previous` needs no lock
+        info = PodInfo.from_pod(pod, self._store.previous(pod_identity(meta.uid, meta.namespace, meta.name)))
         with self._lock:
             self._upsert(info)
         self.touch("pods")
@@ -290,7 +289,10 @@ class GpuCache(GangFacade):
         """`decisions.prepare_bind` (raises `PodUnknownError`, `BindRefusedError`)."""
         with self._lock:
             self._ensure()
-            return d.prepare_bind(self._parts, pod_id, node, pod)
+            plan = d.prepare_bind(self._parts, pod_id, node, pod)
+            if not plan.already_bound and (known := pod or self._store.pods.get(pod_id)) is not None:
+                self._store.expect_bound(known.bound_to(plan.node, plan.assignment, plan.annotations))
+            return plan
 
     def bind_done(self, plan: BindPlan, *, ok: bool, ambiguous: bool = False, pod: Pod | None = None) -> None:
         """Record a bind's outcome.
@@ -300,6 +302,7 @@ class GpuCache(GangFacade):
         one (timeout, server error) it stays until the watch tells or the TTL ends.
         """
         with self._lock:
+            self._store.bind_settled(plan.pod)
             hold = self._holds.get(plan.alloc_id)
             if not ok:
                 if hold is not None and not ambiguous:

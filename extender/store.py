@@ -48,6 +48,9 @@ class ClusterStore:
         self._gpunodes: dict[str, GPUNode] = {}  # the agents' GPUNode objects, by node name
         self.facts: dict[str, NodeFacts] = {}  # labels and taints, by node name
         self.pods: dict[str, PodInfo] = {}
+        # Binds in flight: each pod as the watch will report it once our Binding is in (it often
+        # does before the Binding's answer is read), so that report reuses the record.
+        self._binding: dict[str, PodInfo] = {}
         self.dirty = False  # the node specs changed since the snapshot was built
         self._required: set[str] = set(RESOURCES)
         self._synced: set[str] = set()
@@ -122,10 +125,26 @@ class ClusterStore:
                 info, node=old.node, assignment=old.assignment, assignment_error=old.assignment_error
             )
         self.pods[info.id] = info
+        if info.node:
+            self._binding.pop(info.id, None)
         return info
 
     def pop_pod(self, pod_id: str) -> PodInfo | None:
+        self._binding.pop(pod_id, None)
         return self.pods.pop(pod_id, None)
+
+    def expect_bound(self, info: PodInfo) -> None:
+        """`info` is its pod as the watch will report it once our Binding is in (a bind in flight)."""
+        self._binding[info.id] = info
+
+    def bind_settled(self, pod_id: str) -> None:
+        self._binding.pop(pod_id, None)
+
+    def previous(self, pod_id: str) -> PodInfo | None:
+        """The record a new version of the pod may reuse (`PodInfo.from_pod`): as expected after
+        a bind in flight, else as recorded. Safe without the cache's lock: dict reads of
+        immutable records (`bench/e2e_throughput.py --profile-extender`: "watch: apply")."""
+        return self._binding.get(pod_id) or self.pods.get(pod_id)
 
     # ---- sync bookkeeping ----------------------------------------------------------------------
     def touch(self, resource: str) -> None:

@@ -13,6 +13,7 @@ from neuronetes import contracts as c
 from neuronetes.extender.holds import HoldBook
 from neuronetes.extender.pods import PodInfo
 from neuronetes.extender.results import Hold
+from neuronetes.extender.store import ClusterStore
 from neuronetes.extender.wire import Pod
 from neuronetes.model import PodRequest
 
@@ -95,3 +96,20 @@ def test_the_watch_report_of_our_binding_reuses_the_bound_record() -> None:
     assert again == PodInfo.from_pod(_pod(reported))
     reported["spec"]["nodeName"] = "elsewhere"  # not what we bound: read again
     assert PodInfo.from_pod(_pod(reported), bound).node == "elsewhere"
+
+
+def test_a_bind_in_flight_is_expected_until_it_settles_or_the_pod_is_reported_bound() -> None:
+    store = ClusterStore(lambda: 0.0)
+    pending = PodInfo.from_pod(_pod(served(manifest("p", {c.RESOURCE_GPU: 1}))))
+    store.put_pod(pending)
+    expected = pending.bound_to("n1", None, {"example.com/a": "1"})
+    store.expect_bound(expected)
+    assert store.previous(pending.id) is expected
+    store.put_pod(expected)  # the watch reported it bound
+    assert store.previous(pending.id) is store.pods[pending.id]
+    store.expect_bound(expected)
+    store.bind_settled(pending.id)  # the Binding's answer read (or it failed)
+    assert store.previous(pending.id) is store.pods[pending.id]
+    store.expect_bound(expected)
+    store.pop_pod(pending.id)  # deleted meanwhile
+    assert store.previous(pending.id) is None

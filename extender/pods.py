@@ -53,6 +53,18 @@ _MAX_AMOUNT: Final = 2**53
 _POD_UID: Final = re.compile(c.POD_UID_PATTERN)
 
 
+_BINDING_LABELS: Final = ("topology.kubernetes.io/zone", "topology.kubernetes.io/region")
+"""Labels the API server copies from the node onto the pod at binding (pod topology labels,
+Kubernetes 1.33+). Nothing in a `PodInfo` is read from them."""
+
+
+def _read_labels(labels: dict[str, str] | None) -> dict[str, str] | None:
+    """`labels` less `_BINDING_LABELS`: the labels a `PodInfo` may be derived from."""
+    if not labels or not any(key in labels for key in _BINDING_LABELS):
+        return labels
+    return {k: v for k, v in labels.items() if k not in _BINDING_LABELS}
+
+
 def pod_identity(uid: str, namespace: str, name: str) -> str:
     """The cache's key of a pod: its UID, else ``namespace/name`` (hand-made requests lack UIDs)."""
     return uid or f"{namespace}/{name}"
@@ -172,7 +184,7 @@ class PodInfo:
         meta = pod.metadata
         if previous is not None and previous.sources is not None and previous.uid == meta.uid:
             spec, labels, annotations = previous.sources
-            if spec == pod.spec and labels == meta.labels and annotations == meta.annotations:
+            if spec == pod.spec and labels == _read_labels(meta.labels) and annotations == meta.annotations:
                 return replace(
                     previous,
                     phase=pod.status.phase,
@@ -222,7 +234,7 @@ class PodInfo:
             node_selector=pod.spec.node_selector,
             affinity=pod.spec.affinity,
             tolerations=tuple(pod.spec.tolerations or ()),
-            sources=(pod.spec, meta.labels, meta.annotations),
+            sources=(pod.spec, _read_labels(meta.labels), meta.annotations),
         )
 
     @property

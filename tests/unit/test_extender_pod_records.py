@@ -90,6 +90,7 @@ def test_the_watch_report_of_our_binding_reuses_the_bound_record() -> None:
     reported["metadata"]["resourceVersion"] = "12"
     reported["metadata"].setdefault("annotations", {})["example.com/written-at-bind"] = "1"
     reported["spec"]["nodeName"] = "n7"
+    reported["metadata"]["labels"]["topology.kubernetes.io/zone"] = "z1"  # copied from the node
     again = PodInfo.from_pod(_pod(reported), bound)
     assert again.gpu is pending.gpu  # nothing read again
     assert (again.node, again.resource_version) == ("n7", "12")

@@ -68,17 +68,23 @@ class NodeLookup:
 
     @classmethod
     def build(cls, state: ClusterState, names: Sequence[str]) -> NodeLookup:
-        # Plain lists and dicts: kube-scheduler sends a different slice of its nodes each cycle, so
-        # this runs once per filter, and NumPy's per-call overhead on a few hundred names was a
-        # sixth of the decision (`bench/e2e_throughput.py --profile-extender`: "filter: decision").
+        # C-level map and dict work, no per-name Python loop: kube-scheduler sends a different
+        # list of its nodes each cycle (up to all of them), so this runs once per filter, and a
+        # loop over 1,000 names was a quarter of the decision (`bench/e2e_throughput.py
+        # --profile-extender`: "filter: decision").
         index = state.index
-        found = [index.get(n, -1) for n in names]
-        first = dict.fromkeys(r for r in found if r >= 0)  # first occurrences, in order
+        try:
+            found = list(map(index.__getitem__, names))
+        except KeyError:  # a name the cache does not know
+            found = [index.get(n, -1) for n in names]
+        first = dict.fromkeys(found)  # first occurrences, in order
         unknown: tuple[str, ...] = ()
-        if len(first) < len(found):  # unknown names, or duplicates
+        if first.pop(-1, 0) is None:
             unknown = tuple(dict.fromkeys(n for n, r in zip(names, found, strict=True) if r < 0))
         rows = np.array(found, dtype=np.int64)
-        candidates = np.fromiter(first, dtype=np.int64, count=len(first))
+        candidates = (
+            rows if len(first) == len(found) else np.fromiter(first, dtype=np.int64, count=len(first))
+        )
         return cls(state, list(names), rows, candidates, unknown)
 
     def matches(self, state: ClusterState, names: Sequence[str]) -> bool:

@@ -213,7 +213,12 @@ class PlacementEngine:
         feasible = reasons == FEASIBLE
         if candidates is not None:
             mask = np.zeros_like(feasible)
-            mask[np.fromiter(candidates, dtype=np.int64)] = True
+            # An array indexes as it is: np.fromiter would walk it one Python int at a time (the
+            # extender passes its request's rows; `bench/e2e_throughput.py --profile-extender`).
+            if isinstance(candidates, np.ndarray):
+                mask[candidates.astype(np.int64, copy=False)] = True
+            else:
+                mask[np.fromiter(candidates, dtype=np.int64)] = True
             feasible &= mask
         rows = np.nonzero(feasible)[0]
         scores = cache.score[rows]

@@ -312,6 +312,11 @@ class Hist:
             self.count - other.count,
         )
 
+    def beyond(self, q: float) -> bool:
+        """Whether quantile `q` lies past the last finite bucket (`quantile` gives that bound)."""
+        finite = [v for le, v in self.buckets.items() if not math.isinf(le)]
+        return self.count > 0 and bool(finite) and max(finite) < q * self.count
+
     def quantile(self, q: float) -> float:
         """histogram_quantile: linear within the bucket; the last finite bound past it."""
         if self.count <= 0:
@@ -337,6 +342,8 @@ class Hist:
             "mean": round(self.sum / self.count * 1000, 3),
             "p50": round(self.quantile(0.5) * 1000, 3),
             "p99": round(self.quantile(0.99) * 1000, 3),
+            "p50_beyond": self.beyond(0.5),
+            "p99_beyond": self.beyond(0.99),
         }
 
 
@@ -395,6 +402,42 @@ def scrape(url: str, *, token: str | None = None, context: ssl.SSLContext | None
         req.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(req, timeout=30, context=context) as response:
         return str(response.read().decode())
+
+
+APISERVER_LATENCY = "apiserver_request_duration_seconds"
+
+
+def binding_latency_text(api: Api) -> str | None:
+    """The API server's own latency histogram of ``POST pods/binding`` (its /metrics lines for it:
+    the whole exposition is megabytes), None when unreachable."""
+    try:
+        status, data = api.request("GET", "/metrics")
+    except (OSError, http.client.HTTPException) as exc:
+        log(f"kube-apiserver metrics unavailable: {exc}")
+        return None
+    if status != 200:
+        log(f"kube-apiserver metrics unavailable: HTTP {status}")
+        return None
+    keep = [
+        line
+        for line in data.decode().splitlines()
+        if line.startswith(("# HELP " + APISERVER_LATENCY + " ", "# TYPE " + APISERVER_LATENCY + " "))
+        or (
+            line.startswith(APISERVER_LATENCY)
+            and 'resource="pods"' in line
+            and 'subresource="binding"' in line
+            and 'verb="POST"' in line
+        )
+    ]
+    return "\n".join(keep) + "\n"
+
+
+def binding_latency_ms(before: str | None, after: str | None) -> dict[str, Any] | None:
+    """The API server's ``POST pods/binding`` latency between two scrapes (count, mean, p50, p99)."""
+    if before is None or after is None:
+        return None
+    h = sum_hists(histograms(after, APISERVER_LATENCY).values())
+    return h.minus(sum_hists(histograms(before, APISERVER_LATENCY).values())).summary_ms()
 
 
 def scheduler_metrics(dev: DevCluster, token: str) -> str | None:
@@ -584,6 +627,7 @@ def run_batch(
         log(f"{label}: all {nodes} nodes usable after {waited:.0f} s")
     extra = {"extender": ext_proc.proc.pid} if ext_proc is not None and ext_proc.proc is not None else {}
     ext_before = scrape(f"{ext_proc.url}/metrics") if ext_proc is not None else None
+    api_before = binding_latency_text(api)
     with watching(api, namespace, ns.pods) as watch:
         if ns.mode == "backlog":
             stop_scheduler(dev)
@@ -608,6 +652,7 @@ def run_batch(
             )
         cpu1 = cpu_sample(dev, extra)
         recorded = spy.stop() if spy is not None else None
+    api_after = binding_latency_text(api)
     usable_after, taints_after = node_taints(list_nodes(api))
     binds = sorted(watch.bound_at.values())
     first_bind, last_bind = binds[0], binds[-1]
@@ -631,6 +676,7 @@ def run_batch(
         "usable_nodes_after": usable_after,
         "taints_after": taints_after,
         "cpu_s": cpu_delta(cpu0, cpu1),
+        "apiserver_binding_ms": binding_latency_ms(api_before, api_after),
     }
     if recorded is not None:
         out["extender_profile"] = {
@@ -750,10 +796,24 @@ def print_binds(result: dict[str, Any]) -> None:
     if api:
         parts.append(f"of which its Binding POST p50 {num(api.get('p50'), 0)} p99 {num(api.get('p99'), 0)}")
     parts.append(
-        f"kube-scheduler's default binder (run without) p50 {num(default.get('p50'), 0)} "
-        f"p99 {num(default.get('p99'), 0)}"
+        f"kube-scheduler's default binder (run without) mean {num(default.get('mean'), 0)} "
+        f"p50 {quantile_text(default, 'p50')} p99 {quantile_text(default, 'p99')}"
     )
+    for name, r in runs.items():
+        inside = r.get("apiserver_binding_ms") or {}
+        parts.append(
+            f"inside the API server ({name}) mean {num(inside.get('mean'), 0)} "
+            f"p50 {quantile_text(inside, 'p50')} p99 {quantile_text(inside, 'p99')}"
+        )
     print("bind (ms): " + "; ".join(parts))
+
+
+def quantile_text(summary: dict[str, Any], q: str) -> str:
+    """A quantile in ms, or "> B" when it lies past the histogram's last finite bucket B."""
+    value = summary.get(q)
+    if value is None:
+        return "-"
+    return f"> {value:.0f}" if summary.get(f"{q}_beyond") else f"{value:.0f}"
 
 
 def measure(ns: argparse.Namespace, nodes: int) -> dict[str, Any] | None:

@@ -1,23 +1,32 @@
-"""The hot paths: a pod's record reused across status-only versions; the hold book's expiry order."""
+"""The hot paths: a pod's record reused across status-only versions, the hold book's expiry order,
+the verbs' direct ASGI path."""
 
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
+import anyio
+import httpx
 import msgspec
 import pytest
+from extender_support import FakeApi, cpu_pod, node_objects, synced_cache
 from pod_builder import manifest, served
 
 from neuronetes import contracts as c
+from neuronetes.extender.app import create_app
 from neuronetes.extender.holds import HoldBook
 from neuronetes.extender.pods import PodInfo
 from neuronetes.extender.results import Hold
+from neuronetes.extender.service import ExtenderService
 from neuronetes.extender.store import ClusterStore
 from neuronetes.extender.wire import Pod
 from neuronetes.model import PodRequest
 
 pytestmark = pytest.mark.unit
+
+JSON_HEADERS = {"content-type": "application/json"}
 
 
 def _pod(obj: dict[str, Any]) -> Pod:
@@ -114,3 +123,35 @@ def test_a_bind_in_flight_is_expected_until_it_settles_or_the_pod_is_reported_bo
     store.expect_bound(expected)
     store.pop_pod(pending.id)  # deleted meanwhile
     assert store.previous(pending.id) is None
+
+
+# ---- the verbs' direct ASGI path ---------------------------------------------------------------
+
+
+def _call(app: Any, method: str, path: str, body: bytes, headers: dict[str, str], root: str = "") -> Any:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, root_path=root)
+        async with httpx.AsyncClient(transport=transport, base_url="http://extender") as client:
+            return await client.request(method, root + path, content=body, headers=headers)
+
+    return anyio.run(go)
+
+
+@pytest.mark.parametrize(
+    ("body", "headers"),
+    [
+        (json.dumps({"Pod": cpu_pod("c"), "NodeNames": ["n-0", "n-1"]}).encode(), JSON_HEADERS),
+        (b"{", JSON_HEADERS),
+        (b"{}", {"content-type": "text/plain"}),
+    ],
+    ids=["answer", "malformed", "not json"],
+)
+def test_the_direct_path_and_the_fastapi_route_answer_alike(body: bytes, headers: dict[str, str]) -> None:
+    cache = synced_cache(node_objects({"dgx-a100-80gb": 2}))
+    app = create_app(ExtenderService(cache, FakeApi(cache=cache)))
+    direct = _call(app, "POST", "/filter", body, headers)
+    # Mounted under a prefix, the path is not the verbs' table's: FastAPI routes it.
+    routed = _call(app, "POST", "/filter", body, headers, root="/under")
+    assert (direct.status_code, direct.json()) == (routed.status_code, routed.json())
+    assert direct.headers["content-type"] == routed.headers["content-type"] == "application/json"
+    assert _call(app, "GET", "/filter", b"", {}).status_code == 405  # other methods: FastAPI's

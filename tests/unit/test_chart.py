@@ -14,6 +14,7 @@ import importlib
 import json
 import re
 import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from neuronetes.devcluster.config import (
     extender_settings,
     scheduler_config,
 )
-from neuronetes.devcluster.tools import read_versions
+from neuronetes.devcluster.tools import Toolchain, read_versions
 
 pytestmark = pytest.mark.unit
 
@@ -113,6 +114,46 @@ def test_scheduler_configuration_is_the_dev_clusters_with_one_profile() -> None:
     pod = containers(one(objects, "Deployment", "gpu-scheduler"))
     assert pod["kube-scheduler"]["image"] == f"registry.k8s.io/kube-scheduler:{read_versions().kubernetes}"
     assert "--config=/etc/neuronetes/scheduler/config.yaml" in pod["kube-scheduler"]["args"]
+
+
+def test_kube_scheduler_accepts_the_rendered_configuration(tmp_path: Path) -> None:
+    """The pinned kube-scheduler loads and validates the configuration (``--write-config-to``
+    exits after validation); the only change is a kubeconfig, since no pod runs here."""
+    binary = Toolchain.pinned().kube_scheduler
+    if not binary.exists():
+        pytest.skip(f"kube-scheduler not built ({binary})")
+    config = _config_map_file(default_objects(), "gpu-scheduler-config", "config.yaml")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    config["clientConnection"]["kubeconfig"] = str(kubeconfig)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [
+            str(binary),
+            f"--config={tmp_path / 'config.yaml'}",
+            f"--write-config-to={tmp_path / 'out.yaml'}",
+            "--secure-port=0",  # serve nothing: only the configuration is checked
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = yaml.safe_load((tmp_path / "out.yaml").read_text())
+    assert [p["schedulerName"] for p in written["profiles"]] == ["neuronetes-scheduler"]
+    assert written["leaderElection"]["leaderElect"] is True
 
 
 def test_extender_settings_load_and_equal_the_dev_clusters() -> None:

@@ -61,6 +61,9 @@ podAntiAffinity:
 
 {{/* The shared scheduling values of a pod: nodeSelector, tolerations, affinity (with a default). */}}
 {{- define "neuronetes.placement" -}}
+{{- with .values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
 {{- with .values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}

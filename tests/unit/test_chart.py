@@ -228,6 +228,19 @@ def test_self_generated_certificate_serves_the_service_and_is_signed_by_the_ca_b
     assert webhook["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
 
 
+def test_external_url_variant_registers_the_url_and_certifies_its_address(tmp_path: Path) -> None:
+    """Replicas served outside the cluster (``webhook.externalURL``): the configurations call the
+    URL, and the generated certificate holds its IP address."""
+    webhook = {"externalURL": "https://127.0.0.1:9443", "certificates": {"extraIPAddresses": ["127.0.0.1"]}}
+    objects = render({"webhook": webhook}, tmp=tmp_path)
+    pods = one(objects, "MutatingWebhookConfiguration", "neuronetes-pods")["webhooks"][0]["clientConfig"]
+    assert pods["url"] == "https://127.0.0.1:9443/pods" and "service" not in pods
+    secret = one(objects, "Secret", "neuronetes-webhook-tls")["data"]
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["tls.crt"]))
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+
+
 def test_cert_manager_variant_issues_the_secret_and_injects_the_ca(tmp_path: Path) -> None:
     objects = render({"webhook": {"certManager": {"enabled": True}}}, tmp=tmp_path)
     assert not find(objects, "Secret")
@@ -331,6 +344,7 @@ BAD_VALUES = [
     ({"agent": {"hostPaths": {"stateDir": "run/neuronetes"}}}, "/agent/hostPaths/stateDir"),
     ({"operator": {"settings": {"workers": 0}}}, "/operator/settings/workers"),
     ({"webhook": {"timeoutSeconds": 31}}, "/webhook/timeoutSeconds"),
+    ({"webhook": {"externalURL": "http://127.0.0.1:9443"}}, "/webhook/externalURL"),
 ]
 
 

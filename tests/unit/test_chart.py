@@ -181,6 +181,10 @@ def test_changed_weights_reach_the_settings_file_and_load(tmp_path: Path) -> Non
     path.write_text(yaml.safe_dump(rendered))
     settings = extender_config.load_settings(path)
     assert settings.weights == {"availability": 0.5} and settings.gang_ttl_seconds == 60
+    # --set passes decimals as strings; the settings file still gets a number.
+    extra = ["--set", "scheduler.extender.settings.weights.cost=0.25"]
+    rendered = _config_map_file(render(extra=extra), "neuronetes-extender-settings", "settings.yaml")
+    assert rendered["weights"] == {"cost": 0.25}
 
 
 def test_operator_settings_load_with_the_operators_defaults() -> None:

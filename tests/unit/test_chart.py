@@ -315,18 +315,19 @@ def test_prometheus_rule_without_rule_files_is_one_clear_error(tmp_path: Path) -
     assert done.returncode != 0 and "no rule groups in files/rules" in done.stderr
 
 
-def test_the_charts_own_monitoring_files_render() -> None:
-    files = [*(CHART / "files" / "dashboards").glob("*.json"), *(CHART / "files" / "rules").glob("*.yaml")]
-    if not files:
-        pytest.skip("the chart ships no dashboards or rule files yet")
-    extra = [
-        "--set",
-        "monitoring.serviceMonitor.enabled=true",
-        "--set",
-        "monitoring.prometheusRule.enabled=true",
-    ]
+def test_the_charts_own_dashboards_and_rules_render_whole() -> None:
+    dashboards = sorted((CHART / "files" / "dashboards").glob("*.json"))
+    rules = sorted((CHART / "files" / "rules").glob("*.yaml"))
+    if not dashboards and not rules:
+        pytest.skip("the chart ships no dashboards or rule files")
+    extra = ["--set", "monitoring.prometheusRule.enabled=true"] if rules else []
     objects = render(extra=extra)
-    assert find(objects, "PrometheusRule") or not list((CHART / "files" / "rules").glob("*.yaml"))
+    for path in dashboards:
+        cm = one(objects, "ConfigMap", f"neuronetes-dashboard-{path.stem}")
+        assert json.loads(cm["data"][path.name]) == json.loads(path.read_text())
+    if rules:
+        groups = [g for path in rules for g in yaml.safe_load(path.read_text())["groups"]]
+        assert one(objects, "PrometheusRule", "neuronetes")["spec"]["groups"] == groups
 
 
 # ---- the schema ---------------------------------------------------------------------------------

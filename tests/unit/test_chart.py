@@ -60,8 +60,13 @@ def _config_map_file(objects: Any, name: str, key: str) -> Any:
 # ---- lint and docs ----------------------------------------------------------------------------
 
 
-def test_helm_lint_strict_is_clean() -> None:
-    done = helm("lint", "--strict", CHART, "--namespace", NAMESPACE)
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--set", "webhook.certManager.enabled=true", "--set", "monitoring.serviceMonitor.enabled=true"]],
+    ids=["defaults", "cert-manager-and-service-monitor"],
+)
+def test_helm_lint_strict_is_clean(extra: list[str]) -> None:
+    done = helm("lint", "--strict", CHART, "--namespace", NAMESPACE, *extra)
     assert "0 chart(s) failed" in done.stdout
     assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout, done.stdout
 
@@ -111,7 +116,10 @@ def test_scheduler_configuration_is_the_dev_clusters_with_one_profile() -> None:
     del expected["clientConnection"]["kubeconfig"]  # in a pod: the in-cluster configuration
     assert rendered == expected
     assert [p["schedulerName"] for p in rendered["profiles"]] == ["neuronetes-scheduler"]
-    pod = containers(one(objects, "Deployment", "gpu-scheduler"))
+    deployment = one(objects, "Deployment", "gpu-scheduler")
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["kubectl.kubernetes.io/default-container"] == "extender"
+    pod = containers(deployment)
     assert pod["kube-scheduler"]["image"] == f"registry.k8s.io/kube-scheduler:{read_versions().kubernetes}"
     assert "--config=/etc/neuronetes/scheduler/config.yaml" in pod["kube-scheduler"]["args"]
 

@@ -8,6 +8,8 @@ cluster's (`helm install` on the local control plane).
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 from chart_render import CHART, NAMESPACE, helm, template_args
 from e2e_cluster import E2ECluster
@@ -34,3 +36,15 @@ def test_every_rendered_object_passes_a_server_side_dry_run(cluster: E2ECluster)
     assert done.returncode == 0, done.stderr
     applied = [line for line in done.stdout.splitlines() if "(server dry run)" in line]
     assert len(applied) == rendered.count("\nkind: ") > 30, done.stdout
+
+
+def test_the_sample_agentpool_of_the_notes_is_accepted(cluster: E2ECluster) -> None:
+    """NOTES.txt tells a new user to apply a sample AgentPool: the API server takes it as written."""
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    body = notes.split("<<'POOL'\n", 1)[1].split("     POOL\n", 1)[0]
+    sample = textwrap.dedent(body)
+    assert "kind: AgentPool" in sample and "{{" not in sample
+    done = cluster.kubectl(
+        "apply", "--dry-run=server", "--validate=strict", "-f", "-", input=sample, check=False
+    )
+    assert done.returncode == 0, done.stderr

@@ -470,6 +470,12 @@ def test_agent_serves_its_own_node_not_a_fleet() -> None:
     env = {e["name"]: e for e in agent["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # NVML is the one host library on the agent's library path (a host folder would shadow the
+    # image's own libraries, glibc included).
+    (nvml,) = [m for m in agent["volumeMounts"] if m["name"] == "nvml"]
+    assert env["LD_LIBRARY_PATH"]["value"] + "/libnvidia-ml.so.1" == nvml["mountPath"]
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["nvml"]["hostPath"]["type"] == "File"
 
 
 def test_image_tag_defaults_to_the_app_version_which_is_the_package_version() -> None:

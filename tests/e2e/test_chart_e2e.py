@@ -2,8 +2,9 @@
 cert-manager off and monitoring off (their kinds need CRDs this cluster lacks), passes a server-side
 dry run — the API server's own schema and field validation, the webhook configurations' CEL match
 condition, the admission policies' CEL, RBAC objects. Nothing is persisted: the session cluster's
-own webhook registration and policies stay as they are. Installing the chart for real is the dev
-cluster's (`helm install` on the local control plane).
+own webhook registration and policies stay as they are. The sample AgentPool NOTES.txt shows a new
+user passes too. Installing the chart for real is the dev cluster's (`helm install` on the local
+control plane).
 """
 
 from __future__ import annotations

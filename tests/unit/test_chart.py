@@ -19,6 +19,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import click
 import msgspec
 import pytest
 import yaml
@@ -32,6 +33,7 @@ from chart_render import (
     find,
     helm,
     one,
+    parse_cli,
     render,
     template_args,
 )
@@ -423,17 +425,14 @@ def _expand(arg: str) -> str:
 
 
 def test_neuronetes_containers_run_real_entry_points_with_valid_arguments() -> None:
-    from neuronetes.cli import build_parser
-
-    parser = build_parser()
     seen = set()
     for obj in [*find(default_objects(), "Deployment"), *find(default_objects(), "DaemonSet")]:
-        for name, c in containers(obj).items():
-            if c["command"] != ["neuronetes"]:
-                continue
-            ns = parser.parse_args([_expand(a) for a in c["args"]])
-            seen.add((ns.command, name))
-    assert {cmd for cmd, _ in seen} == {"extender", "operator", "webhook", "agent"}
+        for c in containers(obj).values():
+            if c["command"] == ["neuronetes"]:
+                seen.add(parse_cli([_expand(a) for a in c["args"]]))
+    assert seen == {"extender", "operator", "webhook", "agent"}
+    with pytest.raises((SystemExit, click.UsageError)):  # a refused flag: argparse exits, click raises
+        parse_cli(["extender", "serve", "--hots=127.0.0.1"])
 
 
 def test_ports_stay_on_loopback_or_the_pods_own_address() -> None:

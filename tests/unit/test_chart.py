@@ -355,6 +355,7 @@ BAD_VALUES = [
     ),
     ({"scheduler": {"extender": {"settings": {"policy": "fastest"}}}}, "/scheduler/extender/settings/policy"),
     ({"scheduler": {"kubeScheduler": {"leaderElection": {"leaseDuration": "15"}}}}, "leaseDuration"),
+    ({"scheduler": {"kubeScheduler": {"bindTimeout": "2m"}}}, "/scheduler/kubeScheduler/bindTimeout"),
     ({"logLevel": "verbose"}, "/logLevel"),
     ({"agent": {"hostPaths": {"stateDir": "run/neuronetes"}}}, "/agent/hostPaths/stateDir"),
     ({"operator": {"settings": {"workers": 0}}}, "/operator/settings/workers"),
@@ -368,6 +369,26 @@ def test_schema_refuses_bad_values(values: dict[str, Any], where: str, tmp_path:
     done = helm(*template_args(values, tmp=tmp_path), check=False)
     assert done.returncode != 0
     assert "don't meet the specifications of the schema" in done.stderr and where in done.stderr, done.stderr
+
+
+BAD_COMBINATIONS = [
+    (
+        {"scheduler": {"kubeScheduler": {"leaderElection": {"renewDeadline": "20s"}}}},
+        "need leaseDuration > renewDeadline > 1.2 x retryPeriod > 0 (got 15s, 20s, 2s)",
+    ),
+    (
+        {"scheduler": {"extender": {"settings": {"bindWaitSeconds": 200}}}},
+        "bindWaitSeconds (200) must stay below scheduler.kubeScheduler.bindTimeout (130s)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), BAD_COMBINATIONS, ids=["leader-election", "bind-wait"])
+def test_combinations_kube_scheduler_or_the_extender_would_refuse_fail_the_install(
+    values: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    done = helm(*template_args(values, tmp=tmp_path), check=False)
+    assert done.returncode != 0 and message in done.stderr, done.stderr
 
 
 # ---- one source: CRDs and admission policies ----------------------------------------------------

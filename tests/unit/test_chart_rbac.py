@@ -65,7 +65,8 @@ def test_nothing_bound_to_cluster_admin_and_only_listed_cluster_roles() -> None:
     bindings = [o for o in default_objects() if o["kind"] in BINDING_KINDS]
     for b in bindings:
         ref = b["roleRef"]["name"]
-        assert ref not in ("cluster-admin", "admin", "edit") and not ref.startswith("system:masters")
+        assert ref not in ("cluster-admin", "admin", "edit"), ref
+        assert all(sub["kind"] == "ServiceAccount" for sub in b["subjects"]), b["metadata"]["name"]
         assert ref in (allowed_cluster if b["roleRef"]["kind"] == "ClusterRole" else allowed_roles), ref
     assert {"system:kube-scheduler", "system:volume-scheduler"} <= allowed_cluster
 

@@ -498,6 +498,22 @@ def test_agent_serves_its_own_node_not_a_fleet() -> None:
     assert volumes["nvml"]["hostPath"]["type"] == "File"
 
 
+def test_the_agent_installs_the_shim_from_where_containers_see_it() -> None:
+    from neuronetes.contracts import SHIM_LIBRARY_PATH
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["agent"]["shimLibrary"] == SHIM_LIBRARY_PATH  # the image puts the shim there
+
+
+def test_the_nri_plugin_runs_the_binary_the_image_build_installs() -> None:
+    script = REPO_ROOT / "hack" / "build-image-contents.sh"
+    if not script.exists():
+        pytest.skip("no image build script (hack/build-image-contents.sh) to compare the path with")
+    (binary,) = re.findall(r"^NRI_BINARY=(\S+)$", script.read_text(), re.M)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["agent"]["nri"]["command"] == "/" + binary
+
+
 def test_image_tag_defaults_to_the_app_version_which_is_the_package_version() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     pyproject = (REPO_ROOT / "pyproject.toml").read_text()

@@ -177,6 +177,8 @@ def test_schema_of_extender_settings_names_exactly_the_settings_keys() -> None:
     props = schema["properties"]["scheduler"]["properties"]["extender"]["properties"]["settings"]
     fields = msgspec.structs.fields(extender_config.ExtenderSettings)
     assert set(props["properties"]) == {f.encode_name for f in fields}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values["scheduler"]["extender"]["settings"]) == set(props["properties"])
     from neuronetes.engine.policy import POLICIES
 
     assert set(props["properties"]["policy"]["enum"]) == set(POLICIES)
@@ -195,6 +197,15 @@ def test_changed_weights_reach_the_settings_file_and_load(tmp_path: Path) -> Non
     extra = ["--set", "scheduler.extender.settings.weights.cost=0.25"]
     rendered = _config_map_file(render(extra=extra), "neuronetes-extender-settings", "settings.yaml")
     assert rendered["weights"] == {"cost": 0.25}
+
+
+def test_schema_of_operator_settings_names_exactly_the_settings_keys() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    props = schema["properties"]["operator"]["properties"]["settings"]["properties"]
+    fields = msgspec.structs.fields(operator_settings.OperatorSettings)
+    assert set(props) == {f.encode_name for f in fields}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values["operator"]["settings"]) == set(props)  # every setting shown in the values
 
 
 def test_operator_settings_load_with_the_operators_defaults() -> None:

@@ -274,6 +274,8 @@ class NodeAgent:
         if self.containers is not None:
             report = self.containers.tend(pods, processes)
             warnings += report.warnings
+            if report.freed:
+                log.info("node %s: freed %d region slots of dead processes", self.node, report.freed)
             with self.lock:
                 self.counters.slots_reclaimed += report.freed
                 if report.live != self._live:  # a gone pod's last container stopped: drop its region

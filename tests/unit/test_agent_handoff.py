@@ -16,6 +16,7 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from neuronetes.agent.daemon.node import NodeAgent
 from neuronetes.agent.daemon.pods import PodUse, pod_use
 from neuronetes.agent.daemon.regions import RegionKeeper
 from neuronetes.agent.daemon.simulated import SimulatedGpus
-from neuronetes.devcluster.profiles import PROFILES
+from neuronetes.devcluster.profiles import LABEL_PROFILE, PROFILES
 
 pytestmark = pytest.mark.unit
 
@@ -312,16 +313,10 @@ def write_record(state: Path, uid: str, container: str, cgroups_path: str, writt
     return path
 
 
-@pytest.mark.parametrize(
-    ("version", "cgroups_path", "rel"),
-    [(2, SYSTEMD_PATH, SYSTEMD_DIR), (1, CGROUPFS_PATH, CGROUPFS_PATH[1:])],
-)
-def test_the_poll_loop_registers_host_pids_reclaims_and_removes_regions(
-    tmp_path: Path, version: int, cgroups_path: str, rel: str
-) -> None:
-    state, cg, proc = tmp_path / "run-neuronetes", tmp_path / "sys-fs-cgroup", tmp_path / "proc"
-    wall = Clock()
-    wall.now = time.time()
+def real_node_agent(
+    state: Path, cgroup_root: Path, proc: Path, wall: Callable[[], float], *, with_ledger: bool
+) -> tuple[NodeAgent, SimulatedGpus, QuietKube]:
+    """The agent of a node with (simulated) GPUs, its regions, records and ledger under `state`."""
     sim = SimulatedGpus(PROFILES["dgx-a100-80gb"], NODE)
     regions = RegionKeeper(state / "containers")
     kube = QuietKube()
@@ -333,10 +328,26 @@ def test_the_poll_loop_registers_host_pids_reclaims_and_removes_regions(
         ThreadPoolExecutor(1),
         agent_version="t",
         regions=regions,
-        ledger=LedgerWriter(NODE, state, ready=lambda: True, clock=time.monotonic),
-        containers=ContainerTender(state, regions, cgroup_root=cg, proc_root=proc, clock=wall),
+        ledger=LedgerWriter(NODE, state, ready=lambda: True, clock=time.monotonic) if with_ledger else None,
+        containers=ContainerTender(state, regions, cgroup_root=cgroup_root, proc_root=proc, clock=wall),
     )
     agent.start()
+    return agent, sim, kube
+
+
+@pytest.mark.parametrize(
+    ("version", "cgroups_path", "rel"),
+    [(2, SYSTEMD_PATH, SYSTEMD_DIR), (1, CGROUPFS_PATH, CGROUPFS_PATH[1:])],
+)
+def test_the_poll_loop_registers_host_pids_reclaims_and_removes_regions(
+    tmp_path: Path, version: int, cgroups_path: str, rel: str
+) -> None:
+    state, cg, proc = tmp_path / "run-neuronetes", tmp_path / "sys-fs-cgroup", tmp_path / "proc"
+    wall = Clock()
+    wall.now = time.time()
+    agent, sim, kube = real_node_agent(state, cg, proc, wall, with_ledger=True)
+    regions = agent.regions
+    assert regions is not None
     gpu = sim.scan().gpus[0]
     agent.set_pod(UID_A, use(pod(UID_A, "trainer-0", [(gpu.uuid, 0, 81920, 100)], container="trainer")))
     agent.tick()
@@ -402,3 +413,56 @@ def test_a_record_naming_another_region_directory_is_reported_once(tmp_path: Pat
     report = tender.tend({}, [])
     assert report.live == {UID_A} and report.registered == 0
     assert len(report.warnings) == 1 and "disagree" in report.warnings[0]
+
+
+def test_a_hand_off_warning_is_one_event_until_it_clears(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    agent, sim, kube = real_node_agent(
+        state, tmp_path / "cg", tmp_path / "proc", time.time, with_ledger=False
+    )
+    bad = write_record(state, UID_A, "trainer", SYSTEMD_PATH, time.time())
+    bad.write_text("{")
+
+    def handoff_events() -> int:
+        return sum(reason == "GPUContainerHandoff" for reason, _ in kube.events)
+
+    agent.tick()
+    agent.tick()
+    assert handoff_events() == 1
+    bad.unlink()
+    agent.tick()
+    bad.write_text("{")
+    agent.tick()
+    assert handoff_events() == 2
+    sim.close()
+
+
+def test_an_agent_for_a_real_node_hands_off_and_a_fleet_does_not(tmp_path: Path) -> None:
+    from neuronetes.agent.daemon.fleet import AgentProcess, AgentSettings
+
+    sim = SimulatedGpus(PROFILES["dgx-a100-80gb"], NODE)
+    state = tmp_path / "state"
+    settings = AgentSettings(
+        node=NODE, state_dir=state, region_dir=state / "containers", cgroup_root=tmp_path
+    )
+    process = AgentProcess(None, settings)  # type: ignore[arg-type]
+    process.kube, process._local = QuietKube(), sim  # type: ignore[assignment]
+    process._start_node(NODE, {"metadata": {"name": NODE, "uid": "node-uid"}})
+    agent = process.agents[NODE]
+    assert agent.ledger is not None and agent.containers is not None
+    assert agent.containers.cgroup_root == tmp_path and agent.containers.regions is agent.regions
+    agent.tick()
+    assert not (state / LEDGER_FILE).exists()  # the pod watch has not listed the node's pods yet
+    process._pods_listed.set()
+    agent.tick()
+    assert ledger_doc(state)["node"] == NODE
+    process.stop()
+
+    fleet = AgentProcess(None, AgentSettings(simulate_nodes="x=y"))  # type: ignore[arg-type]
+    fleet.kube = QuietKube()  # type: ignore[assignment]
+    fleet._start_node(
+        "sim-1",
+        {"metadata": {"name": "sim-1", "labels": {LABEL_PROFILE: "dgx-a100-80gb"}}},
+    )
+    assert fleet.agents["sim-1"].ledger is None and fleet.agents["sim-1"].containers is None
+    fleet.stop()

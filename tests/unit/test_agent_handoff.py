@@ -466,3 +466,31 @@ def test_an_agent_for_a_real_node_hands_off_and_a_fleet_does_not(tmp_path: Path)
     )
     assert fleet.agents["sim-1"].ledger is None and fleet.agents["sim-1"].containers is None
     fleet.stop()
+
+
+def test_a_pod_deleted_while_the_watch_was_down_is_reported_deleted_at_the_relist() -> None:
+    from neuronetes.agent.daemon.kube import Informer
+
+    lists = [
+        [pod(UID_A, "a", []), pod(UID_B, "b", [])],
+        [pod(UID_B, "b", [])],  # a was deleted while the watch was broken
+    ]
+
+    class ListingKube:
+        def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+            return {"metadata": {"resourceVersion": "7"}, "items": lists.pop(0)}
+
+    events: list[tuple[str, Any]] = []
+    informer = Informer(ListingKube(), "/api/v1/pods", lambda k, o: events.append((k, o)))  # type: ignore[arg-type]
+    informer._list()
+    informer._list()
+    assert [(k, o["metadata"]["uid"]) for k, o in events] == [
+        ("SYNC", UID_A),
+        ("SYNC", UID_B),
+        ("SYNC", UID_B),
+        ("DELETED", UID_A),
+    ]
+    assert events[-1][1] == {
+        "metadata": {"name": "a", "namespace": "ml", "uid": UID_A},
+        "spec": {"nodeName": NODE},
+    }

@@ -83,6 +83,13 @@ def test_the_record_the_plugin_writes_is_what_the_agent_reads(tmp_path: Path) ->
     assert r.container_id == CONTAINER_ID and r.cgroups_path.endswith(f":cri-containerd:{CONTAINER_ID}")
     assert r.region_dir == f"/run/neuronetes/containers/{UID_A}/trainer"
     assert r.written_at.timestamp() == 1795435200.0  # 2026-11-23T12:00:00Z
+    # Go writes time.Time with up to nine fractional digits
+    doc = json.loads((FIXTURES / "container-record.json").read_text())
+    (records / f"{UID_A}.trainer.json").write_text(
+        json.dumps(doc | {"writtenAt": "2026-11-23T12:00:00.123456789Z"})
+    )
+    ((r,), _) = read_records(records)
+    assert abs(r.written_at.timestamp() - 1795435200.123457) < 1e-6
 
 
 @pytest.mark.parametrize(

@@ -188,6 +188,17 @@ func TestThroughNRIAdaptation(t *testing.T) {
 	if _, err := dir.Read(nodetest.PodUID, "trainer"); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("record not removed at stop: %v", err)
 	}
+	// created again, then removed with its sandbox (no stop seen): the record goes too
+	if _, err := rt.create(t, pod, ctr); err != nil {
+		t.Fatalf("created again: %v", err)
+	}
+	if _, err := dir.Read(nodetest.PodUID, "trainer"); err != nil {
+		t.Fatalf("no record after the second creation: %v", err)
+	}
+	nodetest.Must(t, rt.nri.RemovePodSandbox(context.Background(), &api.RemovePodSandboxRequest{Pod: pod}))
+	if _, err := dir.Read(nodetest.PodUID, "trainer"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("record not removed with the sandbox: %v", err)
+	}
 
 	// a container whose assignment names another node is refused by the runtime
 	wrong := sandbox(assignmentFor("gpu-node-2", map[string][]string{"trainer": {nodetest.UUID1}}))

@@ -13,6 +13,7 @@ byte for byte (as JSON) and this file decodes.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -28,6 +29,7 @@ from region_fakes import MIB, claim, fake_process
 
 from neuronetes.agent import region as shim
 from neuronetes.agent.daemon.containers import RECORDS_DIR, ContainerTender, cgroup_dir, read_records
+from neuronetes.agent.daemon.hostpids import start_ticks
 from neuronetes.agent.daemon.ledger import LEDGER_FILE, LedgerWriter
 from neuronetes.agent.daemon.node import NodeAgent
 from neuronetes.agent.daemon.pods import PodUse, pod_use
@@ -501,3 +503,40 @@ def test_a_pod_deleted_while_the_watch_was_down_is_reported_deleted_at_the_relis
         "metadata": {"name": "a", "namespace": "ml", "uid": UID_A},
         "spec": {"nodeName": NODE},
     }
+
+
+def own_cgroup() -> str | None:
+    """This process's cgroup path in a hierarchy `cgroup_dir` tries (v2, or v1 pids/memory/cpu,cpuacct/
+    systemd), when it is not the root cgroup."""
+    tried = {"", "pids", "memory", "cpu,cpuacct", "name=systemd"}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers in tried and path != "/":
+            return path
+    return None
+
+
+def test_the_host_pid_of_a_real_process_is_found_through_its_real_cgroup(tmp_path: Path) -> None:
+    """The kernel's own cgroup tree and /proc, not fakes: this test process is the container."""
+    path = own_cgroup()
+    if path is None:
+        pytest.skip("this process is in the root cgroup: nothing to resolve")
+    where = cgroup_dir(path, Path("/sys/fs/cgroup"))
+    assert where is not None, path
+    state = tmp_path / "state"
+    regions = RegionKeeper(state / "containers")
+    region_path = regions.path(UID_A, "main")
+    region_path.parent.mkdir(parents=True)
+    me = os.getpid()
+    status = Path(f"/proc/{me}/status").read_text().splitlines()
+    pid_in_container = int(next(line for line in status if line.startswith("NSpid:")).split()[-1])
+    start = start_ticks(Path("/proc"), me)
+    assert start is not None
+    with shim.create_region(region_path, [shim.DeviceLimit.from_mib("GPU-" + UID_A, 1024, 8192)]) as region:
+        claim(region, 0, pid_in_container, start, used_mib=64)  # what the shim in this process would write
+    write_record(state, UID_A, "main", path, time.time())
+    tender = ContainerTender(state, regions, clock=time.time)
+    report = tender.tend({}, [])
+    assert report.live == {UID_A} and report.registered == 1 and report.warnings == []
+    with shim.open_region(region_path, writable=False) as region:
+        assert region.snapshot().procs[0].host_pid == me

@@ -197,19 +197,25 @@ class ContainerTender:
         cgroups: dict[tuple[str, str], Path] = {}
         live: set[str] = set()
         for r in records:
+            if _relative_cgroup(r.cgroups_path) is None:
+                report.warnings.append(
+                    f"container {r.container_id} ({r.namespace}/{r.pod} {r.container}): cgroupsPath "
+                    f"{r.cgroups_path!r} is of no known form; host PIDs not registered"
+                )
             where = cgroup_dir(r.cgroups_path, self.cgroup_root)
-            if where is not None:
-                live.add(r.pod_uid)
-            if str(self.regions.path(r.pod_uid, r.container).parent) != r.region_dir:
+            if where is None:  # not created yet, gone, or of no known form
+                if r.pod_uid not in pods and self._older_than_grace(r):
+                    self._remove(r)
+                continue
+            live.add(r.pod_uid)
+            if str(self.regions.path(r.pod_uid, r.container).parent) == r.region_dir:
+                cgroups[(r.pod_uid, r.container)] = where / "cgroup.procs"
+            else:
                 report.warnings.append(
                     f"container {r.container_id} ({r.namespace}/{r.pod} {r.container}): its record "
                     f"names region {r.region_dir}, the agent keeps {self.regions.root} (--state-dir "
                     "of the plugin and --region-dir of the agent disagree); host PIDs not registered"
                 )
-            elif where is not None:
-                cgroups[(r.pod_uid, r.container)] = where / "cgroup.procs"
-            elif r.pod_uid not in pods and self._older_than_grace(r):
-                self._remove(r)
         report.live = frozenset(live)
         wanted = {(uid, name) for uid, use in pods.items() for name in use.assignment.containers}
         driver_holds = driver_holds_in(processes)

@@ -413,7 +413,7 @@ def test_the_poll_loop_registers_host_pids_reclaims_and_removes_regions(
     sim.close()
 
 
-def test_a_record_naming_another_region_directory_is_reported_once(tmp_path: Path) -> None:
+def test_a_record_naming_another_region_or_an_unknown_cgroup_form_is_reported(tmp_path: Path) -> None:
     state = tmp_path / "state"
     regions = RegionKeeper(tmp_path / "elsewhere")
     tender = ContainerTender(state, regions, cgroup_root=tmp_path / "cg", proc_root=tmp_path, clock=time.time)
@@ -422,6 +422,9 @@ def test_a_record_naming_another_region_directory_is_reported_once(tmp_path: Pat
     report = tender.tend({}, [])
     assert report.live == {UID_A} and report.registered == 0
     assert len(report.warnings) == 1 and "disagree" in report.warnings[0]
+    write_record(state, UID_B, "main", "kubepods:cri-o:abc", time.time())
+    report = tender.tend({}, [])
+    assert len(report.warnings) == 2 and "'kubepods:cri-o:abc' is of no known form" in report.warnings[1]
 
 
 def test_a_hand_off_warning_is_one_event_until_it_clears(tmp_path: Path) -> None:

@@ -24,8 +24,6 @@ type Plugin struct {
 	Log  *slog.Logger
 	// Records is where each container with GPUs is recorded for the agent (its cgroup path).
 	Records records.Dir
-	// Now stamps the records (time.Now when nil).
-	Now func() time.Time
 	// Forget, when set, is told the UID of each removed pod sandbox (the pod-spec cache).
 	Forget func(podUID string)
 }
@@ -52,10 +50,6 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 // record tells the agent where the container's processes are: without it the agent cannot
 // register their host PIDs, so a container whose record cannot be written is refused.
 func (p *Plugin) record(pod *api.PodSandbox, ctr *api.Container) error {
-	now := time.Now
-	if p.Now != nil {
-		now = p.Now
-	}
 	return p.Records.Write(records.Record{
 		PodUID:      pod.GetUid(),
 		Namespace:   pod.GetNamespace(),
@@ -64,7 +58,7 @@ func (p *Plugin) record(pod *api.PodSandbox, ctr *api.Container) error {
 		ContainerID: ctr.GetId(),
 		CgroupsPath: ctr.GetLinux().GetCgroupsPath(),
 		RegionDir:   filepath.Join(p.Host.StateDir, inject.ContainersDir, pod.GetUid(), ctr.GetName()),
-		WrittenAt:   now().UTC(),
+		WrittenAt:   time.Now().UTC(),
 	})
 }
 

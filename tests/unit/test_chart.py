@@ -475,7 +475,9 @@ def test_ports_stay_on_loopback_or_the_pods_own_address() -> None:
     assert "--metrics-host=127.0.0.1" in agent["args"]
     for obj in [*find(objects, "Deployment"), *find(objects, "DaemonSet")]:
         spec = obj["spec"]["template"]["spec"]
-        assert not spec.get("hostNetwork") and not spec.get("hostPID"), obj["metadata"]["name"]
+        assert not spec.get("hostNetwork"), obj["metadata"]["name"]
+        # Only the agent shares the host's PID namespace (it registers containers' host PIDs).
+        assert bool(spec.get("hostPID")) == (obj["metadata"]["name"] == "neuronetes-agent")
         for c in spec["containers"]:
             assert not any(a.startswith("--host=0.0.0.0") or "--insecure" in a for a in c.get("args", []))
 
@@ -507,6 +509,14 @@ def test_agent_serves_its_own_node_not_a_fleet() -> None:
     assert env["LD_LIBRARY_PATH"]["value"] + "/libnvidia-ml.so.1" == nvml["mountPath"]
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert volumes["nvml"]["hostPath"]["type"] == "File"
+    # The host's cgroup mount, read-only at its own path, is the agent's --cgroup-root.
+    (cgroup,) = [m for m in agent["volumeMounts"] if m["name"] == "cgroup"]
+    assert cgroup["readOnly"] and f"--cgroup-root={cgroup['mountPath']}" in agent["args"]
+    assert volumes["cgroup"]["hostPath"]["path"] == cgroup["mountPath"]
+    # The NRI plugin writes only its container records (and the runtime's socket).
+    plugin = containers(ds)["nri-plugin"]
+    writable = {m["mountPath"] for m in plugin["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/run/neuronetes/containers.d", "/var/run/nri"}
 
 
 def test_the_agent_installs_the_shim_from_where_containers_see_it() -> None:

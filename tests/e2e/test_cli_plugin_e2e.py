@@ -208,6 +208,11 @@ def test_health_of_one_gpu(cluster: E2ECluster, fleet: dict[str, Any]) -> None:
     assert missing.stderr.count("\n") == 1
 
 
+def test_a_pod_that_does_not_exist_is_one_error_line(cluster: E2ECluster, fleet: dict[str, Any]) -> None:
+    result = plugin(cluster, "explain", f"{NAMESPACE}/no-such-pod")
+    assert result.returncode == 1 and result.stderr == f"error: pod {NAMESPACE}/no-such-pod not found\n"
+
+
 def test_drain_offline_online_a_free_gpu(cluster: E2ECluster, fleet: dict[str, Any]) -> None:
     node = fleet["nodes"][1]
     busy = set(assigned_uuids(cluster, "whole") + assigned_uuids(cluster, "slice"))

@@ -1,6 +1,6 @@
 """Cluster verbs: ``status`` and ``health`` (read from the GPUNodes and pods), ``drain``,
 ``offline``, ``online`` (written to the GPUNode; the node agent carries them out,
-docs/gpu-health.md), and the plugin's views ``top`` and ``explain`` (their own modules)."""
+docs/gpu-health.md). The plugin's other views, ``top`` and ``explain``, have their own modules."""
 
 from __future__ import annotations
 
@@ -11,14 +11,12 @@ from typing import Any
 import click
 
 from .agent import agent_commands
-from .explain import explain
 from .kube import Cluster, event_time
 from .options import GPU_ID, KUBECONFIG
 from .output import emit, output_option
-from .top import top
 from .views import GpuView, NodeView, cluster_views
 
-__all__ = ["COMMANDS"]
+__all__ = ["drain", "health", "offline", "online", "status"]
 
 
 def _age(timestamp: str) -> str:
@@ -48,6 +46,7 @@ def _views(kubeconfig: str | None) -> list[NodeView]:
 
 @click.command(
     "status",
+    short_help="GPU nodes (--all: GPUs) as their agents report them.",
     help="The cluster's GPU nodes as their agents report them: one row per node (healthy GPUs, "
     "GPU share given out, last heartbeat); --all: one row per GPU.",
 )
@@ -113,6 +112,7 @@ def _health_document(gpunode: dict[str, Any], gpu: GpuView, events: list[dict[st
 
 @click.command(
     "health",
+    short_help="GPU health, one GPU in detail with --gpu-id.",
     help="GPU health from the GPUNodes: one row per GPU (state, reason, cordoned/offline); with "
     "--gpu-id, that GPU in detail with its node's conditions and the agent's events about it.",
 )
@@ -179,7 +179,9 @@ def drain(gpu_id: str, kubeconfig: str | None) -> int:
 
 
 @click.command(
-    "offline", help="Take a GPU out of service (refused while pods use it, unless --force evicts them)."
+    "offline",
+    short_help="Take a GPU out of service.",
+    help="Take a GPU out of service (refused while pods use it, unless --force evicts them).",
 )
 @GPU_ID
 @KUBECONFIG
@@ -193,6 +195,3 @@ def offline(gpu_id: str, kubeconfig: str | None, force: bool) -> int:
 @KUBECONFIG
 def online(gpu_id: str, kubeconfig: str | None) -> int:
     return _gpu_admin("online", gpu_id, kubeconfig)
-
-
-COMMANDS: tuple[click.Command, ...] = (status, health, drain, offline, online, top, explain)

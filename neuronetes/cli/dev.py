@@ -35,7 +35,7 @@ def feature_gates(items: Sequence[str]) -> dict[str, bool]:
     return gates
 
 
-@group("dev", help="Development tools: a local control plane, fault injection on simulated GPUs.")
+@group("dev", help="Development tools: a local control plane, faults on simulated GPUs.")
 def dev() -> None:
     pass
 
@@ -250,6 +250,7 @@ def inject_ecc(gpu_id: str, kubeconfig: str | None, corrected: int, uncorrected:
 
 @click.command(
     "demo",
+    short_help="Sample pods on a fresh local cluster, and where each landed.",
     help="Start the local control plane with a few dozen simulated GPU nodes and the extender beside "
     "kube-scheduler, submit sample pods (whole GPUs, NVLink, shared slices, MIG, a gang, one that fits "
     "nowhere) and print where each landed and why, read from the API.",

@@ -40,6 +40,7 @@ MAX_SHAPES: Final = 64
 
 @dataclass(frozen=True, slots=True)
 class Demand:
+    gpus_allocated: float  # GPUs' worth of compute granted (binds and holds), MIG-partitioned GPUs excluded
     gpus_unallocated: float  # GPUs' worth of free compute on usable GPUs
     gpus_fragmented: float  # the part of it no pending shape can use
     pending_gangs: dict[str, float]  # gang id (namespace/name) -> its timeout, seconds
@@ -81,6 +82,8 @@ def measure_demand(state: ClusterState, pods: Iterable[PodInfo], default_gang_ti
     usable = state.usable_gpus()
     left = np.where(usable, state.gpu_milli_free, 0)
     unallocated = float(left.sum()) / MILLI_PER_GPU
+    whole = state.gpu_exists & ~state.gpu_mig
+    allocated = float(np.where(whole, state.gpu_milli_cap - state.gpu_milli_free, 0).sum()) / MILLI_PER_GPU
     shapes = _pending_shapes(pending)
     if shapes:
         wanted = np.zeros_like(usable)
@@ -94,7 +97,7 @@ def measure_demand(state: ClusterState, pods: Iterable[PodInfo], default_gang_ti
         if pod.gang is not None and pod.gang_id is not None:
             timeout = pod.gang.timeout_s or default_gang_timeout
             gangs[pod.gang_id] = max(timeout, gangs.get(pod.gang_id, 0.0))
-    return Demand(unallocated, fragmented, gangs)
+    return Demand(allocated, unallocated, fragmented, gangs)
 
 
 class PendingGangClock:

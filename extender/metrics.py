@@ -150,7 +150,7 @@ class _EdgeCollector(Collector):
 
 
 class _DemandCollector(Collector):
-    """Unallocated and fragmented GPUs and pending gangs, measured at scrape time (extender/demand.py)."""
+    """GPU allocation, fragmentation and pending gangs, measured at scrape time (extender/demand.py)."""
 
     def __init__(self, demand: Callable[[], Demand]) -> None:
         self.demand = demand
@@ -160,6 +160,7 @@ class _DemandCollector(Collector):
         now = self.demand()
         past = self.gangs.past_timeout(now.pending_gangs)
         for name, value in (
+            (c.METRIC_GPUS_ALLOCATED, now.gpus_allocated),
             (c.METRIC_GPUS_UNALLOCATED, now.gpus_unallocated),
             (c.METRIC_GPUS_FRAGMENTED, now.gpus_fragmented),
             (c.METRIC_GANGS_PENDING, float(len(now.pending_gangs))),

@@ -104,6 +104,7 @@ METRIC_CACHE_UNACCOUNTED: Final = "neuronetes_scheduler_cache_unaccounted_pods"
 METRIC_CACHE_SYNC_AGE: Final = "neuronetes_scheduler_cache_sync_age_seconds"
 METRIC_WATCH_BROKEN: Final = "neuronetes_scheduler_watch_broken_seconds"
 METRIC_EVENTS: Final = "neuronetes_scheduler_events_total"
+METRIC_GPUS_ALLOCATED: Final = "neuronetes_scheduler_gpus_allocated"
 METRIC_GPUS_UNALLOCATED: Final = "neuronetes_scheduler_gpus_unallocated"
 METRIC_GPUS_FRAGMENTED: Final = "neuronetes_scheduler_gpus_fragmented"
 METRIC_GANGS_PENDING: Final = "neuronetes_scheduler_gangs_pending"
@@ -215,6 +216,12 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         MetricType.COUNTER,
         ("result",),
         "Pod Events the extender posted (posted), could not post (failed) or dropped (storm bound).",
+    ),
+    MetricSpec(
+        METRIC_GPUS_ALLOCATED,
+        MetricType.GAUGE,
+        (),
+        "GPU compute granted to bound pods and held for binds, in GPUs (MIG-partitioned GPUs excluded).",
     ),
     MetricSpec(
         METRIC_GPUS_UNALLOCATED,

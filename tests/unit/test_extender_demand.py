@@ -42,7 +42,8 @@ def _gang(obj: dict[str, object], name: str, timeout: int | None = None) -> dict
 def test_nothing_pending_means_nothing_fragmented() -> None:
     cache = synced_cache(node_objects({"t4x4-pcie": 2}))
     demand = cache.demand()
-    assert (demand.gpus_unallocated, demand.gpus_fragmented, demand.pending_gangs) == (8.0, 0.0, {})
+    assert (demand.gpus_allocated, demand.gpus_unallocated) == (0.0, 8.0)
+    assert (demand.gpus_fragmented, demand.pending_gangs) == (0.0, {})
 
 
 def test_half_used_gpus_no_pending_whole_gpu_shape_can_use_are_fragmented() -> None:
@@ -52,7 +53,7 @@ def test_half_used_gpus_no_pending_whole_gpu_shape_can_use_are_fragmented() -> N
     waiting = gpu_pod("whole", 1)
     cache.replace_pods([_pod(used), _pod(waiting)])
     demand = cache.demand()
-    assert demand.gpus_unallocated == pytest.approx(2.0)
+    assert (demand.gpus_allocated, demand.gpus_unallocated) == (pytest.approx(2.0), pytest.approx(2.0))
     assert demand.gpus_fragmented == pytest.approx(2.0)
     # A pending shared shape that fits the halves uses them: nothing is fragmented any more.
     cache.upsert_pod(_pod(shared_pod("small", 1024, 25)))
@@ -98,6 +99,7 @@ def test_the_gauges_are_exported() -> None:
     metrics = ExtenderMetrics(cache.stats)
     metrics.attach(WatchHealth(), EventRecorder(None), cache.demand)
     text = metrics.render().decode()
+    assert metric_value(text, c.METRIC_GPUS_ALLOCATED) == 0.0
     assert metric_value(text, c.METRIC_GPUS_UNALLOCATED) == 4.0
     assert metric_value(text, c.METRIC_GPUS_FRAGMENTED) == 4.0  # an 8-GPU shape fits nowhere
     assert metric_value(text, c.METRIC_GANGS_PENDING) == 1.0

@@ -24,10 +24,9 @@ DASHBOARD: Final = REPO_ROOT / "helm" / "neuronetes" / "files" / "dashboards" / 
 RULES: Final = REPO_ROOT / "helm" / "neuronetes" / "files" / "rules" / "neuronetes-rules.yaml"
 
 GRAFANA_VARIABLES: Final = {
-    # What Grafana puts in before it sends a query: a rate window, the dashboard's range, and
+    # What Grafana puts in before it sends a query: a rate window and
     # the node variable's "All" (its allValue).
     "__rate_interval": "1m",
-    "__range": "1h",
     "node": ".*",
 }
 _VARIABLE: Final = re.compile(r"\$\{?(\w+)\}?")
@@ -45,6 +44,7 @@ _SUFFIXES: Final = {
 class Query:
     where: str  # "panel <title> #<refId>" or "alert <name>"
     expr: str  # as Prometheus receives it (Grafana variables substituted)
+    panel: str = ""  # the dashboard panel's title, for a panel's query
 
 
 def _substitute(expr: str) -> str:
@@ -66,7 +66,7 @@ def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 def dashboard_queries() -> list[Query]:
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     return [
-        Query(f"panel {p['title']!r} #{t['refId']}", _substitute(t["expr"]))
+        Query(f"panel {p['title']!r} #{t['refId']}", _substitute(t["expr"]), p["title"])
         for p in _panels(dashboard["panels"])
         for t in p.get("targets", [])
     ]

@@ -93,7 +93,9 @@ def test_every_dashboard_and_alert_expression_evaluates(
         "agent": [f"127.0.0.1:{ports['agent_metrics']}"],
     }
     # A 1-GPU pod lands; a 3 × 8-GPU gang fits nowhere (one 8-GPU node) and waits past its timeout.
-    _apply(dev, manifest("placed", {c.RESOURCE_GPU: 1}), *(_gang_member(i) for i in range(3)))
+    # The placed pod goes to the DGX, so every T4 GPU stays free for the operator's `offline`.
+    placed_pod = manifest("placed", {c.RESOURCE_GPU: 1}, node_selector={"kubernetes.io/hostname": nodes[DGX]})
+    _apply(dev, placed_pod, *(_gang_member(i) for i in range(3)))
 
     def placed() -> bool:
         pod = json.loads(dev.kubectl("get", "pod", "placed", "-o", "json").stdout)
@@ -141,6 +143,14 @@ def test_every_dashboard_and_alert_expression_evaluates(
             time.sleep(1.0)
         assert set(state) == {q.where.split(" ", 1)[1] for q in queries if q.where.startswith("alert ")}
         assert all(r["health"] == "ok" for r in prom.rules())
-        fragmented = prom.query(f"max({c.METRIC_GPUS_FRAGMENTED})")
-        # Nothing pending can use the 7 free GPUs of the DGX or the T4s: all of it is fragment.
-        assert float(fragmented[0]["value"][1]) > 0  # type: ignore[index]
+
+        def gpus() -> tuple[float, ...]:
+            names = (c.METRIC_GPUS_ALLOCATED, c.METRIC_GPUS_UNALLOCATED, c.METRIC_GPUS_FRAGMENTED)
+            return tuple(float(prom.query(f"max({n})")[0]["value"][1]) for n in names)  # type: ignore[index]
+
+        # 1 GPU placed; 7 DGX GPUs and 3 T4s free (the 4th is offline), and the pending 8-GPU
+        # shape fits on no node: all 10 are fragment.
+        deadline = time.monotonic() + 30
+        while (now := gpus()) != (1.0, 10.0, 10.0):
+            assert time.monotonic() < deadline, f"allocated, unallocated, fragmented GPUs: {now}"
+            time.sleep(1.0)

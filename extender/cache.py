@@ -34,7 +34,7 @@ from neuronetes.model import NodeSpec
 
 from . import decisions as d
 from .config import ExtenderSettings, SettingsSource
-from .demand import Demand, measure_demand
+from .demand import Demand, measure, take_inputs
 from .gang_facade import GangFacade
 from .gang_manager import GangListener, GangManager
 from .gangs import GangSpec
@@ -385,9 +385,10 @@ class GpuCache(GangFacade):
         """Unallocated and fragmented GPU capacity against the pending pods, and pending gangs."""
         with self._lock:
             self._ensure()
-            return measure_demand(
+            inputs = take_inputs(
                 self._snap.state, self._store.pods.values(), self._snap.settings.gang_ttl_seconds
             )
+        return measure(inputs)
 
     def stats(self) -> CacheStats:
         with self._lock:

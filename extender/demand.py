@@ -12,9 +12,10 @@ Pending gangs are groups with at least one member waiting for a placement; each 
 remembers when the extender first saw each one pending, so the gauge of gangs pending past their
 timeout counts from then (an extender restart starts the clock again).
 
-Measured at scrape time under the cache's lock: one pass over the pods and a few vectorised
-NumPy passes per distinct pending shape (at most `MAX_SHAPES`), so a scrape stays cheap however
-many pods wait. docs/observability.md describes the gauges.
+Measured at scrape time: under the cache's lock only copies of a few arrays and of the list of
+pods (`take_inputs`); the pass over the pods and the NumPy passes, a few per distinct pending
+shape (at most `MAX_SHAPES`), run outside it (`measure`), so a scrape never holds up a decision
+for long (bench/extender_scrape.py). docs/observability.md describes the gauges.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 
 from neuronetes.engine.filters import model_matches
 from neuronetes.inventory import ClusterState
-from neuronetes.model import MILLI_PER_GPU, PodRequest
+from neuronetes.model import MILLI_PER_GPU
 
 from .pods import PodInfo
 
-__all__ = ["MAX_SHAPES", "Demand", "PendingGangClock", "measure_demand"]
+__all__ = ["MAX_SHAPES", "Demand", "DemandInputs", "PendingGangClock", "measure", "take_inputs"]
 
 MAX_SHAPES: Final = 64
 """Distinct pending shapes measured per scrape (most frequent first); the rest are left out."""
@@ -46,58 +48,78 @@ class Demand:
     pending_gangs: dict[str, float]  # gang id (namespace/name) -> its timeout, seconds
 
 
-def _shape_key(req: PodRequest) -> tuple[int, int, int, bool, tuple[str, ...]]:
-    return (req.gpus, req.gpu_milli, req.gpu_memory_mib, req.exclusive, tuple(sorted(req.gpu_models)))
+ShapeKey = tuple[int, int, int, bool, tuple[str, ...]]  # gpus, milli, memory MiB, exclusive, models
 
 
-def _pending_shapes(pods: Iterable[PodInfo]) -> list[PodRequest]:
-    counts: dict[tuple[int, int, int, bool, tuple[str, ...]], tuple[int, PodRequest]] = {}
-    for pod in pods:
-        req = pod.request
-        if req.gpus == 0 or req.mig_profile is not None:
+@dataclass(frozen=True, slots=True)
+class DemandInputs:
+    """What `measure` needs, copied under the cache lock (the measuring happens outside it)."""
+
+    usable: npt.NDArray[np.bool_]  # [N, G] GPUs that may take a new non-MIG grant
+    whole_free: npt.NDArray[np.bool_]  # [N, G] usable and entirely free
+    milli_free: npt.NDArray[np.int64]
+    mem_free: npt.NDArray[np.int64]
+    allocated_milli: int  # granted compute on non-MIG GPUs
+    models: tuple[str, ...]
+    model_id: npt.NDArray[np.int64]  # [N]
+    pods: list[PodInfo]  # every pod (`PodInfo` is immutable: the store replaces, never changes one)
+    default_gang_timeout: float
+
+
+def take_inputs(state: ClusterState, pods: Iterable[PodInfo], default_gang_timeout: float) -> DemandInputs:
+    """Copy what `measure` reads (call under the cache lock: array copies and a list of the pods)."""
+    non_mig = state.gpu_exists & ~state.gpu_mig
+    return DemandInputs(
+        usable=state.usable_gpus(),
+        whole_free=state.fully_free(),
+        milli_free=state.gpu_milli_free.copy(),
+        mem_free=state.gpu_mem_free.copy(),
+        allocated_milli=int(np.where(non_mig, state.gpu_milli_cap - state.gpu_milli_free, 0).sum()),
+        models=state.models,
+        model_id=state.model_id.copy(),
+        pods=list(pods),
+        default_gang_timeout=default_gang_timeout,
+    )
+
+
+def _pending(d: DemandInputs) -> tuple[dict[ShapeKey, int], dict[str, float]]:
+    """Distinct pending shapes (-> how many pods have each) and pending gangs (-> their timeout)."""
+    shapes: dict[ShapeKey, int] = {}
+    gangs: dict[str, float] = {}
+    for pod in d.pods:
+        if pod.gpu is None or not pod.pending_gpu:
             continue
-        key = _shape_key(req)
-        seen = counts.get(key)
-        counts[key] = (1 if seen is None else seen[0] + 1, req)
-    ranked = sorted(counts.values(), key=lambda item: -item[0])
-    return [req for _, req in ranked[:MAX_SHAPES]]
+        if pod.gang is not None and (gang_id := pod.gang_id) is not None:
+            gangs[gang_id] = max(pod.gang.timeout_s or d.default_gang_timeout, gangs.get(gang_id, 0.0))
+        req = pod.gpu.request  # the GPU fields of `pod.request`, without building it
+        if req.gpus and req.mig_profile is None:
+            key = (req.gpus, req.gpu_milli, req.gpu_memory_mib, req.exclusive, req.gpu_models)
+            shapes[key] = shapes.get(key, 0) + 1
+    return shapes, gangs
 
 
-def _usable_for(state: ClusterState, usable: np.ndarray, req: PodRequest) -> np.ndarray:
-    """GPUs `req` could take now, on nodes where it would fit ([N, G] booleans)."""
-    if req.exclusive:
-        ok = state.fully_free()
-    else:
-        ok = usable & (state.gpu_milli_free >= req.gpu_milli) & (state.gpu_mem_free >= req.gpu_memory_mib)
-    if req.gpu_models:
-        allowed = np.array([model_matches(m, req.gpu_models) for m in state.models], dtype=bool)
-        ok = ok & allowed[state.model_id][:, None]
-    fits = ok.sum(axis=1) >= req.gpus
+def _usable_for(d: DemandInputs, key: ShapeKey) -> npt.NDArray[np.bool_]:
+    """GPUs a pending shape could take now, on nodes where it would fit ([N, G] booleans)."""
+    gpus, milli, memory, exclusive, models = key
+    ok = d.whole_free if exclusive else d.usable & (d.milli_free >= milli) & (d.mem_free >= memory)
+    if models:
+        allowed = np.array([model_matches(m, models) for m in d.models], dtype=bool)
+        ok = ok & allowed[d.model_id][:, None]
+    fits = ok.sum(axis=1) >= gpus
     return ok & fits[:, None]  # type: ignore[no-any-return]
 
 
-def measure_demand(state: ClusterState, pods: Iterable[PodInfo], default_gang_timeout: float) -> Demand:
-    """Unallocated and fragmented GPU capacity, and the pending gangs (call under the cache lock)."""
-    pending = [p for p in pods if p.pending_gpu and p.gpu is not None]
-    usable = state.usable_gpus()
-    left = np.where(usable, state.gpu_milli_free, 0)
-    unallocated = float(left.sum()) / MILLI_PER_GPU
-    whole = state.gpu_exists & ~state.gpu_mig
-    allocated = float(np.where(whole, state.gpu_milli_cap - state.gpu_milli_free, 0).sum()) / MILLI_PER_GPU
-    shapes = _pending_shapes(pending)
+def measure(d: DemandInputs) -> Demand:
+    """Allocated, unallocated and fragmented GPU capacity and the pending gangs (outside the lock)."""
+    shapes, gangs = _pending(d)
+    left = np.where(d.usable, d.milli_free, 0)
+    fragmented = 0.0
     if shapes:
-        wanted = np.zeros_like(usable)
-        for req in shapes:
-            wanted |= _usable_for(state, usable, req)
+        wanted = np.zeros_like(d.usable)
+        for key in sorted(shapes, key=lambda k: -shapes[k])[:MAX_SHAPES]:
+            wanted |= _usable_for(d, key)
         fragmented = float(np.where(wanted, 0, left).sum()) / MILLI_PER_GPU
-    else:
-        fragmented = 0.0
-    gangs: dict[str, float] = {}
-    for pod in pending:
-        if pod.gang is not None and pod.gang_id is not None:
-            timeout = pod.gang.timeout_s or default_gang_timeout
-            gangs[pod.gang_id] = max(timeout, gangs.get(pod.gang_id, 0.0))
-    return Demand(allocated, unallocated, fragmented, gangs)
+    return Demand(d.allocated_milli / MILLI_PER_GPU, float(left.sum()) / MILLI_PER_GPU, fragmented, gangs)
 
 
 class PendingGangClock:

@@ -1,6 +1,7 @@
 """The Grafana dashboard and the alert rules: every expression parses, and every metric it uses is
 exported by a component (the registries built in-process, as the extender and the agent build them).
-`promtool check rules` checks the rule file as Prometheus loads it."""
+`promtool check rules` checks the rule file as Prometheus loads it, and `promtool test rules` runs
+the alert cases of tests/fixtures/neuronetes-rules-test.yaml."""
 
 from __future__ import annotations
 
@@ -9,11 +10,23 @@ import shutil
 import subprocess
 
 import pytest
-from observability import DASHBOARD, RULES, all_queries, exported_metric_names, metric_names, rule_queries
+from observability import (
+    DASHBOARD,
+    REPO_ROOT,
+    RULES,
+    all_queries,
+    exported_metric_names,
+    metric_names,
+    rule_queries,
+)
 
 from neuronetes import contracts as c
 
 pytestmark = pytest.mark.unit
+
+needs_promtool = pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool (Debian's prometheus) missing"
+)
 
 
 def test_every_query_uses_only_exported_metrics() -> None:
@@ -70,10 +83,20 @@ def test_unparsable_promql_is_refused() -> None:
         metric_names("sum(rate(neuronetes_gpu_power_watts[5m])")
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian's prometheus) not installed")
+@needs_promtool
 def test_promtool_check_rules_is_clean() -> None:
     done = subprocess.run(
         ["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
+
+
+@needs_promtool
+def test_every_alert_fires_on_its_series_and_not_on_others() -> None:
+    """`promtool test rules`: synthetic series in, the alerts (labels and rendered text) out."""
+    cases = REPO_ROOT / "tests" / "fixtures" / "neuronetes-rules-test.yaml"
+    done = subprocess.run(
+        ["promtool", "test", "rules", str(cases)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -82,11 +82,14 @@ stage_venv() {
 
 stage_smoke() {
     need_root "${1:-}" smoke
-    local root="$1" bin="$1/$VENV/bin" script found=0
-    # Every console script the wheel declares runs its --help from the fresh venv.
+    local root="$1" bin="$1/$VENV/bin" script found=0 version
+    version="$(cd / && "$bin/python" -c 'from importlib.metadata import version; print(version("neuronetes"))')"
+    # Every console script the wheel declares runs its --help from the fresh venv, and says its
+    # version (`neuronetes 0.1.0`, `kubectl neuronetes 0.1.0`).
     for script in $(cd / && "$bin/python" -c 'from importlib.metadata import distribution
 print(" ".join(e.name for e in distribution("neuronetes").entry_points if e.group == "console_scripts"))'); do
         "$bin/$script" --help >/dev/null || die "smoke: $script --help failed"
+        [[ "$("$bin/$script" --version)" == *" $version" ]] || die "smoke: $script --version is not $version"
         found=$((found + 1))
     done
     ((found > 0)) || die "smoke: the wheel declares no console script"

@@ -12,7 +12,8 @@ thread-safe on its own; `GpuCache` holds the lock for every call into them, and 
 - `HoldBook` (`holds`): holds (``hold/<id>``, ``group/<ns>/<group>/<i>``) with the one TTL;
   released GPUs nudge the pods the filter rejected;
 - `GangManager` (`gang_manager`): gang reservations, their non-blocking bind barrier, restore;
-- `decisions`: filter, prioritize, bind planning and preemption refinement over the parts.
+- `decisions`: filter, prioritize, bind planning and preemption refinement over the parts;
+- `demand`: free capacity against the pending pods (the fragmentation gauges), read at scrape.
 
 Pods are identified by UID (``namespace/name`` for hand-made requests without one). Nothing is
 oversubscribed (`ClusterState` refuses it) and nothing is leaked (allocations are derived from
@@ -33,6 +34,7 @@ from neuronetes.model import NodeSpec
 
 from . import decisions as d
 from .config import ExtenderSettings, SettingsSource
+from .demand import Demand, measure, take_inputs
 from .gang_facade import GangFacade
 from .gang_manager import GangListener, GangManager
 from .gangs import GangSpec
@@ -378,6 +380,15 @@ class GpuCache(GangFacade):
                 (int(st.gpu_milli_free[i, j]), int(st.gpu_mem_free[i, j]))
                 for j in range(int(st.gpu_count[i]))
             ]
+
+    def demand(self) -> Demand:
+        """Unallocated and fragmented GPU capacity against the pending pods, and pending gangs."""
+        with self._lock:
+            self._ensure()
+            inputs = take_inputs(
+                self._snap.state, self._store.pods.values(), self._snap.settings.gang_ttl_seconds
+            )
+        return measure(inputs)
 
     def stats(self) -> CacheStats:
         with self._lock:

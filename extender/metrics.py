@@ -6,6 +6,7 @@ gets its own `CollectorRegistry` (several apps in one process — tests — neve
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Final
 
@@ -17,6 +18,7 @@ from prometheus_client.registry import Collector
 from neuronetes import contracts as c
 
 from .cache import RESOURCES, CacheStats
+from .demand import Demand, PendingGangClock
 from .events import EventRecorder
 from .watch import WatchHealth
 
@@ -98,10 +100,15 @@ class ExtenderMetrics:
                 lambda resource=resource: self._stat().sync_age_seconds.get(resource, float("inf"))  # type: ignore[misc]
             )
 
-    def attach(self, health: WatchHealth, events: EventRecorder) -> None:
-        """Export the watches' health and the Event writer's counts (once per registry)."""
+    def attach(
+        self, health: WatchHealth, events: EventRecorder, demand: Callable[[], Demand] | None = None
+    ) -> None:
+        """Export the watches' health, the Event writer's counts and, given `demand` (the cache's
+        `demand`), fragmentation and pending gangs (once per registry)."""
         if not self._attached:
             self.registry.register(_EdgeCollector(health, events))
+            if demand is not None:
+                self.registry.register(_DemandCollector(demand))
             self._attached = True
 
     def _stat(self) -> CacheStats:
@@ -140,3 +147,23 @@ class _EdgeCollector(Collector):
         ):
             events.add_metric((result,), count)
         yield events
+
+
+class _DemandCollector(Collector):
+    """GPU allocation, fragmentation and pending gangs, measured at scrape time (extender/demand.py)."""
+
+    def __init__(self, demand: Callable[[], Demand]) -> None:
+        self.demand = demand
+        self.gangs = PendingGangClock(time.monotonic)
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.demand()
+        past = self.gangs.past_timeout(now.pending_gangs)
+        for name, value in (
+            (c.METRIC_GPUS_ALLOCATED, now.gpus_allocated),
+            (c.METRIC_GPUS_UNALLOCATED, now.gpus_unallocated),
+            (c.METRIC_GPUS_FRAGMENTED, now.gpus_fragmented),
+            (c.METRIC_GANGS_PENDING, float(len(now.pending_gangs))),
+            (c.METRIC_GANGS_PAST_TIMEOUT, float(past)),
+        ):
+            yield GaugeMetricFamily(name, _help(name), value=value)

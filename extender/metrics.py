@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest, start_http_server
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -124,6 +124,35 @@ class ExtenderMetrics:
             return generate_latest(self.registry)
         finally:
             self._snapshot = None
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve only `GET /metrics` on `host`:`port` (0: a free port) in a daemon thread; returns the port.
+
+        The verbs' port stays on loopback (whoever reaches it could bind pods), so Prometheus in the
+        cluster scrapes this read-only listener instead (`--metrics-bind-address`).
+        """
+        scrape = CollectorRegistry(auto_describe=False)
+        scrape.register(_SnapshotCollector(self))
+        server, _ = start_http_server(port, addr=host, registry=scrape)
+        return int(server.server_port)
+
+    def collect_snapshot(self) -> Iterator[Metric]:
+        """Every metric of the registry, the cache's gauges read from one snapshot (as `render`)."""
+        self._snapshot = self._stats()
+        try:
+            yield from self.registry.collect()
+        finally:
+            self._snapshot = None
+
+
+class _SnapshotCollector(Collector):
+    """The extender's registry as one collector, for the metrics-only listener."""
+
+    def __init__(self, metrics: ExtenderMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return self.metrics.collect_snapshot()
 
 
 class _EdgeCollector(Collector):

@@ -69,6 +69,18 @@ def test_monitoring_renders_any_dashboards_and_rule_files(tmp_path: Path) -> Non
     agent = containers(one(objects, "DaemonSet", "neuronetes-agent"))["agent"]
     assert "--metrics-host=$(POD_IP)" in agent["args"]
     assert one(objects, "Service", "neuronetes-agent-metrics")["spec"]["clusterIP"] == "None"
+    # The extender: a metrics-only listener on the pod's IP; the verbs stay on loopback.
+    assert one(objects, "ServiceMonitor", "neuronetes-scheduler")["metadata"]["labels"]["release"] == "prom"
+    assert one(objects, "Service", "neuronetes-scheduler-metrics")["spec"]["ports"][0]["port"] == 9465
+    extender = containers(one(objects, "Deployment", "gpu-scheduler"))["extender"]
+    assert "--metrics-bind-address=$(POD_IP):9465" in extender["args"]
+    assert "--host=127.0.0.1" in extender["args"]
+
+
+def test_without_monitoring_the_extender_serves_on_loopback_only() -> None:
+    extender = containers(one(render(), "Deployment", "gpu-scheduler"))["extender"]
+    assert not any(arg.startswith("--metrics-bind-address") for arg in extender["args"])
+    assert "ports" not in extender
 
 
 def test_prometheus_rule_without_rule_files_is_one_clear_error(tmp_path: Path) -> None:

@@ -104,3 +104,22 @@ def test_the_gauges_are_exported() -> None:
     assert metric_value(text, c.METRIC_GPUS_FRAGMENTED) == 4.0  # an 8-GPU shape fits nowhere
     assert metric_value(text, c.METRIC_GANGS_PENDING) == 1.0
     assert metric_value(text, c.METRIC_GANGS_PAST_TIMEOUT) == 0.0
+
+
+def test_the_metrics_only_listener_serves_the_same_metrics_and_nothing_else() -> None:
+    import urllib.error
+    import urllib.request
+
+    cache = synced_cache(node_objects({"t4x4-pcie": 1}))
+    metrics = ExtenderMetrics(cache.stats)
+    metrics.attach(WatchHealth(), EventRecorder(None), cache.demand)
+    port = metrics.serve("127.0.0.1", 0)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    assert metric_value(text, c.METRIC_GPUS_UNALLOCATED) == 4.0
+    assert metric_value(text, c.METRIC_CACHE_GPUS) == 4.0
+    # Read-only: the verbs are not served there.
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/bind", data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code in {404, 405}

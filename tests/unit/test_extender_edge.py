@@ -496,3 +496,21 @@ def test_shutdown_fails_a_waiting_bind_at_once() -> None:
     waiter.join(5)
     assert time.monotonic() - started < 1.0
     assert "shutting down" in answer["Error"] and api.bindings == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("0.0.0.0:9464", ("0.0.0.0", 9464)), ("[::]:9464", ("::", 9464)), (":9464", ("0.0.0.0", 9464))],
+)
+def test_metrics_bind_address_parses(text: str, expected: tuple[str, int]) -> None:
+    from neuronetes.extender.server import parse_bind_address
+
+    assert parse_bind_address(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9464", "host:", "host:http", "host:70000"])
+def test_metrics_bind_address_refuses_malformed(text: str) -> None:
+    from neuronetes.extender.server import parse_bind_address
+
+    with pytest.raises(ListenError, match="metrics-bind-address"):
+        parse_bind_address(text)

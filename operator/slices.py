@@ -20,7 +20,7 @@ from neuronetes.model import NodeSpec
 
 from .admission import ANNOTATION_SLICE
 
-__all__ = ["FINALIZER", "GpuUse", "SliceChoice", "choose_gpu", "gpu_use", "pods_using"]
+__all__ = ["FINALIZER", "GpuUse", "SliceChoice", "choose_gpu", "gpu_use", "pods_using", "reserved"]
 
 FINALIZER: Final = f"{c.GROUP}/slice-protection"
 """Kept on a GPUSlice until no pod uses it, so its reservation outlives deletion requests."""
@@ -43,6 +43,15 @@ class SliceChoice:
     index: int
 
 
+def reserved(spec: GPUSliceSpec) -> dict[str, Any]:
+    """The status fields that record what a Bound slice reserves (what the extender counts)."""
+    return {
+        "memoryMiB": slice_memory_mib(spec.memory),
+        "computePercent": spec.compute_percent,
+        "qosClass": spec.qos_class,
+    }
+
+
 def gpu_use(slices: Iterable[GPUSlice], pods: Iterable[Mapping[str, Any]]) -> dict[str, GpuUse]:
     """Per GPU UUID, the memory and compute Bound slices and bound pods hold.
 
@@ -55,8 +64,9 @@ def gpu_use(slices: Iterable[GPUSlice], pods: Iterable[Mapping[str, Any]]) -> di
             continue
         for uuid in st.gpu_uuids:
             u = use.setdefault(uuid, GpuUse())
-            u.memory_mib += slice_memory_mib(s.spec.memory)
-            u.compute_percent += s.spec.compute_percent
+            # The recorded reservation; a slice bound before it was recorded: its (immutable) spec.
+            u.memory_mib += st.memory_mib or slice_memory_mib(s.spec.memory)
+            u.compute_percent += st.compute_percent or s.spec.compute_percent
             u.holders.append(f"GPUSlice {s.metadata.get('name')}")
     for pod in pods:
         meta = pod.get("metadata") or {}

@@ -9,7 +9,7 @@ import pytest
 from neuronetes import contracts as c
 from neuronetes.api.models import GPUSlice, GPUSliceSpec, GPUSliceStatus
 from neuronetes.model import GpuSpec, NodeSpec
-from neuronetes.operator.slices import choose_gpu, gpu_use, pods_using
+from neuronetes.operator.slices import choose_gpu, gpu_use, pods_using, reserved
 
 pytestmark = pytest.mark.unit
 
@@ -107,3 +107,23 @@ def test_pods_using_a_slice() -> None:
         {"metadata": {"name": "z", "annotations": {"neuronetes.io/slice": "t"}}},
     ]
     assert pods_using("s", pods) == ["x"]
+
+
+def test_the_recorded_reservation_is_what_counts_and_binding_records_it() -> None:
+    uuid = c.simulated_gpu_uuid("n", 0)
+    recorded = GPUSlice(
+        metadata={"name": "r"},
+        spec=GPUSliceSpec(memory="1Gi", compute_percent=10),  # a spec edited after binding
+        status=GPUSliceStatus(
+            phase="Bound",
+            node="n",
+            gpu_uuids=[uuid],
+            memory_mib=8192,
+            compute_percent=70,
+            qos_class="Guaranteed",
+        ),
+    )
+    use = gpu_use([recorded], [])[uuid]
+    assert (use.memory_mib, use.compute_percent) == (8192, 70)
+    spec = GPUSliceSpec(memory="10Gi", compute_percent=30, qos_class="Guaranteed")
+    assert reserved(spec) == {"memoryMiB": 10240, "computePercent": 30, "qosClass": "Guaranteed"}

@@ -12,6 +12,7 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,77 @@ def test_gang_lands_whole_and_is_recreated_whole(cluster: E2ECluster, stack: Loc
     assert len({p["spec"]["nodeName"] for p in pods}) == 1
     events = get_json(cluster, "events", "-n", NS, "--field-selector", "involvedObject.name=gang")
     assert any(e["reason"] == "GangBroken" for e in events["items"])
+
+
+STUCK = """\
+apiVersion: neuronetes.io/v1alpha1
+kind: AgentPool
+metadata:
+  name: stuck
+spec:
+  minReplicas: 2
+  gpuRequirements:
+    count: 1
+    topology:
+      locality: same-node
+  scheduling:
+    gangScheduling:
+      enabled: true
+      minMembers: 2
+      scheduleTimeoutSeconds: 3
+  template:
+    spec:
+      containers:
+        - name: agent
+          image: registry.k8s.io/pause:3.10
+          ports:
+            - containerPort: 8080
+              hostPort: 8080
+"""
+
+
+def test_a_gang_whose_reservation_expires_is_reported_and_retried_with_backoff(
+    cluster: E2ECluster, stack: LocalStack
+) -> None:
+    # The extender reserves both members on one node, but kube-scheduler never lets the second
+    # member onto it (both want host port 8080): the reservation expires, every time.
+    assert apply(cluster, STUCK).returncode == 0
+    first = wait_until(
+        lambda: {p["metadata"]["uid"] for p in pool_pods(cluster, "stuck")} or None, timeout=30
+    )
+
+    def retry_events() -> list[dict[str, Any]]:
+        found = get_json(cluster, "events", "-n", NS, "--field-selector", "involvedObject.name=stuck")[
+            "items"
+        ]
+        return sorted((e for e in found if e["reason"] == "GangRetry"), key=lambda e: e["firstTimestamp"])
+
+    def condition() -> dict[str, Any] | None:
+        st = get_json(cluster, "agentpool", "stuck", "-n", NS).get("status") or {}
+        cds = {cd["type"]: cd for cd in st.get("conditions") or []}
+        gang = cds.get("GangScheduled", {})
+        return gang if gang.get("reason") == "GangReservationFailed" else None
+
+    gang = wait_until(condition, timeout=90, what="GangScheduled=False, GangReservationFailed")
+    assert (
+        gang["status"] == "False" and "gang stuck-0: the scheduler's reservation Expired" in gang["message"]
+    )
+    events = wait_until(lambda: retry_events() or None, timeout=30, what="a GangRetry event")
+    assert "recreated (retry 1, the next waits at least 10s)" in events[0]["message"]
+    wait_until(
+        lambda: not first & {p["metadata"]["uid"] for p in pool_pods(cluster, "stuck")},
+        timeout=60,
+        what="the gang's pods recreated",
+    )
+    events = wait_until(
+        lambda: (lambda e: e if len(e) >= 2 else None)(retry_events()), timeout=120, what="retry 2"
+    )
+    assert "retry 2, the next waits at least 20s" in events[1]["message"]
+    gap = datetime.fromisoformat(events[1]["firstTimestamp"]) - datetime.fromisoformat(
+        events[0]["firstTimestamp"]
+    )
+    assert gap.total_seconds() >= 9  # the backoff (event times are whole seconds)
+    cluster.kubectl("delete", "agentpool", "stuck", "-n", NS, "--wait=false")
 
 
 # ---- acceptance 3: scale and restart ----------------------------------------------------------
@@ -379,6 +451,10 @@ def test_a_slice_holds_its_share_for_the_pods_that_name_it_and_only_for_them(
     st = wait_until(bound, timeout=60, what="slice resv Bound")["status"]
     uuid = st["gpuUUIDs"][0]
     assert (st["memoryMiB"], st["computePercent"], st["qosClass"]) == (6144, 60, "Guaranteed")
+    changed = cluster.kubectl(
+        "patch", "gpuslice", "resv", "-n", NS, "--type=merge", "-p", '{"spec":{"memory":"1Gi"}}', check=False
+    )
+    assert changed.returncode != 0 and "immutable" in changed.stderr
     # Before any pod names it, the share is taken: seven pods of 50 % on four GPUs, one of them 60 %
     # reserved: six bind (two per free GPU), none on the slice's GPU, one waits.
     fillers = [f"fill-{i}" for i in range(7)]

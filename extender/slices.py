@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 GPUSLICES: Final = "gpuslices"
 BOUND_PHASES: Final = frozenset({"Bound", "Active"})
 _MAX_MIB: Final = c.MAX_GPU_MEMORY_MIB
+_QOS: Final = frozenset(q.value for q in c.QoS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,24 +84,25 @@ def slice_of(obj: CustomObject) -> SliceInfo | None:
     node, uuids = status.get("node"), status.get("gpuUUIDs")
     memory = _int(status.get("memoryMiB"), 1, _MAX_MIB)
     percent = _int(status.get("computePercent"), 1, 100)
-    try:
-        qos = c.QoS(status.get("qosClass", c.QoS.BURSTABLE.value))
-    except ValueError:
-        qos = None
-    if not (
-        isinstance(node, str) and node and isinstance(uuids, list) and uuids and isinstance(uuids[0], str)
+    qos = status.get("qosClass")
+    if (
+        isinstance(node, str)
+        and node
+        and isinstance(uuids, list)
+        and uuids
+        and isinstance(uuids[0], str)
+        and memory is not None
+        and percent is not None
+        and qos in _QOS
     ):
-        qos = None
-    if memory is None or percent is None or qos is None:
-        log.warning(
-            "GPUSlice %s/%s is %s but its status does not say what it reserves; not counted",
-            meta.namespace,
-            meta.name,
-            status.get("phase"),
-        )
-        return None
-    assert isinstance(node, str) and isinstance(uuids, list)
-    return SliceInfo(meta.namespace, meta.name, node, str(uuids[0]), memory, percent, qos)
+        return SliceInfo(meta.namespace, meta.name, node, uuids[0], memory, percent, c.QoS(qos))
+    log.warning(
+        "GPUSlice %s/%s is %s but its status does not say what it reserves; not counted",
+        meta.namespace,
+        meta.name,
+        status.get("phase"),
+    )
+    return None
 
 
 def slice_request_mismatch(pod: PodInfo, sl: SliceInfo) -> str | None:

@@ -4,14 +4,17 @@ naming it lands inside it without being charged again, and the books stay whole 
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import msgspec
 import pytest
-from extender_support import bound_with, node_objects, shared_pod, synced_cache
+from extender_support import OpenWatch, bound_with, node_objects, shared_pod, synced_cache
 
 from neuronetes import contracts as c
-from neuronetes.extender.cache import GpuCache
+from neuronetes.extender.cache import GPUSLICES, GpuCache
+from neuronetes.extender.feeds import gpuslice_reflector
+from neuronetes.extender.kube import KubeError
 from neuronetes.extender.pods import PodInfo
 from neuronetes.extender.slices import slice_of
 from neuronetes.extender.watch import CustomObject
@@ -213,3 +216,41 @@ def test_pods_of_a_slice_that_overlaps_a_bound_pod_wait() -> None:
     assert decision.feasible == () and "held by a bound pod" in decision.failed[NODE]
     cache.delete_pod(msgspec.convert(taken, Pod))  # the slice is charged once the pod is gone
     assert cache.filter(info(slice_pod("user")), [NODE]).feasible == (NODE,)
+
+
+class _SliceApi:
+    """Serves one Bound GPUSlice (or a 404: no CRD) and a watch that stays open."""
+
+    def __init__(self, installed: bool = True) -> None:
+        self.installed = installed
+        self.stream = OpenWatch()
+
+    def get(self, path: str, query: Any = (), *, timeout: float | None = None) -> bytes:
+        if not self.installed:
+            raise KubeError(404, "the server could not find the requested resource")
+        item = msgspec.to_builtins(slice_object())
+        return msgspec.json.encode({"metadata": {"resourceVersion": "1"}, "items": [item]})
+
+    def watch(self, path: str, query: Any, *, read_timeout: float) -> OpenWatch:
+        return self.stream
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["crd", "no-crd"])
+def test_the_cache_is_ready_only_once_the_slices_are_listed(installed: bool) -> None:
+    cache = two_nodes()
+    cache.require_sync(GPUSLICES)  # as start_reflectors does: a restart never gives a share away
+    assert not cache.synced
+    api = _SliceApi(installed)
+    reflector = gpuslice_reflector(cache, api)  # type: ignore[arg-type]
+    reflector.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not cache.synced and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cache.synced
+        usage = cache.gpu_usage(NODE)
+        assert usage is not None and (usage[0] == (400, 15360 - 6144)) is installed
+    finally:
+        reflector.signal_stop()
+        api.stream.close()
+        reflector.join(5)

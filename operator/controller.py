@@ -84,6 +84,7 @@ class PoolController:
             pool = self.custom.get_namespaced_custom_object(c.GROUP, c.VERSION, namespace, PLURAL, name)
         except ApiException as exc:
             if exc.status == 404:
+                self.retries.forget_pool(namespace, name)
                 return  # deleted: its pods and budget go with it (ownerReferences)
             raise
         try:

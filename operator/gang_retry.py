@@ -111,3 +111,15 @@ class GangRetries:
     def settled(self, key: str) -> None:
         """The gang was bound whole: its next failure starts the backoff over."""
         self._gangs.pop(key, None)
+
+    def forget_pool(self, namespace: str, pool: str) -> None:
+        """The pool is gone: so are its gangs' records."""
+        for key in [
+            k
+            for k in self._gangs
+            if k.startswith(f"{namespace}/") and pool_of_gang(k.split("/", 1)[1]) == pool
+        ]:
+            del self._gangs[key]
+
+    def __len__(self) -> int:
+        return len(self._gangs)

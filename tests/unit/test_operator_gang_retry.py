@@ -71,6 +71,9 @@ def test_retries_back_off_and_each_report_is_handled_once() -> None:
     retries.settled("ns/p-0")
     fresh = retries.decide("ns/p-0", GangFailure("p-0", "Expired", "r4", 0), now=131.0)
     assert fresh is not None and (fresh.retry, fresh.attempt) == (True, 1)
+    retries.decide("ns/p-10-1", GangFailure("p-10-1", "Expired", "r5", 0), now=131.0)
+    retries.forget_pool("ns", "p")  # the pool went: its gangs' records go, not another pool's
+    assert len(retries) == 1 and retries.attempts("ns/p-10-1") == 1
 
 
 def test_the_pool_says_its_gang_reservation_failed() -> None:

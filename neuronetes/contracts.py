@@ -75,6 +75,11 @@ GANG_KEYS: Final = (LABEL_GANG, LABEL_POD_GROUP_X_K8S, ANNOTATION_GROUP_NAME_VOL
 ANNOTATION_LOCALITY: Final = f"{GROUP}/locality"  # any | same-node | same-socket | nvlink
 ANNOTATION_MIN_BANDWIDTH: Final = f"{GROUP}/min-bandwidth-gbps"  # NVLink GB/s between the GPUs
 ANNOTATION_GANG_TIMEOUT: Final = f"{GROUP}/gang-timeout-seconds"  # how long a gang reservation holds
+# The GPUSlice (same namespace) a pod runs inside: the pod gets exactly the slice's share of the
+# slice's GPU and is not charged again (docs/gpuslice.md).
+ANNOTATION_SLICE: Final = f"{GROUP}/slice"
+# On a GangReservation: the id of the reservation it describes (new for every reservation of a group).
+ANNOTATION_RESERVATION_ID: Final = f"{GROUP}/reservation-id"
 
 # Tenant-set keys the webhook strips or refuses (DESIGN §2 "Fail closed"; docs/threat-model.md).
 TENANT_FORBIDDEN_ENV_PREFIXES: Final = ("NVIDIA_", "CUDA_DEVICE_", "NEURONETES_")

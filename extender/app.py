@@ -10,10 +10,9 @@ OpenAPI document describes the bodies (JSON Schema generated from the same msgsp
 schemathesis can fuzz the service in-process.
 
 The four verbs are kube-scheduler's hot path: a ``POST`` to one of them goes from the ASGI entry
-straight to its handler (`_ExtenderApp`), past FastAPI's middleware, routing and request/response
-objects, which cost more CPU per request than the filter decision itself. Their FastAPI routes
-stay for the OpenAPI document and for every other method on those paths; both ways call the same
-`run_verb`.
+straight to its handler (`neuronetes.extender.asgi`), past FastAPI's middleware and routing. Their
+FastAPI routes stay for the OpenAPI document, for every other method on those paths and for the
+app mounted under a prefix; both ways call the same `run_verb`.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
@@ -31,6 +30,7 @@ import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
+from .asgi import JSON, Disconnected, ExtenderApp, HttpError, Receive, Scope, Verb, read_body
 from .bodies import BadInputError, BodyDecoder
 from .cache import GpuCache
 from .metrics import CONTENT_TYPE_LATEST, ExtenderMetrics
@@ -52,7 +52,6 @@ __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
 
-_JSON: Final = "application/json"
 BIND_BODY_BYTES: Final = 64 * 1024
 """A bind body names one pod and one node: anything larger is not kube-scheduler's."""
 EVENT_DRAIN_SECONDS: Final = 2.0
@@ -62,90 +61,6 @@ class ErrorBody(msgspec.Struct, rename={"error": "Error"}):
     """What a refused request gets back (same key as the protocol's own error field)."""
 
     error: str
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
-def _is_json(content_type: str) -> bool:
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == _JSON or (media.startswith("application/") and media.endswith("+json"))
-
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-
-class _Disconnected(Exception):
-    """The client went away before its body was read (no one to answer)."""
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers") or ():
-        if key.lower() == name:
-            return bytes(value).decode("latin-1")
-    return None
-
-
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> list[bytes]:
-    """The body's chunks (not joined: a big body is never copied whole in this process)."""
-    content_type = _header(scope, b"content-type") or ""
-    if not _is_json(content_type):
-        raise HttpError(415, f"content type must be {_JSON}, got {content_type or 'none'!r}")
-    declared = _header(scope, b"content-length")
-    if declared is not None:
-        try:
-            length = int(declared)
-        except ValueError:
-            raise HttpError(400, f"invalid Content-Length {declared!r}") from None
-        if length > limit:
-            raise HttpError(413, f"body of {length} bytes is over the {limit}-byte limit")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Disconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise HttpError(413, f"body over the {limit}-byte limit")
-        if chunk:
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks
-
-
-Verb = Callable[[Scope, Receive], Awaitable[tuple[int, bytes]]]
-"""A verb's handler: the request's scope and body channel in, (HTTP status, JSON answer) out."""
-_ANSWER_HEADERS: Final = [(b"content-type", _JSON.encode())]
-
-
-class _ExtenderApp(FastAPI):
-    """FastAPI with the verbs' ``POST`` dispatched before its middleware and routing."""
-
-    verbs: dict[str, Verb]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        verb = (
-            self.verbs.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        )
-        if verb is None:
-            await super().__call__(scope, receive, send)
-            return
-        try:
-            status, content = await verb(scope, receive)
-        except _Disconnected:
-            return
-        headers = [*_ANSWER_HEADERS, (b"content-length", b"%d" % len(content))]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": content})
 
 
 class _Encoded:
@@ -177,7 +92,7 @@ _SCHEMA: Final = dict(zip(_SCHEMA_TYPES, _SCHEMAS, strict=True))
 
 
 def _content(schema: dict[str, Any]) -> dict[str, Any]:
-    return {_JSON: {"schema": schema}}
+    return {JSON: {"schema": schema}}
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -218,7 +133,7 @@ def create_app(
     """
     cache: GpuCache = service.cache
     metrics = metrics or service.metrics or ExtenderMetrics(cache.stats)
-    metrics.attach(service.health, service.events)
+    metrics.attach(service.health, service.events, cache.demand)
     service.metrics = metrics
     decode = bodies or BodyDecoder()
 
@@ -246,7 +161,7 @@ def create_app(
             if on_shutdown_async is not None:
                 await on_shutdown_async()
 
-    app = _ExtenderApp(
+    app = ExtenderApp(
         title="NeuroNetes scheduler extender",
         version="1",
         description="kube-scheduler extender verbs (filter, prioritize, bind, preempt) over the GPU cache.",
@@ -268,7 +183,7 @@ def create_app(
     ) -> tuple[int, bytes]:
         max_body = cache.settings.get().max_body_bytes
         try:
-            body = await _read_body(scope, receive, min(max_body, limit or max_body))
+            body = await read_body(scope, receive, min(max_body, limit or max_body))
         except HttpError as exc:
             metrics.requests.labels(verb, str(exc.status)).inc()
             return exc.status, encode(ErrorBody(exc.reason))
@@ -337,9 +252,9 @@ def create_app(
     async def routed(path: str, request: Request) -> Response:
         try:
             status, content = await app.verbs[path](request.scope, request.receive)
-        except _Disconnected:
+        except Disconnected:
             return Response(status_code=400)  # nobody reads it
-        return Response(content=content, status_code=status, media_type=_JSON)
+        return Response(content=content, status_code=status, media_type=JSON)
 
     @app.post("/filter", **_verb_doc(ExtenderArgs, ExtenderFilterResult, "Filter nodes for a pod"))
     async def filter_(request: Request) -> Response:

@@ -165,6 +165,7 @@ class PodInfo:
     node_selector: dict[str, str] | None = None  # spec.nodeSelector
     affinity: Affinity | None = None  # spec.affinity
     tolerations: tuple[Toleration, ...] = ()
+    slice: str = ""  # the GPUSlice (same namespace) it runs inside: `neuronetes.io/slice`
     # What the derived fields above were read from (spec, labels, annotations): a later version
     # of the pod with the same sources needs none of them read again (`from_pod`).
     sources: tuple[PodSpec, dict[str, str] | None, dict[str, str] | None] | None = field(
@@ -234,6 +235,7 @@ class PodInfo:
             node_selector=pod.spec.node_selector,
             affinity=pod.spec.affinity,
             tolerations=tuple(pod.spec.tolerations or ()),
+            slice=(meta.annotations or {}).get(c.ANNOTATION_SLICE, ""),
             sources=(pod.spec, _read_labels(meta.labels), meta.annotations),
         )
 
@@ -247,6 +249,11 @@ class PodInfo:
         return None if self.gang is None else f"{self.namespace}/{self.gang.name}"
 
     @property
+    def slice_key(self) -> str:
+        """``namespace/name`` of the GPUSlice the pod runs inside ("" when none)."""
+        return f"{self.namespace}/{self.slice}" if self.slice else ""
+
+    @property
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
 
@@ -257,7 +264,7 @@ class PodInfo:
 
     @property
     def wants_gpu(self) -> bool:
-        return self.gpu is not None or bool(self.gpu_error)
+        return self.gpu is not None or bool(self.gpu_error) or bool(self.slice)
 
     @property
     def pending_gpu(self) -> bool:

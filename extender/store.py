@@ -1,9 +1,10 @@
 """The store fed by the watches: node specs (Node merged with its GPUNode), the facts the
-bind-time filter reads, pod records, and the sync bookkeeping readiness reports.
+bind-time filter reads, pod records, Bound GPUSlices, and the sync bookkeeping readiness reports.
 
 No decisions here: the store records what the API server said, and says whether the node set
-changed (`dirty`), which the cache answers by rebuilding its snapshot. Not thread-safe on its
-own: `GpuCache` calls it under its lock.
+or a slice's reservation changed (`dirty`), which the cache answers by rebuilding its snapshot
+(slices change rarely, and pods that run inside a slice are charged differently once it is
+known). Not thread-safe on its own: `GpuCache` calls it under its lock.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from neuronetes.model import NodeSpec
 from .nodefit import NodeFacts
 from .nodes import NodeSpecError, apply_gpunode, node_spec_from_node, unusable_node
 from .pods import PodInfo
+from .slices import SliceInfo
 from .wire import Node
 
 __all__ = ["GPUNODES", "RESOURCES", "ClusterStore"]
@@ -51,6 +53,7 @@ class ClusterStore:
         # Binds in flight: each pod as the watch will report it once our Binding is in (it often
         # does before the Binding's answer is read), so that report reuses the record.
         self._binding: dict[str, PodInfo] = {}
+        self.slices: dict[str, SliceInfo] = {}  # Bound GPUSlices by namespace/name
         self.dirty = False  # the node specs changed since the snapshot was built
         self._required: set[str] = set(RESOURCES)
         self._synced: set[str] = set()
@@ -145,6 +148,27 @@ class ClusterStore:
         a bind in flight, else as recorded. Safe without the cache's lock: dict reads of
         immutable records (`bench/e2e_throughput.py --profile-extender`: "watch: apply")."""
         return self._binding.get(pod_id) or self.pods.get(pod_id)
+
+    # ---- GPUSlices -----------------------------------------------------------------------------
+    def replace_slices(self, slices: Iterable[SliceInfo]) -> bool:
+        """The Bound slices after a (re)list; whether any reservation changed."""
+        new = {s.key: s for s in slices}
+        if new == self.slices:
+            return False
+        self.slices = new
+        self.dirty = True
+        return True
+
+    def put_slice(self, key: str, info: SliceInfo | None) -> bool:
+        """Record slice `key` (None: it reserves nothing now); whether its reservation changed."""
+        if self.slices.get(key) == info:
+            return False
+        if info is None:
+            del self.slices[key]
+        else:
+            self.slices[key] = info
+        self.dirty = True
+        return True
 
     # ---- sync bookkeeping ----------------------------------------------------------------------
     def touch(self, resource: str) -> None:

@@ -32,6 +32,13 @@ each run from ``/proc``. The cluster is always torn down and purged, leaving no 
 
 ``--nodes`` takes a comma-separated list (one fresh cluster per size, one summary line each).
 
+A bind's time is printed in parts: the extender's bind handler, its Binding POST (the extender's
+``neuronetes_scheduler_api_latency_seconds``), the API server's own ``POST pods/binding`` latency
+(its ``apiserver_request_duration_seconds``, each run) and kube-scheduler's default binder in the
+run without the extender. ``--profile-extender DIR`` samples the extender with py-spy during its
+run and prints its CPU per pod by stage (`extender_profile`); ``--skip-without`` runs only the
+batch through the extender.
+
     python bench/e2e_throughput.py --nodes 300,1000 --pods 2000 --json OUT
 """
 

@@ -100,6 +100,20 @@ def _dev_cluster_up(ns: argparse.Namespace, cluster: DevCluster, log: Callable[[
         return 2
     url = ns.extender_url if ns.extender_url is not None else os.environ.get("NEURONETES_EXTENDER_URL")
     external = ExtenderConfig.from_url(url)
+    shaped = (url, ns.no_extender, ns.no_agent, ns.no_operator, ns.schedulers != 1, ns.crds, ns.no_crds)
+    if not ns.direct and not any(shaped) and not ns.no_policies and not ns.no_controller_manager:
+        from neuronetes.devcluster.chartmode import ChartRelease
+
+        seconds = cluster.up(
+            nodes=nodes,
+            feature_gates=gates,
+            apiserver_args=[f"--runtime-config={ns.runtime_config}"] if ns.runtime_config else [],
+            auto_build=ns.build,
+            chart=ChartRelease(),
+        )
+        log(f"cluster {ns.name!r} up in {seconds:.1f} s (chart installed); logs in {cluster.log_dir}")
+        print(cluster.kubeconfig)
+        return 0
     seconds = cluster.up(
         nodes=nodes,
         extender=external,
@@ -296,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--extender-url",
         help="up: an external extender's URL prefix instead of the one the cluster runs "
         "(default: $NEURONETES_EXTENDER_URL)",
+    )
+    dc.add_argument(
+        "--direct",
+        action="store_true",
+        help="up: run NeuroNetes as the cluster's own processes instead of installing helm/neuronetes "
+        "(implied by the flags that shape them: --extender-url, --no-*, --schedulers, --crds)",
     )
     dc.add_argument("--no-extender", action="store_true", help="up: kube-scheduler without an extender")
     dc.add_argument(

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -196,11 +195,11 @@ class ChartOps:
             raise HelmError(f"helm {' '.join(args[:2])} failed: {(proc.stderr or proc.stdout).strip()}")
         return proc
 
-    def _values_args(self, set_values: Sequence[str]) -> list[str]:
+    def _values_args(self) -> list[str]:
         args: list[str] = []
         for v in self.release.values:
             args += ["-f", str(v)]
-        for s in (*self.release.set_values, *set_values):
+        for s in self.release.set_values:
             args += ["--set", s]
         return args
 
@@ -212,16 +211,17 @@ class ChartOps:
         self.dev.log(f"helm install {r.name} {r.chart} -n {r.namespace}")
         self.helm(
             "install", r.name, str(r.chart), "-n", r.namespace, "--create-namespace",
-            "--wait", f"--timeout={int(timeout_s)}s", *self._values_args(()),
+            "--wait", f"--timeout={int(timeout_s)}s", *self._values_args(),
         )  # fmt: skip
         self.wait_running(timeout_s=timeout_s)
 
-    def upgrade(self, *set_values: str, timeout_s: float = 180.0) -> None:
-        """``helm upgrade`` with the release's values and `set_values` on top; wait until it runs."""
+    def upgrade(self, *values_args: str, timeout_s: float = 180.0) -> None:
+        """``helm upgrade`` with the release's values and `values_args` (helm's ``--set``,
+        ``--set-json``, ``-f`` … flags) on top; wait until it runs."""
         r = self.release
         self.helm(
             "upgrade", r.name, str(r.chart), "-n", r.namespace, "--wait", f"--timeout={int(timeout_s)}s",
-            *self._values_args(set_values),
+            *self._values_args(), *values_args,
         )  # fmt: skip
         self.wait_running(timeout_s=timeout_s)
 

@@ -58,6 +58,22 @@ if [[ "${NEURONETES_SKIP_CONTROL_PLANE_BUILD:-0}" != 1 ]]; then
     fi
 fi
 
+# ---- the chart (helm/neuronetes) ----------------------------------------------------------------
+# `helm lint --strict` with the pinned helm (built above), and the chart's README values table and
+# docs/rbac.md regenerated from their sources must equal the committed ones. The chart's own tests
+# (tests/unit/test_chart*.py) run with pytest below.
+echo ">> helm lint --strict helm/neuronetes; hack/chart-docs.py --check" >&2
+python hack/chart-docs.py --check
+HELM="$(cd / && python -c 'from neuronetes.devcluster.tools import Toolchain; print(Toolchain.pinned().helm)')"
+if [[ -x "$HELM" ]]; then
+    "$HELM" lint --strict "$REPO_ROOT/helm/neuronetes" --namespace neuronetes-system 2> >(grep -v '^level=INFO' >&2)
+elif [[ "${CI:-}" =~ ^(1|true|TRUE|True|yes|on)$ ]]; then
+    echo "FAILED: no helm at $HELM (hack/build-control-plane.sh builds it)" >&2
+    exit 1
+else
+    echo "WARNING: no helm at $HELM; chart not linted (its tests will skip)" >&2
+fi
+
 # ---- CUDA shim (node-agent/shim): build it and run its C tests under sanitizers ------------------
 # libneuronetes-cuda.so, the fake libcuda/libnvidia-ml and the C tests are built against the real
 # cuda.h / nvml.h of the dev extra; every case runs under ASan+UBSan, the region logic under TSan

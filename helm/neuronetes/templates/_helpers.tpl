@@ -33,19 +33,6 @@ app.kubernetes.io/component: {{ .component }}
 system:serviceaccount:{{ .root.Release.Namespace }}:{{ include "neuronetes.serviceAccount" . }}
 {{- end -}}
 
-{{/* Security context of a container that needs no privilege: non-root, read-only root. */}}
-{{- define "neuronetes.restrictedContainer" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-capabilities:
-  drop: [ALL]
-seccompProfile:
-  type: RuntimeDefault
-{{- end -}}
-
 {{/* Spread a Deployment's replicas over nodes when the cluster has several (preferred only: a
 one-node cluster still runs them all). */}}
 {{- define "neuronetes.spread" -}}
@@ -61,6 +48,9 @@ podAntiAffinity:
 
 {{/* The shared scheduling values of a pod: nodeSelector, tolerations, affinity (with a default). */}}
 {{- define "neuronetes.placement" -}}
+{{- with .values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
 {{- with .values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}

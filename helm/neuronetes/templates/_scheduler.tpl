@@ -16,7 +16,7 @@ leaderElection:
   retryPeriod: {{ $le.retryPeriod }}
   resourceLock: leases
   resourceNamespace: {{ .root.Release.Namespace }}
-  resourceName: {{ $le.leaseName }}
+  resourceName: neuronetes-scheduler
 percentageOfNodesToScore: 100
 # One profile only: extenders apply to every profile of a kube-scheduler.
 profiles:

@@ -1,0 +1,486 @@
+"""The chart helm/neuronetes: lint, renderings, the schema, and one source for everything it copies.
+
+What the chart renders is compared with what the code renders for a local cluster (the scheduler
+configuration, the extender's and operator's settings, the webhook configurations), so the two
+cannot drift; the CRDs and admission policies are links to the repository's own files, and the
+rendered objects are compared with them. RBAC: test_chart_rbac.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import importlib
+import json
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+from chart_render import (
+    CHART,
+    NAMESPACE,
+    REPO_ROOT,
+    chart_docs,
+    containers,
+    default_objects,
+    find,
+    helm,
+    one,
+    render,
+    template_args,
+)
+from cryptography import x509
+
+from neuronetes.devcluster.config import (
+    BUILTIN_EXTENDER_WEIGHT,
+    ExtenderConfig,
+    LeaderElection,
+    extender_settings,
+    scheduler_config,
+)
+from neuronetes.devcluster.tools import Toolchain, read_versions
+
+pytestmark = pytest.mark.unit
+
+launch: Any = importlib.import_module("neuronetes.operator.launch")
+operator_settings: Any = importlib.import_module("neuronetes.operator.settings")
+extender_config: Any = importlib.import_module("neuronetes.extender.config")
+
+
+def _config_map_file(objects: Any, name: str, key: str) -> Any:
+    return yaml.safe_load(one(objects, "ConfigMap", name)["data"][key])
+
+
+# ---- lint and docs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--set", "webhook.certManager.enabled=true", "--set", "monitoring.serviceMonitor.enabled=true"]],
+    ids=["defaults", "cert-manager-and-service-monitor"],
+)
+def test_helm_lint_strict_is_clean(extra: list[str]) -> None:
+    done = helm("lint", "--strict", CHART, "--namespace", NAMESPACE, *extra)
+    assert "0 chart(s) failed" in done.stdout
+    assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout, done.stdout
+
+
+def test_readme_values_table_and_rbac_doc_are_up_to_date() -> None:
+    docs = chart_docs()
+    for path, text in docs.generated().items():
+        assert path.read_text() == text, f"{path} is out of date: run python hack/chart-docs.py"
+
+
+def test_every_value_is_documented_and_an_undocumented_one_is_named() -> None:
+    docs = chart_docs()
+    rows = docs.value_rows((CHART / "values.yaml").read_text())
+    assert {"scheduler.extender.settings.maxGangSize", "webhook.replicas"} <= {r.key for r in rows}
+    with pytest.raises(docs.DocsError, match=r"agent\.secret has no '# --' description"):
+        docs.value_rows("agent:\n  # -- documented\n  interval: 1\n  secret: 2\n")
+
+
+# ---- the default rendering ----------------------------------------------------------------------
+
+
+def test_default_rendering_has_every_component_in_the_release_namespace() -> None:
+    objects = default_objects()
+    for kind, name in [
+        ("Deployment", "gpu-scheduler"),
+        ("Deployment", "neuronetes-operator"),
+        ("Deployment", "neuronetes-webhook"),
+        ("DaemonSet", "neuronetes-agent"),
+        ("PodDisruptionBudget", "gpu-scheduler"),
+        ("PodDisruptionBudget", "neuronetes-webhook"),
+        ("Service", "neuronetes-webhook"),
+        ("Secret", "neuronetes-webhook-tls"),
+    ]:
+        assert one(objects, kind, name)["metadata"]["namespace"] == NAMESPACE
+    assert one(objects, "Deployment", "gpu-scheduler")["spec"]["replicas"] >= 2
+    assert one(objects, "Deployment", "neuronetes-webhook")["spec"]["replicas"] >= 2
+    assert not find(objects, "ServiceMonitor") and not find(objects, "PrometheusRule")
+
+
+def test_scheduler_configuration_is_the_dev_clusters_with_one_profile() -> None:
+    objects = default_objects()
+    rendered = _config_map_file(objects, "gpu-scheduler-config", "config.yaml")
+    extender = ExtenderConfig(url="http://127.0.0.1:8888", weight=BUILTIN_EXTENDER_WEIGHT)
+    expected = scheduler_config(
+        Path("/in-cluster"), extender, leader_election=LeaderElection(namespace=NAMESPACE)
+    )
+    del expected["clientConnection"]["kubeconfig"]  # in a pod: the in-cluster configuration
+    assert rendered == expected
+    assert [p["schedulerName"] for p in rendered["profiles"]] == ["neuronetes-scheduler"]
+    deployment = one(objects, "Deployment", "gpu-scheduler")
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["kubectl.kubernetes.io/default-container"] == "extender"
+    pod = containers(deployment)
+    assert pod["kube-scheduler"]["image"] == f"registry.k8s.io/kube-scheduler:{read_versions().kubernetes}"
+    assert "--config=/etc/neuronetes/scheduler/config.yaml" in pod["kube-scheduler"]["args"]
+
+
+def test_kube_scheduler_accepts_the_rendered_configuration(tmp_path: Path) -> None:
+    """The pinned kube-scheduler loads and validates the configuration (``--write-config-to``
+    exits after validation); the only change is a kubeconfig, since no pod runs here."""
+    binary = Toolchain.pinned().kube_scheduler
+    if not binary.exists():
+        pytest.skip(f"kube-scheduler not built ({binary})")
+    config = _config_map_file(default_objects(), "gpu-scheduler-config", "config.yaml")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    config["clientConnection"]["kubeconfig"] = str(kubeconfig)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    done = subprocess.run(
+        [
+            str(binary),
+            f"--config={tmp_path / 'config.yaml'}",
+            f"--write-config-to={tmp_path / 'out.yaml'}",
+            "--secure-port=0",  # serve nothing: only the configuration is checked
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = yaml.safe_load((tmp_path / "out.yaml").read_text())
+    assert [p["schedulerName"] for p in written["profiles"]] == ["neuronetes-scheduler"]
+    assert written["leaderElection"]["leaderElect"] is True
+
+
+def test_extender_settings_load_and_equal_the_dev_clusters() -> None:
+    rendered = _config_map_file(default_objects(), "neuronetes-extender-settings", "settings.yaml")
+    loaded = msgspec.convert(rendered, extender_config.ExtenderSettings)
+    assert loaded == msgspec.convert(extender_settings(), extender_config.ExtenderSettings)
+
+
+def test_schema_of_extender_settings_names_exactly_the_settings_keys() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    props = schema["properties"]["scheduler"]["properties"]["extender"]["properties"]["settings"]
+    fields = msgspec.structs.fields(extender_config.ExtenderSettings)
+    assert set(props["properties"]) == {f.encode_name for f in fields}
+    from neuronetes.engine.policy import POLICIES
+
+    assert set(props["properties"]["policy"]["enum"]) == set(POLICIES)
+
+
+def test_changed_weights_reach_the_settings_file_and_load(tmp_path: Path) -> None:
+    values = {
+        "scheduler": {"extender": {"settings": {"weights": {"availability": 0.5}, "gangTTLSeconds": 60}}}
+    }
+    rendered = _config_map_file(render(values, tmp=tmp_path), "neuronetes-extender-settings", "settings.yaml")
+    path = tmp_path / "settings.yaml"
+    path.write_text(yaml.safe_dump(rendered))
+    settings = extender_config.load_settings(path)
+    assert settings.weights == {"availability": 0.5} and settings.gang_ttl_seconds == 60
+    # --set passes decimals as strings; the settings file still gets a number.
+    extra = ["--set", "scheduler.extender.settings.weights.cost=0.25"]
+    rendered = _config_map_file(render(extra=extra), "neuronetes-extender-settings", "settings.yaml")
+    assert rendered["weights"] == {"cost": 0.25}
+
+
+def test_operator_settings_load_with_the_operators_defaults() -> None:
+    rendered = _config_map_file(default_objects(), "neuronetes-operator-settings", "settings.yaml")
+    loaded = msgspec.convert(rendered, operator_settings.OperatorSettings)
+    assert loaded == operator_settings.OperatorSettings()
+
+
+def _webhooks_without_client_config(objects: Any) -> list[dict[str, Any]]:
+    out = []
+    for obj in objects:
+        obj = copy.deepcopy(obj)
+        obj["metadata"] = {"name": obj["metadata"]["name"]}
+        for hook in obj["webhooks"]:
+            del hook["clientConfig"]
+        out.append(obj)
+    return out
+
+
+def test_webhook_configurations_are_the_ones_the_webhook_registers_locally() -> None:
+    objects = default_objects()
+    rendered = [
+        one(objects, "MutatingWebhookConfiguration", launch.MUTATING_WEBHOOK_NAME),
+        one(objects, "ValidatingWebhookConfiguration", launch.VALIDATING_WEBHOOK_NAME),
+    ]
+    expected = launch.webhook_configurations(b"ca", "https://127.0.0.1:9443")
+    assert _webhooks_without_client_config(rendered) == _webhooks_without_client_config(expected)
+    for obj, path in zip(rendered, ["/pods", "/objects"], strict=True):
+        service = obj["webhooks"][0]["clientConfig"]["service"]
+        assert service == {"name": "neuronetes-webhook", "namespace": NAMESPACE, "path": path, "port": 443}
+
+
+def test_self_generated_certificate_serves_the_service_and_is_signed_by_the_ca_bundle() -> None:
+    objects = default_objects()
+    secret = one(objects, "Secret", "neuronetes-webhook-tls")["data"]
+    bundle = one(objects, "MutatingWebhookConfiguration", "neuronetes-pods")["webhooks"][0]["clientConfig"]
+    assert bundle["caBundle"] == secret["ca.crt"]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["tls.crt"]))
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert f"neuronetes-webhook.{NAMESPACE}.svc" in names.get_values_for_type(x509.DNSName)
+    webhook = containers(one(objects, "Deployment", "neuronetes-webhook"))["webhook"]
+    assert "--cert-dir=/etc/neuronetes/webhook-certs" in webhook["args"]
+    assert webhook["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+
+
+def test_external_url_variant_registers_the_url_and_certifies_its_address(tmp_path: Path) -> None:
+    """Replicas served outside the cluster (``webhook.externalURL``): the configurations call the
+    URL, and the generated certificate holds its IP address."""
+    webhook = {"externalURL": "https://127.0.0.1:9443", "certificates": {"extraIPAddresses": ["127.0.0.1"]}}
+    objects = render({"webhook": webhook}, tmp=tmp_path)
+    pods = one(objects, "MutatingWebhookConfiguration", "neuronetes-pods")["webhooks"][0]["clientConfig"]
+    assert pods["url"] == "https://127.0.0.1:9443/pods" and "service" not in pods
+    secret = one(objects, "Secret", "neuronetes-webhook-tls")["data"]
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["tls.crt"]))
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+
+
+def test_cert_manager_variant_issues_the_secret_and_injects_the_ca(tmp_path: Path) -> None:
+    objects = render({"webhook": {"certManager": {"enabled": True}}}, tmp=tmp_path)
+    assert not find(objects, "Secret")
+    cert = one(objects, "Certificate", "neuronetes-webhook")
+    assert cert["spec"]["secretName"] == "neuronetes-webhook-tls"
+    assert cert["spec"]["issuerRef"] == {"name": "neuronetes-selfsigned", "kind": "Issuer"}
+    assert one(objects, "Issuer", "neuronetes-selfsigned")["spec"] == {"selfSigned": {}}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (obj,) = find(objects, kind)
+        assert (
+            obj["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+            == f"{NAMESPACE}/neuronetes-webhook"
+        )
+        assert "caBundle" not in obj["webhooks"][0]["clientConfig"]
+    issuer = {"name": "corp-ca", "kind": "ClusterIssuer"}
+    objects = render({"webhook": {"certManager": {"enabled": True, "issuerRef": issuer}}}, tmp=tmp_path)
+    assert not find(objects, "Issuer")
+    assert one(objects, "Certificate", "neuronetes-webhook")["spec"]["issuerRef"] == issuer
+
+
+# ---- monitoring ---------------------------------------------------------------------------------
+
+
+def _chart_copy(tmp_path: Path) -> Path:
+    """A copy of the chart with its links resolved and no dashboards or rules of its own."""
+    chart = tmp_path / "neuronetes"
+    shutil.copytree(CHART, chart, symlinks=False)
+    for folder in ("dashboards", "rules"):
+        shutil.rmtree(chart / "files" / folder, ignore_errors=True)
+        (chart / "files" / folder).mkdir()
+    return chart
+
+
+def test_monitoring_renders_any_dashboards_and_rule_files(tmp_path: Path) -> None:
+    chart = _chart_copy(tmp_path)
+    dashboards = {"gpus": {"title": "GPUs", "panels": []}, "queue": {"title": "Queue", "panels": []}}
+    for name, doc in dashboards.items():
+        (chart / "files" / "dashboards" / f"{name}.json").write_text(json.dumps(doc))
+    groups = [
+        {"name": "a", "rules": [{"alert": "A", "expr": "up == 0", "for": "5m"}]},
+        {"name": "b", "rules": [{"record": "b:sum", "expr": "sum(up)"}]},
+    ]
+    (chart / "files" / "rules" / "one.yaml").write_text(yaml.safe_dump({"groups": groups[:1]}))
+    (chart / "files" / "rules" / "two.yaml").write_text(yaml.safe_dump({"groups": groups[1:]}))
+    values = {
+        "monitoring": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+            "prometheusRule": {"enabled": True},
+        }
+    }
+    objects = render(values, chart=chart, tmp=tmp_path)
+    assert one(objects, "PrometheusRule", "neuronetes")["spec"]["groups"] == groups
+    for name, doc in dashboards.items():
+        cm = one(objects, "ConfigMap", f"neuronetes-dashboard-{name}")
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert json.loads(cm["data"][f"{name}.json"]) == doc
+    monitor = one(objects, "ServiceMonitor", "neuronetes-agent")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    agent = containers(one(objects, "DaemonSet", "neuronetes-agent"))["agent"]
+    assert "--metrics-host=$(POD_IP)" in agent["args"]
+    assert one(objects, "Service", "neuronetes-agent-metrics")["spec"]["clusterIP"] == "None"
+
+
+def test_prometheus_rule_without_rule_files_is_one_clear_error(tmp_path: Path) -> None:
+    chart = _chart_copy(tmp_path)
+    values = {"monitoring": {"prometheusRule": {"enabled": True}}}
+    done = helm(*template_args(values, chart=chart, tmp=tmp_path), check=False)
+    assert done.returncode != 0 and "no rule groups in files/rules" in done.stderr
+
+
+def test_the_charts_own_dashboards_and_rules_render_whole() -> None:
+    dashboards = sorted((CHART / "files" / "dashboards").glob("*.json"))
+    rules = sorted((CHART / "files" / "rules").glob("*.yaml"))
+    if not dashboards and not rules:
+        pytest.skip("the chart ships no dashboards or rule files")
+    extra = ["--set", "monitoring.prometheusRule.enabled=true"] if rules else []
+    objects = render(extra=extra)
+    for path in dashboards:
+        cm = one(objects, "ConfigMap", f"neuronetes-dashboard-{path.stem}")
+        assert json.loads(cm["data"][path.name]) == json.loads(path.read_text())
+    if rules:
+        groups = [g for path in rules for g in yaml.safe_load(path.read_text())["groups"]]
+        assert one(objects, "PrometheusRule", "neuronetes")["spec"]["groups"] == groups
+
+
+# ---- the schema ---------------------------------------------------------------------------------
+
+
+BAD_VALUES = [
+    ({"webhook": {"replicas": 1}}, "/webhook/replicas"),
+    ({"scheduler": {"replicas": 1}}, "/scheduler/replicas"),
+    ({"schedulr": {}}, "schedulr"),
+    ({"scheduler": {"extender": {"settings": {"maxGangSise": 8}}}}, "maxGangSise"),
+    ({"scheduler": {"extender": {"settings": {"filterTopK": 0}}}}, "/scheduler/extender/settings/filterTopK"),
+    (
+        {"scheduler": {"extender": {"settings": {"weights": {"cost": -1}}}}},
+        "/scheduler/extender/settings/weights/cost",
+    ),
+    ({"scheduler": {"extender": {"settings": {"policy": "fastest"}}}}, "/scheduler/extender/settings/policy"),
+    ({"scheduler": {"kubeScheduler": {"leaderElection": {"leaseDuration": "15"}}}}, "leaseDuration"),
+    ({"logLevel": "verbose"}, "/logLevel"),
+    ({"agent": {"hostPaths": {"stateDir": "run/neuronetes"}}}, "/agent/hostPaths/stateDir"),
+    ({"operator": {"settings": {"workers": 0}}}, "/operator/settings/workers"),
+    ({"webhook": {"timeoutSeconds": 31}}, "/webhook/timeoutSeconds"),
+    ({"webhook": {"externalURL": "http://127.0.0.1:9443"}}, "/webhook/externalURL"),
+]
+
+
+@pytest.mark.parametrize(("values", "where"), BAD_VALUES, ids=[w for _, w in BAD_VALUES])
+def test_schema_refuses_bad_values(values: dict[str, Any], where: str, tmp_path: Path) -> None:
+    done = helm(*template_args(values, tmp=tmp_path), check=False)
+    assert done.returncode != 0
+    assert "don't meet the specifications of the schema" in done.stderr and where in done.stderr, done.stderr
+
+
+# ---- one source: CRDs and admission policies ----------------------------------------------------
+
+
+def _crds_from_repo() -> list[Any]:
+    return [yaml.safe_load(p.read_text()) for p in sorted((REPO_ROOT / "crds").glob("*.yaml"))]
+
+
+def test_chart_crds_are_the_repositorys_crds() -> None:
+    link = CHART / "crds"
+    assert link.is_symlink() and link.resolve() == (REPO_ROOT / "crds").resolve()
+    rendered = [o for o in render(extra=["--include-crds"]) if o["kind"] == "CustomResourceDefinition"]
+    key = lambda o: o["metadata"]["name"]  # noqa: E731
+    assert sorted(rendered, key=key) == sorted(_crds_from_repo(), key=key)
+
+
+def test_packaged_chart_carries_the_crds_and_policies_byte_for_byte(tmp_path: Path) -> None:
+    helm("package", CHART, "--destination", tmp_path)
+    (archive,) = tmp_path.glob("neuronetes-*.tgz")
+    with tarfile.open(archive) as tar:
+        packed = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    for source, inside in [
+        (REPO_ROOT / "crds", "crds"),
+        (REPO_ROOT / "manifests" / "policies", "files/policies"),
+    ]:
+        for path in source.glob("*.yaml"):
+            assert packed[f"neuronetes/{inside}/{path.name}"] == path.read_bytes()
+
+
+def _policies(objects: Any) -> list[Any]:
+    kinds = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    return [o for o in objects if o["kind"] in kinds]
+
+
+@pytest.mark.parametrize("namespace", [NAMESPACE, "gpu-platform"])
+def test_admission_policies_are_manifests_policies_naming_the_releases_extender(namespace: str) -> None:
+    expected = []
+    user = f"system:serviceaccount:{namespace}:neuronetes-scheduler"
+    for path in sorted((REPO_ROOT / "manifests" / "policies").glob("*.yaml")):
+        text = path.read_text().replace(
+            "'system:serviceaccount:neuronetes-system:neuronetes-scheduler'", f"'{user}'"
+        )
+        expected += [d for d in yaml.safe_load_all(text) if d]
+    key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
+    assert sorted(_policies(render(namespace=namespace)), key=key) == sorted(expected, key=key)
+    assert any(f"'{user}'" in json.dumps(p) for p in expected)
+
+
+# ---- containers ---------------------------------------------------------------------------------
+
+
+def _expand(arg: str) -> str:
+    return re.sub(r"\$\((\w+)\)", lambda m: {"POD_IP": "10.1.2.3", "NODE_NAME": "gpu-1"}[m[1]], arg)
+
+
+def test_neuronetes_containers_run_real_entry_points_with_valid_arguments() -> None:
+    from neuronetes.cli import build_parser
+
+    parser = build_parser()
+    seen = set()
+    for obj in [*find(default_objects(), "Deployment"), *find(default_objects(), "DaemonSet")]:
+        for name, c in containers(obj).items():
+            if c["command"] != ["neuronetes"]:
+                continue
+            ns = parser.parse_args([_expand(a) for a in c["args"]])
+            seen.add((ns.command, name))
+    assert {cmd for cmd, _ in seen} == {"extender", "operator", "webhook", "agent"}
+
+
+def test_ports_stay_on_loopback_or_the_pods_own_address() -> None:
+    objects = default_objects()
+    extender = containers(one(objects, "Deployment", "gpu-scheduler"))["extender"]
+    assert "--host=127.0.0.1" in extender["args"] and "ports" not in extender
+    agent = containers(one(objects, "DaemonSet", "neuronetes-agent"))["agent"]
+    assert "--metrics-host=127.0.0.1" in agent["args"]
+    for obj in [*find(objects, "Deployment"), *find(objects, "DaemonSet")]:
+        spec = obj["spec"]["template"]["spec"]
+        assert not spec.get("hostNetwork") and not spec.get("hostPID"), obj["metadata"]["name"]
+        for c in spec["containers"]:
+            assert not any(a.startswith("--host=0.0.0.0") or "--insecure" in a for a in c.get("args", []))
+
+
+def test_security_contexts_only_the_agent_is_privileged() -> None:
+    for obj in [*find(default_objects(), "Deployment"), *find(default_objects(), "DaemonSet")]:
+        for name, c in containers(obj).items():
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, name
+            if name == "agent":
+                assert sc["privileged"] is True
+                continue
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], name
+            if name != "nri-plugin":  # root for the runtime's socket, without capabilities
+                assert sc["runAsNonRoot"] is True, name
+
+
+def test_agent_serves_its_own_node_not_a_fleet() -> None:
+    ds = one(default_objects(), "DaemonSet", "neuronetes-agent")
+    agent = containers(ds)["agent"]
+    assert "--node=$(NODE_NAME)" in agent["args"]
+    assert not any(a.startswith("--simulate-nodes") for a in agent["args"])
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # NVML is the one host library on the agent's library path (a host folder would shadow the
+    # image's own libraries, glibc included).
+    (nvml,) = [m for m in agent["volumeMounts"] if m["name"] == "nvml"]
+    assert env["LD_LIBRARY_PATH"]["value"] + "/libnvidia-ml.so.1" == nvml["mountPath"]
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["nvml"]["hostPath"]["type"] == "File"
+
+
+def test_image_tag_defaults_to_the_app_version_which_is_the_package_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    assert f'version = "{chart["appVersion"]}"' in pyproject
+    operator = containers(one(default_objects(), "Deployment", "neuronetes-operator"))["operator"]
+    assert operator["image"].endswith(f":{chart['appVersion']}")

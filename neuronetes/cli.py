@@ -110,8 +110,10 @@ def _dev_cluster_up(ns: argparse.Namespace, cluster: DevCluster, log: Callable[[
             apiserver_args=[f"--runtime-config={ns.runtime_config}"] if ns.runtime_config else [],
             auto_build=ns.build,
             chart=ChartRelease(),
+            install_chart=not ns.no_install,
         )
-        log(f"cluster {ns.name!r} up in {seconds:.1f} s (chart installed); logs in {cluster.log_dir}")
+        what = "helm install it yourself" if ns.no_install else "chart installed"
+        log(f"cluster {ns.name!r} up in {seconds:.1f} s ({what}); logs in {cluster.log_dir}")
         print(cluster.kubeconfig)
         return 0
     seconds = cluster.up(
@@ -316,6 +318,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="up: run NeuroNetes as the cluster's own processes instead of installing helm/neuronetes "
         "(implied by the flags that shape them: --extender-url, --no-*, --schedulers, --crds)",
+    )
+    dc.add_argument(
+        "--no-install",
+        action="store_true",
+        help="up: run the chart's pods but leave `helm install` to you (README: Install with Helm)",
     )
     dc.add_argument("--no-extender", action="store_true", help="up: kube-scheduler without an extender")
     dc.add_argument(

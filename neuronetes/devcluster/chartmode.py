@@ -55,6 +55,8 @@ LOCAL_VALUES: Final = REPO_ROOT / "hack" / "local-values.yaml"
 RUNNER: Final = "chart-runner"
 SYSTEM_NODE: Final = "system-0"
 RELEASE_LABEL: Final = "app.kubernetes.io/instance"
+CHART_LABEL: Final = "app.kubernetes.io/name=neuronetes"
+"""The runner runs the pods of every release of the chart (any release name works)."""
 
 
 class HelmError(ClusterError):
@@ -146,7 +148,7 @@ def runner_argv(at: cmd.Layout, state: RunState) -> list[str]:
         f"--token-file={at.state_dir / 'token'}",
         f"--ca-file={at.ca_file}",
         f"--root={_runner_root(at)}",
-        f"--selector={RELEASE_LABEL}={state.chart['release']}",
+        f"--selector={CHART_LABEL}",
         f"--kube-scheduler={at.tools.kube_scheduler}",
         f"--egress-socket={_egress_socket(at)}",
         f"--loopback-net={state.chart['net']}",
@@ -203,10 +205,12 @@ class ChartOps:
             args += ["--set", s]
         return args
 
+    def prepare(self) -> None:
+        """Add the system node, where the chart's Deployments land."""
+        self.dev.api().request("POST", "/api/v1/nodes", system_node_manifest())
+
     def install(self, *, timeout_s: float = 180.0) -> None:
-        """Add the system node, ``helm install --wait``, then wait until every pod runs."""
-        api = self.dev.api()
-        api.request("POST", "/api/v1/nodes", system_node_manifest())
+        """``helm install --wait``, then wait until every pod runs."""
         r = self.release
         self.dev.log(f"helm install {r.name} {r.chart} -n {r.namespace}")
         self.helm(

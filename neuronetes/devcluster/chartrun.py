@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -52,12 +53,15 @@ from neuronetes.devcluster.podplan import (
     plan_pod,
 )
 
-__all__ = ["FLEET", "Runner", "fleet_launch", "is_node_agent", "main"]
+__all__ = ["FLEET", "RUNNING_CONDITION", "Runner", "fleet_launch", "is_node_agent", "main"]
 
 log = logging.getLogger("neuronetes.chartrun")
 FLEET: Final = "node-agent-fleet"
 TOKEN_SECONDS: Final = 24 * 3600
 BACKOFF_MAX_S: Final = 30.0
+RUNNING_CONDITION: Final = "dev.neuronetes.io/HostProcesses"
+"""The pod condition the runner sets: True once every container's process runs and each declared
+TCP port accepts connections (kwok's Ready says nothing about processes)."""
 FLEET_SETTLE_S: Final = 2.0
 """The agent fleet restarts once its node set has not changed for this long (nodes come in batches)."""
 
@@ -173,6 +177,7 @@ class PodRun:
     plan: PodPlan
     procs: dict[str, Proc] = field(default_factory=dict)
     agents: dict[str, ContainerLaunch] = field(default_factory=dict)
+    reported: bool | None = None
 
     @property
     def key(self) -> str:
@@ -347,6 +352,32 @@ class Runner:
                 log.info("pod %s: volume files updated", run.key)
         for proc in run.procs.values():
             proc.tend(now)
+        self._report(run)
+
+    def _report(self, run: PodRun) -> None:
+        """Set the pod's `RUNNING_CONDITION` when it changes (what ``kubectl wait`` can wait for)."""
+        running = all(p.alive() for p in run.procs.values()) and all(
+            _listens(run.plan.address, port) for port in _ports(run.pod, run.procs)
+        )
+        if run.agents:  # served by the fleet
+            fleet = self.fleet
+            running &= fleet is not None and fleet.alive() and set(run.agents) <= set(self._fleet_nodes)
+        if running == run.reported:
+            return
+        meta = run.pod["metadata"]
+        condition = {
+            "type": RUNNING_CONDITION,
+            "status": "True" if running else "False",
+            "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "reason": "HostProcessesRunning" if running else "HostProcessesStarting",
+        }
+        self.api.request(
+            "PATCH",
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+            {"status": {"conditions": [condition]}},
+            content_type="application/strategic-merge-patch+json",
+        )
+        run.reported = running
 
     def _sync_fleet(self, now: float) -> None:
         agents = sorted(
@@ -432,6 +463,25 @@ class Runner:
         self.fleet = None
         stop_procs(procs)
         self._write_state()
+
+
+def _ports(pod: Mapping[str, Any], procs: Mapping[str, Proc]) -> list[int]:
+    """The declared TCP ports of the containers that run as processes."""
+    return [
+        int(p["containerPort"])
+        for ctr in pod["spec"].get("containers") or ()
+        if ctr["name"] in procs
+        for p in ctr.get("ports") or ()
+        if p.get("protocol", "TCP") == "TCP"
+    ]
+
+
+def _listens(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def _container_port(pod: Mapping[str, Any], target: int | str) -> int:

@@ -138,6 +138,7 @@ class DevCluster:
         apiserver_args: Sequence[str] = (),
         timeout_s: float = 90.0,
         chart: ChartRelease | None = None,
+        install_chart: bool = True,
     ) -> float:
         """Start the cluster (fresh state); return the seconds it took.
 
@@ -152,6 +153,7 @@ class DevCluster:
         `chart`: chart mode (`neuronetes.devcluster.chartmode`): NeuroNetes — CRDs, policies,
         identities and every component — comes from ``helm install`` of this release, its pods
         run by the chart runner; the other NeuroNetes arguments must be left at their defaults.
+        `install_chart` False: chart mode without the release (``helm install`` it yourself).
 
         Raises `ClusterError` when it is already running (`down` it first) or fails to start
         (everything started is stopped again), `BuildError` when binaries are missing and
@@ -222,7 +224,9 @@ class DevCluster:
                 raise
         try:
             if chart is not None:
-                ChartOps(self).install(timeout_s=max(60.0, timeout_s))
+                ChartOps(self).prepare()
+                if install_chart:
+                    ChartOps(self).install(timeout_s=max(60.0, timeout_s))
             for prof, count in nodes:
                 if count:
                     self.add_nodes(prof, count, prof)

@@ -16,6 +16,7 @@ import select
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
@@ -25,6 +26,8 @@ __all__ = ["EgressProxy", "Resolve", "egress_selector_config", "parse_connect"]
 Resolve = Callable[[str, int], tuple[str, int] | None]
 """(host, port) the API server asked for → (address, port) on this host, or None: unreachable."""
 _MAX_HEAD: Final = 8192
+DIAL_WAIT_S: Final = 4.5
+"""Below the API server's shortest webhook timeout that matters here (the chart's: 5 s)."""
 
 
 def egress_selector_config(socket_path: Path) -> dict[str, Any]:
@@ -73,6 +76,22 @@ def _pipe(a: socket.socket, b: socket.socket) -> None:
             peers[s].sendall(data)
 
 
+def _dial(resolve: Resolve, target: tuple[str, int], wait_s: float) -> socket.socket | None:
+    """A connection to what `target` resolves to, retried for `wait_s`: a pod that was just
+    started may not listen yet (a kubelet's endpoints would wait for its readiness)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        resolved = resolve(*target)
+        if resolved is not None:
+            try:
+                return socket.create_connection(resolved, timeout=2)
+            except OSError:
+                pass
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)
+
+
 class _Handler(socketserver.BaseRequestHandler):
     server: _Server
 
@@ -88,13 +107,8 @@ class _Handler(socketserver.BaseRequestHandler):
         if target is None:
             client.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
             return
-        resolved = self.server.resolve(*target)
-        if resolved is None:
-            client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
-            return
-        try:
-            upstream = socket.create_connection(resolved, timeout=5)
-        except OSError:
+        upstream = _dial(self.server.resolve, target, self.server.dial_wait_s)
+        if upstream is None:
             client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
             return
         with upstream:
@@ -110,18 +124,19 @@ class _Handler(socketserver.BaseRequestHandler):
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
 
-    def __init__(self, path: str, resolve: Resolve) -> None:
+    def __init__(self, path: str, resolve: Resolve, dial_wait_s: float) -> None:
         self.resolve = resolve
+        self.dial_wait_s = dial_wait_s
         super().__init__(path, _Handler)
 
 
 class EgressProxy:
     """The proxy on `socket_path` (owner-only), serving in a daemon thread until `close`."""
 
-    def __init__(self, socket_path: Path, resolve: Resolve) -> None:
+    def __init__(self, socket_path: Path, resolve: Resolve, *, dial_wait_s: float = DIAL_WAIT_S) -> None:
         socket_path.unlink(missing_ok=True)
         self.path = socket_path
-        self._server = _Server(str(socket_path), resolve)
+        self._server = _Server(str(socket_path), resolve, dial_wait_s)
         socket_path.chmod(0o600)
         self._thread = threading.Thread(target=self._server.serve_forever, name="egress-proxy", daemon=True)
         self._thread.start()

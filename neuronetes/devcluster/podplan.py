@@ -141,11 +141,15 @@ def pod_address(pod: Mapping[str, Any], net: int) -> str:
 def rewrite(text: str, mounts: Sequence[tuple[str, Path]], address: str) -> str:
     """`text` with loopback names → `address` and each mountPath → its host folder (longest first)."""
     out = _LOOPBACK_NAMES.sub(address, text)
-    for mount_path, host in sorted(mounts, key=lambda m: -len(m[0])):
-        prefix = mount_path.rstrip("/") or "/"
-        pattern = r"(?<![\w./-])" + re.escape(prefix) + r"(?=/|$|[^\w.-])"
-        out = re.sub(pattern, str(host).replace("\\", "\\\\"), out)
-    return out
+    hosts: dict[str, str] = {}
+    for mount_path, host in mounts:
+        hosts.setdefault(mount_path.rstrip("/") or "/", str(host))
+    if not hosts:
+        return out
+    # One pass: a host folder may itself start with a mount path (a pod root under /tmp).
+    alternatives = "|".join(re.escape(m) for m in sorted(hosts, key=len, reverse=True))
+    pattern = re.compile(r"(?<![\w./-])(" + alternatives + r")(?=/|$|[^\w.-])")
+    return pattern.sub(lambda m: hosts[m.group(1)], out)
 
 
 # ---- env -----------------------------------------------------------------------------------------

@@ -128,6 +128,12 @@ def test_rewrite_maps_loopback_names_and_mount_paths_at_their_boundaries(tmp_pat
     assert rewrite(text, mounts, "127.42.0.1") == f"{want} {tmp_path}/v/x /etc/apple {tmp_path}/s/y"
 
 
+def test_rewrite_is_one_pass_even_when_a_host_folder_starts_with_a_mount_path() -> None:
+    mounts = [("/etc/app", Path("/tmp/pods/p/volumes/config")), ("/tmp", Path("/tmp/pods/p/volumes/tmp"))]
+    got = rewrite("--config=/etc/app/s.yaml --scratch=/tmp/x", mounts, "127.42.0.1")
+    assert got == "--config=/tmp/pods/p/volumes/config/s.yaml --scratch=/tmp/pods/p/volumes/tmp/x"
+
+
 def test_expand_is_the_kubelets_variable_expansion() -> None:
     assert expand("$(A)-$(B)-$$(A)", {"A": "1"}) == "1-$(B)-$(A)"
 
@@ -247,7 +253,9 @@ def test_the_egress_proxy_tunnels_to_what_the_resolver_names(tmp_path: Path) -> 
             conn.sendall(conn.recv(100).upper())
 
     threading.Thread(target=echo, daemon=True).start()
-    proxy = EgressProxy(tmp_path / "e.sock", lambda h, p: ("127.0.0.1", port) if h == "10.0.0.9" else None)
+    proxy = EgressProxy(
+        tmp_path / "e.sock", lambda h, p: ("127.0.0.1", port) if h == "10.0.0.9" else None, dial_wait_s=0.3
+    )
     try:
         for target, status in (("10.0.0.9:443", b"200"), ("10.0.0.1:443", b"502")):
             with socket.socket(socket.AF_UNIX) as s:

@@ -158,8 +158,8 @@ def rbac_markdown(rbac_text: str) -> str:
         ]
         rows = list(_rule_rows(spec.get("clusterRole") or [], f"cluster (ClusterRole `neuronetes:{name}`)"))
         for role in spec.get("roles") or []:
-            ns = role["namespace"] or "the release namespace"
-            rows += _rule_rows(role["rules"], f"namespace {ns} (Role `neuronetes:{name}`)")
+            ns = f"namespace {role['namespace']}" if role["namespace"] else "the release namespace"
+            rows += _rule_rows(role["rules"], f"{ns} (Role `neuronetes:{name}`)")
         if rows:
             out += [
                 "| API group | resources | verbs | scope | called by |",

@@ -108,6 +108,27 @@ def chart_docs() -> ModuleType:
     return module
 
 
+def parse_cli(args: list[str]) -> str:
+    """Parse `args` with the `neuronetes` command line's own parser, running nothing; returns the
+    top-level command. Raises what the parser raises for arguments it refuses (argparse:
+    SystemExit; click: a UsageError). Works with the argparse and the click command line."""
+    cli: Any = importlib.import_module("neuronetes.cli")
+    if hasattr(cli, "build_parser"):
+        return str(cli.build_parser().parse_args(args).command)
+    import click
+
+    command: Any = importlib.import_module("neuronetes.cli.root").build_root()
+    top = name = args[0]
+    rest = list(args[1:])
+    while True:  # the rendered args name their subcommands first, with no group options
+        command = command.commands[name]
+        if not isinstance(command, click.Group):
+            break
+        name, *rest = rest
+    command.make_context(name, rest)
+    return top
+
+
 def rbac_source() -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((CHART / "files" / "rbac.yaml").read_text())
     return doc

@@ -63,6 +63,7 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
             state_dir=Path(ns.state_dir),
             shim_library=Path(ns.shim_library) if ns.shim_library else None,
             shim_dir=Path(ns.shim_dir),
+            cgroup_root=Path(ns.cgroup_root),
         )
         api = _api(ns.kubeconfig)
     except (ValueError, ConfigException, OSError) as exc:
@@ -256,6 +257,11 @@ def add_agent_commands(sub: Any, dev: Any) -> None:
         "--shim-dir",
         default="/var/lib/neuronetes/shim",
         help="--node: host directory the shim library and its preload file are installed into",
+    )
+    run.add_argument(
+        "--cgroup-root",
+        default="/sys/fs/cgroup",
+        help="--node: the host's cgroup mount, where the containers' processes are found",
     )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.set_defaults(func=cmd_agent_run)

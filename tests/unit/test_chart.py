@@ -19,6 +19,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import click
 import msgspec
 import pytest
 import yaml
@@ -32,6 +33,7 @@ from chart_render import (
     find,
     helm,
     one,
+    parse_cli,
     render,
     template_args,
 )
@@ -175,6 +177,8 @@ def test_schema_of_extender_settings_names_exactly_the_settings_keys() -> None:
     props = schema["properties"]["scheduler"]["properties"]["extender"]["properties"]["settings"]
     fields = msgspec.structs.fields(extender_config.ExtenderSettings)
     assert set(props["properties"]) == {f.encode_name for f in fields}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values["scheduler"]["extender"]["settings"]) == set(props["properties"])
     from neuronetes.engine.policy import POLICIES
 
     assert set(props["properties"]["policy"]["enum"]) == set(POLICIES)
@@ -193,6 +197,15 @@ def test_changed_weights_reach_the_settings_file_and_load(tmp_path: Path) -> Non
     extra = ["--set", "scheduler.extender.settings.weights.cost=0.25"]
     rendered = _config_map_file(render(extra=extra), "neuronetes-extender-settings", "settings.yaml")
     assert rendered["weights"] == {"cost": 0.25}
+
+
+def test_schema_of_operator_settings_names_exactly_the_settings_keys() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    props = schema["properties"]["operator"]["properties"]["settings"]["properties"]
+    fields = msgspec.structs.fields(operator_settings.OperatorSettings)
+    assert set(props) == {f.encode_name for f in fields}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values["operator"]["settings"]) == set(props)  # every setting shown in the values
 
 
 def test_operator_settings_load_with_the_operators_defaults() -> None:
@@ -353,6 +366,7 @@ BAD_VALUES = [
     ),
     ({"scheduler": {"extender": {"settings": {"policy": "fastest"}}}}, "/scheduler/extender/settings/policy"),
     ({"scheduler": {"kubeScheduler": {"leaderElection": {"leaseDuration": "15"}}}}, "leaseDuration"),
+    ({"scheduler": {"kubeScheduler": {"bindTimeout": "2m"}}}, "/scheduler/kubeScheduler/bindTimeout"),
     ({"logLevel": "verbose"}, "/logLevel"),
     ({"agent": {"hostPaths": {"stateDir": "run/neuronetes"}}}, "/agent/hostPaths/stateDir"),
     ({"operator": {"settings": {"workers": 0}}}, "/operator/settings/workers"),
@@ -366,6 +380,26 @@ def test_schema_refuses_bad_values(values: dict[str, Any], where: str, tmp_path:
     done = helm(*template_args(values, tmp=tmp_path), check=False)
     assert done.returncode != 0
     assert "don't meet the specifications of the schema" in done.stderr and where in done.stderr, done.stderr
+
+
+BAD_COMBINATIONS = [
+    (
+        {"scheduler": {"kubeScheduler": {"leaderElection": {"renewDeadline": "20s"}}}},
+        "need leaseDuration > renewDeadline > 1.2 x retryPeriod > 0 (got 15s, 20s, 2s)",
+    ),
+    (
+        {"scheduler": {"extender": {"settings": {"bindWaitSeconds": 200}}}},
+        "bindWaitSeconds (200) must stay below scheduler.kubeScheduler.bindTimeout (130s)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), BAD_COMBINATIONS, ids=["leader-election", "bind-wait"])
+def test_combinations_kube_scheduler_or_the_extender_would_refuse_fail_the_install(
+    values: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    done = helm(*template_args(values, tmp=tmp_path), check=False)
+    assert done.returncode != 0 and message in done.stderr, done.stderr
 
 
 # ---- one source: CRDs and admission policies ----------------------------------------------------
@@ -423,17 +457,14 @@ def _expand(arg: str) -> str:
 
 
 def test_neuronetes_containers_run_real_entry_points_with_valid_arguments() -> None:
-    from neuronetes.cli import build_parser
-
-    parser = build_parser()
     seen = set()
     for obj in [*find(default_objects(), "Deployment"), *find(default_objects(), "DaemonSet")]:
-        for name, c in containers(obj).items():
-            if c["command"] != ["neuronetes"]:
-                continue
-            ns = parser.parse_args([_expand(a) for a in c["args"]])
-            seen.add((ns.command, name))
-    assert {cmd for cmd, _ in seen} == {"extender", "operator", "webhook", "agent"}
+        for c in containers(obj).values():
+            if c["command"] == ["neuronetes"]:
+                seen.add(parse_cli([_expand(a) for a in c["args"]]))
+    assert seen == {"extender", "operator", "webhook", "agent"}
+    with pytest.raises((SystemExit, click.UsageError)):  # a refused flag: argparse exits, click raises
+        parse_cli(["extender", "serve", "--hots=127.0.0.1"])
 
 
 def test_ports_stay_on_loopback_or_the_pods_own_address() -> None:
@@ -444,7 +475,9 @@ def test_ports_stay_on_loopback_or_the_pods_own_address() -> None:
     assert "--metrics-host=127.0.0.1" in agent["args"]
     for obj in [*find(objects, "Deployment"), *find(objects, "DaemonSet")]:
         spec = obj["spec"]["template"]["spec"]
-        assert not spec.get("hostNetwork") and not spec.get("hostPID"), obj["metadata"]["name"]
+        assert not spec.get("hostNetwork"), obj["metadata"]["name"]
+        # Only the agent shares the host's PID namespace (it registers containers' host PIDs).
+        assert bool(spec.get("hostPID")) == (obj["metadata"]["name"] == "neuronetes-agent")
         for c in spec["containers"]:
             assert not any(a.startswith("--host=0.0.0.0") or "--insecure" in a for a in c.get("args", []))
 
@@ -476,6 +509,30 @@ def test_agent_serves_its_own_node_not_a_fleet() -> None:
     assert env["LD_LIBRARY_PATH"]["value"] + "/libnvidia-ml.so.1" == nvml["mountPath"]
     volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert volumes["nvml"]["hostPath"]["type"] == "File"
+    # The host's cgroup mount, read-only at its own path, is the agent's --cgroup-root.
+    (cgroup,) = [m for m in agent["volumeMounts"] if m["name"] == "cgroup"]
+    assert cgroup["readOnly"] and f"--cgroup-root={cgroup['mountPath']}" in agent["args"]
+    assert volumes["cgroup"]["hostPath"]["path"] == cgroup["mountPath"]
+    # The NRI plugin writes only its container records (and the runtime's socket).
+    plugin = containers(ds)["nri-plugin"]
+    writable = {m["mountPath"] for m in plugin["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/run/neuronetes/containers.d", "/var/run/nri"}
+
+
+def test_the_agent_installs_the_shim_from_where_containers_see_it() -> None:
+    from neuronetes.contracts import SHIM_LIBRARY_PATH
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["agent"]["shimLibrary"] == SHIM_LIBRARY_PATH  # the image puts the shim there
+
+
+def test_the_nri_plugin_runs_the_binary_the_image_build_installs() -> None:
+    script = REPO_ROOT / "hack" / "build-image-contents.sh"
+    if not script.exists():
+        pytest.skip("no image build script (hack/build-image-contents.sh) to compare the path with")
+    (binary,) = re.findall(r"^NRI_BINARY=(\S+)$", script.read_text(), re.M)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["agent"]["nri"]["command"] == "/" + binary
 
 
 def test_image_tag_defaults_to_the_app_version_which_is_the_package_version() -> None:

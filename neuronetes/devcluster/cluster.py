@@ -177,6 +177,8 @@ class DevCluster:
                     raise ClusterError(f"cluster {self.name!r} is already running; `down` it first")
                 self.sup.stop(old)
             missing = self.tools.missing(controller_manager=controller_manager)
+            if chart is not None and not self.tools.helm.exists():
+                missing.append(self.tools.helm)
             if missing:
                 if not auto_build:
                     raise BuildError(

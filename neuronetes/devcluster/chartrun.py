@@ -147,10 +147,12 @@ class Runner:
 
     def _namespace_objects(self, namespaces: set[str]) -> dict[str, dict[str, dict[str, dict[str, Any]]]]:
         out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+        # Not helm's release records (Secrets labelled owner=helm): large, and no pod mounts them.
+        query = {"configmaps": "", "secrets": "?labelSelector=owner%21%3Dhelm", "serviceaccounts": ""}
         for ns in namespaces:
             out[ns] = {
-                kind: {o["metadata"]["name"]: o for o in self._list(f"/api/v1/namespaces/{ns}/{kind}")}
-                for kind in ("configmaps", "secrets", "serviceaccounts")
+                kind: {o["metadata"]["name"]: o for o in self._list(f"/api/v1/namespaces/{ns}/{kind}{q}")}
+                for kind, q in query.items()
             }
         return out
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from neuronetes.cli import _feature_gates
+from neuronetes.cli.dev import feature_gates as _feature_gates
 from neuronetes.contracts import ANNOTATION_ASSIGNED_GPUS, GROUP, SCHEDULER_NAME
 from neuronetes.devcluster import POLICIES_DIR, ExtenderConfig, LeaderElection, procs
 from neuronetes.devcluster.access import (
@@ -133,6 +133,7 @@ def test_extender_role_holds_exactly_the_calls_its_code_makes() -> None:
         (GROUP, "gangreservations"): watch | {"create", "patch", "delete"},
         (GROUP, "gangreservations/status"): {"patch"},
         (GROUP, "gpunodes"): watch,
+        (GROUP, "gpuslices"): watch,
         ("scheduling.x-k8s.io", "podgroups"): watch,
         ("scheduling.volcano.sh", "podgroups"): watch,
     }

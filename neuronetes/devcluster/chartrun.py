@@ -5,10 +5,12 @@ release (label selector) that are Running on a node and, for each, does what a k
 asks the API server for the pod's ServiceAccount token (a TokenRequest bound to the pod),
 materialises its volumes, starts each container's command as a host process with the plan of
 `neuronetes.devcluster.podplan`, restarts a container that exits (``restartPolicy: Always``,
-with back-off), rewrites a ConfigMap volume's files when the ConfigMap changes, and stops the
+with back-off), rewrites a ConfigMap volume's files when the ConfigMap changes, reports the pod
+condition `RUNNING_CONDITION` (kwok's Ready says nothing about processes), and stops the
 processes when the pod goes (``helm upgrade`` rolls pods, ``helm uninstall`` deletes them).
 
-One deviation: the node agent's pods (``neuronetes agent run --node NODE``, one per GPU node)
+Deviations: containers whose entry point this host cannot run are skipped with the reason (the
+NRI plugin: no container runtime), and the node agent's pods (``neuronetes agent run --node NODE``, one per GPU node)
 are served by one process in fleet mode (``--simulate-nodes 'kubernetes.io/hostname in (...)'``
 over exactly the nodes that have a Running agent pod, the first pod's arguments and identity
 otherwise), restarted when that set of nodes changes: simulated nodes have no NVML, and one

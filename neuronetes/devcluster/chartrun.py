@@ -9,12 +9,12 @@ with back-off), rewrites a ConfigMap volume's files when the ConfigMap changes, 
 condition `RUNNING_CONDITION` (kwok's Ready says nothing about processes), and stops the
 processes when the pod goes (``helm upgrade`` rolls pods, ``helm uninstall`` deletes them).
 
-Deviations: containers whose entry point this host cannot run are skipped with the reason (the
-NRI plugin: no container runtime), and the node agent's pods (``neuronetes agent run --node
-NODE``, one per GPU node) are served by one process in fleet mode (``--simulate-nodes 'kubernetes.io/hostname in (...)'``
-over exactly the nodes that have a Running agent pod, the first pod's arguments and identity
-otherwise), restarted when that set of nodes changes: simulated nodes have no NVML, and one
-Python process per node would not fit a workstation.
+Deviations: containers whose entry point this host cannot run are skipped with the reason (the NRI
+plugin: no container runtime), and the node agent's pods (``neuronetes agent run --node NODE``,
+one per GPU node) are served by one process in fleet mode (``--simulate-nodes
+'kubernetes.io/hostname in (...)'`` over exactly the nodes that have a Running agent pod, the
+first pod's arguments and identity otherwise), restarted when that set of nodes changes: simulated
+nodes have no NVML, and one Python process per node would not fit a workstation.
 
 It also serves the API server's egress proxy (`neuronetes.devcluster.egress`), resolving Service
 and pod addresses to the processes it runs. ``runner.json`` in its root lists what runs (pods,

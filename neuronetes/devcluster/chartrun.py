@@ -42,8 +42,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from neuronetes.devcluster.api import Api, ApiError
+from neuronetes.devcluster.components import NODE_IP
 from neuronetes.devcluster.egress import EgressProxy
 from neuronetes.devcluster.hostprocs import Proc, declared_ports, listens, stop_procs, write_files
+from neuronetes.devcluster.podlogs import LogServer
 from neuronetes.devcluster.podplan import (
     ContainerLaunch,
     Credentials,
@@ -142,6 +144,8 @@ class Runner:
         self._services: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._rr = itertools.count()
+        self.node_ip = ""
+        self.kubelet_port = 0
 
     # ---- reading the cluster ---------------------------------------------------------------------
     def _list(self, path: str) -> list[dict[str, Any]]:
@@ -340,6 +344,23 @@ class Runner:
         for run in runs:
             if (run.pod.get("status") or {}).get("podIP") == host:
                 return run.plan.address, port
+        if host == self.node_ip and self.kubelet_port:
+            return "127.0.0.1", self.kubelet_port  # every simulated node's kubelet: `podlogs`
+        return None
+
+    def find_log(self, namespace: str, pod: str, container: str) -> Path | None:
+        """The log file of a container the runner runs (an agent pod's agent: the fleet's)."""
+        with self._lock:
+            runs = list(self.runs.values())
+            fleet = self.fleet
+        for run in runs:
+            meta = run.pod["metadata"]
+            if (meta["namespace"], meta["name"]) != (namespace, pod):
+                continue
+            if container in run.procs:
+                return run.procs[container].log_file
+            if container in {launch.name for launch in run.agents.values()} and fleet is not None:
+                return fleet.log_file
         return None
 
     # ---- state -----------------------------------------------------------------------------------
@@ -396,6 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kube-scheduler", required=True, help="the kube-scheduler binary")
     parser.add_argument("--egress-socket", help="serve the API server's egress proxy on this Unix socket")
     parser.add_argument("--loopback-net", type=int, required=True, help="N of the pods' 127.N.0.0/16")
+    parser.add_argument("--node-ip", default=NODE_IP, help="the simulated nodes' address (their kubelet)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between rounds")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -416,6 +438,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    logs = LogServer(root / "kubelet-certs", runner.find_log)
+    runner.node_ip, runner.kubelet_port = ns.node_ip, logs.port
     proxy = EgressProxy(Path(ns.egress_socket), runner.resolve) if ns.egress_socket else None
     log.info("running the pods selected by %s", ns.selector)
     try:
@@ -427,6 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop.wait(ns.interval)
     finally:
         runner.stop()
+        logs.close()
         if proxy is not None:
             proxy.close()
     return 0

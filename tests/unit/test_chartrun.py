@@ -19,6 +19,7 @@ import pytest
 from neuronetes.devcluster.chartmode import CHART_DIR, LOCAL_VALUES, system_node_manifest
 from neuronetes.devcluster.chartrun import FLEET, fleet_launch, is_node_agent
 from neuronetes.devcluster.egress import EgressProxy, egress_selector_config, parse_connect
+from neuronetes.devcluster.podlogs import log_lines
 from neuronetes.devcluster.podplan import (
     SERVICE_ACCOUNT_DIR,
     ContainerLaunch,
@@ -270,6 +271,15 @@ def test_the_egress_proxy_tunnels_to_what_the_resolver_names(tmp_path: Path) -> 
         proxy.close()
         upstream.close()
     assert not (tmp_path / "e.sock").exists()
+
+
+def test_container_logs_leave_out_the_runners_start_lines(tmp_path: Path) -> None:
+    log = tmp_path / "c.log"
+    log.write_text("\n=== 2026-01-01T00:00:00 argv\none\n\ntwo\n\n=== 2026-01-01T00:00:05 argv\nthree\n")
+    assert log_lines(log, None)[0] == ["one\n", "\n", "two\n", "three\n"]
+    lines, offset = log_lines(log, 2)
+    assert lines == ["two\n", "three\n"] and offset == log.stat().st_size
+    assert log_lines(log, 0)[0] == []
 
 
 def test_the_system_node_is_kwoks_without_taint_or_gpus() -> None:

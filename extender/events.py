@@ -5,7 +5,9 @@ posts them as ``events.k8s.io/v1`` Events with reportingController ``neuronetes-
 things keep a storm of pods from flooding the API server: events for the same pod and reason
 that are still unposted collapse into one (the latest message wins; a gang member's "3 of 4 at
 the barrier" becomes "4 of 4"), and posting is rate-limited by a token bucket. Past
-`max_pending` unposted events, new ones are dropped and counted.
+`max_pending` unposted events, new ones are dropped and counted. An event recorded with
+``every_s`` (a Pending pod's rejections, which kube-scheduler asks about on every retry) is
+recorded at most once per that many seconds per pod and reason.
 """
 
 from __future__ import annotations
@@ -24,12 +26,29 @@ from urllib.parse import quote
 
 from .kube import KubeError
 
-__all__ = ["REPORTING_CONTROLLER", "EventPoster", "EventRecorder", "PodRef"]
+__all__ = ["REPORTING_CONTROLLER", "EventPoster", "EventRecorder", "PodRef", "rejections_note"]
 
 log = logging.getLogger(__name__)
 
 REPORTING_CONTROLLER: Final = "neuronetes-extender"
 NOTE_MAX: Final = 1024  # the API server's limit on an Event's note
+NODES_PER_REASON: Final = 5  # node names listed per rejection reason (the rest are counted)
+
+
+def rejections_note(reasons: dict[str, str]) -> str:
+    """Rejected nodes grouped by reason, most nodes first, a few names each:
+    ``3 node(s) rejected: insufficient gpu memory [n1, n2, n3]; unhealthy gpus [n4 +2 more]``.
+    Node names are bracketed so a reader can split the note per reason (`neuronetes explain`)."""
+    by_reason: dict[str, list[str]] = {}
+    for node, reason in reasons.items():
+        by_reason.setdefault(reason, []).append(node)
+    parts = []
+    for reason, nodes in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        names = sorted(nodes)
+        shown = ", ".join(names[:NODES_PER_REASON])
+        more = f" +{len(names) - NODES_PER_REASON} more" if len(names) > NODES_PER_REASON else ""
+        parts.append(f"{reason} [{shown}{more}]")
+    return f"{len(reasons)} node(s) rejected: " + "; ".join(parts)
 
 
 class EventPoster(Protocol):
@@ -76,6 +95,7 @@ class EventRecorder:
         self.max_pending = max_pending
         self._clock = clock
         self._pending: dict[tuple[str, str, str], _Pending] = {}
+        self._last: dict[tuple[str, str, str], float] = {}  # `every_s` events: when last recorded
         self._lock = threading.Lock()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -83,8 +103,11 @@ class EventRecorder:
         self.dropped = 0
         self.failed = 0
 
-    def record(self, pod: PodRef, reason: str, note: str, *, action: str, type: str = "Normal") -> None:
-        """Queue an event for `pod` (replaces an unposted one of the same reason). Any thread."""
+    def record(
+        self, pod: PodRef, reason: str, note: str, *, action: str, type: str = "Normal", every_s: float = 0.0
+    ) -> None:
+        """Queue an event for `pod` (replaces an unposted one of the same reason); with `every_s`,
+        only if none of this reason was recorded for the pod in the last `every_s` seconds. Any thread."""
         if self.poster is None:
             return
         key = (pod.namespace, pod.name, reason)
@@ -92,11 +115,28 @@ class EventRecorder:
             if key not in self._pending and len(self._pending) >= self.max_pending:
                 self.dropped += 1
                 return
+            if every_s > 0 and not self._due(key, every_s):
+                return
             self._pending[key] = _Pending(pod, reason, action, note[:NOTE_MAX], type)
         loop, wake = self._loop, self._wake
         if loop is not None and wake is not None:
             with contextlib.suppress(RuntimeError):  # the loop has closed (shutdown)
                 loop.call_soon_threadsafe(wake.set)
+
+    def _due(self, key: tuple[str, str, str], every_s: float) -> bool:
+        """Whether a throttled event for `key` may be recorded now (then it is noted as recorded).
+        The book forgets entries older than `every_s` once it holds `max_pending` of them."""
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last < every_s:
+            return False
+        if last is None and len(self._last) >= self.max_pending:
+            self._last = {k: t for k, t in self._last.items() if now - t < every_s}
+            if len(self._last) >= self.max_pending:
+                self.dropped += 1
+                return False
+        self._last[key] = now
+        return True
 
     def pending(self) -> int:
         with self._lock:

@@ -17,7 +17,7 @@ from typing import Final
 from .barrier import GangBarrier
 from .bodies import BadInputError, NodeSet, PreemptRequest, meta_victims
 from .cache import BindPlan, BindRefusedError, GpuCache, PodUnknownError
-from .events import EventRecorder, PodRef
+from .events import EventRecorder, PodRef, rejections_note
 from .gangs import GangSpec
 from .kube import Binder, KubeError
 from .metrics import ExtenderMetrics
@@ -40,6 +40,11 @@ log = logging.getLogger(__name__)
 NOT_SYNCED: Final = "neuronetes extender: gpu cache not synced with the API server yet"
 CONFLICT: Final = 409
 REASON_ASSIGNED: Final = "GpusAssigned"
+# A GPU pod no node passed: each rejected node's reason, for `neuronetes explain` and `kubectl
+# describe` (kube-scheduler's FailedScheduling only counts reasons). Throttled per pod: every
+# retry of a Pending pod asks again.
+REASON_REJECTED: Final = "GpuFilterRejected"
+REJECTED_EVERY_S: Final = 30.0
 
 
 def placement_note(plan: BindPlan) -> str:
@@ -104,6 +109,7 @@ class ExtenderService:
             found = self.groups.spec_for(pod, self.cache.settings.get().gang_ttl_seconds)
             if isinstance(found, str):
                 failed = dict.fromkeys(nodes.names, found)
+                self._record_rejections(pod, failed)
                 names, raw = nodes.answer(())
                 return ExtenderFilterResult(node_names=names, nodes=raw, failed_nodes=failed), "unschedulable"
             gang = found
@@ -117,6 +123,8 @@ class ExtenderService:
             failed_nodes=decision.failed,
             failed_and_unresolvable_nodes=decision.unresolvable,
         )
+        if not decision.feasible:
+            self._record_rejections(pod, {**decision.failed, **decision.unresolvable})
         if decision.hold is not None:
             log.debug(
                 "filter %s -> %s gpus %s (%s)",
@@ -126,6 +134,17 @@ class ExtenderService:
                 decision.hold.reason,
             )
         return result, "scheduled" if decision.feasible else "unschedulable"
+
+    def _record_rejections(self, pod: PodInfo, reasons: dict[str, str]) -> None:
+        if reasons:
+            self.events.record(
+                PodRef(pod.namespace, pod.name, pod.uid),
+                REASON_REJECTED,
+                rejections_note(reasons),
+                action="Filter",
+                type="Warning",
+                every_s=REJECTED_EVERY_S,
+            )
 
     # ---- prioritize --------------------------------------------------------------------------------
     def prioritize(self, nodes: NodeSet) -> tuple[list[HostPriority], str]:

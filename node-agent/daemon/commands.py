@@ -1,6 +1,6 @@
 """The agent's command-line verbs: ``agent run``, ``drain``/``offline``/``online`` and the dev fault
-injectors. `neuronetes.cli` registers them (`add_agent_commands`); every verb prints one line on
-error and returns an exit status, never a traceback.
+injectors. `neuronetes.cli` parses their options and calls them with a namespace of the option
+values; every verb prints one line on error and returns an exit status, never a traceback.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # imported when a verb runs: the rest of the CLI does without
 
     from .kube import Kube
 
-__all__ = ["add_agent_commands"]
+__all__ = ["cmd_agent_run", "cmd_gpu_admin", "cmd_inject"]
 
 
 def _api(kubeconfig: str | None) -> ApiClient:
@@ -212,81 +212,3 @@ def cmd_inject(ns: argparse.Namespace) -> int:
         return _error(str(exc).strip("'\""))
     print(f"{node}: {key} {json.dumps(fault)}")
     return 0
-
-
-def add_agent_commands(sub: Any, dev: Any) -> None:
-    """Register ``agent run``, ``drain``, ``offline``, ``online`` on `sub` and the ``inject-*``
-    verbs on the ``dev`` subparsers."""
-    agent = sub.add_parser("agent", help="the node agent").add_subparsers(dest="agent_command", required=True)
-    run = agent.add_parser(
-        "run",
-        help="serve a GPU node (NVML) or a fleet of simulated nodes",
-        description="Discover GPUs, track their health, publish GPUNode, labels and capacity, evict pods "
-        "from failed GPUs, export metrics (docs/gpu-health.md).",
-    )
-    target = run.add_mutually_exclusive_group(required=True)
-    target.add_argument("--node", help="serve this node's real GPUs through NVML")
-    target.add_argument(
-        "--simulate-nodes", metavar="SELECTOR", help="serve every Node matching this label selector"
-    )
-    run.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, else ~/.kube/config)")
-    run.add_argument("--interval", type=float, default=1.0, help="seconds between health rounds (default 1)")
-    run.add_argument("--heartbeat", type=float, default=60.0, help="seconds between GPUNode heartbeats")
-    run.add_argument("--watchdog", type=float, default=10.0, help="seconds NVML may hang before GPUs degrade")
-    run.add_argument(
-        "--simulated-reset-seconds", type=float, default=5.0, help="fleet: a GPU reset's duration"
-    )
-    run.add_argument("--metrics-port", type=int, default=9400, help="Prometheus port (-1: none; 0: any free)")
-    run.add_argument("--metrics-host", default="127.0.0.1", help="metrics listen address (default loopback)")
-    run.add_argument(
-        "--region-dir",
-        default="/run/neuronetes/containers",
-        help="--node: where the containers' shim regions are written ('' for none)",
-    )
-    run.add_argument(
-        "--state-dir",
-        default="/run/neuronetes",
-        help="--node: where the node inventory file (inventory.json) is written for the NRI plugin",
-    )
-    run.add_argument(
-        "--shim-library",
-        help="--node: the shim library to install (default: the one `make -C node-agent/shim` built)",
-    )
-    run.add_argument(
-        "--shim-dir",
-        default="/var/lib/neuronetes/shim",
-        help="--node: host directory the shim library and its preload file are installed into",
-    )
-    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    run.set_defaults(func=cmd_agent_run)
-
-    for verb, text in (
-        ("drain", "keep new work off a GPU; running work continues"),
-        ("offline", "take a GPU out of service (refused while pods use it, unless --force evicts them)"),
-        ("online", "put a GPU back in service (after a repair or a failed reset)"),
-    ):
-        p = sub.add_parser(verb, help=text, description=text)
-        p.add_argument("--gpu-id", required=True, metavar="UUID", help="the GPU's NVML UUID (GPU-...)")
-        p.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, else ~/.kube/config)")
-        if verb == "offline":
-            p.add_argument("--force", action="store_true", help="evict the pods using the GPU")
-        p.set_defaults(func=cmd_gpu_admin)
-
-    for verb, text in (
-        ("inject-xid", "report an XID on a simulated GPU"),
-        ("inject-temperature", "set a simulated GPU's temperature"),
-        ("inject-ecc", "add ECC errors to a simulated GPU"),
-    ):
-        p = dev.add_parser(
-            verb, help=text, description=f"{text} (served by a fleet agent; docs/gpu-health.md)"
-        )
-        p.add_argument("--gpu-id", required=True, metavar="UUID")
-        p.add_argument("--kubeconfig", help="kubeconfig (default: ~/.kube/config)")
-        if verb == "inject-xid":
-            p.add_argument("--xid", type=int, required=True)
-        elif verb == "inject-temperature":
-            p.add_argument("--celsius", type=float, required=True)
-        else:
-            p.add_argument("--corrected", type=int, default=0)
-            p.add_argument("--uncorrected", type=int, default=0)
-        p.set_defaults(func=cmd_inject)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from neuronetes.cli import _feature_gates
+from neuronetes.cli.dev import feature_gates as _feature_gates
 from neuronetes.contracts import ANNOTATION_ASSIGNED_GPUS, GROUP, SCHEDULER_NAME
 from neuronetes.devcluster import POLICIES_DIR, ExtenderConfig, LeaderElection, procs
 from neuronetes.devcluster.access import (

@@ -1,0 +1,5 @@
+"""``python -m neuronetes.cli``."""
+
+from neuronetes.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""``neuronetes agent run``: the node agent (docs/gpu-health.md). Its GPU verbs (drain, offline,
+online, health) are cluster commands (`neuronetes.cli.cluster`); its fault injectors are
+``dev inject-*`` (`neuronetes.cli.dev`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+import click
+
+from .options import LOG_LEVEL
+from .root import group
+
+__all__ = ["agent", "agent_commands"]
+
+
+def agent_commands() -> Any:
+    """node-agent/daemon/commands.py, installed as neuronetes.agent (a mapping mypy cannot follow)."""
+    return importlib.import_module("neuronetes.agent.daemon.commands")
+
+
+@group("agent", help="The node agent.")
+def agent() -> None:
+    pass
+
+
+@agent.command(
+    "run",
+    help="Serve a GPU node (NVML) or a fleet of simulated nodes: discover GPUs, track their health, "
+    "publish GPUNode, labels and capacity, evict pods from failed GPUs, export metrics "
+    "(docs/gpu-health.md). Give exactly one of --node and --simulate-nodes.",
+)
+@click.option("--node", help="serve this node's real GPUs through NVML")
+@click.option("--simulate-nodes", metavar="SELECTOR", help="serve every Node matching this label selector")
+@click.option("--kubeconfig", help="kubeconfig (default: in-cluster, else ~/.kube/config)")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="seconds between health rounds",
+)
+@click.option(
+    "--heartbeat",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="seconds between GPUNode heartbeats",
+)
+@click.option(
+    "--watchdog",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="seconds NVML may hang before GPUs degrade",
+)
+@click.option(
+    "--simulated-reset-seconds",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="fleet: a GPU reset's duration",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(-1, 65535),
+    default=9400,
+    show_default=True,
+    help="Prometheus port (-1: none; 0: any free)",
+)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="metrics listen address")
+@click.option(
+    "--region-dir",
+    default="/run/neuronetes/containers",
+    show_default=True,
+    help="--node: where the containers' shim regions are written ('' for none)",
+)
+@click.option(
+    "--state-dir",
+    default="/run/neuronetes",
+    show_default=True,
+    help="--node: where the node inventory file (inventory.json) is written for the NRI plugin",
+)
+@click.option(
+    "--shim-library",
+    help="--node: the shim library to install (default: the one `make -C node-agent/shim` built)",
+)
+@click.option(
+    "--shim-dir",
+    default="/var/lib/neuronetes/shim",
+    show_default=True,
+    help="--node: host directory the shim library and its preload file are installed into",
+)
+@LOG_LEVEL
+def agent_run(**opts: Any) -> int:
+    if (opts["node"] is None) == (opts["simulate_nodes"] is None):
+        raise click.UsageError("give exactly one of --node and --simulate-nodes")
+    return int(agent_commands().cmd_agent_run(argparse.Namespace(**opts)))

@@ -1,0 +1,160 @@
+"""``neuronetes simulate``: replay a pod trace (CSV files, or a live cluster's snapshot) through the
+placement engine under each policy."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import click
+
+from neuronetes.engine.policy import POLICIES
+from neuronetes.model import NodeSpec, PodRequest
+from neuronetes.sim import report
+from neuronetes.sim.simulate import RunResult, parse_seeds, summarise
+from neuronetes.sim.simulate import simulate as simulate_one
+from neuronetes.sim.trace import TraceError, load_nodes, load_pods
+
+from .output import progress
+
+__all__ = ["simulate"]
+
+Job = tuple[Sequence[NodeSpec], Sequence[PodRequest], str, int, float]
+
+
+def _run_one(job: Job) -> RunResult:
+    nodes, pods, policy, seed, tune = job
+    return simulate_one(nodes, pods, policy, seed, tune)
+
+
+def _policies(spec: str) -> list[str]:
+    policies = [p.strip() for p in spec.split(",") if p.strip()]
+    for p in policies:
+        if p not in POLICIES:
+            raise click.BadParameter(
+                f"unknown policy {p!r}; choose from {', '.join(POLICIES)}", param_hint="--policy"
+            )
+    if not policies:
+        raise click.BadParameter("no policy given", param_hint="--policy")
+    return policies
+
+
+def _seeds(spec: str) -> list[int]:
+    try:
+        return parse_seeds(spec)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--seeds") from None
+
+
+def _load_trace(nodes: str | None, pods: str | None) -> tuple[list[NodeSpec], list[PodRequest]]:
+    if not nodes or not pods:
+        raise click.UsageError("give --nodes and --pods (CSV files)")
+    try:
+        return load_nodes(nodes), load_pods(pods)
+    except TraceError as exc:
+        raise click.UsageError(str(exc)) from None
+    except OSError as exc:
+        raise click.UsageError(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")) from None
+
+
+def run_jobs(jobs: list[Job], workers: int, verbose: bool) -> list[RunResult]:
+    """Every (policy, seed) replay, in `workers` processes, with a progress bar on a terminal."""
+    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    done: list[RunResult] = []
+    with progress("replaying seeds", len(jobs)) as advance:
+        if workers == 1:
+            results = map(_run_one, jobs)
+            for job, r in zip(jobs, results, strict=True):
+                done.append(_report_one(job, r, verbose))
+                advance(1)
+        else:
+            with ProcessPoolExecutor(workers) as pool:
+                for job, r in zip(jobs, pool.map(_run_one, jobs), strict=True):
+                    done.append(_report_one(job, r, verbose))
+                    advance(1)
+    return done
+
+
+def _report_one(job: Job, r: RunResult, verbose: bool) -> RunResult:
+    if verbose:
+        click.echo(
+            f"{job[2]:<11} seed {r.seed}: {r.seconds:6.1f}s  unallocated@100% {r.unallocated(100):6.2f}",
+            err=True,
+        )
+    return r
+
+
+def replay(
+    trace: str,
+    nodes: Sequence[NodeSpec],
+    pods: Sequence[PodRequest],
+    policies: list[str],
+    seeds: list[int],
+    tune: float,
+    workers: int,
+    verbose: bool,
+) -> dict[str, list[RunResult]]:
+    jobs: list[Job] = [(nodes, pods, p, s, tune) for p in policies for s in seeds]
+    results: dict[str, list[RunResult]] = {p: [] for p in policies}
+    for job, r in zip(jobs, run_jobs(jobs, workers, verbose), strict=True):
+        results[job[2]].append(r)
+    return results
+
+
+@click.command(
+    "simulate",
+    help="Replay a pod trace through the placement engine (FGD protocol) under each policy.",
+)
+@click.option("--nodes", metavar="CSV", help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
+@click.option("--pods", metavar="CSV", help="pod list CSV (openb columns)")
+@click.option(
+    "--policy", default="default", show_default=True, help=f"policy or comma list: {', '.join(POLICIES)}"
+)
+@click.option("--seeds", default="42-51", show_default=True, help="seeds, e.g. 42-51 or 42,43")
+@click.option(
+    "--tune",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.3,
+    show_default=True,
+    help="inflate GPU requests to TUNE × capacity",
+)
+@click.option("--json", "json_path", metavar="FILE", help="write results JSON here")
+@click.option("--compare", metavar="DIR", help="folder with the paper's analysis_allo_discrete.csv")
+@click.option("--plot", metavar="PNG", help="write an allocated-vs-arrived PNG here")
+@click.option("--workers", type=click.IntRange(min=0), default=0, help="processes (default: CPU count)")
+@click.option("-v", "--verbose", is_flag=True, help="one line per seed on stderr")
+def simulate(
+    nodes: str | None,
+    pods: str | None,
+    policy: str,
+    seeds: str,
+    tune: float,
+    json_path: str | None,
+    compare: str | None,
+    plot: str | None,
+    workers: int,
+    verbose: bool,
+) -> int:
+    policies = _policies(policy)
+    seed_list = _seeds(seeds)
+    node_specs, pod_specs = _load_trace(nodes, pods)
+    trace = Path(str(pods)).stem
+    results = replay(trace, node_specs, pod_specs, policies, seed_list, tune, workers, verbose)
+    expected = report.load_expected(compare, trace) if compare else None
+    click.echo(report.table(trace, results, expected))
+    for p, runs in results.items():
+        secs = [r.seconds for r in runs]
+        click.echo(f"{p}: {len(runs)} seed(s), {min(secs):.1f}–{max(secs):.1f} s per seed")
+    if json_path:
+        summaries = [summarise(trace, p, runs) for p, runs in results.items()]
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(
+            json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2) + "\n"
+        )
+    if plot:
+        Path(plot).parent.mkdir(parents=True, exist_ok=True)
+        report.plot(plot, trace, results, expected)
+    return 0

@@ -44,7 +44,7 @@ def group(name: str, help: str) -> Callable[[Callable[..., Any]], click.Group]:
 def _commands() -> list[click.Command]:
     """Every top-level command, in help order. Areas are imported here, not at module level, so
     that `neuronetes.cli` stays cheap to import (each area imports its heavy parts when run)."""
-    from . import agent, cluster, dev, extender, operator, simulate
+    from . import agent, cluster, dev, extender, operator, simulate, workstation
 
     return [
         simulate.simulate,
@@ -55,6 +55,7 @@ def _commands() -> list[click.Command]:
         operator.webhook,
         agent.agent,
         *cluster.COMMANDS,
+        *workstation.COMMANDS,
     ]
 
 

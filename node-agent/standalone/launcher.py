@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -28,10 +29,11 @@ from neuronetes.agent.daemon.hostpids import start_ticks
 from .gpus import GpuView
 from .jobs import Job
 
-__all__ = ["Launcher", "Started", "alive", "group_members"]
+__all__ = ["Launcher", "Started", "alive", "command_argv", "find_token", "group_members", "kill_group"]
 
 _PROC: Final = Path("/proc")
 SHEPHERD: Final = "neuronetes.agent.standalone.shepherd"
+_SHELL_SYNTAX: Final = frozenset("|&;<>()$`\\*?[]#~{}\n")
 
 
 def alive(pid: int, ticks: int) -> bool:
@@ -49,6 +51,18 @@ def _pids() -> Iterator[int]:
     for entry in os.listdir(_PROC):
         if entry.isdigit():
             yield int(entry)
+
+
+def command_argv(command: str) -> list[str]:
+    """The job's argv: the words themselves when the command uses no shell syntax (so the program is
+    the shepherd's child and gets SIGUSR1 itself), else ``/bin/sh -c COMMAND``."""
+    try:
+        words = shlex.split(command) if not _SHELL_SYNTAX.intersection(command) else []
+    except ValueError:  # unbalanced quotes: the shell reports it
+        words = []
+    if words and "=" not in words[0]:
+        return words
+    return ["/bin/sh", "-c", command]
 
 
 def group_members(pgid: int) -> list[int]:
@@ -153,7 +167,7 @@ class Launcher:
         workdir = job.spec.workdir if job.spec.workdir and Path(job.spec.workdir).is_dir() else str(d)
         with open(d / "stdout.log", "ab") as out, open(d / "stderr.log", "ab") as err:
             proc = subprocess.Popen(
-                [sys.executable, "-m", SHEPHERD, str(exit_file), "--", "/bin/sh", "-c", job.spec.command],
+                [sys.executable, "-m", SHEPHERD, str(exit_file), "--", *command_argv(job.spec.command)],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,

@@ -13,7 +13,7 @@ import click
 
 from .options import LOG_LEVEL
 from .root import group
-from .workstation import STANDALONE_KEYS, STANDALONE_OPTIONS, run_standalone
+from .standalone import STANDALONE_KEYS, STANDALONE_OPTIONS, run_standalone
 
 __all__ = ["agent", "agent_commands", "agent_main"]
 

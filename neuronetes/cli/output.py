@@ -45,9 +45,15 @@ class CliError(click.ClickException):
     exit_code = 1
 
 
+PIPE_WIDTH: Final = 250  # columns of a table written to a pipe or file: no terminal to fit, keep rows whole
+
+
 def stdout_console() -> Console:
     # Built per call: tests swap sys.stdout (capsys), and a Console keeps the stream it was made with.
-    return Console(file=sys.stdout, soft_wrap=True, highlight=False)
+    console = Console(file=sys.stdout, soft_wrap=True, highlight=False)
+    if not console.is_terminal:
+        console = Console(file=sys.stdout, soft_wrap=True, highlight=False, width=PIPE_WIDTH)
+    return console
 
 
 def err_console() -> Console:
@@ -84,7 +90,14 @@ def emit(
 
         click.echo(msgspec.yaml.encode(json.loads(json.dumps(document, default=str))).decode().rstrip("\n"))
         return
-    table = Table(title=title, title_justify="left", box=None, pad_edge=False, header_style="bold")
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=None,
+        pad_edge=False,
+        header_style="bold",
+        show_header=any(columns),
+    )
     for name in columns:
         table.add_column(name, overflow="fold")
     for row in rows:

@@ -51,7 +51,7 @@ def _seeds(spec: str) -> list[int]:
 
 def _load_trace(nodes: str | None, pods: str | None) -> tuple[list[NodeSpec], list[PodRequest]]:
     if not nodes or not pods:
-        raise click.UsageError("give --nodes and --pods (CSV files)")
+        raise click.UsageError("give --nodes and --pods (CSV files), or --from-cluster")
     try:
         return load_nodes(nodes), load_pods(pods)
     except TraceError as exc:
@@ -106,12 +106,22 @@ def replay(
 
 @click.command(
     "simulate",
-    help="Replay a pod trace through the placement engine (FGD protocol) under each policy.",
+    help="Replay a pod trace through the placement engine (FGD protocol) under each policy: the "
+    "CSV files of --nodes and --pods, or (--from-cluster) a snapshot of a live cluster's GPU nodes and "
+    "GPU pods, to see how many GPUs each policy would leave unallocated there (docs/cli.md).",
 )
 @click.option("--nodes", metavar="CSV", help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
 @click.option("--pods", metavar="CSV", help="pod list CSV (openb columns)")
 @click.option(
-    "--policy", default="default", show_default=True, help=f"policy or comma list: {', '.join(POLICIES)}"
+    "--from-cluster", is_flag=True, help="snapshot the cluster's GPU nodes and pods instead of CSVs"
+)
+@click.option("--kubeconfig", help="--from-cluster: kubeconfig (default: in-cluster, else ~/.kube/config)")
+@click.option("--save-trace", metavar="DIR", help="--from-cluster: also write the snapshot's two CSVs here")
+@click.option(
+    "--policy",
+    default="default",
+    show_default=True,
+    help=f"policy or comma list: {', '.join(POLICIES)} (--from-cluster: all of them)",
 )
 @click.option("--seeds", default="42-51", show_default=True, help="seeds, e.g. 42-51 or 42,43")
 @click.option(
@@ -129,6 +139,9 @@ def replay(
 def simulate(
     nodes: str | None,
     pods: str | None,
+    from_cluster: bool,
+    kubeconfig: str | None,
+    save_trace: str | None,
     policy: str,
     seeds: str,
     tune: float,
@@ -138,16 +151,31 @@ def simulate(
     workers: int,
     verbose: bool,
 ) -> int:
-    policies = _policies(policy)
+    ctx = click.get_current_context()
+    chosen = ctx.get_parameter_source("policy") is not click.core.ParameterSource.DEFAULT
+    policies = _policies(policy) if chosen or not from_cluster else list(POLICIES)
     seed_list = _seeds(seeds)
-    node_specs, pod_specs = _load_trace(nodes, pods)
-    trace = Path(str(pods)).stem
+    if from_cluster:
+        if nodes or pods:
+            raise click.UsageError("--from-cluster replaces --nodes and --pods: give one or the other")
+        from .snapshot import snapshot_trace
+
+        trace, node_specs, pod_specs = snapshot_trace(kubeconfig, save_trace)
+    else:
+        if kubeconfig or save_trace:
+            raise click.UsageError("--kubeconfig and --save-trace go with --from-cluster")
+        node_specs, pod_specs = _load_trace(nodes, pods)
+        trace = Path(str(pods)).stem
     results = replay(trace, node_specs, pod_specs, policies, seed_list, tune, workers, verbose)
     expected = report.load_expected(compare, trace) if compare else None
     click.echo(report.table(trace, results, expected))
     for p, runs in results.items():
         secs = [r.seconds for r in runs]
         click.echo(f"{p}: {len(runs)} seed(s), {min(secs):.1f}–{max(secs):.1f} s per seed")
+    if from_cluster:
+        from .snapshot import print_savings
+
+        print_savings(results, sum(len(n.gpus) for n in node_specs))
     if json_path:
         summaries = [summarise(trace, p, runs) for p, runs in results.items()]
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,14 @@
-"""Workstation mode's verbs: ``submit``, ``status``, ``jobs …``, ``cancel``, ``health``, ``watch``.
+"""Workstation mode's verbs: ``submit``, ``jobs …``, ``cancel``, ``watch``, and the workstation
+side of ``status``, ``health``, ``drain``, ``offline``, ``online`` (`neuronetes.cli.cluster`).
 
 They talk to the workstation daemon (``neuronetes agent run --standalone``) over its socket in the
-state directory (docs/workstation.md). `target_state_dir` is the one rule for the verbs that
-also exist for a cluster (``drain``, ``offline``, ``online``). Specs are validated here with the
-daemon's own rules before anything is sent, so a bad priority or size is refused even when no
-daemon runs.
+state directory (docs/workstation.md; `neuronetes.cli.standalone` finds it). Specs are validated
+here with the daemon's own rules before anything is sent, so a bad priority or size is refused
+even when no daemon runs.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import time
@@ -19,59 +18,12 @@ from typing import Any, Final
 import click
 
 from .output import CliError, emit, output_option, rows_of, stdout_console
+from .standalone import STATE_DIR, call, standalone, state_dir_of, target_state_dir
 
-__all__ = [
-    "COMMANDS",
-    "STANDALONE_KEYS",
-    "STANDALONE_OPTIONS",
-    "STATE_DIR",
-    "gpu_admin",
-    "run_standalone",
-    "standalone",
-    "target_state_dir",
-]
+__all__ = ["COMMANDS", "gpu_admin", "show_health", "show_status"]
 
-STATE_DIR = click.option(
-    "--state-dir",
-    metavar="DIR",
-    help="the workstation daemon's state directory (default: $NEURONETES_STATE_DIR, else "
-    "$XDG_STATE_HOME/neuronetes)",
-)
 _INTERVAL_RE: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m)?")
 _SCALE: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
-
-
-def standalone(module: str) -> Any:
-    """A module of node-agent/standalone, installed as neuronetes.agent.standalone (a mapping mypy
-    cannot follow)."""
-    return importlib.import_module(f"neuronetes.agent.standalone.{module}")
-
-
-def target_state_dir(option: str | None, kubeconfig: str | None = None) -> Path | None:
-    """THE target rule for verbs that exist for both: the workstation's state directory, or None
-    for the cluster. In order: ``--state-dir`` → workstation; ``--kubeconfig`` → cluster;
-    ``$NEURONETES_STATE_DIR`` set → workstation; a daemon answering in the default state
-    directory → workstation; otherwise the cluster."""
-    client = standalone("client")
-    if option:
-        return Path(option).expanduser()
-    if kubeconfig:
-        return None
-    path, named = client.state_dir_from(None)
-    return path if named or client.daemon_live(path) else None
-
-
-def _state_dir(option: str | None) -> Path:
-    path: Path = standalone("client").state_dir_from(option)[0]
-    return path
-
-
-def _call(state_dir: Path, request: Any) -> Any:
-    protocol = standalone("protocol")
-    reply = standalone("client").call(state_dir, request)
-    if isinstance(reply, protocol.Err):
-        raise CliError(reply.message)
-    return reply.result
 
 
 def _age(since: float | None) -> str:
@@ -119,62 +71,6 @@ def _gpu_rows(gpus: list[dict[str, Any]]) -> list[list[Any]]:
         ]
         for g in gpus
     ]
-
-
-# ---- the daemon (`agent run --standalone`) ------------------------------------------------------
-
-_STANDALONE: Final = (
-    click.option("--simulate-gpus", type=click.IntRange(1, 8), help="--standalone: simulate N GPUs"),
-    click.option(
-        "--utilization-cap", type=click.FloatRange(1, 90), help="--standalone: admission cap, percent (85)"
-    ),
-    click.option(
-        "--headroom", type=click.FloatRange(0, 89), help="--standalone: safety headroom, percent (5)"
-    ),
-    click.option(
-        "--aging-seconds",
-        type=click.FloatRange(min=0, min_open=True),
-        help="--standalone: a waiting job gains one priority point per this many seconds (60)",
-    ),
-    click.option(
-        "--checkpoint-deadline",
-        type=click.FloatRange(min=0, min_open=True),
-        help="--standalone: seconds a --checkpointable job has to exit after SIGUSR1 (30)",
-    ),
-    click.option(
-        "--cuda-driver", metavar="PATH", help="--standalone: the CUDA driver library (libcuda.so.1)"
-    ),
-)
-STANDALONE_KEYS: Final = (
-    "simulate_gpus",
-    "utilization_cap",
-    "headroom",
-    "aging_seconds",
-    "checkpoint_deadline",
-    "cuda_driver",
-)
-
-
-def STANDALONE_OPTIONS(func: Any) -> Any:  # a decorator, named like the other option constants
-    for option in reversed(_STANDALONE):
-        func = option(func)
-    return func
-
-
-def run_standalone(state_dir: str | None, shim_library: str | None, log_level: str, **opts: Any) -> int:
-    """Run the workstation daemon until SIGTERM/SIGINT."""
-    main = standalone("main")
-    given = {k: v for k, v in opts.items() if v is not None}
-    return int(
-        main.run_daemon(
-            main.DaemonOptions(
-                state_dir=_state_dir(state_dir),
-                shim_library=Path(shim_library) if shim_library else None,
-                log_level=log_level,
-                **given,
-            )
-        )
-    )
 
 
 # ---- submit ---------------------------------------------------------------------------------------
@@ -226,7 +122,7 @@ def submit(
         checkpointable=checkpointable,
         workdir=os.getcwd(),
     )
-    job = _call(_state_dir(state_dir), request)
+    job = call(state_dir_of(state_dir), request)
     if output == "table":
         click.echo(f"job {job['id']} ({job['name']}) {job['state']}")
     else:
@@ -237,12 +133,13 @@ def submit(
 
 
 def _workstation(option: str | None) -> Path:
-    """The state directory of a verb that only exists for the workstation (status, health, watch)."""
+    """The state directory of `watch` (a workstation-only view): as the target rule picks it, or the
+    no-daemon line."""
     target = target_state_dir(option)
     if target is not None:
         return target
-    path = _state_dir(option)
-    _call(path, standalone("protocol").Ping())  # nobody answers there: raises the one-line error
+    path = state_dir_of(option)
+    call(path, standalone("protocol").Ping())  # nobody answers there: raises the one-line error
     return path
 
 
@@ -271,30 +168,30 @@ def _daemon_line(d: dict[str, Any]) -> str:
     )
 
 
-@click.command("status", help="GPUs and jobs of the workstation daemon (--all: finished jobs too).")
-@click.option("--all", "all_", is_flag=True, help="include COMPLETED, FAILED and CANCELLED jobs")
-@STATE_DIR
-@output_option
-def status(all_: bool, state_dir: str | None, output: str) -> None:
-    document = _call(_workstation(state_dir), standalone("protocol").Status(all=all_))
+def show_status(state_dir: Path, all_: bool, output: str) -> int:
+    """``status`` on the workstation: the daemon, its GPUs and its jobs (all: finished jobs too)."""
+    document = call(state_dir, standalone("protocol").Status(all=all_))
     if output != "table":
         emit(output, document)
-        return
+        return 0
     console = stdout_console()
     console.print(_daemon_line(document["daemon"]), markup=False)
     for table in _status_tables(document):
         console.print(table)
+    return 0
 
 
-@click.command("health", help="One GPU: state, readings, processes, jobs and its state history.")
-@click.option("--gpu-id", required=True, metavar="UUID", help="the GPU's UUID (GPU-...)")
-@STATE_DIR
-@output_option
-def health(gpu_id: str, state_dir: str | None, output: str) -> None:
-    gpu = _call(_workstation(state_dir), standalone("protocol").Health(gpu=gpu_id))
+def show_health(state_dir: Path, gpu_id: str | None, output: str) -> int:
+    """``health`` on the workstation: every GPU, or one with its processes, jobs and state history."""
+    protocol = standalone("protocol")
+    if gpu_id is None:
+        gpus = call(state_dir, protocol.Status())["gpus"]
+        emit(output, {"gpus": gpus}, columns=_GPU_COLUMNS, rows=_gpu_rows(gpus))
+        return 0
+    gpu = call(state_dir, protocol.Health(gpu=gpu_id))
     if output != "table":
         emit(output, gpu)
-        return
+        return 0
     emit("table", gpu, columns=_GPU_COLUMNS, rows=_gpu_rows([gpu]))
     procs = gpu["processes"]
     if procs:
@@ -312,6 +209,7 @@ def health(gpu_id: str, state_dir: str | None, output: str) -> None:
         rows=_history_rows(gpu["history"]),
         title="History",
     )
+    return 0
 
 
 def _history_rows(history: list[dict[str, Any]]) -> list[list[Any]]:
@@ -344,7 +242,7 @@ def watch(interval: str, count: int, all_: bool, state_dir: str | None) -> None:
     request = standalone("protocol").Status(all=all_)
 
     def frame() -> Group:
-        document = _call(target, request)
+        document = call(target, request)
         return Group(_daemon_line(document["daemon"]), *_status_tables(document))
 
     with Live(frame(), console=stdout_console(), auto_refresh=False) as live:
@@ -368,7 +266,7 @@ def jobs() -> None:
 @STATE_DIR
 @output_option
 def jobs_list(all_: bool, state_dir: str | None, output: str) -> None:
-    items = _call(_state_dir(state_dir), standalone("protocol").ListJobs(all=all_))
+    items = call(state_dir_of(state_dir), standalone("protocol").ListJobs(all=all_))
     emit(output, items, columns=_JOB_COLUMNS, rows=_job_rows(items))
 
 
@@ -377,7 +275,7 @@ def jobs_list(all_: bool, state_dir: str | None, output: str) -> None:
 @STATE_DIR
 @output_option
 def jobs_describe(job: str, state_dir: str | None, output: str) -> None:
-    item = _call(_state_dir(state_dir), standalone("protocol").Describe(job=job))
+    item = call(state_dir_of(state_dir), standalone("protocol").Describe(job=job))
     if output != "table":
         emit(output, item)
         return
@@ -414,7 +312,7 @@ def jobs_describe(job: str, state_dir: str | None, output: str) -> None:
 
 
 def _cancel(job: str, state_dir: str | None, force: bool) -> None:
-    item = _call(_state_dir(state_dir), standalone("protocol").Cancel(job=job, force=force))
+    item = call(state_dir_of(state_dir), standalone("protocol").Cancel(job=job, force=force))
     click.echo(f"job {item['id']} ({item['name']}) {item['state']}: {item['reason']}")
 
 
@@ -438,8 +336,8 @@ def jobs_kill(job: str, state_dir: str | None) -> None:
 @click.option("--tail", type=click.IntRange(1, 10_000), default=100, show_default=True)
 @STATE_DIR
 def jobs_logs(job: str, stderr: bool, tail: int, state_dir: str | None) -> None:
-    out = _call(
-        _state_dir(state_dir),
+    out = call(
+        state_dir_of(state_dir),
         standalone("protocol").Logs(job=job, stream="stderr" if stderr else "stdout", tail=tail),
     )
     for line in out["lines"]:
@@ -458,9 +356,9 @@ def cancel(job: str, state_dir: str | None) -> None:
 
 def gpu_admin(state_dir: Path, verb: str, gpu_id: str, force: bool) -> int:
     """``drain``/``offline``/``online`` on the workstation daemon."""
-    out = _call(state_dir, standalone("protocol").GpuAdmin(gpu=gpu_id, action=verb, force=force))
+    out = call(state_dir, standalone("protocol").GpuAdmin(gpu=gpu_id, action=verb, force=force))
     click.echo(out["message"])
     return 0
 
 
-COMMANDS: tuple[click.Command, ...] = (submit, status, jobs, cancel, health, watch)
+COMMANDS: tuple[click.Command, ...] = (submit, jobs, cancel, watch)

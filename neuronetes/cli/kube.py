@@ -1,0 +1,123 @@
+"""What the cluster commands read from the API server: GPUNodes, Nodes, pods and their Events.
+
+One client per command; every failure becomes a `CliError` with one line (unreachable server,
+refused credentials, object not found), never a client traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Sequence
+from typing import Any, Final
+from urllib.parse import quote
+
+from neuronetes import contracts as c
+
+from .output import CliError
+
+__all__ = ["GPUNODES_PATH", "Cluster", "offline_gpus"]
+
+GPUNODES_PATH: Final = f"/apis/{c.GROUP}/{c.VERSION}/gpunodes"
+TIMEOUT_S: Final = 15.0
+
+
+def offline_gpus(gpunode: dict[str, Any]) -> set[str]:
+    """The UUIDs `neuronetes offline` holds out of service on this GPUNode (the agent's annotation)."""
+    key = importlib.import_module("neuronetes.agent.daemon.node").ANNOTATION_OFFLINE_GPUS
+    raw = ((gpunode.get("metadata") or {}).get("annotations") or {}).get(key, "")
+    return {u.strip() for u in str(raw).split(",") if u.strip()}
+
+
+class Cluster:
+    """A read-only view of the cluster through `kubeconfig` (default: in-cluster, else ~/.kube/config)."""
+
+    def __init__(self, kubeconfig: str | None) -> None:
+        from kubernetes import config as kube_config
+        from kubernetes.client import ApiClient
+
+        try:
+            if kubeconfig:
+                self.api = kube_config.new_client_from_config(config_file=kubeconfig)
+            else:
+                try:
+                    kube_config.load_incluster_config()
+                    self.api = ApiClient()
+                except kube_config.ConfigException:
+                    self.api = kube_config.new_client_from_config()
+        except (kube_config.ConfigException, OSError, ValueError, TypeError) as exc:
+            where = kubeconfig or "the default kubeconfig"
+            raise CliError(f"kubeconfig {where}: {' '.join(str(exc).split())}") from None
+        self.api.configuration.retries = 1  # an unreachable server answers in seconds, not minutes
+        self.server = str(self.api.configuration.host)
+
+    def get(self, path: str, query: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp = self.api.call_api(
+                path,
+                "GET",
+                query_params=list(query),
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=TIMEOUT_S,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                raise CliError(f"not found: {path}") from None
+            raise CliError(f"GET {path}: the API server answered {exc.status} {exc.reason}") from None
+        except Exception as exc:  # urllib3's connection errors, of many types
+            reason = getattr(exc, "reason", None) or exc
+            raise CliError(
+                f"cannot reach the API server at {self.server}: {' '.join(str(reason).split())}"
+            ) from None
+        return dict(json.loads(resp.data))
+
+    def items(self, path: str, query: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
+        return list(self.get(path, query).get("items") or [])
+
+    def gpunodes(self) -> list[dict[str, Any]]:
+        return sorted(self.items(GPUNODES_PATH), key=lambda g: str(g["metadata"]["name"]))
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self.items("/api/v1/nodes")
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.items("/api/v1/pods")
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+        try:
+            return self.get(path)
+        except CliError as exc:
+            if str(exc.message).startswith("not found"):
+                raise CliError(f"pod {namespace}/{name} not found") from None
+            raise
+
+    def events_about(self, kind: str, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The core/v1 view of every Event about the object, oldest first (events.k8s.io Events
+        appear there too, with their note as the message)."""
+        where = f"/api/v1/namespaces/{quote(namespace, safe='')}/events" if namespace else "/api/v1/events"
+        selector = f"involvedObject.kind={kind},involvedObject.name={name}"
+        events = self.items(where, [("fieldSelector", selector)])
+        return sorted(events, key=event_time)
+
+    def gpu(self, uuid: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(GPUNode, its status entry) of the GPU `uuid`; CliError when no GPUNode lists it."""
+        for node in self.gpunodes():
+            for gpu in (node.get("status") or {}).get("gpus") or ():
+                if gpu.get("uuid") == uuid:
+                    return node, dict(gpu)
+        raise CliError(f"no GPUNode lists GPU {uuid}")
+
+
+def event_time(event: dict[str, Any]) -> str:
+    return str(
+        event.get("lastTimestamp")
+        or event.get("eventTime")
+        or (event.get("metadata") or {}).get("creationTimestamp")
+        or ""
+    )

@@ -1,0 +1,188 @@
+"""Bad input to every area of the CLI: exactly one ``error: ...`` line on stderr, nothing on
+stdout, exit status 2 for usage (bad flag, path, CSV, value) and 1 at run time (unreachable or
+unreadable kubeconfig, missing cluster, refused value). Run through the installed console
+scripts, as a user runs them, so a traceback anywhere would show."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # 40-odd CLI processes
+
+BIN = Path(sys.executable).parent
+NODES_CSV = "sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,8,A100\n"
+PODS_CSV = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,8000,16000,1,1000\np2,4000,8000,1,500\n"
+UNREACHABLE_KUBECONFIG = (
+    "apiVersion: v1\nkind: Config\n"
+    'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]\n'
+    "users: [{name: u, user: {token: x}}]\n"
+    "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("cli-errors")
+    written = {
+        "nodes": NODES_CSV,
+        "pods": PODS_CSV,
+        "bad_number": PODS_CSV.replace("8000,16000", "lots,16000"),
+        "no_columns": "name,cpu\np1,1\n",
+        "bad_milli": PODS_CSV.replace(",500", ",4000"),
+        "unreachable": UNREACHABLE_KUBECONFIG,
+        "not_yaml": "settings: [\n",
+    }
+    out = {}
+    for name, text in written.items():
+        path = d / name
+        path.write_text(text)
+        out[name] = str(path)
+    out["missing"] = str(d / "missing.csv")
+    out["dir"] = str(d)
+    return out
+
+
+SIM = ["simulate", "--nodes", "{nodes}", "--pods", "{pods}", "--workers", "1", "--seeds", "1"]
+GPU = "GPU-00000000-0000-0000-0000-000000000000"
+
+# (id, console script, argv with {file} placeholders, exit status, text the one line must hold)
+CASES = [
+    ("unknown-command", "neuronetes", ["frobnicate"], 2, "No such command"),
+    ("no-command", "neuronetes", [], 2, "a command is needed"),
+    ("bad-flag", "neuronetes", ["simulate", "--bogus"], 2, "No such option"),
+    ("bad-path", "neuronetes", ["simulate", "--nodes", "{missing}", "--pods", "{pods}"], 2, "missing.csv"),
+    ("malformed-csv", "neuronetes", [*SIM[:4], "{bad_number}", *SIM[5:]], 2, "not a number"),
+    ("csv-missing-columns", "neuronetes", [*SIM[:4], "{no_columns}", *SIM[5:]], 2, "missing column"),
+    ("csv-impossible-share", "neuronetes", [*SIM[:4], "{bad_milli}", *SIM[5:]], 2, "out of range"),
+    ("empty-seed-range", "neuronetes", [*SIM[:-1], "9-1"], 2, "seed range '9-1' is empty"),
+    ("seeds-not-numbers", "neuronetes", [*SIM[:-1], "a-b"], 2, "--seeds"),
+    ("negative-tune", "neuronetes", [*SIM, "--tune", "-1"], 2, "--tune"),
+    ("unknown-policy", "neuronetes", [*SIM, "--policy", "fgd,nope"], 2, "unknown policy 'nope'"),
+    ("negative-workers", "neuronetes", [*SIM[:5], "--workers", "-3"], 2, "--workers"),
+    ("only-nodes", "neuronetes", ["simulate", "--nodes", "{nodes}"], 2, "give --nodes and --pods"),
+    ("csv-and-cluster", "neuronetes", [*SIM, "--from-cluster"], 2, "--from-cluster replaces"),
+    (
+        "from-cluster-unreachable",
+        "neuronetes",
+        ["simulate", "--from-cluster", "--kubeconfig", "{unreachable}"],
+        1,
+        "cannot reach the API server",
+    ),
+    ("unknown-node-profile", "neuronetes", ["dev", "cluster", "up", "--nodes", "foo=bar"], 2, "foo"),
+    (
+        "node-count-not-a-number",
+        "neuronetes",
+        ["dev", "cluster", "up", "--nodes", "dgx-h100=x"],
+        2,
+        "dgx-h100",
+    ),
+    ("bad-feature-gate", "neuronetes", ["dev", "cluster", "up", "--feature-gates", "X=maybe"], 2, "X=maybe"),
+    ("zero-schedulers", "neuronetes", ["dev", "cluster", "up", "--schedulers", "0"], 2, "--schedulers"),
+    ("bad-cluster-action", "neuronetes", ["dev", "cluster", "explode"], 2, "explode"),
+    ("bad-output-format", "neuronetes", ["dev", "cluster", "status", "-o", "xml"], 2, "'xml'"),
+    (
+        "cluster-not-up",
+        "neuronetes",
+        ["dev", "cluster", "kubeconfig", "--name", "never-started"],
+        1,
+        "is it up",
+    ),
+    ("xid-out-of-range", "neuronetes", ["dev", "inject-xid", "--gpu-id", GPU, "--xid", "0"], 1, "not an XID"),
+    ("port-out-of-range", "neuronetes", ["extender", "serve", "--port", "70000"], 2, "--port"),
+    ("operator-bad-settings", "neuronetes", ["operator", "run", "--config", "{not_yaml}"], 2, "settings"),
+    (
+        "webhook-no-certs",
+        "neuronetes",
+        ["webhook", "serve", "--port", "0", "--cert-dir", "{dir}"],
+        1,
+        "cannot serve",
+    ),
+    (
+        "agent-two-targets",
+        "neuronetes",
+        ["agent", "run", "--node", "a", "--simulate-nodes", "x=y"],
+        2,
+        "exactly one",
+    ),
+    ("drain-without-gpu", "neuronetes", ["drain"], 2, "--gpu-id"),
+    ("top-missing-kubeconfig", "kubectl-neuronetes", ["top", "--kubeconfig", "{missing}"], 1, "kubeconfig"),
+    ("top-unreachable", "kubectl-neuronetes", ["top", "--kubeconfig", "{unreachable}"], 1, "cannot reach"),
+    ("status-bad-output", "kubectl-neuronetes", ["status", "-o", "wide"], 2, "'wide'"),
+    (
+        "health-unreachable",
+        "kubectl-neuronetes",
+        ["health", "--gpu-id", GPU, "--kubeconfig", "{unreachable}"],
+        1,
+        "cannot reach",
+    ),
+    (
+        "offline-unreadable-kubeconfig",
+        "kubectl-neuronetes",
+        ["offline", "--gpu-id", GPU, "--kubeconfig", "{dir}"],
+        1,
+        "",
+    ),
+    ("explain-without-pod", "kubectl-neuronetes", ["explain"], 2, "POD"),
+    ("explain-bad-pod-ref", "kubectl-neuronetes", ["explain", "a/b/c"], 2, "NAMESPACE/NAME"),
+    ("group-bad-flag", "kubectl-neuronetes", ["dev", "--frobnicate"], 2, "No such option"),
+]
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "status", "says"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_input_is_one_error_line(
+    files: dict[str, str], script: str, argv: list[str], status: int, says: str
+) -> None:
+    args = [a.format(**files) for a in argv]
+    result = subprocess.run(
+        [str(BIN / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == status, result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert says in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_there_are_enough_cases() -> None:
+    assert len(CASES) >= 15 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize(
+    "argv", [["--version"], ["dev", "--version"], ["extender", "--version"], ["agent", "--version"]]
+)
+def test_version_everywhere(argv: list[str]) -> None:
+    for script in ("neuronetes", "kubectl-neuronetes"):
+        result = subprocess.run(
+            [str(BIN / script), *argv], capture_output=True, text=True, timeout=60, cwd="/"
+        )
+        assert result.returncode == 0 and result.stdout.strip().endswith("0.1.0"), result.stderr
+
+
+def test_an_unexpected_error_is_one_line_and_a_traceback_with_v(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from neuronetes.cli import main, simulate
+
+    def boom(spec: str) -> list[str]:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(simulate, "_policies", boom)
+    argv = ["simulate", "--nodes", "x", "--pods", "y"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and err.startswith("error: unexpected ZeroDivisionError: a bug") and "-v" in err
+    )
+    assert main(["-v", *argv]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error: unexpected")

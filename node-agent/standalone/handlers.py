@@ -81,7 +81,7 @@ def _holders(sched: Scheduler) -> dict[str, list[str]]:
 
 def _find(sched: Scheduler, name_or_id: str) -> Job | p.Err:
     job = sched.store.find(name_or_id)
-    return job if job is not None else p.Err("not_found", f"no job named or numbered {name_or_id!r}")
+    return job if job is not None else p.Err("not_found", f"no job {name_or_id!r} (no such id or name)")
 
 
 def _gpu(sched: Scheduler, uuid: str) -> GpuView | p.Err:

@@ -217,3 +217,59 @@ def test_without_the_checkpoint_api_the_daemon_says_so(
         d.submit("high", 10, 2)  # whole GPU: stopping the low job would leave no room
         wait_for(lambda: "held by job j1" in d.job("high")["reason"], "the urgent job waits")
         assert d.state("low") == "RUNNING"
+
+
+def test_gpu_holds_and_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """drain/offline/online on the workstation, and the errors that need a live daemon, through the
+    installed console script (one ``error:`` line, no traceback)."""
+    import subprocess
+    import sys
+
+    with running_daemon(tmp_path) as d:
+        gpu = d.gpu()
+
+        def run(*argv: str) -> subprocess.CompletedProcess[str]:
+            script = Path(sys.executable).parent / "neuronetes"
+            return subprocess.run(
+                [str(script), *argv, "--state-dir", str(d.state_dir)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+            )
+
+        for argv, says in [
+            (["jobs", "describe", "nope"], "no job 'nope' (no such id or name)"),
+            (["jobs", "kill", "nope"], "no such id or name"),
+            (["cancel", "nope"], "no such id or name"),
+            (["jobs", "logs", "nope"], "no such id or name"),
+            (["health", "--gpu-id", "GPU-nope"], "no GPU 'GPU-nope'"),
+        ]:
+            result = run(*argv)
+            assert result.returncode == 1 and result.stdout == "", (argv, result)
+            assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+            assert says in result.stderr and "Traceback" not in result.stderr
+
+        assert run("drain", "--gpu-id", gpu).returncode == 0
+        d.submit("waits", 1, 2)
+        wait_for(
+            lambda: "drained" in d.job("waits")["reason"], "held by the drain", show=lambda: d.job("waits")
+        )
+        assert run("online", "--gpu-id", gpu).returncode == 0
+        d.wait_state("waits", "COMPLETED")
+
+        d.submit("busy", 1, 10_000, mib=100)
+        busy = d.wait_state("busy", "RUNNING")
+        refused = run("offline", "--gpu-id", gpu)
+        assert refused.returncode == 1 and "used by job j2: drain it, or --force" in refused.stderr
+        assert run("offline", "--gpu-id", gpu, "--force").returncode == 0
+        evicted = d.wait_state("busy", "PREEMPTED")
+        assert "evicted: GPU 0 taken offline" in evicted["reason"]
+        wait_for(lambda: not process_alive(busy["pid"]), "the evicted job's processes gone")
+        health = d.cli_json(capsys, "health", "--gpu-id", gpu)
+        assert health["state"] == "Offline" and [h["to"] for h in health["history"]][-1] == "Offline"
+        assert run("online", "--gpu-id", gpu).returncode == 0
+        again = d.wait_state("busy", "RUNNING")
+        assert again["attempt"] == 2  # started afresh
+        code, out, _ = d.cli(capsys, "jobs", "describe", "busy")
+        assert code == 0 and "evicted" in out and "History" in out

@@ -108,6 +108,8 @@ def run_daemon(opts: DaemonOptions) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # A job's shepherd ended: reap it now rather than at the next round.
+    signal.signal(signal.SIGCHLD, lambda signum, frame: sched.wake.set())
     serving = threading.Thread(target=server.serve_forever, name="socket", daemon=True)
     serving.start()
     log.info(

@@ -176,13 +176,14 @@ class Scheduler:
             if rung is Rung.CHECKPOINT:
                 failed = self._checkpoint(victim)
                 if failed is None:
+                    done = self.clock()  # the transition's time is when the GPU was free
                     self.store.transition(
                         victim,
                         S.PREEMPTED,
                         f"{why}: transparent CUDA checkpoint, GPU memory moved to host memory",
-                        now,
+                        done,
                         suspended="checkpoint",
-                        queued_at=now,
+                        queued_at=done,
                     )
                     self.last_preemption[rung.value] = time.monotonic() - started
                     continue
@@ -265,7 +266,7 @@ class Scheduler:
             if how == "checkpoint"
             else "continued (SIGCONT)"
         )
-        self.store.transition(job, S.RUNNING, why, now, suspended="")
+        self.store.transition(job, S.RUNNING, why, self.clock(), suspended="")
         self.last_preemption[f"resume-{how}"] = time.monotonic() - started
 
     # ---- user orders ----------------------------------------------------------------------------

@@ -98,6 +98,7 @@ class Gpus:
         for uuid, h in self._health.items():
             h.admin_offline = uuid in holds and holds[uuid].offline
         self.views: dict[str, GpuView] = {}
+        self._recorded: dict[str, tuple[str, str]] = {}  # last state stored per GPU
 
     @property
     def simulated(self) -> Any:
@@ -146,7 +147,9 @@ class Gpus:
                 reason=reason,
                 drained=bool(hold and hold.drained),
             )
-            self.store.record_gpu_state(dev.uuid, state.value, reason, now)
+            if self._recorded.get(dev.uuid) != (state.value, reason):
+                self.store.record_gpu_state(dev.uuid, state.value, reason, now)
+                self._recorded[dev.uuid] = (state.value, reason)
         self.views = views
         return views
 

@@ -99,6 +99,7 @@ def run_daemon(opts: DaemonOptions) -> int:
         gpus_description=description,
     )
     recover(sched)
+    sched.tick()  # GPUs read and the queue looked at before the first request is answered
     server = DaemonServer(opts.state_dir, sched)
     stop = threading.Event()
 

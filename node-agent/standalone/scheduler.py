@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from neuronetes.agent.daemon.health import Usage
@@ -294,6 +294,7 @@ class Scheduler:
         """Take a job off its GPU for good (GPU forced offline): killed and requeued to start afresh."""
         now = self.clock()
         kill_group(self.launcher, job)
+        self.kill_after[job.id] = (replace(job), now)  # reaped there once it is gone
         if job.state is S.RUNNING:
             self.store.transition(
                 job,

@@ -3,6 +3,8 @@ fake CUDA driver (docs/workstation.md). No cluster: these tests need no control 
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -117,7 +119,7 @@ def test_daemon_killed_at_every_point_of_the_story(tmp_path: Path) -> None:
         again = d.wait_state("low", "RUNNING")
         assert again["pid"] == low["pid"] and again["attempt"] == 1  # re-adopted, not restarted
 
-        d.submit("high", 10, 40, mib=200, step_s=0.1)
+        d.submit("high", 10, 100_000, mib=200)
         d.wait_state("low", "PREEMPTED")
         high = d.wait_state("high", "RUNNING")
         d.kill()  # 2: low preempted (checkpointed, stopped), high running
@@ -127,8 +129,9 @@ def test_daemon_killed_at_every_point_of_the_story(tmp_path: Path) -> None:
             lambda: d.memory.used() == 200 * MIB, "the preempted job still off the GPU", show=d.memory.used
         )
 
-        d.kill()  # 3: the urgent job finishes while no daemon watches
-        wait_for(lambda: not process_alive(high["pid"]), "the urgent job's end", timeout=20)
+        d.kill()  # 3: the urgent job finishes while no daemon watches (SIGUSR1: it saves, exits 0)
+        os.killpg(high["pid"], signal.SIGUSR1)
+        wait_for(lambda: not process_alive(high["pid"]), "the urgent job's end")
         d.start()
         high = d.wait_state("high", "COMPLETED")
         assert high["exitCode"] == 0
@@ -144,7 +147,9 @@ def test_daemon_killed_at_every_point_of_the_story(tmp_path: Path) -> None:
         kill_leftovers(d.state_dir)
 
 
-def test_admission_waits_for_utilization_heat_and_external_memory(tmp_path: Path) -> None:
+def test_admission_waits_for_utilization_heat_and_external_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with running_daemon(tmp_path) as d:
         d.simulate(fault={"utilizationPercent": 95})
         d.submit("busy", 1, 2)
@@ -177,6 +182,8 @@ def test_admission_waits_for_utilization_heat_and_external_memory(tmp_path: Path
         assert d.call(p.Status())["gpus"][0]["processes"] == [{"pid": 4242, "usedMemoryBytes": 76 << 30}]
         d.simulate(process={"pid": 4242, "bytes": 0})
         d.wait_state("share", "COMPLETED")
+        code, out, _ = d.cli(capsys, "watch", "--interval", "100ms", "--count", "3", "--all")
+        assert code == 0 and "GPUs" in out and "Jobs" in out and "share" in out and "COMPLETED" in out
 
 
 def test_cooperative_and_stop_rungs(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,8 +42,12 @@ def fake_driver() -> tuple[Path, Path]:
 class FakeGpuMemory:
     """Device memory as the fake driver accounts it (the fake NVML over the shared state file)."""
 
-    def __init__(self, nvml_path: Path) -> None:
-        self.lib = ctypes.CDLL(str(nvml_path))
+    def __init__(self, nvml_path: Path, tmp: Path) -> None:
+        # A copy per test: the library keeps the state file it opened first in a static, and a
+        # second dlopen of the same path would return that instance (another test's GPU).
+        copy = tmp / "libnvidia-ml.so.1"
+        shutil.copyfile(nvml_path, copy)
+        self.lib = ctypes.CDLL(str(copy))
         assert self.lib.nvmlInit_v2() == 0
 
     def used(self) -> int:
@@ -76,7 +81,7 @@ class Daemon:
             "FAKE_LIBCUDA": str(cuda),
             "FAKE_CUDA_MEM_BYTES": str(80 << 30),
         }
-        self.memory = FakeGpuMemory(nvml)
+        self.memory = FakeGpuMemory(nvml, tmp)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = tmp / "daemon.log"
         self.runs = tmp / "runs.log"

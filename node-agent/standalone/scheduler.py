@@ -62,6 +62,7 @@ class Scheduler:
         self.coop_deadline: dict[str, float] = {}  # job id → when SIGKILL follows SIGUSR1
         self.kill_after: dict[str, tuple[Job, float]] = {}  # cancelled jobs still exiting
         self.last_preemption: dict[str, float] = {}  # rung → seconds it took (status)
+        self.checkpoint_failed: set[str] = set()  # jobs the driver could not checkpoint
 
     # ---- one round -------------------------------------------------------------------------------
 
@@ -159,7 +160,7 @@ class Scheduler:
         return {v.uuid: adm.external_memory(v, frozenset(own)) for v in views}
 
     def _rung(self, job: Job) -> Rung:
-        if self.cuda_pids(job):
+        if job.id not in self.checkpoint_failed and self.cuda_pids(job):
             return Rung.CHECKPOINT
         return Rung.COOPERATIVE if job.spec.checkpointable else Rung.STOP
 
@@ -187,8 +188,16 @@ class Scheduler:
                     )
                     self.last_preemption[rung.value] = time.monotonic() - started
                     continue
-                log.warning("job %s: transparent checkpoint failed (%s); falling back", victim.id, failed)
-                rung = Rung.COOPERATIVE if victim.spec.checkpointable else Rung.STOP
+                # The plan counted on its memory leaving the GPU: only a cooperative checkpoint
+                # does that too. Otherwise it keeps running, and later plans know not to count on it.
+                self.checkpoint_failed.add(victim.id)
+                log.warning("job %s: transparent checkpoint failed (%s)", victim.id, failed)
+                if not victim.spec.checkpointable:
+                    self.store.update(
+                        victim, reason=f"not preempted: transparent checkpoint failed: {failed}"
+                    )
+                    continue
+                rung = Rung.COOPERATIVE
             if rung is Rung.COOPERATIVE:
                 self.store.update(victim, suspended="signalled", reason=f"{why}: SIGUSR1 sent, saving")
                 self.coop_deadline[victim.id] = now + self.config.cooperative_deadline_s

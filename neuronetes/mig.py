@@ -49,6 +49,7 @@ __all__ = [
     "UnsupportedGpuError",
     "catalog_for",
     "catalogs",
+    "compute_milli",
     "format_mig_config",
     "is_mig_capable",
     "is_valid_profile_name",
@@ -554,6 +555,15 @@ def normalize_profile_name(name: str) -> str:
     if text.endswith(".me"):
         text = text[: -len(".me")] + "+me"
     return text
+
+
+def compute_milli(name: str) -> int:
+    """A profile's share of its GPU's compute in milli-GPU (``3g.20gb`` → 428): the fraction
+    usage views and the simulator's trace count a MIG instance as. ValueError for a bad name."""
+    m = _PROFILE_NAME_RE.fullmatch(normalize_profile_name(name))
+    if m is None or int(m["compute"]) > COMPUTE_SLICES:
+        raise ValueError(f"invalid MIG profile name {name!r}")
+    return int(m["compute"]) * 1000 // COMPUTE_SLICES
 
 
 def is_valid_profile_name(name: str, gpu_model: str | None = None) -> bool:

@@ -8,6 +8,7 @@ else is a bug: one line saying so, and the traceback only with the root's ``-v``
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -74,6 +75,9 @@ def main(argv: Sequence[str] | None = None, prog_name: str = "neuronetes") -> in
         return _fail(_one_line(exc.format_message()), exc.exit_code)
     except click.Abort:  # click's form of KeyboardInterrupt
         return _fail("interrupted", 130)
+    except BrokenPipeError:  # `neuronetes status --all | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
     except Exception as exc:
         kube = _kube_error(exc)
         if kube is not None:

@@ -1,6 +1,6 @@
 """Cluster verbs: ``status`` and ``health`` (read from the GPUNodes and pods), ``drain``,
 ``offline``, ``online`` (written to the GPUNode; the node agent carries them out,
-docs/gpu-health.md), and the plugin's views ``top`` and ``explain`` (their own modules).
+docs/gpu-health.md). The plugin's other views, ``top`` and ``explain``, have their own modules.
 
 ``status``, ``health``, ``drain``, ``offline`` and ``online`` also drive a workstation daemon:
 `standalone.target_state_dir` is the one rule that picks the target (docs/workstation.md)."""
@@ -15,14 +15,12 @@ import click
 
 from . import standalone, workstation
 from .agent import agent_commands
-from .explain import explain
 from .kube import Cluster, event_time
 from .options import GPU_ID, KUBECONFIG
 from .output import emit, output_option
-from .top import top
 from .views import GpuView, NodeView, cluster_views
 
-__all__ = ["COMMANDS"]
+__all__ = ["drain", "health", "offline", "online", "status"]
 
 
 def _age(timestamp: str) -> str:
@@ -52,8 +50,10 @@ def _views(kubeconfig: str | None) -> list[NodeView]:
 
 @click.command(
     "status",
+    short_help="GPU nodes (--all: GPUs) as their agents report them; a workstation's GPUs and jobs.",
     help="The cluster's GPU nodes as their agents report them: one row per node (healthy GPUs, "
-    "GPU share given out, last heartbeat); --all: one row per GPU.",
+    "GPU share given out, last heartbeat); --all: one row per GPU. On a workstation "
+    "(docs/workstation.md): the daemon, its GPUs and its jobs (--all: finished jobs too).",
 )
 @KUBECONFIG
 @standalone.STATE_DIR
@@ -123,8 +123,10 @@ def _health_document(gpunode: dict[str, Any], gpu: GpuView, events: list[dict[st
 
 @click.command(
     "health",
+    short_help="GPU health, one GPU in detail with --gpu-id.",
     help="GPU health from the GPUNodes: one row per GPU (state, reason, cordoned/offline); with "
-    "--gpu-id, that GPU in detail with its node's conditions and the agent's events about it.",
+    "--gpu-id, that GPU in detail with its node's conditions and the agent's events about it. On a "
+    "workstation: its GPUs, or one with its processes, jobs and state history.",
 )
 @KUBECONFIG
 @standalone.STATE_DIR
@@ -199,7 +201,9 @@ def drain(gpu_id: str, kubeconfig: str | None, state_dir: str | None) -> int:
 
 
 @click.command(
-    "offline", help="Take a GPU out of service (refused while pods use it, unless --force evicts them)."
+    "offline",
+    short_help="Take a GPU out of service.",
+    help="Take a GPU out of service (refused while pods use it, unless --force evicts them).",
 )
 @GPU_ID
 @KUBECONFIG
@@ -215,6 +219,3 @@ def offline(gpu_id: str, kubeconfig: str | None, state_dir: str | None, force: b
 @standalone.STATE_DIR
 def online(gpu_id: str, kubeconfig: str | None, state_dir: str | None) -> int:
     return _gpu_admin("online", gpu_id, kubeconfig, state_dir)
-
-
-COMMANDS: tuple[click.Command, ...] = (status, health, drain, offline, online, top, explain)

@@ -35,7 +35,7 @@ def feature_gates(items: Sequence[str]) -> dict[str, bool]:
     return gates
 
 
-@group("dev", help="Development tools: a local control plane, fault injection on simulated GPUs.")
+@group("dev", help="Development tools: a local control plane, faults on simulated GPUs.")
 def dev() -> None:
     pass
 
@@ -46,7 +46,7 @@ def _cluster_errors() -> tuple[type[BaseException], ...]:
     return (BuildError, ClusterError, KubectlError, OSError, RuntimeError)
 
 
-def _up(opts: dict[str, Any], cluster: DevCluster, log: Callable[[str], None]) -> int:
+def _up(opts: dict[str, Any], cluster: DevCluster, log: Callable[[str], None]) -> None:
     from neuronetes.devcluster import POLICIES_DIR, ExtenderConfig, parse_node_counts
     from neuronetes.devcluster.tools import REPO_ROOT
 
@@ -77,8 +77,6 @@ def _up(opts: dict[str, Any], cluster: DevCluster, log: Callable[[str], None]) -
         auto_build=opts["build"],
     )
     log(f"cluster {cluster.name!r} up in {seconds:.1f} s; logs in {cluster.log_dir}")
-    click.echo(str(cluster.kubeconfig))
-    return 0
 
 
 def status_document(st: ClusterStatus) -> dict[str, Any]:
@@ -183,9 +181,11 @@ def cluster_cmd(action: str, name: str, as_json: bool, output: str, **opts: Any)
         with spinner(f"starting cluster {name!r}") as log:
             cluster = DevCluster(name, log=log)
             try:
-                return _up(opts, cluster, log)
+                _up(opts, cluster, log)
             except _cluster_errors() as exc:
                 raise CliError(str(exc)) from None
+        click.echo(str(cluster.kubeconfig))  # after the spinner: stdout is the one result
+        return 0
 
     def log_line(msg: str) -> None:
         click.echo(f">> {msg}", err=True)
@@ -250,6 +250,7 @@ def inject_ecc(gpu_id: str, kubeconfig: str | None, corrected: int, uncorrected:
 
 @click.command(
     "demo",
+    short_help="Sample pods on a fresh local cluster, and where each landed.",
     help="Start the local control plane with a few dozen simulated GPU nodes and the extender beside "
     "kube-scheduler, submit sample pods (whole GPUs, NVLink, shared slices, MIG, a gang, one that fits "
     "nowhere) and print where each landed and why, read from the API.",

@@ -149,6 +149,7 @@ def _print_table(doc: dict[str, Any]) -> None:
 
 @click.command(
     "explain",
+    short_help="Why a pod runs on its node and GPUs, or why it is Pending.",
     help="Why POD (NAME or NAMESPACE/NAME) runs on its node and GPUs (the extender's reason and score "
     "terms), or why it is Pending (each rejected node's reason and kube-scheduler's summary).",
 )

@@ -17,7 +17,14 @@ from typing import Any, Final, TypeVar
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 __all__ = [
@@ -133,17 +140,25 @@ def progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
 
 @contextmanager
 def spinner(first: str) -> Iterator[Callable[[str], None]]:
-    """A spinner on stderr with the current step; yields ``log(msg)``, which prints the step as a
-    ``>> msg`` line (kept above the spinner) and shows it beside the spinner until the next one."""
+    """A spinner with the current step and the time elapsed, on stderr; yields ``log(msg)``, which
+    prints the step as a ``>> msg`` line (kept above the spinner) and shows it beside the spinner
+    until the next one. On a pipe only the lines are printed."""
     console = err_console()
     if not console.is_terminal:
         yield lambda msg: click.echo(f">> {msg}", err=True)
         return
-    with console.status(first) as status:
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bars:
+        task = bars.add_task(first, total=None)
 
         def log(msg: str) -> None:
-            console.print(f">> {msg}", markup=False, highlight=False)
-            status.update(msg)
+            bars.console.print(f">> {msg}", markup=False, highlight=False)
+            bars.update(task, description=msg)
 
         yield log
 

@@ -1,13 +1,14 @@
 """The root command group and the one table of its commands.
 
-A new area of the CLI is a module with a click command or group, listed in `COMMANDS`; each
+A new area of the CLI is a module with click commands or groups, listed in `COMMANDS`; each
 group carries `--version` through `group` (this module), so ``neuronetes X --version`` works
 for every X.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -41,31 +42,45 @@ def group(name: str, help: str) -> Callable[[Callable[..., Any]], click.Group]:
     return make
 
 
-def _commands() -> list[click.Command]:
-    """Every top-level command, in help order. Areas are imported here, not at module level, so
-    that `neuronetes.cli` stays cheap to import (each area imports its heavy parts when run)."""
-    from . import agent, cluster, dev, extender, operator, simulate, workstation
-
-    return [
-        simulate.simulate,
-        dev.dev,
-        dev.demo,
-        extender.extender,
-        operator.operator,
-        operator.webhook,
-        agent.agent,
-        *cluster.COMMANDS,
-        *workstation.COMMANDS,
-    ]
+# The registration table: each module of `neuronetes.cli` with its top-level commands, in help
+# order. Modules are imported when the root is built (each imports its heavy parts only when a
+# command runs), so `import neuronetes.cli` stays cheap.
+COMMANDS: list[tuple[str, tuple[str, ...]]] = [
+    ("simulate", ("simulate",)),
+    ("dev", ("dev", "demo")),
+    ("extender", ("extender",)),
+    ("operator", ("operator", "webhook")),
+    ("agent", ("agent",)),
+    ("cluster", ("status", "health", "drain", "offline", "online")),
+    ("top", ("top",)),
+    ("explain", ("explain",)),
+    ("workstation", ("submit", "jobs", "cancel", "watch")),
+]
 
 
-# The registration table: one entry per module that adds top-level commands.
-COMMANDS: list[Callable[[], list[click.Command]]] = [_commands]
+def _registered() -> Iterator[click.Command]:
+    for module_name, names in COMMANDS:
+        module = importlib.import_module(f"{__package__}.{module_name}")
+        for name in names:
+            command = getattr(module, name)
+            if not isinstance(command, click.Command):
+                raise TypeError(f"neuronetes.cli.{module_name}.{name} is not a click command")
+            yield command
+
+
+class _InOrder(click.Group):
+    """Lists its commands in the order they were added (the table's), not alphabetically."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
 
 
 def build_root() -> click.Group:
+    _state["verbose"] = False  # a fresh command line: `main` may run several times in one process
+
     @click.group(
         "neuronetes",
+        cls=_InOrder,
         context_settings=CONTEXT,
         help="NeuroNetes: GPU scheduling for Kubernetes.",
     )
@@ -74,7 +89,6 @@ def build_root() -> click.Group:
     def root(verbose: bool) -> None:
         _state["verbose"] = verbose
 
-    for source in COMMANDS:
-        for command in source():
-            root.add_command(command)
+    for command in _registered():
+        root.add_command(command)
     return root

@@ -106,6 +106,7 @@ def replay(
 
 @click.command(
     "simulate",
+    short_help="Replay a trace (CSV files or the live cluster) under each policy.",
     help="Replay a pod trace through the placement engine (FGD protocol) under each policy: the "
     "CSV files of --nodes and --pods, or (--from-cluster) a snapshot of a live cluster's GPU nodes and "
     "GPU pods, to see how many GPUs each policy would leave unallocated there (docs/cli.md).",

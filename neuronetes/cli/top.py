@@ -21,6 +21,7 @@ def _bar(fraction: float, width: int = 20) -> Text:
 
 @click.command(
     "top",
+    short_help="GPU use per node and GPU: allocated, free, fragmented.",
     help="GPU use per node and GPU: share allocated (bars), free, and the fragmented part of the free "
     "share (what the cluster's GPU pod shapes could not use, the engine's FGD measure).",
 )

@@ -17,6 +17,7 @@ from typing import Any, Final
 import numpy as np
 
 from neuronetes import contracts as c
+from neuronetes import mig
 from neuronetes.assignment import pod_gpu_request
 from neuronetes.engine.frag import node_fragmentation
 from neuronetes.engine.profile import WorkloadProfile
@@ -140,15 +141,18 @@ def _gpu_use(pods: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int, lis
         except c.AssignmentError:
             continue
         who = f"{meta.get('namespace')}/{meta.get('name')}"
-        seen: set[str] = set()
+        seen: set[tuple[str, int | None]] = set()
         for container in assignment.containers.values():
             for g in container.gpus:
                 # Containers of one pod that share a GPU (init, then app) do not run at once.
-                if g.uuid in seen:
+                if (g.uuid, g.mig_start) in seen:
                     continue
-                seen.add(g.uuid)
+                seen.add((g.uuid, g.mig_start))
                 entry = use[g.uuid]
-                entry[0] += g.compute_percent * MILLI_PER_GPU // 100
+                if g.mig_profile is not None:  # an instance: its compute slices, not the whole GPU
+                    entry[0] += mig.compute_milli(g.mig_profile)
+                else:
+                    entry[0] += g.compute_percent * MILLI_PER_GPU // 100
                 entry[1] += g.memory_mib
                 entry[2].append(who)
     return {k: (int(v[0]), int(v[1]), list(v[2])) for k, v in use.items()}

@@ -20,7 +20,7 @@ import click
 from .output import CliError, emit, output_option, rows_of, stdout_console
 from .standalone import STATE_DIR, call, standalone, state_dir_of, target_state_dir
 
-__all__ = ["COMMANDS", "gpu_admin", "show_health", "show_status"]
+__all__ = ["cancel", "gpu_admin", "jobs", "show_health", "show_status", "submit", "watch"]
 
 _INTERVAL_RE: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m)?")
 _SCALE: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
@@ -359,6 +359,3 @@ def gpu_admin(state_dir: Path, verb: str, gpu_id: str, force: bool) -> int:
     out = call(state_dir, standalone("protocol").GpuAdmin(gpu=gpu_id, action=verb, force=force))
     click.echo(out["message"])
     return 0
-
-
-COMMANDS: tuple[click.Command, ...] = (submit, jobs, cancel, watch)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from neuronetes import contracts as c
+from neuronetes import mig
 from neuronetes.assignment import pod_gpu_request
 from neuronetes.quantity import to_mib, to_milli
 
@@ -89,7 +90,7 @@ def _epoch(timestamp: str | None) -> str:
 def pod_rows(pods: Iterable[Mapping[str, Any]]) -> TraceRows:
     """One row per live pod that asks for NeuroNetes GPUs, placed or Pending: its effective
     request (whole GPUs as ``gpu_milli`` 1000, a slice as its compute share, a MIG instance as
-    one GPU of its compute share), and the GPU model its node selector pins it to."""
+    one GPU's share of its profile's compute slices), and the GPU model its node selector pins it to."""
     rows = []
     for pod in pods:
         meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
@@ -102,6 +103,7 @@ def pod_rows(pods: Iterable[Mapping[str, Any]]) -> TraceRows:
         if ask is None or ask.request.gpus == 0:
             continue
         r = ask.request
+        milli = mig.compute_milli(r.mig_profile) if r.mig_profile is not None else r.gpu_milli
         pinned = (spec.get("nodeSelector") or {}).get(c.LABEL_GPU_TYPE, "")
         rows.append(
             {
@@ -109,7 +111,7 @@ def pod_rows(pods: Iterable[Mapping[str, Any]]) -> TraceRows:
                 "cpu_milli": str(r.cpu_milli),
                 "memory_mib": str(r.memory_mib),
                 "num_gpu": str(r.gpus),
-                "gpu_milli": str(r.gpu_milli),
+                "gpu_milli": str(milli),
                 "gpu_spec": pinned,
                 "pod_phase": str(status.get("phase") or "Pending"),
                 "creation_time": _epoch(meta.get("creationTimestamp")),

@@ -226,20 +226,32 @@ class Store:
 
     def jobs(self, *, states: frozenset[JobState] | None = None) -> list[Job]:
         """Jobs in submission order (those in `states` only, when given), with their history."""
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
-            names = [d[0] for d in self._db.execute("SELECT * FROM jobs LIMIT 0").description]
-            history: dict[str, list[tuple[float, str, str, str]]] = {}
-            for job_id, at, frm, to, why in self._db.execute("SELECT * FROM transitions ORDER BY rowid"):
-                history.setdefault(job_id, []).append((at, frm, to, why))
-        out = [_job_of(dict(zip(names, row, strict=True)), history) for row in rows]
-        return [j for j in out if states is None or j.state in states]
+        if states is None:
+            return self._select("ORDER BY seq", [])
+        marks = ", ".join("?" * len(states))
+        return self._select(f"WHERE state IN ({marks}) ORDER BY seq", [s.value for s in states])
 
     def find(self, name_or_id: str) -> Job | None:
         """A job by id, else the newest job with that name."""
-        jobs = self.jobs()
-        by_id = next((j for j in jobs if j.id == name_or_id), None)
-        return by_id or next((j for j in reversed(jobs) if j.spec.name == name_or_id), None)
+        found = self._select("WHERE id = ?", [name_or_id]) or self._select(
+            "WHERE name = ? ORDER BY seq DESC LIMIT 1", [name_or_id]
+        )
+        return found[0] if found else None
+
+    def _select(self, clause: str, args: list[Any]) -> list[Job]:
+        with self._lock:
+            cur = self._db.execute(f"SELECT * FROM jobs {clause}", args)
+            names = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+            history: dict[str, list[tuple[float, str, str, str]]] = {}
+            ids = [row[names.index("id")] for row in rows]
+            for chunk in range(0, len(ids), 500):  # SQLite's limit on bound parameters
+                part = ids[chunk : chunk + 500]
+                marks = ", ".join("?" * len(part))
+                query = f"SELECT * FROM transitions WHERE job_id IN ({marks}) ORDER BY rowid"
+                for job_id, at, frm, to, why in self._db.execute(query, part):
+                    history.setdefault(job_id, []).append((at, frm, to, why))
+        return [_job_of(dict(zip(names, row, strict=True)), history) for row in rows]
 
     # ---- GPUs ------------------------------------------------------------------------------------
 

@@ -177,3 +177,25 @@ def test_preemption_plan_picks_the_ladder_and_never_equal_priority() -> None:
     share = job("share", 10, memory=10 * GIB, compute=50)
     chosen = plan(share, views, [small, share], {}, settings, lambda j: Rung.STOP)
     assert chosen is not None and [(v.id, r) for v, r in chosen.victims] == [("small", Rung.STOP)]
+
+
+def test_whole_gpu_jobs_take_the_first_free_gpus() -> None:
+    settings = adm.Settings()
+    views = {f"GPU-{i}": view(i) for i in range(3)}
+    busy = job("busy", 1, S.RUNNING, gpus=("GPU-0",))
+    pair = Job("pair", JobSpec("true", 1, gpus=2), S.QUEUED, 0.0, 0.0)
+    admit = adm.place(pair, list(views.values()), adm.loads([busy], views), {}, settings)
+    assert isinstance(admit, adm.Admit) and [g.uuid for g in admit.gpus] == ["GPU-1", "GPU-2"]
+    three = Job("three", JobSpec("true", 1, gpus=3), S.QUEUED, 0.0, 0.0)
+    held = adm.place(three, list(views.values()), adm.loads([busy], views), {}, settings)
+    assert isinstance(held, adm.Hold) and "held by job busy" in held.reason
+
+
+def test_store_lists_by_state(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    a = store.add_job(JobSpec("true", 1), 1.0)
+    b = store.add_job(JobSpec("true", 2), 2.0)
+    store.transition(b, S.QUEUED, "queued", 3.0)
+    assert [j.id for j in store.jobs(states=frozenset({S.QUEUED}))] == [b.id]
+    assert [j.id for j in store.jobs()] == [a.id, b.id]
+    assert [h[2] for h in store.jobs(states=frozenset({S.QUEUED}))[0].history] == ["PENDING", "QUEUED"]

@@ -280,3 +280,46 @@ def test_gpu_holds_and_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFix
         assert again["attempt"] == 2  # started afresh
         code, out, _ = d.cli(capsys, "jobs", "describe", "busy")
         assert code == 0 and "evicted" in out and "History" in out
+
+
+def test_bad_requests_get_one_error_reply_and_change_nothing(tmp_path: Path) -> None:
+    import json
+    import socket
+
+    with running_daemon(tmp_path) as d:
+
+        def raw(data: bytes) -> dict[str, object]:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(20)
+                sock.connect(str(d.state_dir / "daemon.sock"))
+                sock.sendall(data)
+                sock.shutdown(socket.SHUT_WR)
+                reply = b""
+                while chunk := sock.recv(65536):
+                    reply += chunk
+            assert reply.count(b"\n") == 1
+            return dict(json.loads(reply))
+
+        # Over 1 MiB: the daemon stops reading, answers and closes; the sender sees the connection
+        # end (a reset, on a Unix socket with unread data) and the daemon goes on serving.
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            raw(b"[" * (4 << 20) + b"\n")
+
+        for data, code in [
+            (b"not json\n", "bad_request"),
+            (b'{"op": "explode"}\n', "bad_request"),
+            (b'{"op": "submit", "command": "true"}\n', "bad_request"),  # no priority
+            (b'{"op": "submit", "command": "true", "priority": 1, "extra": 1}\n', "bad_request"),
+            (b'{"op": "submit", "command": "true", "priority": "high"}\n', "bad_request"),
+            (b'{"op": "submit", "command": "true", "priority": 1, "gpu_memory": "lots"}\n', "invalid"),
+            (b'{"op": "submit", "command": "true", "priority": 1, "gpus": 4}\n', "invalid"),
+            (b'{"op": "logs", "job": "x", "tail": 0}\n', "invalid"),
+            (b"\n", "bad_request"),
+            (b"[" * 1000 + b"\n", "bad_request"),
+        ]:
+            reply = raw(data)
+            assert reply["ok"] is False and reply["error"] == code, (data[:60], reply)
+            assert "\n" not in str(reply["message"])
+        assert (d.state_dir / "daemon.sock").stat().st_mode & 0o777 == 0o600
+        assert d.call(p.ListJobs(all=True)) == []  # nothing was stored
+        assert d.call(p.Ping())["pid"] == d.proc.pid  # type: ignore[union-attr]

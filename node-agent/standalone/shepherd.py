@@ -4,9 +4,9 @@
 job attempt in a new session, so the job's process group is the shepherd's. Signals the daemon
 sends to the group (SIGTERM, SIGUSR1, …) reach the command; the shepherd ignores them (its
 handlers do nothing; handlers are reset on exec, so the command gets the default dispositions) and
-writes the command's exit status to EXIT_FILE when it ends (128+N for signal N), atomically. A
-daemon that was restarted meanwhile reads the status from that file, since the shepherd is no
-longer its child.
+writes the command's exit status to EXIT_FILE when it ends (128+N for signal N), atomically, then
+kills whatever is left in the group (itself included). A daemon that was restarted meanwhile reads
+the status from that file, since the shepherd is no longer its child.
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ def main(argv: list[str]) -> int:
     tmp = exit_file.with_name(exit_file.name + ".tmp")
     tmp.write_text(f"{code}\n")
     os.replace(tmp, exit_file)
+    if os.getpgid(0) == os.getpid():
+        # The job is its process group: what the command left behind ends with it (and with it
+        # this shepherd, its status already written), so no stray copy runs on after the job.
+        os.killpg(0, signal.SIGKILL)
     return code
 
 

@@ -61,3 +61,42 @@ def test_whole_gpus_set_no_share_variables(tmp_path: Path) -> None:
 )
 def test_commands_without_shell_syntax_run_directly(command: str, argv: list[str]) -> None:
     assert command_argv(command) == argv
+
+
+def test_the_shepherd_records_the_status_and_ends_the_group(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    exit_file = tmp_path / "exit-1"
+    pid_file = tmp_path / "left-behind"
+    command = f"sleep 30 & echo $! > {pid_file}; exit 3"
+    shepherd = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "neuronetes.agent.standalone.shepherd",
+            str(exit_file),
+            "--",
+            "/bin/sh",
+            "-c",
+            command,
+        ],
+        start_new_session=True,
+        timeout=30,
+        check=False,
+    )
+    assert shepherd.returncode == -9 and exit_file.read_text() == "3\n"
+    left = int(pid_file.read_text())
+
+    def gone() -> bool:
+        try:
+            stat = Path(f"/proc/{left}/stat").read_text()
+        except OSError:
+            return True
+        return stat[stat.rfind(")") + 2] == "Z"
+
+    deadline = time.monotonic() + 5
+    while not gone():
+        assert time.monotonic() < deadline, "the background process outlived its job"
+        time.sleep(0.05)

@@ -148,6 +148,7 @@ class Scheduler:
             chosen = plan(job, view_list, jobs, external, settings, self._rung)
             if chosen is not None:
                 self._preempt(chosen, now)
+                self.wake.set()  # the next round starts the urgent job without waiting
                 return
 
     def _external(self, jobs: list[Job], views: list[GpuView]) -> dict[str, int]:
@@ -303,6 +304,7 @@ class Scheduler:
         """Take a job off its GPU for good (GPU forced offline): killed and requeued to start afresh."""
         now = self.clock()
         kill_group(self.launcher, job)
+        self.coop_deadline.pop(job.id, None)
         self.kill_after[job.id] = (replace(job), now)  # reaped there once it is gone
         if job.state is S.RUNNING:
             self.store.transition(

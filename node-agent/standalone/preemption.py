@@ -4,9 +4,9 @@ Victims are running jobs of strictly lower submitted priority on the GPUs the ur
 use; the fewest, lowest-priority, most recently started go first. Each victim is suspended by the
 first rung of the ladder that applies to it (docs/workstation.md, "Preemption ladder"):
 
-1. ``checkpoint`` — transparent: the CUDA driver checkpoints the job's CUDA processes (their GPU
-   memory moves to host memory, the GPU is free) and the group is stopped; on resume the group is
-   continued and the memory restored. Needs the driver's checkpoint API and a CUDA process.
+1. ``checkpoint`` — transparent: the CUDA driver locks and checkpoints the job's CUDA processes
+   (their GPU memory moves to host memory, the GPU is free; their CUDA calls wait); on resume the
+   memory is restored and they are unlocked. Needs the driver's checkpoint API and a CUDA process.
 2. ``cooperative`` — a ``--checkpointable`` job gets SIGUSR1 and `deadline_s` seconds to save and
    exit; it is requeued and restarted with ``NEURONETES_RESUME=1``.
 3. ``stop`` — SIGSTOP now, SIGCONT later; its memory stays allocated, so this rung is used only

@@ -82,7 +82,8 @@ def recover(sched: Scheduler) -> list[str]:
                     for pid in sched.cuda_pids(job):
                         if sched.ckpt.state(pid) == STATE_RUNNING:
                             sched.ckpt.suspend(pid)
-                sched.launcher.signal(job, signal.SIGSTOP)
+                else:
+                    sched.launcher.signal(job, signal.SIGSTOP)
                 done.append(f"{job.id}: re-adopted, still preempted ({job.suspended})")
             elif job.state in FINAL and job.pid and alive(job.pid, job.pid_start):
                 kill_group(sched.launcher, job)

@@ -216,7 +216,9 @@ class Scheduler:
                 self.last_preemption[rung.value] = time.monotonic() - started
 
     def _checkpoint(self, job: Job) -> str | None:
-        """Checkpoint every CUDA process of the job, then stop the group; undo on failure."""
+        """Checkpoint every CUDA process of the job; undo on failure. The group is not stopped: its
+        CUDA calls wait in the driver, and a stopped process could hold a lock the driver's other
+        users need."""
         done: list[int] = []
         for pid in self.cuda_pids(job):
             failed = self.ckpt.suspend(pid)
@@ -227,7 +229,6 @@ class Scheduler:
             done.append(pid)
         if not done:
             return "no CUDA process left in the job"
-        self.launcher.signal(job, signal.SIGSTOP)
         return None
 
     def _start(self, job: Job, gpus: tuple[GpuView, ...], now: float) -> None:
@@ -262,13 +263,13 @@ class Scheduler:
     def _resume(self, job: Job, now: float) -> None:
         started = time.monotonic()
         how = job.suspended
-        self.launcher.signal(job, signal.SIGCONT)
-        if how == "checkpoint":
+        if how == "stopped":
+            self.launcher.signal(job, signal.SIGCONT)
+        else:
             for pid in group_members(job.pid):
                 if self.ckpt.state(pid) not in (None, STATE_RUNNING):
                     failed = self.ckpt.resume(pid)
-                    if failed is not None:
-                        self.launcher.signal(job, signal.SIGSTOP)
+                    if failed is not None:  # still checkpointed: it waits for room
                         self.store.update(job, reason=f"waiting: restore failed: {failed}")
                         return
         why = (

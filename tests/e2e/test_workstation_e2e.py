@@ -122,7 +122,7 @@ def test_daemon_killed_at_every_point_of_the_story(tmp_path: Path) -> None:
         d.submit("high", 10, 100_000, mib=200)
         d.wait_state("low", "PREEMPTED")
         high = d.wait_state("high", "RUNNING")
-        d.kill()  # 2: low preempted (checkpointed, stopped), high running
+        d.kill()  # 2: low preempted (checkpointed), high running
         d.start()
         assert d.state("low") == "PREEMPTED" and d.job("high")["pid"] == high["pid"]
         wait_for(

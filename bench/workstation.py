@@ -171,7 +171,11 @@ def main() -> int:
                     }
         finally:
             daemon.send_signal(signal.SIGTERM)
-            daemon.wait(30)
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait(30)
             _kill_jobs_of(state)
     print(json.dumps(report, indent=2))
     return 0

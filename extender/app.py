@@ -168,7 +168,7 @@ def create_app(
     """
     cache: GpuCache = service.cache
     metrics = metrics or service.metrics or ExtenderMetrics(cache.stats)
-    metrics.attach(service.health, service.events)
+    metrics.attach(service.health, service.events, cache.demand)
     service.metrics = metrics
     decode = bodies or BodyDecoder()
 

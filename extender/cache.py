@@ -9,15 +9,21 @@ thread-safe on its own; `GpuCache` holds the lock for every call into them, and 
   store when the node set changes (bound pods replayed, then live holds);
 - `Ledger` (`ledger`): what each bound pod holds (``pod/<id>``), written by our binds, never
   re-read from a tenant-writable annotation;
+- `SliceBook` (`slices`): what each Bound GPUSlice reserves (``slice/<ns>/<name>``), read from
+  the status the operator writes; pods naming a slice run inside it;
 - `HoldBook` (`holds`): holds (``hold/<id>``, ``group/<ns>/<group>/<i>``) with the one TTL;
   released GPUs nudge the pods the filter rejected;
 - `GangManager` (`gang_manager`): gang reservations, their non-blocking bind barrier, restore;
-- `decisions`: filter, prioritize, bind planning and preemption refinement over the parts.
+- `decisions`: filter, prioritize, bind planning and preemption refinement over the parts;
+- `demand`: free capacity against the pending pods (the fragmentation gauges), read at scrape.
 
 Pods are identified by UID (``namespace/name`` for hand-made requests without one). Nothing is
 oversubscribed (`ClusterState` refuses it) and nothing is leaked (allocations are derived from
 the pods and holds the cache keeps, never patched in place): `check_invariants` checks both and
 raises `CacheInvariantError`.
+
+The module is longer than most: it is one short locked method per feed, decision and read, and
+keeping them in one class keeps the one lock in one place.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from neuronetes.model import NodeSpec
 
 from . import decisions as d
 from .config import ExtenderSettings, SettingsSource
+from .demand import Demand, measure, take_inputs
 from .gang_facade import GangFacade
 from .gang_manager import GangListener, GangManager
 from .gangs import GangSpec
@@ -50,12 +57,15 @@ from .results import (
     Hold,
     PodUnknownError,
 )
+from .slice_filter import filter_slice_pod
+from .slices import GPUSLICES, SliceBook, SliceInfo, slice_covers
 from .snapshot import NodeLookup, Snapshot, check_books
 from .store import GPUNODES, RESOURCES, ClusterStore
 from .wire import Node, Pod
 
 __all__ = [
     "GPUNODES",
+    "GPUSLICES",
     "RESOURCES",
     "BarrierState",
     "BindPlan",
@@ -90,6 +100,7 @@ class GpuCache(GangFacade):
         self._store = ClusterStore(clock)
         self._holds = HoldBook()
         self._ledger = Ledger()
+        self._slices = SliceBook()
         self._gangs = GangManager(self._snap, self._store, self._holds, d.REASON_UNKNOWN_NODE)
         self._gangs.barrier_listener = self._barrier_changed
         self._barrier_listener: Callable[[str], None] | None = None
@@ -114,8 +125,8 @@ class GpuCache(GangFacade):
             self._holds.drop(self._snap.state, hold.alloc_id)
 
     def _rebuild(self) -> None:
-        """Rebuild from the node specs; replay bound pods, then live holds (those that no longer
-        fit are dropped; those whose node is gone wait, dormant, for it or their TTL)."""
+        """Rebuild from the node specs; replay bound pods and Bound slices, then live holds (those
+        that no longer fit are dropped; those whose node is gone wait, dormant, for it or their TTL)."""
         snap = self._snap
         snap.rebuild(self._store.specs.values())
         self._store.dirty = False
@@ -123,6 +134,8 @@ class GpuCache(GangFacade):
         for info in self._store.pods.values():
             if info.holds_resources:
                 self._account(info)
+        for sl in self._store.slices.values():  # after the pods: a running pod outranks a claim
+            self._slices.account(snap, self._holds, sl)
         for hold in sorted(self._holds, key=lambda h: h.expires_at):
             if hold.node not in snap.state.index:
                 continue
@@ -133,7 +146,8 @@ class GpuCache(GangFacade):
                 self._holds.forget(hold.alloc_id)
 
     def _account(self, info: PodInfo) -> None:
-        self._ledger.account(self._snap, self._holds, info, self._fulfil)
+        in_slice = bool(info.slice) and slice_covers(info, self._store.slices)
+        self._ledger.account(self._snap, self._holds, info, self._fulfil, in_slice=in_slice)
 
     def _fulfil(self, pod_id: str) -> None:
         self._gangs.release_hold_of(pod_id, bound=True)
@@ -184,18 +198,41 @@ class GpuCache(GangFacade):
             self._store.delete_gpunode(name)
         self.touch(GPUNODES)
 
+    def replace_slices(self, slices: Iterable[SliceInfo]) -> None:
+        """Every Bound GPUSlice after a (re)list (`slices.slice_of` of each object)."""
+        with self._lock:
+            if self._store.replace_slices(slices):
+                self._holds.freed = True  # pods waiting for a slice may fit now
+        self.touch(GPUSLICES)
+
+    def put_slice(self, key: str, info: SliceInfo | None) -> None:
+        """GPUSlice `key` (``namespace/name``) changed: `info` is what it reserves (None: nothing,
+        or it is gone)."""
+        with self._lock:
+            if self._store.put_slice(key, info):
+                self._holds.freed = True
+        self.touch(GPUSLICES)
+
     def _upsert(self, info: PodInfo) -> None:
         info = self._store.put_pod(info)
         if info.terminal:
             self._gangs.release_hold_of(info.id)
         if not self._store.dirty:
             self._account(info)
+            if info.terminal:
+                self._retry_slices()
 
     def _remove(self, pod_id: str) -> None:
         self._store.pop_pod(pod_id)
         self._holds.rejected.pop(pod_id, None)
         self._gangs.release_hold_of(pod_id)
         self._ledger.remove(self._snap, pod_id)
+        self._retry_slices()
+
+    def _retry_slices(self) -> None:
+        """A pod went or finished: slices left out for overlapping it may fit now."""
+        if self._slices.unaccounted and not self._store.dirty:
+            self._slices.retry(self._snap, self._holds, self._store.slices)
 
     def upsert_pod(self, pod: Pod) -> None:
         info = PodInfo.from_pod(pod)
@@ -252,7 +289,11 @@ class GpuCache(GangFacade):
         """`decisions.filter_pod`; a GPU pod found no node for is remembered to be nudged."""
         with self._lock:
             self._ensure()
-            decision = d.filter_pod(self._parts, pod, self._lookup(node_names), gang)
+            lookup = self._lookup(node_names)
+            if pod.slice:
+                decision = filter_slice_pod(self._parts, pod, lookup)
+            else:
+                decision = d.filter_pod(self._parts, pod, lookup, gang)
             if decision.feasible:
                 self._holds.rejected.pop(pod.id, None)
             elif pod.gpu is not None:
@@ -341,7 +382,7 @@ class GpuCache(GangFacade):
         `CacheInvariantError`)."""
         with self._lock:
             self._ensure()
-            check_books(self._snap.state, self._store.pods.keys(), self._holds)
+            check_books(self._snap.state, self._store.pods.keys(), self._holds, self._store.slices.keys())
 
     def holds(self) -> list[Hold]:
         with self._lock:
@@ -379,6 +420,15 @@ class GpuCache(GangFacade):
                 for j in range(int(st.gpu_count[i]))
             ]
 
+    def demand(self) -> Demand:
+        """Unallocated and fragmented GPU capacity against the pending pods, and pending gangs."""
+        with self._lock:
+            self._ensure()
+            inputs = take_inputs(
+                self._snap.state, self._store.pods.values(), self._snap.settings.gang_ttl_seconds
+            )
+        return measure(inputs)
+
     def stats(self) -> CacheStats:
         with self._lock:
             self._ensure()
@@ -393,7 +443,7 @@ class GpuCache(GangFacade):
                 holds=len(self._holds),
                 gangs=len(self._gangs.groups),
                 unaccounted_pods=len(self._ledger.unaccounted),
-                conflicts=self._ledger.conflicts,
+                conflicts=self._ledger.conflicts + self._slices.conflicts,
                 rebuilds=self._snap.rebuilds,
                 synced=store.synced,
                 sync_age_seconds={r: store.sync_age(r) for r in RESOURCES},

@@ -22,7 +22,7 @@ from neuronetes.engine import PlacementEngine, scale_scores
 from neuronetes.engine.core import FEASIBLE
 from neuronetes.engine.filters import FILTERS
 from neuronetes.inventory import Allocation, ClusterState
-from neuronetes.model import Placement, PodRequest
+from neuronetes.model import GpuGrant, Placement, PodRequest
 
 from .config import ExtenderSettings
 from .gang_manager import GangManager
@@ -39,6 +39,7 @@ from .results import (
     Hold,
     PodUnknownError,
 )
+from .slices import gpu_index, slice_request_mismatch
 from .snapshot import NodeLookup, Snapshot, violated_locality
 from .store import ClusterStore
 
@@ -284,7 +285,7 @@ def prepare_bind(parts: Parts, pod_id: str, node: str, pod: PodInfo | None) -> B
         )
     if info.gpu_error:
         raise BindRefusedError(short(f"invalid gpu request: {info.gpu_error}"))
-    if info.gpu is None:
+    if info.gpu is None and not info.slice:
         _check_node_rules(store, info, node)
         return BindPlan(pod_id, node, {}, None)
     hold = holds.of(pod_id)
@@ -309,10 +310,13 @@ def prepare_bind(parts: Parts, pod_id: str, node: str, pod: PodInfo | None) -> B
     if hold.gpu is None:
         raise CacheInvariantError(f"hold {hold.alloc_id} of pod {pod_id} carries no gpu request")
     placement = Placement(hold.request, node, i, hold.grants, hold.score, hold.reason)
+    qos = c.QoS.GUARANTEED
+    if info.slice:
+        placement, qos = _inside_slice(parts, info, hold, placement)
     uid = info.assignment_uid
     try:
         assignment = build_assignment(
-            placement, snap.state.nodes[i], hold.gpu, pod_uid=uid, gang=gang_assignment(group)
+            placement, snap.state.nodes[i], hold.gpu, qos=qos, pod_uid=uid, gang=gang_assignment(group)
         )
     except ValueError as exc:
         if group is None:
@@ -321,7 +325,7 @@ def prepare_bind(parts: Parts, pod_id: str, node: str, pod: PodInfo | None) -> B
     annotations = {c.ANNOTATION_ASSIGNED_GPUS: c.encode_assignment(assignment)}
     if snap.settings.visible_devices_annotations:
         annotations.update(visible_devices_annotations(assignment))
-    explanation = _explain_held(snap, hold, placement)
+    explanation = hold.explanation if info.slice else _explain_held(snap, hold, placement)
     if group is not None:
         return BindPlan(
             pod_id,
@@ -334,6 +338,23 @@ def prepare_bind(parts: Parts, pod_id: str, node: str, pod: PodInfo | None) -> B
             explanation=explanation,
         )
     return BindPlan(pod_id, node, annotations, hold.alloc_id, assignment, explanation=explanation)
+
+
+def _inside_slice(parts: Parts, info: PodInfo, hold: Hold, placement: Placement) -> tuple[Placement, c.QoS]:
+    """The placement of a pod that names a GPUSlice: the slice's GPU with the slice's share (the
+    hold took only CPU and memory), and the slice's QoS class."""
+    sl = parts.store.slices.get(info.slice_key)
+    if sl is None or sl.node != placement.node:
+        parts.holds.drop(parts.snap.state, hold.alloc_id)
+        raise BindRefusedError(
+            f"pod {info.key}: GPUSlice {info.slice} is no longer Bound on {placement.node}"
+        )
+    why = slice_request_mismatch(info, sl)
+    j = gpu_index(parts.snap.state, placement.node_index, sl.gpu_uuid)
+    if why is not None or j is None:
+        parts.holds.drop(parts.snap.state, hold.alloc_id)
+        raise BindRefusedError(short(why or f"{placement.node} has no GPU {sl.gpu_uuid}"))
+    return replace(placement, grants=(GpuGrant(j, sl.milli, sl.memory_mib),)), sl.qos
 
 
 # ---- preemption -----------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""The GPU cache's feeds: the node, pod and GPUNode reflectors of one cache, started together.
+"""The GPU cache's feeds: the node, pod, GPUNode and GPUSlice reflectors of one cache, started
+together.
 
-Nodes and pods are required (the cache is ready once both are listed); GPUNode objects are
-optional (without the CRD, node labels and capacity are the inventory). Each reflector is
-added to the `WatchHealth` that readiness reads.
+Nodes and pods are required (the cache is ready once both are listed); GPUNode and GPUSlice
+objects once listed too, but optional (without the GPUNode CRD, node labels and capacity are the
+inventory; without the GPUSlice CRD, nothing is reserved by slices). Each reflector is added to
+the `WatchHealth` that readiness reads.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from neuronetes import contracts as c
 from neuronetes.api import models as m
 from neuronetes.api.models import GPUNode
 
-from .cache import GPUNODES, GpuCache
+from .cache import GPUNODES, GPUSLICES, GpuCache
 from .kube import KubeApi
+from .slices import slice_of
 from .watch import CustomObject, CustomObjectList, Reflector, WatchHealth
 from .wire import Node, NodeList, Pod, PodList
 
-__all__ = ["Reflectors", "gpunode_reflector", "start_reflectors"]
+__all__ = ["Reflectors", "gpunode_reflector", "gpuslice_reflector", "start_reflectors"]
 
 log = logging.getLogger(__name__)
 
@@ -66,17 +69,45 @@ def gpunode_reflector(
     )
 
 
+def gpuslice_reflector(
+    cache: GpuCache, api: KubeApi, *, resync_period: float = 600.0
+) -> Reflector[CustomObject]:
+    """Feeds `cache` the GPUSlices' reservations (`slices.slice_of`: their status only)."""
+
+    def key(obj: CustomObject) -> str:
+        return f"{obj.metadata.namespace}/{obj.metadata.name}"
+
+    return Reflector(
+        api,
+        GPUSLICES,
+        f"/apis/{c.API_VERSION}/{GPUSLICES}",
+        CustomObject,
+        CustomObjectList,
+        on_replace=lambda items: cache.replace_slices(s for s in map(slice_of, items) if s is not None),
+        on_upsert=lambda obj: cache.put_slice(key(obj), slice_of(obj)),
+        on_delete=lambda obj: cache.put_slice(key(obj), None),
+        on_synced=lambda: cache.mark_synced(GPUSLICES),
+        on_heard=lambda: cache.touch(GPUSLICES),
+        resync_period=resync_period,
+        on_missing=lambda: log.info("no GPUSlice CRD: no GPU share is reserved by slices"),
+    )
+
+
 class Reflectors:
-    """The node, pod and GPUNode reflectors of one cache."""
+    """The node, pod, GPUNode and GPUSlice reflectors of one cache."""
 
     def __init__(
-        self, nodes: Reflector[Node], pods: Reflector[Pod], gpunodes: Reflector[CustomObject]
+        self,
+        nodes: Reflector[Node],
+        pods: Reflector[Pod],
+        gpunodes: Reflector[CustomObject],
+        gpuslices: Reflector[CustomObject],
     ) -> None:
-        self.nodes, self.pods, self.gpunodes = nodes, pods, gpunodes
+        self.nodes, self.pods, self.gpunodes, self.gpuslices = nodes, pods, gpunodes, gpuslices
 
     @property
     def all(self) -> tuple[Reflector[Any], ...]:
-        return (self.nodes, self.pods, self.gpunodes)
+        return (self.nodes, self.pods, self.gpunodes, self.gpuslices)
 
     def start(self) -> None:
         for reflector in self.all:
@@ -130,7 +161,13 @@ def start_reflectors(
         watch_timeout=watch_timeout,
     )
     cache.require_sync(GPUNODES)
-    reflectors = Reflectors(nodes, pods, gpunode_reflector(cache, api, resync_period=resync_period))
+    cache.require_sync(GPUSLICES)
+    reflectors = Reflectors(
+        nodes,
+        pods,
+        gpunode_reflector(cache, api, resync_period=resync_period),
+        gpuslice_reflector(cache, api, resync_period=resync_period),
+    )
     if health is not None:
         for reflector in reflectors.all:
             health.add(reflector)

@@ -44,7 +44,7 @@ __all__ = [
     "same_shape",
 ]
 
-ANNOTATION_RESERVATION_ID: Final = f"{c.GROUP}/reservation-id"
+ANNOTATION_RESERVATION_ID: Final = c.ANNOTATION_RESERVATION_ID
 """Marks which in-memory reservation a ``GangReservation`` object describes (one object per group
 is reused, so a late DELETED event of an older reservation must not release a newer one)."""
 ANNOTATION_POD_RESOURCES: Final = f"{c.GROUP}/member-resources"

@@ -30,7 +30,7 @@ from .holds import HoldBook
 from .pods import PodInfo
 from .snapshot import Snapshot
 
-__all__ = ["Ledger", "claimed_gpus"]
+__all__ = ["Ledger", "allocate_evicting", "claimed_gpus"]
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +99,18 @@ class Ledger:
         self._sig.pop(pod_id, None)
         self.unaccounted.discard(pod_id)
 
-    def account(self, snap: Snapshot, holds: HoldBook, info: PodInfo, fulfil: Callable[[str], None]) -> None:
+    def account(
+        self,
+        snap: Snapshot,
+        holds: HoldBook,
+        info: PodInfo,
+        fulfil: Callable[[str], None],
+        *,
+        in_slice: bool = False,
+    ) -> None:
         """Make the state hold exactly what `info` holds (state current); `fulfil(pod_id)` ends
-        the pod's hold once it is bound."""
+        the pod's hold once it is bound. `in_slice`: a pod first seen bound runs inside the
+        GPUSlice it names (`slices.slice_covers`): only its CPU and memory are charged."""
         st = snap.state
         alloc_id = "pod/" + info.id
         i = st.index.get(info.node) if info.holds_resources else None
@@ -138,8 +147,14 @@ class Ledger:
             st.release(alloc_id)
         self._sig.pop(info.id, None)
         fulfil(info.id)  # bound: its hold (if any) is fulfilled
-        if entry is not None:
-            grants: tuple[GpuGrant, ...] | None = entry.grants
+        # Inside its slice, unless the assignment changed since the entry was made (then the entry
+        # stands: a patched annotation frees nothing).
+        inside = in_slice and (entry is None or entry.assignment == info.assignment)
+        if inside:
+            grants: tuple[GpuGrant, ...] | None = ()
+            self._entries[info.id] = _Entry(info.node, (), info.assignment)
+        elif entry is not None:
+            grants = entry.grants
         else:
             grants = self._conservative_grants(snap, info, i)
             if grants is not None:
@@ -149,7 +164,7 @@ class Ledger:
             log.warning("pod %s on %s: its GPUs cannot be told; they are not counted", info.key, info.node)
             grants = ()
         self._sig[info.id] = signature
-        if not self._allocate_evicting(snap, holds, alloc_id, i, info.cpu_milli, info.memory_mib, grants):
+        if not allocate_evicting(snap, holds, alloc_id, i, info.cpu_milli, info.memory_mib, grants):
             self.conflicts += 1
             self.unaccounted.add(info.id)
             log.error(
@@ -159,7 +174,7 @@ class Ledger:
                 info.node,
             )
             return
-        if grants or info.gpu is None:
+        if grants or info.gpu is None or inside or (entry is not None and info.slice):
             self.unaccounted.discard(info.id)
 
     @staticmethod
@@ -208,26 +223,27 @@ class Ledger:
             return tuple(grants) if grants else None
         return (*grants, *chosen[0])
 
-    @staticmethod
-    def _allocate_evicting(
-        snap: Snapshot,
-        holds: HoldBook,
-        alloc_id: str,
-        i: int,
-        cpu: int,
-        memory: int,
-        grants: tuple[GpuGrant, ...],
-    ) -> bool:
-        """Allocate for a bound pod; holds on the node give way to it (latest deadline first)."""
-        st = snap.state
-        victims = sorted((h for h in holds if st.index.get(h.node) == i), key=lambda h: -h.expires_at)
-        while True:
-            try:
-                st.allocate(alloc_id, i, cpu, memory, grants)
-                return True
-            except OversubscriptionError:
-                if not victims:
-                    return False
-                victim = victims.pop(0)
-                log.info("hold %s on %s gives way to a bound pod", victim.alloc_id, victim.node)
-                holds.drop(st, victim.alloc_id, freed=False)
+
+def allocate_evicting(
+    snap: Snapshot,
+    holds: HoldBook,
+    alloc_id: str,
+    i: int,
+    cpu: int,
+    memory: int,
+    grants: tuple[GpuGrant, ...],
+) -> bool:
+    """Allocate for what the API server says is bound (a pod, a Bound GPUSlice); holds on the
+    node give way to it (latest deadline first). False: taken by something else bound."""
+    st = snap.state
+    victims = sorted((h for h in holds if st.index.get(h.node) == i), key=lambda h: -h.expires_at)
+    while True:
+        try:
+            st.allocate(alloc_id, i, cpu, memory, grants)
+            return True
+        except OversubscriptionError:
+            if not victims:
+                return False
+            victim = victims.pop(0)
+            log.info("hold %s on %s gives way to a bound pod", victim.alloc_id, victim.node)
+            holds.drop(st, victim.alloc_id, freed=False)

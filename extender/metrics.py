@@ -6,17 +6,19 @@ gets its own `CollectorRegistry` (several apps in one process — tests — neve
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest, start_http_server
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from neuronetes import contracts as c
 
 from .cache import RESOURCES, CacheStats
+from .demand import Demand, PendingGangClock
 from .events import EventRecorder
 from .watch import WatchHealth
 
@@ -98,10 +100,15 @@ class ExtenderMetrics:
                 lambda resource=resource: self._stat().sync_age_seconds.get(resource, float("inf"))  # type: ignore[misc]
             )
 
-    def attach(self, health: WatchHealth, events: EventRecorder) -> None:
-        """Export the watches' health and the Event writer's counts (once per registry)."""
+    def attach(
+        self, health: WatchHealth, events: EventRecorder, demand: Callable[[], Demand] | None = None
+    ) -> None:
+        """Export the watches' health, the Event writer's counts and, given `demand` (the cache's
+        `demand`), fragmentation and pending gangs (once per registry)."""
         if not self._attached:
             self.registry.register(_EdgeCollector(health, events))
+            if demand is not None:
+                self.registry.register(_DemandCollector(demand))
             self._attached = True
 
     def _stat(self) -> CacheStats:
@@ -117,6 +124,35 @@ class ExtenderMetrics:
             return generate_latest(self.registry)
         finally:
             self._snapshot = None
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve only `GET /metrics` on `host`:`port` (0: a free port) in a daemon thread; returns the port.
+
+        The verbs' port stays on loopback (whoever reaches it could bind pods), so Prometheus in the
+        cluster scrapes this read-only listener instead (`--metrics-bind-address`).
+        """
+        scrape = CollectorRegistry(auto_describe=False)
+        scrape.register(_SnapshotCollector(self))
+        server, _ = start_http_server(port, addr=host, registry=scrape)
+        return int(server.server_port)
+
+    def collect_snapshot(self) -> Iterator[Metric]:
+        """Every metric of the registry, the cache's gauges read from one snapshot (as `render`)."""
+        self._snapshot = self._stats()
+        try:
+            yield from self.registry.collect()
+        finally:
+            self._snapshot = None
+
+
+class _SnapshotCollector(Collector):
+    """The extender's registry as one collector, for the metrics-only listener."""
+
+    def __init__(self, metrics: ExtenderMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return self.metrics.collect_snapshot()
 
 
 class _EdgeCollector(Collector):
@@ -140,3 +176,23 @@ class _EdgeCollector(Collector):
         ):
             events.add_metric((result,), count)
         yield events
+
+
+class _DemandCollector(Collector):
+    """GPU allocation, fragmentation and pending gangs, measured at scrape time (extender/demand.py)."""
+
+    def __init__(self, demand: Callable[[], Demand]) -> None:
+        self.demand = demand
+        self.gangs = PendingGangClock(time.monotonic)
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.demand()
+        past = self.gangs.past_timeout(now.pending_gangs)
+        for name, value in (
+            (c.METRIC_GPUS_ALLOCATED, now.gpus_allocated),
+            (c.METRIC_GPUS_UNALLOCATED, now.gpus_unallocated),
+            (c.METRIC_GPUS_FRAGMENTED, now.gpus_fragmented),
+            (c.METRIC_GANGS_PENDING, float(len(now.pending_gangs))),
+            (c.METRIC_GANGS_PAST_TIMEOUT, float(past)),
+        ):
+            yield GaugeMetricFamily(name, _help(name), value=value)

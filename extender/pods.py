@@ -141,6 +141,7 @@ class PodInfo:
     node_selector: dict[str, str] | None = None  # spec.nodeSelector
     affinity: Affinity | None = None  # spec.affinity
     tolerations: tuple[Toleration, ...] = ()
+    slice: str = ""  # the GPUSlice (same namespace) it runs inside: `neuronetes.io/slice`
 
     @classmethod
     def from_pod(cls, pod: Pod) -> PodInfo:
@@ -184,6 +185,7 @@ class PodInfo:
             node_selector=pod.spec.node_selector,
             affinity=pod.spec.affinity,
             tolerations=tuple(pod.spec.tolerations or ()),
+            slice=(meta.annotations or {}).get(c.ANNOTATION_SLICE, ""),
         )
 
     @property
@@ -196,6 +198,11 @@ class PodInfo:
         return None if self.gang is None else f"{self.namespace}/{self.gang.name}"
 
     @property
+    def slice_key(self) -> str:
+        """``namespace/name`` of the GPUSlice the pod runs inside ("" when none)."""
+        return f"{self.namespace}/{self.slice}" if self.slice else ""
+
+    @property
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
 
@@ -206,7 +213,7 @@ class PodInfo:
 
     @property
     def wants_gpu(self) -> bool:
-        return self.gpu is not None or bool(self.gpu_error)
+        return self.gpu is not None or bool(self.gpu_error) or bool(self.slice)
 
     @property
     def pending_gpu(self) -> bool:

@@ -48,6 +48,7 @@ __all__ = [
     "build",
     "free_port",
     "listen_policy",
+    "parse_bind_address",
     "serve",
 ]
 
@@ -212,6 +213,15 @@ def build(
     return extender
 
 
+def parse_bind_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (`[::]:9464` for IPv6; an empty host means every address) → (host, port)."""
+    host, sep, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ListenError(f"--metrics-bind-address {text!r}: expected HOST:PORT, e.g. 0.0.0.0:9464")
+    return host or "0.0.0.0", int(port)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -246,8 +256,12 @@ def serve(ns: argparse.Namespace) -> int:
             client_ca_file=ns.client_ca_file,
             insecure_allow_remote=ns.insecure_allow_remote,
         )
+        metrics_address = parse_bind_address(ns.metrics_bind_address) if ns.metrics_bind_address else None
         extender = build(kubeconfig=ns.kubeconfig, config=ns.config, resync_period=ns.resync_period)
-    except (ConfigError, KubeError, ListenError) as exc:
+        if metrics_address is not None:
+            port = extender.metrics.serve(*metrics_address)
+            log.info("metrics on http://%s:%d/metrics", metrics_address[0], port)
+    except (ConfigError, KubeError, ListenError, OSError) as exc:
         log.error("%s", exc)
         return 2
     if policy.https and policy.client_ca_file is None:

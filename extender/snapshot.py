@@ -102,9 +102,12 @@ def violated_locality(state: ClusterState, placement: Placement) -> str | None:
     return None if ok else req.locality.value
 
 
-def check_books(state: ClusterState, pod_ids: Collection[str], holds: Iterable[Hold]) -> None:
+def check_books(
+    state: ClusterState, pod_ids: Collection[str], holds: Iterable[Hold], slice_keys: Collection[str] = ()
+) -> None:
     """`ClusterState.check_invariants` plus: every allocation belongs to a known pod
-    (``pod/<id>``) or a hold, and every hold on a known node holds something.
+    (``pod/<id>``), a Bound GPUSlice (``slice/<ns>/<name>``) or a hold, and every hold on a known
+    node holds something.
 
     Raises:
         CacheInvariantError: the first disagreement found.
@@ -115,7 +118,12 @@ def check_books(state: ClusterState, pod_ids: Collection[str], holds: Iterable[H
         raise CacheInvariantError(f"cluster state: {exc}") from None
     held = {h.alloc_id: h for h in holds}
     for alloc_id in state.allocations:
-        owned = alloc_id[4:] in pod_ids if alloc_id.startswith("pod/") else alloc_id in held
+        if alloc_id.startswith("pod/"):
+            owned = alloc_id[4:] in pod_ids
+        elif alloc_id.startswith("slice/"):
+            owned = alloc_id[6:] in slice_keys
+        else:
+            owned = alloc_id in held
         if not owned:
             raise CacheInvariantError(f"leaked allocation {alloc_id}")
     for hold in held.values():

@@ -1,9 +1,10 @@
 """The store fed by the watches: node specs (Node merged with its GPUNode), the facts the
-bind-time filter reads, pod records, and the sync bookkeeping readiness reports.
+bind-time filter reads, pod records, Bound GPUSlices, and the sync bookkeeping readiness reports.
 
 No decisions here: the store records what the API server said, and says whether the node set
-changed (`dirty`), which the cache answers by rebuilding its snapshot. Not thread-safe on its
-own: `GpuCache` calls it under its lock.
+or a slice's reservation changed (`dirty`), which the cache answers by rebuilding its snapshot
+(slices change rarely, and pods that run inside a slice are charged differently once it is
+known). Not thread-safe on its own: `GpuCache` calls it under its lock.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from neuronetes.model import NodeSpec
 from .nodefit import NodeFacts
 from .nodes import NodeSpecError, apply_gpunode, node_spec_from_node, unusable_node
 from .pods import PodInfo
+from .slices import SliceInfo
 from .wire import Node
 
 __all__ = ["GPUNODES", "RESOURCES", "ClusterStore"]
@@ -48,6 +50,7 @@ class ClusterStore:
         self._gpunodes: dict[str, GPUNode] = {}  # the agents' GPUNode objects, by node name
         self.facts: dict[str, NodeFacts] = {}  # labels and taints, by node name
         self.pods: dict[str, PodInfo] = {}
+        self.slices: dict[str, SliceInfo] = {}  # Bound GPUSlices by namespace/name
         self.dirty = False  # the node specs changed since the snapshot was built
         self._required: set[str] = set(RESOURCES)
         self._synced: set[str] = set()
@@ -126,6 +129,27 @@ class ClusterStore:
 
     def pop_pod(self, pod_id: str) -> PodInfo | None:
         return self.pods.pop(pod_id, None)
+
+    # ---- GPUSlices -----------------------------------------------------------------------------
+    def replace_slices(self, slices: Iterable[SliceInfo]) -> bool:
+        """The Bound slices after a (re)list; whether any reservation changed."""
+        new = {s.key: s for s in slices}
+        if new == self.slices:
+            return False
+        self.slices = new
+        self.dirty = True
+        return True
+
+    def put_slice(self, key: str, info: SliceInfo | None) -> bool:
+        """Record slice `key` (None: it reserves nothing now); whether its reservation changed."""
+        if self.slices.get(key) == info:
+            return False
+        if info is None:
+            del self.slices[key]
+        else:
+            self.slices[key] = info
+        self.dirty = True
+        return True
 
     # ---- sync bookkeeping ----------------------------------------------------------------------
     def touch(self, resource: str) -> None:

@@ -17,9 +17,10 @@ mypy
 
 # ---- NRI plugin (node-agent/nri, Go) --------------------------------------------------------
 # gofmt, go vet and go test for the plugin module (its decoder also runs the shared vectors in
-# tests/fixtures/assignment-vectors.json), then the binary into build/neuronetes-nri. Modules come
-# from the Go module proxy into the normal module cache. Without a Go toolchain this fails under CI
-# and is skipped (with a warning) on a workstation.
+# tests/fixtures/assignment-vectors.json); the binary is built with the image's contents below
+# (build/neuronetes-nri links to it). Modules come from the Go module proxy into the normal module
+# cache. Without a Go toolchain this fails under CI and is skipped (with a warning) on a workstation.
+have_go=0
 nri_plugin_checks() {
     local dir="$REPO_ROOT/node-agent/nri" unformatted
     unformatted="$(cd "$dir" && gofmt -l .)"
@@ -27,10 +28,11 @@ nri_plugin_checks() {
         echo "FAILED: gofmt -l node-agent/nri lists: $unformatted" >&2
         return 1
     fi
-    (cd "$dir" && go vet ./... && go test ./... && go build -o "$REPO_ROOT/build/neuronetes-nri" ./cmd/neuronetes-nri)
+    (cd "$dir" && go vet ./... && go test ./...)
 }
 if command -v go >/dev/null 2>&1; then
-    echo ">> node-agent/nri: gofmt, go vet, go test, go build" >&2
+    have_go=1
+    echo ">> node-agent/nri: gofmt, go vet, go test" >&2
     GOFLAGS="${GOFLAGS:+$GOFLAGS }-modcacherw" GOTOOLCHAIN=local nri_plugin_checks
 else
     case "${CI:-}" in
@@ -58,12 +60,39 @@ if [[ "${NEURONETES_SKIP_CONTROL_PLANE_BUILD:-0}" != 1 ]]; then
     fi
 fi
 
+# ---- the chart (helm/neuronetes) ----------------------------------------------------------------
+# `helm lint --strict` with the pinned helm (built above), and the chart's README values table and
+# docs/rbac.md regenerated from their sources must equal the committed ones. The chart's own tests
+# (tests/unit/test_chart*.py) run with pytest below.
+echo ">> helm lint --strict helm/neuronetes; hack/chart-docs.py --check" >&2
+python hack/chart-docs.py --check
+HELM="$(cd / && python -c 'from neuronetes.devcluster.tools import Toolchain; print(Toolchain.pinned().helm)')"
+if [[ -x "$HELM" ]]; then
+    "$HELM" lint --strict "$REPO_ROOT/helm/neuronetes" --namespace neuronetes-system 2> >(grep -v '^level=INFO' >&2)
+elif [[ "${CI:-}" =~ ^(1|true|TRUE|True|yes|on)$ ]]; then
+    echo "FAILED: no helm at $HELM (hack/build-control-plane.sh builds it)" >&2
+    exit 1
+else
+    echo "WARNING: no helm at $HELM; chart not linted (its tests will skip)" >&2
+fi
+
 # ---- CUDA shim (node-agent/shim): build it and run its C tests under sanitizers ------------------
 # libneuronetes-cuda.so, the fake libcuda/libnvidia-ml and the C tests are built against the real
 # cuda.h / nvml.h of the dev extra; every case runs under ASan+UBSan, the region logic under TSan
 # too (gcc's libasan/libubsan/libtsan; Debian's gcc ships them). ~30 s on 2 cores.
 echo ">> make -C node-agent/shim test" >&2
 make -s -C "$REPO_ROOT/node-agent/shim" PYTHON="$VIRTUAL_ENV/bin/python" test
+
+# ---- The image's contents (Dockerfile), built and smoke-tested outside a container ---------------
+# hack/build-image-contents.sh runs the Dockerfile's build steps into build/image (the NRI plugin,
+# the shim, the wheel installed into a fresh venv), then runs every entry point's --help, the NRI
+# plugin's -help and the shim over the fake driver. ~1 min on 2 cores (mostly the venv's installs,
+# from pip's cache). Needs Go: skipped with the NRI plugin above on a workstation without it.
+if [[ $have_go == 1 ]]; then
+    echo ">> hack/build-image-contents.sh all build/image" >&2
+    GOTOOLCHAIN=local PYTHON="$VIRTUAL_ENV/bin/python" bash "$REPO_ROOT/hack/build-image-contents.sh" all "$REPO_ROOT/build/image"
+    ln -sfn image/usr/local/bin/neuronetes-nri "$REPO_ROOT/build/neuronetes-nri"
+fi
 
 # Prometheus (Debian package `prometheus`: the server and `promtool`) for the agent's exporter
 # tests: `promtool check metrics` on its output, and a real server scraping it in tests/e2e.

@@ -75,6 +75,11 @@ GANG_KEYS: Final = (LABEL_GANG, LABEL_POD_GROUP_X_K8S, ANNOTATION_GROUP_NAME_VOL
 ANNOTATION_LOCALITY: Final = f"{GROUP}/locality"  # any | same-node | same-socket | nvlink
 ANNOTATION_MIN_BANDWIDTH: Final = f"{GROUP}/min-bandwidth-gbps"  # NVLink GB/s between the GPUs
 ANNOTATION_GANG_TIMEOUT: Final = f"{GROUP}/gang-timeout-seconds"  # how long a gang reservation holds
+# The GPUSlice (same namespace) a pod runs inside: the pod gets exactly the slice's share of the
+# slice's GPU and is not charged again (docs/gpuslice.md).
+ANNOTATION_SLICE: Final = f"{GROUP}/slice"
+# On a GangReservation: the id of the reservation it describes (new for every reservation of a group).
+ANNOTATION_RESERVATION_ID: Final = f"{GROUP}/reservation-id"
 
 # Tenant-set keys the webhook strips or refuses (DESIGN §2 "Fail closed"; docs/threat-model.md).
 TENANT_FORBIDDEN_ENV_PREFIXES: Final = ("NVIDIA_", "CUDA_DEVICE_", "NEURONETES_")
@@ -104,6 +109,11 @@ METRIC_CACHE_UNACCOUNTED: Final = "neuronetes_scheduler_cache_unaccounted_pods"
 METRIC_CACHE_SYNC_AGE: Final = "neuronetes_scheduler_cache_sync_age_seconds"
 METRIC_WATCH_BROKEN: Final = "neuronetes_scheduler_watch_broken_seconds"
 METRIC_EVENTS: Final = "neuronetes_scheduler_events_total"
+METRIC_GPUS_ALLOCATED: Final = "neuronetes_scheduler_gpus_allocated"
+METRIC_GPUS_UNALLOCATED: Final = "neuronetes_scheduler_gpus_unallocated"
+METRIC_GPUS_FRAGMENTED: Final = "neuronetes_scheduler_gpus_fragmented"
+METRIC_GANGS_PENDING: Final = "neuronetes_scheduler_gangs_pending"
+METRIC_GANGS_PAST_TIMEOUT: Final = "neuronetes_scheduler_gangs_pending_past_timeout"
 # per GPU (agent), DCGM-equivalent
 METRIC_GPU_MEMORY_USED: Final = "neuronetes_gpu_memory_used_bytes"
 METRIC_GPU_MEMORY_FREE: Final = "neuronetes_gpu_memory_free_bytes"
@@ -211,6 +221,33 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         MetricType.COUNTER,
         ("result",),
         "Pod Events the extender posted (posted), could not post (failed) or dropped (storm bound).",
+    ),
+    MetricSpec(
+        METRIC_GPUS_ALLOCATED,
+        MetricType.GAUGE,
+        (),
+        "GPU compute granted to bound pods and held for binds, in GPUs (MIG-partitioned GPUs excluded).",
+    ),
+    MetricSpec(
+        METRIC_GPUS_UNALLOCATED,
+        MetricType.GAUGE,
+        (),
+        "Free compute on schedulable GPUs, in GPUs (a half-used GPU counts 0.5).",
+    ),
+    MetricSpec(
+        METRIC_GPUS_FRAGMENTED,
+        MetricType.GAUGE,
+        (),
+        "Unallocated GPU compute, in GPUs, that no pending pod's shape can use now (0: none pending).",
+    ),
+    MetricSpec(
+        METRIC_GANGS_PENDING, MetricType.GAUGE, (), "Gangs with at least one member waiting for a placement."
+    ),
+    MetricSpec(
+        METRIC_GANGS_PAST_TIMEOUT,
+        MetricType.GAUGE,
+        (),
+        "Pending gangs the extender has seen pending for longer than their gang timeout.",
     ),
     MetricSpec(
         METRIC_GPU_UTILIZATION,

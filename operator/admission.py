@@ -26,7 +26,7 @@ __all__ = [
     "review_pod",
 ]
 
-ANNOTATION_SLICE: Final = f"{c.GROUP}/slice"
+ANNOTATION_SLICE: Final = c.ANNOTATION_SLICE
 """A pod names the GPUSlice it uses (same namespace) with this annotation (docs/gpuslice.md)."""
 TENANT_ANNOTATIONS: Final = frozenset(
     {c.ANNOTATION_LOCALITY, c.ANNOTATION_MIN_BANDWIDTH, c.ANNOTATION_GANG_TIMEOUT, ANNOTATION_SLICE}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -22,9 +23,10 @@ from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, AgentPoolStatus, ToolBinding, decode
 
 from . import CONVERT_LOCK
-from .pods import LABEL_POOL, desired_pods, priority_class
+from .gang_retry import GangRetries, failed_reservations
+from .pods import LABEL_POOL, DesiredPod, desired_pods, gang_name, priority_class
 from .policy import resolve
-from .reconcile import Action, plan
+from .reconcile import Action, is_terminating, plan
 from .settings import OperatorSettings
 from .status import pool_status
 from .toolbindings import binding_status
@@ -61,6 +63,7 @@ class PoolController:
         self.nodes: dict[str, Mapping[str, Any]] = {}
         self._priority_classes: set[str] = set()
         self._lock = threading.Lock()
+        self.retries = GangRetries(settings.gang_retry_seconds, settings.gang_retry_max_seconds)
         self._calls = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
 
     # ---- node cache (fed by the kopf node watch) ------------------------------------------------
@@ -81,6 +84,7 @@ class PoolController:
             pool = self.custom.get_namespaced_custom_object(c.GROUP, c.VERSION, namespace, PLURAL, name)
         except ApiException as exc:
             if exc.status == 404:
+                self.retries.forget_pool(namespace, name)
                 return  # deleted: its pods and budget go with it (ownerReferences)
             raise
         try:
@@ -99,6 +103,7 @@ class PoolController:
             want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations)
         pods = self._pods(namespace, name, pool["metadata"]["uid"])
         actions = plan(want, pods)
+        gang_notes = self._retry_failed_gangs(pool, resolved.gang_size, want, pods, actions)
         # Concurrently: a gang's members are created together, and a big pool is not created one
         # round trip (through the webhook) at a time. One event per reason, naming the pods.
         applied = list(self._calls.map(lambda a: self._apply(pool, a), actions))
@@ -107,6 +112,8 @@ class PoolController:
             if ok:
                 by_reason.setdefault(action.reason, []).append(action.name)
         for reason, names in by_reason.items():
+            if reason == "GangRetry":
+                continue  # said by `_retry_failed_gangs`, with the reservation's outcome
             etype = "Normal" if reason in ("Created", "ScaledDown") else "Warning"
             self._event(pool, etype, reason, _REASON_TEXT[reason].format(names=_names(names)))
         if actions:
@@ -114,9 +121,67 @@ class PoolController:
         with self._lock:
             nodes = dict(self.nodes)
         with _CONVERT:
-            status = pool_status(pool, resolved, pods, nodes)
+            status = pool_status(pool, resolved, pods, nodes, gang_notes=gang_notes)
         self._event_on_transition(pool, status)
         self._write_status(pool, status)
+
+    def _retry_failed_gangs(
+        self,
+        pool: Mapping[str, Any],
+        gang_size: int,
+        want: list[DesiredPod],
+        pods: list[dict[str, Any]],
+        actions: list[Action],
+    ) -> dict[str, str]:
+        """Recreate the gangs whose reservation the extender reported Failed or Expired, with backoff
+        (`gang_retry`): their pods are deleted (`actions` gains the deletions and loses the gang's
+        creations; the gang is created whole once they are gone). Per such gang: what the
+        ``GangScheduled`` condition says about it."""
+        if not gang_size:
+            return {}
+        meta = pool["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        gangs = {gang_name(name, d.gang) for d in want if d.gang is not None}
+        try:
+            found = self.custom.list_namespaced_custom_object(
+                c.GROUP, c.VERSION, namespace, "gangreservations"
+            )
+        except ApiException as exc:
+            if exc.status in (403, 404):  # no GangReservation CRD (or no access): nothing reported
+                return {}
+            raise
+        failures = failed_reservations(found.get("items") or [], gangs)
+        members: dict[str, list[str]] = {}
+        for pod in pods:
+            gang = (pod["metadata"].get("labels") or {}).get(c.LABEL_GANG)
+            if gang and not is_terminating(pod):
+                members.setdefault(gang, []).append(pod["metadata"]["name"])
+        for gang in gangs - set(failures):
+            bound = [p for p in pods if (p["metadata"].get("labels") or {}).get(c.LABEL_GANG) == gang]
+            if len(bound) == gang_size and all(p.get("spec", {}).get("nodeName") for p in bound):
+                self.retries.settled(f"{namespace}/{gang}")
+        notes: dict[str, str] = {}
+        deleted = {a.name for a in actions if a.verb == "delete"}
+        for gang, failure in sorted(failures.items()):
+            key = f"{namespace}/{gang}"
+            said = f"gang {gang}: the scheduler's reservation {failure.phase}"
+            said += f" ({failure.bound} of {gang_size} bound)"
+            verdict = self.retries.decide(key, failure, time.monotonic())
+            if verdict is None:
+                notes[gang] = f"{said}; recreated ({self.retries.attempts(key)} retries so far)"
+                continue
+            if not verdict.retry:
+                notes[gang] = f"{said}; retry {verdict.attempt + 1} in {verdict.wait_s:.0f}s (backoff)"
+                continue
+            doomed = [n for n in members.get(gang, []) if n not in deleted]
+            gang_pods = {d.name for d in want if d.gang is not None and gang_name(name, d.gang) == gang}
+            actions[:] = [a for a in actions if not (a.verb == "create" and a.name in gang_pods)]
+            actions.extend(Action("delete", n, "GangRetry") for n in doomed)
+            notes[gang] = (
+                f"{said}; recreated (retry {verdict.attempt}, the next waits at least {verdict.wait_s:.0f}s)"
+            )
+            self._event(pool, "Warning", "GangRetry", f"{notes[gang]}; deleted pods {_names(sorted(doomed))}")
+        return notes
 
     def _pods(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         """The pool's pods: labelled with its name and controlled by this very pool (its uid), so
@@ -208,7 +273,7 @@ class PoolController:
         old = {cd.get("type"): cd.get("reason") for cd in (pool.get("status") or {}).get("conditions") or []}
         for cd in status.conditions or []:
             if (
-                cd.reason in ("GangUnplaceable", "Unschedulable", "PodsFailed")
+                cd.reason in ("GangUnplaceable", "GangReservationFailed", "Unschedulable", "PodsFailed")
                 and old.get(cd.type) != cd.reason
             ):
                 self._event(pool, "Warning", cd.reason, cd.message or cd.reason)

@@ -1,7 +1,8 @@
 """The kopf operator: watches turned into pool keys, a work queue, `PoolController.reconcile` per key.
 
 The handlers only enqueue: an AgentPool event enqueues that pool, a pod event enqueues the pool
-named by the pod's ``neuronetes.io/pool`` label, a node event refreshes the node cache. Workers
+named by the pod's ``neuronetes.io/pool`` label, a GangReservation event the pool whose gang it
+reserves, a node event refreshes the node cache. Workers
 take keys from the queue, never two for the same pool at once, and a pool that changes while it
 is being reconciled is reconciled again afterwards. No handler adds a finalizer, so pools delete
 normally even while the operator is down.
@@ -25,6 +26,7 @@ from neuronetes import contracts as c
 
 from .admission import ANNOTATION_SLICE
 from .controller import PLURAL, PoolController, post_event
+from .gang_retry import pool_of_gang
 from .pods import LABEL_POOL
 from .settings import OperatorSettings
 from .slice_controller import SliceController
@@ -184,6 +186,12 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
     async def slice_pod_event(namespace: str | None, annotations: Mapping[str, str], **_: Any) -> None:
         if namespace:
             state["slice_queue"].add((namespace, annotations[ANNOTATION_SLICE]))
+
+    @kopf.on.event(c.GROUP, c.VERSION, "gangreservations", registry=registry)
+    async def reservation_event(namespace: str | None, spec: Mapping[str, Any], **_: Any) -> None:
+        pool = pool_of_gang(str(spec.get("groupName") or ""))
+        if namespace and pool:  # a pool's gang reservation changed (it may have failed)
+            state["queue"].add((namespace, pool))
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     async def node_event(name: str, body: Mapping[str, Any], type: str | None, **_: Any) -> None:

@@ -10,6 +10,7 @@ a deployment under its own service account). The chart renders the same objects.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -59,8 +60,23 @@ def operator_argv(kubeconfig: Path, settings: Path) -> list[str]:
     ]
 
 
-def webhook_argv(port: int, cert_dir: Path, host: str = "127.0.0.1") -> list[str]:
+def webhook_argv(
+    port: int,
+    cert_dir: Path,
+    host: str = "127.0.0.1",
+    kubeconfig: Path | None = None,
+    trusted: Sequence[str] | None = None,
+) -> list[str]:
+    """`kubeconfig`: what the replica reads GPUSlices with (``$KUBECONFIG``; in a cluster, its
+    service account). `trusted`: users that may change NeuroNetes annotations of existing pods
+    (default: a local cluster's extender, whose nudge touches pending pods)."""
+    if trusted is None:
+        from neuronetes.devcluster.access import EXTENDER_USERNAME
+
+        trusted = [EXTENDER_USERNAME]
+    env = ["env", f"KUBECONFIG={kubeconfig}"] if kubeconfig is not None else []
     return [
+        *env,
         sys.executable,
         "-m",
         "neuronetes.cli",
@@ -72,6 +88,7 @@ def webhook_argv(port: int, cert_dir: Path, host: str = "127.0.0.1") -> list[str
         str(port),
         "--cert-dir",
         str(cert_dir),
+        *(arg for user in trusted for arg in ("--trusted-user", user)),
     ]
 
 
@@ -154,6 +171,7 @@ def operator_rbac(namespace: str, service_account: str = "neuronetes-operator") 
         },
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [c.GROUP], "resources": ["gangreservations"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch"]},
         {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get", "create"]},

@@ -47,10 +47,16 @@ def operator_run(ns: argparse.Namespace) -> int:
 
 def webhook_serve(ns: argparse.Namespace) -> int:
     _logging(ns.log_level)
+    from .slice_admission import api_slice_reader
     from .webhook import WebhookServer
 
+    slices = api_slice_reader()
+    if slices is None:
+        logging.getLogger("neuronetes.webhook").warning(
+            "no API credentials (in-cluster or $KUBECONFIG): pods naming a GPUSlice are refused"
+        )
     try:
-        server = WebhookServer(ns.host, ns.port, Path(ns.cert_dir), frozenset(ns.trusted_user or ()))
+        server = WebhookServer(ns.host, ns.port, Path(ns.cert_dir), frozenset(ns.trusted_user or ()), slices)
     except (OSError, ValueError) as exc:
         print(f"error: cannot serve on {ns.host}:{ns.port} with {ns.cert_dir}: {exc}", file=sys.stderr)
         return 1

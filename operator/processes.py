@@ -107,7 +107,9 @@ class LocalStack:
         self.settings = dev_operator_settings() if settings is None else settings
         self.operator = HostProcess("operator", operator_argv(kubeconfig, self.settings_file), workdir)
         self.webhooks = [
-            HostProcess(f"webhook-{i}", webhook_argv(self.port, self.cert_dir), workdir)
+            HostProcess(
+                f"webhook-{i}", webhook_argv(self.port, self.cert_dir, kubeconfig=kubeconfig), workdir
+            )
             for i in range(replicas)
         ]
 

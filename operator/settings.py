@@ -20,12 +20,16 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
         resync_seconds: every pool is reconciled at least this often, events or not.
         pod_tolerations: added to every pool pod, e.g. the taint of simulated (kwok) nodes on a dev
             cluster; empty in production, where pools say what they tolerate in their template.
+        gang_retry_seconds, gang_retry_max_seconds: a gang whose reservation failed is recreated at
+            once, then each time no sooner than this × 2^(retries-1) seconds after, at most the max.
     """
 
     namespaces: list[str] = msgspec.field(default_factory=list)
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
     resync_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 30.0
     pod_tolerations: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    gang_retry_seconds: Annotated[float, msgspec.Meta(ge=0.1, le=3600)] = 10.0
+    gang_retry_max_seconds: Annotated[float, msgspec.Meta(ge=1, le=86400)] = 300.0
 
 
 def load_settings(path: str | Path | None) -> OperatorSettings:

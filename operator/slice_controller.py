@@ -24,7 +24,7 @@ from neuronetes.model import NodeSpec
 
 from . import CONVERT_LOCK
 from .controller import patch_status
-from .slices import FINALIZER, choose_gpu, gpu_use, pods_using
+from .slices import FINALIZER, choose_gpu, gpu_use, pods_using, reserved
 
 __all__ = ["SliceController"]
 
@@ -80,13 +80,18 @@ class SliceController:
                 }
             }
             self.custom.patch_namespaced_custom_object(c.GROUP, c.VERSION, namespace, PLURAL, name, patch)
-        if status.get("phase") in ("Bound", "Active"):
+        bound = status.get("phase") in ("Bound", "Active")
+        if bound and "memoryMiB" in status:
             return
         try:
             with CONVERT_LOCK:
                 sl = decode(obj, GPUSlice)
         except msgspec.ValidationError as exc:
-            self._status(obj, {"phase": "Failed"}, "Bound", False, "InvalidSpec", str(exc))
+            if not bound:
+                self._status(obj, {"phase": "Failed"}, "Bound", False, "InvalidSpec", str(exc))
+            return
+        if bound:  # bound by an operator that did not record the reservation: record it now
+            patch_status(self.custom, PLURAL, meta, {"status": reserved(sl.spec)})
             return
         if sl.spec.mig_profile is not None:
             self._status(
@@ -112,7 +117,7 @@ class SliceController:
             return
         self._status(
             obj,
-            {"phase": "Bound", "node": choice.node, "gpuUUIDs": [choice.uuid]},
+            {"phase": "Bound", "node": choice.node, "gpuUUIDs": [choice.uuid], **reserved(sl.spec)},
             "Bound",
             True,
             "Reserved",

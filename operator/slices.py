@@ -20,7 +20,7 @@ from neuronetes.model import NodeSpec
 
 from .admission import ANNOTATION_SLICE
 
-__all__ = ["FINALIZER", "GpuUse", "SliceChoice", "choose_gpu", "gpu_use", "pods_using"]
+__all__ = ["FINALIZER", "GpuUse", "SliceChoice", "choose_gpu", "gpu_use", "pods_using", "reserved"]
 
 FINALIZER: Final = f"{c.GROUP}/slice-protection"
 """Kept on a GPUSlice until no pod uses it, so its reservation outlives deletion requests."""
@@ -43,27 +43,40 @@ class SliceChoice:
     index: int
 
 
+def reserved(spec: GPUSliceSpec) -> dict[str, Any]:
+    """The status fields that record what a Bound slice reserves (what the extender counts)."""
+    return {
+        "memoryMiB": slice_memory_mib(spec.memory),
+        "computePercent": spec.compute_percent,
+        "qosClass": spec.qos_class,
+    }
+
+
 def gpu_use(slices: Iterable[GPUSlice], pods: Iterable[Mapping[str, Any]]) -> dict[str, GpuUse]:
     """Per GPU UUID, the memory and compute Bound slices and bound pods hold.
 
-    A pod that names a slice runs inside the slice's reservation and is not counted again.
+    A pod that names a Bound slice and uses only the slice's GPU runs inside the slice's
+    reservation and is not counted again (the extender's rule, `neuronetes.extender.slices`).
     """
     use: dict[str, GpuUse] = {}
+    slice_gpu: dict[tuple[str, str], str] = {}  # (namespace, name) of a Bound slice -> its GPU
     for s in slices:
         st = s.status
         if st is None or st.phase not in ("Bound", "Active") or not st.gpu_uuids:
             continue
+        slice_gpu[(str(s.metadata.get("namespace") or ""), str(s.metadata.get("name")))] = st.gpu_uuids[0]
         for uuid in st.gpu_uuids:
             u = use.setdefault(uuid, GpuUse())
-            u.memory_mib += slice_memory_mib(s.spec.memory)
-            u.compute_percent += s.spec.compute_percent
+            # The recorded reservation; a slice bound before it was recorded: its (immutable) spec.
+            u.memory_mib += st.memory_mib or slice_memory_mib(s.spec.memory)
+            u.compute_percent += st.compute_percent or s.spec.compute_percent
             u.holders.append(f"GPUSlice {s.metadata.get('name')}")
     for pod in pods:
         meta = pod.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         raw = annotations.get(c.ANNOTATION_ASSIGNED_GPUS)
         finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-        if not raw or ANNOTATION_SLICE in annotations or finished:
+        if not raw or finished:
             continue
         try:
             doc = c.decode_assignment(raw)
@@ -75,6 +88,9 @@ def gpu_use(slices: Iterable[GPUSlice], pods: Iterable[Mapping[str, Any]]) -> di
                 prev = seen.get(g.uuid)
                 if prev is None or g.memory_mib > prev.memory_mib:
                     seen[g.uuid] = g
+        named = (str(meta.get("namespace") or ""), str(annotations.get(ANNOTATION_SLICE, "")))
+        if named in slice_gpu and set(seen) == {slice_gpu[named]}:
+            continue  # inside its slice
         for uuid, g in seen.items():
             u = use.setdefault(uuid, GpuUse())
             if g.mig_profile is not None or not _shared(doc):

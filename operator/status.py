@@ -118,8 +118,10 @@ def pool_status(
     nodes: Mapping[str, Mapping[str, Any]],
     *,
     now: datetime | None = None,
+    gang_notes: Mapping[str, str] | None = None,
 ) -> AgentPoolStatus:
-    """The status of `pool` given its pods and the nodes they are bound to (by name)."""
+    """The status of `pool` given its pods and the nodes they are bound to (by name).
+    `gang_notes`: per gang whose reservation the extender reported failed, what to say about it."""
     now = now or datetime.now(UTC)
     meta = pool["metadata"]
     generation = int(meta.get("generation") or 0)
@@ -173,6 +175,11 @@ def pool_status(
         )
         if whole == resolved.gangs:
             reason = "AllGangsBound"
+        elif gang_notes:
+            # The extender reserved a placement that did not hold (Expired/Failed): the operator
+            # recreates the gang, backing off (controller._retry_failed_gangs).
+            first = sorted(gang_notes)[0]
+            reason, message = "GangReservationFailed", f"{message}; {gang_notes[first]}"
         elif unplaceable:
             # The scheduler found no placement for a whole gang; its pods stay queued and are
             # retried with kube-scheduler's backoff (and after the extender's reservation expires).

@@ -25,7 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
 
-from .admission import annotation_changes, asks_for_gpus, review_pod
+from .admission import ANNOTATION_SLICE, annotation_changes, asks_for_gpus, review_pod
+from .slice_admission import SliceReader, review_slice_pod
 from .validation import review_object
 
 __all__ = ["CERT_FILE", "KEY_FILE", "WebhookServer", "admission_response", "ensure_certificate"]
@@ -48,12 +49,16 @@ def _respond(uid: str, refusals: Sequence[str], patch: Sequence[Mapping[str, Any
 
 
 def admission_response(
-    route: str, review: Mapping[str, Any], trusted: frozenset[str] = frozenset()
+    route: str,
+    review: Mapping[str, Any],
+    trusted: frozenset[str] = frozenset(),
+    slices: SliceReader | None = None,
 ) -> dict[str, Any]:
     """The AdmissionReview answer for `review` on `route` (``/pods`` or ``/objects``).
 
     `trusted`: user names (``request.userInfo.username``) allowed to change NeuroNetes annotations
-    of existing pods (the extender's and the agent's service accounts).
+    of existing pods (the extender's and the agent's service accounts). `slices` reads the
+    GPUSlice a pod names (`slice_admission.review_slice_pod`); without it such pods are refused.
 
     Raises:
         ValueError: not an AdmissionReview request (the server answers 400).
@@ -74,8 +79,15 @@ def admission_response(
             return _respond(request["uid"], annotation_changes(old, obj))
         if operation != "CREATE" or not asks_for_gpus(obj):
             return _respond(request["uid"], [])
+        patch: list[dict[str, Any]] = []
+        if ANNOTATION_SLICE in ((obj.get("metadata") or {}).get("annotations") or {}):
+            namespace = str(request.get("namespace") or (obj.get("metadata") or {}).get("namespace") or "")
+            inside = review_slice_pod(obj, namespace, slices)
+            if inside.refusals:
+                return _respond(request["uid"], inside.refusals)
+            obj, patch = inside.pod, inside.patch
         verdict = review_pod(obj)
-        return _respond(request["uid"], verdict.refusals, verdict.patch)
+        return _respond(request["uid"], verdict.refusals, [*patch, *verdict.patch])
     return _respond(request["uid"], review_object(obj))
 
 
@@ -125,7 +137,8 @@ class _Handler(BaseHTTPRequestHandler):
             review = json.loads(self.rfile.read(length))
             if not isinstance(review, Mapping):
                 raise ValueError("the body is not a JSON object")
-            answer = admission_response(self.route, review, self.server.trusted)  # type: ignore[attr-defined]
+            server: Any = self.server
+            answer = admission_response(self.route, review, server.trusted, server.slices)
         except (ValueError, UnicodeDecodeError) as exc:
             self._send(400, f"bad request: {exc}")
             return
@@ -147,12 +160,20 @@ class _ReusePortServer(ThreadingHTTPServer):
 class WebhookServer:
     """The HTTPS server of one webhook replica; `serve_forever` in the caller's thread."""
 
-    def __init__(self, host: str, port: int, cert_dir: Path, trusted: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        cert_dir: Path,
+        trusted: frozenset[str] = frozenset(),
+        slices: SliceReader | None = None,
+    ) -> None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(cert_dir / CERT_FILE, cert_dir / KEY_FILE)
         self.httpd = _ReusePortServer((host, port), _Handler)
         self.httpd.trusted = trusted  # type: ignore[attr-defined]
+        self.httpd.slices = slices  # type: ignore[attr-defined]
         self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self.port = int(self.httpd.server_address[1])
         self._thread: threading.Thread | None = None

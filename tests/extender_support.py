@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -125,6 +125,26 @@ def synced_cache(
     cache.mark_synced("nodes")
     cache.mark_synced("pods")
     return cache
+
+
+class OpenWatch:
+    """A watch stream that yields nothing and stays open until closed; then it breaks."""
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def __enter__(self) -> OpenWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.closed.set()
+
+    def __iter__(self) -> Iterator[bytes]:
+        self.closed.wait()
+        raise KubeError(0, "watch stream broken: connection reset")
 
 
 class FakeApi:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 from neuronetes import contracts as c
 from neuronetes.devcluster.profiles import KWOK_TAINT
 
-__all__ = ["container", "manifest", "new_uid", "served"]
+__all__ = ["container", "manifest", "new_uid", "node_view", "served"]
 
 _UIDS = itertools.count(1)
 IMAGE = "registry.example/worker:1"
@@ -107,3 +108,36 @@ def served(
     phase = "Running" if spec.get("nodeName") else "Pending"
     out["status"] = {"phase": phase, "qosClass": "Burstable", "conditions": []}
     return out
+
+
+def node_view(
+    node: str,
+    uid: str,
+    name: str,
+    containers: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    namespace: str = "ml",
+    phase: str = "Running",
+) -> dict[str, Any]:
+    """A pod bound to `node` as the node agent's watch sees it: metadata with an assignment
+    annotation giving each container its GPU entries (``uuid``, ``index``, ``memoryMiB``,
+    ``computePercent``), ``nodeName`` and the phase."""
+    doc = {
+        "version": 1,
+        "node": node,
+        "podUID": uid,
+        "containers": {
+            n: {"gpus": [dict(g) for g in gpus], "priority": 0, "qos": "Guaranteed"}
+            for n, gpus in containers.items()
+        },
+    }
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+            "annotations": {c.ANNOTATION_ASSIGNED_GPUS: json.dumps(doc)},
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": phase},
+    }

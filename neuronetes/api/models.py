@@ -302,6 +302,11 @@ class GPUSliceStatus(_Object):
     phase: Literal["Pending", "Bound", "Active", "Released", "Failed"] | None = None
     node: str | None = None
     gpu_uuids: Annotated[list[Str128], Meta(max_length=16)] | None = field(default=None, name="gpuUUIDs")
+    # What the slice reserves, copied from the spec by the operator when it binds the slice: the
+    # extender counts these (a tenant may write the spec, never the status).
+    memory_mib: Annotated[int, Meta(ge=1, le=1 << 24)] | None = field(default=None, name="memoryMiB")
+    compute_percent: Annotated[int, Meta(ge=1, le=100)] | None = None
+    qos_class: Literal["Guaranteed", "Burstable", "BestEffort"] | None = None
     observed_generation: NonNegative | None = None
     conditions: Conditions | None = None
 

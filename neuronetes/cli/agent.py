@@ -100,6 +100,12 @@ def agent() -> None:
     show_default=True,
     help="--node: host directory the shim library and its preload file are installed into",
 )
+@click.option(
+    "--cgroup-root",
+    default="/sys/fs/cgroup",
+    show_default=True,
+    help="--node: the host's cgroup mount, where the containers' processes are found",
+)
 @STANDALONE_OPTIONS
 @LOG_LEVEL
 def agent_run(**opts: Any) -> int:

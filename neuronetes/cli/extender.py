@@ -44,6 +44,13 @@ def extender() -> None:
     help="listen on a non-loopback address without client certificates (only behind a network "
     "policy that lets nothing but kube-scheduler reach the port)",
 )
+@click.option(
+    "--metrics-bind-address",
+    default="",
+    metavar="HOST:PORT",
+    help="also serve GET /metrics alone on this address, for Prometheus in the cluster (default: off; "
+    "/metrics stays on the verbs' port too)",
+)
 @click.option("--config", help="settings file, JSON or YAML, hot-reloaded (default: built-in settings)")
 @click.option(
     "--resync-period",

@@ -62,7 +62,7 @@ FIELD_MANAGER: Final = "neuronetes-devcluster"
 def extender_rules() -> list[dict[str, Any]]:
     """The extender's ClusterRole rules: what each call site needs, nothing more.
 
-    - nodes, gpunodes: the informers (list+watch);
+    - nodes, gpunodes, gpuslices: the informers (list+watch; a Bound slice reserves GPU share);
     - pods: the informer (list+watch), the bind path's re-read of one pod (get), and the nudge
       that makes kube-scheduler retry a pod once GPUs were released (patch);
     - pods/binding create: the bind verb (the Binding carries the assignment annotation);
@@ -84,7 +84,7 @@ def extender_rules() -> list[dict[str, Any]]:
             "verbs": [*watch, "create", "patch", "delete"],
         },
         {"apiGroups": [GROUP], "resources": ["gangreservations/status"], "verbs": ["patch"]},
-        {"apiGroups": [GROUP], "resources": ["gpunodes"], "verbs": watch},
+        {"apiGroups": [GROUP], "resources": ["gpunodes", "gpuslices"], "verbs": watch},
         {
             "apiGroups": ["scheduling.x-k8s.io", "scheduling.volcano.sh"],
             "resources": ["podgroups"],

@@ -80,7 +80,8 @@ def start_addons(
     port = at.ports["webhook"]
     url = f"https://127.0.0.1:{port}"
     for i in range(WEBHOOK_REPLICAS):
-        sup.spawn(state, f"webhook-{i}", launch.webhook_argv(port, cert_dir))
+        # The replicas read the GPUSlice a pod names (docs/webhook.md) with the cluster's kubeconfig.
+        sup.spawn(state, f"webhook-{i}", launch.webhook_argv(port, cert_dir, kubeconfig=at.kubeconfig))
     probe = _webhook_ready(url, str(cert_dir / webhook.CA_FILE))
     for i in range(WEBHOOK_REPLICAS):
         sup.wait(state, f"webhook-{i}", probe, deadline)

@@ -8,7 +8,9 @@ dozen simulated GPU nodes, submits sample pods — whole GPUs, an NVLink group, 
 a MIG instance, a gang of four, and one that fits nowhere — and prints where each landed and
 why, read from the API as any user would: the pod's node and ``neuronetes.io/assigned-gpus``,
 the extender's placement Event (reason ``GpusAssigned``) and, for the pod that stays Pending,
-kube-scheduler's ``FailedScheduling`` Event. Then it takes the cluster down (unless ``--keep``).
+kube-scheduler's ``FailedScheduling`` Event. Last it applies one AgentPool and one GPUSlice, prints
+their status as the operator wrote it, and a pod that runs inside the slice. Then it takes the
+cluster down (unless ``--keep``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from neuronetes import contracts as c
 from neuronetes.devcluster.cluster import POLICIES_DIR, DevCluster
 from neuronetes.devcluster.profiles import KWOK_TAINT
 
-__all__ = ["DEMO_NODES", "UNFIT", "run_demo", "sample_pods"]
+__all__ = [
+    "DEMO_NODES",
+    "SAMPLE_POOL",
+    "SAMPLE_SLICE",
+    "UNFIT",
+    "run_demo",
+    "sample_pods",
+    "show_pool_and_slice",
+]
 
 NAMESPACE: Final = "demo"
 DEMO_NODES: Final = (
@@ -156,6 +166,7 @@ def run_demo(
         )
         say(f"submitted {len(pods)} pods; waiting for them to be scheduled")
         ok = report(cluster, [p["metadata"]["name"] for p in pods], timeout, out)
+        ok &= show_pool_and_slice(cluster, timeout, out)
     finally:
         if keep:
             say(f"cluster kept: KUBECONFIG={cluster.kubeconfig} (neuronetes dev cluster down --name {name})")
@@ -236,3 +247,88 @@ def report(cluster: DevCluster, names: list[str], timeout: float, out: TextIO) -
     )
     print(f"\ngang llm-train (4 x 2 GPUs, same-node): {where}", file=out)
     return ok
+
+
+SAMPLE_POOL: Final[dict[str, Any]] = {
+    "apiVersion": c.API_VERSION,
+    "kind": "AgentPool",
+    "metadata": {"name": "chat-pool", "namespace": NAMESPACE},
+    "spec": {"minReplicas": 2, "gpuRequirements": {"count": 1, "type": "H100"}},
+}
+SLICE_USER: Final = "chat-slice-user"
+SAMPLE_SLICE: Final[dict[str, Any]] = {
+    "apiVersion": c.API_VERSION,
+    "kind": "GPUSlice",
+    "metadata": {"name": "chat-slice", "namespace": NAMESPACE},
+    "spec": {"memory": "10Gi", "computePercent": 30, "qosClass": "Guaranteed"},
+}
+
+
+def show_pool_and_slice(cluster: DevCluster, timeout: float, out: TextIO) -> bool:
+    """Apply the sample AgentPool and GPUSlice; print their status as the API reports it once the
+    pool is Ready and the slice Bound (the operator's doing), then a pod that runs inside the slice;
+    whether all three got there."""
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [SAMPLE_POOL, SAMPLE_SLICE]}),
+    )
+
+    def status(kind: str, name: str) -> dict[str, Any]:
+        obj = json.loads(cluster.kubectl("get", kind, name, "-n", NAMESPACE, "-o", "json").stdout)
+        return dict(obj.get("status") or {})
+
+    def settled() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        pool, sl = status("agentpool", "chat-pool"), status("gpuslice", "chat-slice")
+        return (pool, sl) if pool.get("phase") == "Ready" and sl.get("phase") == "Bound" else None
+
+    try:
+        pool, sl = _wait(settled, timeout, "the AgentPool Ready and the GPUSlice Bound")
+    except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        pool, sl = status("agentpool", "chat-pool"), status("gpuslice", "chat-slice")
+    placed = ", ".join(
+        f"{p['pod']} on {p.get('node')} gpu {','.join(map(str, p.get('gpus') or []))}"
+        for p in pool.get("placements") or []
+    )
+    print(
+        f"\nagentpool chat-pool: {pool.get('phase')}, {pool.get('readyReplicas')}/{pool.get('desired')} "
+        f"ready, {pool.get('gpus')} GPUs, {pool.get('costPerHour')}/h; {placed or 'no pods placed'}",
+        file=out,
+    )
+    gpu = (sl.get("gpuUUIDs") or ["-"])[0]
+    print(
+        f"gpuslice chat-slice: {sl.get('phase')} on {sl.get('node')} {gpu} "
+        f"({sl.get('memoryMiB')} MiB, {sl.get('computePercent')} %, {sl.get('qosClass')})",
+        file=out,
+    )
+    return bool(pool.get("phase") == "Ready" and sl.get("phase") == "Bound") and _slice_user(
+        cluster, timeout, out
+    )
+
+
+def _slice_user(cluster: DevCluster, timeout: float, out: TextIO) -> bool:
+    """A pod naming the sample slice and asking for nothing: it runs inside the slice."""
+    user = _pod(SLICE_USER, {}, annotations={c.ANNOTATION_SLICE: "chat-slice"})
+    cluster.kubectl("create", "-f", "-", input=json.dumps(user))
+
+    def running() -> dict[str, Any] | None:
+        pod = json.loads(cluster.kubectl("get", "pod", SLICE_USER, "-n", NAMESPACE, "-o", "json").stdout)
+        return dict(pod) if pod.get("status", {}).get("phase") == "Running" else None
+
+    try:
+        pod = _wait(running, timeout, "the slice's pod Running")
+    except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return False
+    raw = pod["metadata"]["annotations"][c.ANNOTATION_ASSIGNED_GPUS]
+    gpus = [g for ctr in c.decode_assignment(raw).containers.values() for g in ctr.gpus]
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    print(
+        f"pod {SLICE_USER} (names chat-slice, asked for nothing): Running on {pod['spec']['nodeName']} "
+        f"{gpus[0].uuid}, limits gpu-memory={limits.get(c.RESOURCE_GPU_MEMORY)} "
+        f"gpu-compute={limits.get(c.RESOURCE_GPU_COMPUTE)} (set by the webhook)",
+        file=out,
+    )
+    return True

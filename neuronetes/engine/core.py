@@ -66,8 +66,6 @@ def scale_scores(ev: Evaluation, rows: I64) -> I64:
     )
     out[known] = np.where(np.isnan(mine), 0, scaled).astype(np.int64)
     return out
-
-
 _MODEL_FILTER = next(k for k, f in enumerate(FILTERS) if f.name == "GpuModel")
 
 

@@ -63,6 +63,7 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
             state_dir=Path(ns.state_dir),
             shim_library=Path(ns.shim_library) if ns.shim_library else None,
             shim_dir=Path(ns.shim_dir),
+            cgroup_root=Path(ns.cgroup_root),
         )
         api = _api(ns.kubeconfig)
     except (ValueError, ConfigException, OSError) as exc:

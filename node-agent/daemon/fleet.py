@@ -25,6 +25,7 @@ from kubernetes.client import ApiClient
 
 from neuronetes.devcluster.profiles import LABEL_PROFILE, PROFILES
 
+from .containers import ContainerTender
 from .devices import Discovery, DiscoveryError
 from .inventory import (
     DEFAULT_SHIM_DIR,
@@ -36,6 +37,7 @@ from .inventory import (
     install_shim,
 )
 from .kube import GPUNODES_PATH, Informer, Kube, KubeError
+from .ledger import LedgerWriter
 from .node import NodeAgent
 from .pods import pod_use
 from .regions import RegionKeeper
@@ -70,6 +72,7 @@ class AgentSettings:
         state_dir: Path = DEFAULT_STATE_DIR,
         shim_library: Path | None = None,
         shim_dir: Path = DEFAULT_SHIM_DIR,
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
     ) -> None:
         if (node is None) == (simulate_nodes is None):
             raise ValueError("give exactly one of --node (real GPUs) and --simulate-nodes (a fleet)")
@@ -87,6 +90,7 @@ class AgentSettings:
         self.state_dir = state_dir
         self.shim_library = shim_library if shim_library is not None else BUILT_SHIM_LIBRARY
         self.shim_dir = shim_dir
+        self.cgroup_root = cgroup_root  # --node: the host's cgroup mount (containers' processes)
 
 
 class AgentProcess:
@@ -115,6 +119,7 @@ class AgentProcess:
             max_workers=settings.start_workers, thread_name_prefix="node-start"
         )
         self.informers: list[Informer] = []
+        self._pods_listed = threading.Event()  # the pod watch listed once (the ledger waits for it)
         self.started_at = time.monotonic()
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -143,9 +148,11 @@ class AgentProcess:
         )
         pod_query = [("fieldSelector", f"spec.nodeName={s.node}")] if s.node else []
         gpunode_query = [("fieldSelector", f"metadata.name={s.node}")] if s.node else []
+        pods = Informer(self.kube, "/api/v1/pods", self._on_pod, query=pod_query)
+        self._pods_listed = pods.synced
         self.informers = [
             Informer(self.kube, "/api/v1/nodes", self._on_node, query=node_query).start(),
-            Informer(self.kube, "/api/v1/pods", self._on_pod, query=pod_query).start(),
+            pods.start(),
             Informer(self.kube, GPUNODES_PATH, self._on_gpunode, query=gpunode_query).start(),
         ]
         watchdog = threading.Thread(target=self._watchdog, name="nvml-watchdog", daemon=True)
@@ -246,6 +253,8 @@ class AgentProcess:
             backend = self._backend(name, node)
             if backend is None:
                 return
+            s = self.settings
+            regions = RegionKeeper(s.region_dir) if s.region_dir is not None and s.node is not None else None
             agent = NodeAgent(
                 name,
                 node["metadata"].get("uid", ""),
@@ -253,11 +262,16 @@ class AgentProcess:
                 self.kube,
                 self._resets,
                 agent_version=AGENT_VERSION,
-                heartbeat_s=self.settings.heartbeat_s,
-                regions=RegionKeeper(self.settings.region_dir)
-                if self.settings.region_dir is not None and self.settings.node is not None
-                else None,
+                heartbeat_s=s.heartbeat_s,
+                regions=regions,
                 inventory_file=self._inventory_file,
+                # --node: the NRI plugin's other inputs and outputs (docs/node-injection.md)
+                ledger=LedgerWriter(s.node, s.state_dir, ready=self._pods_listed.is_set, clock=time.monotonic)
+                if s.node is not None
+                else None,
+                containers=ContainerTender(s.state_dir, regions, cgroup_root=s.cgroup_root, clock=time.time)
+                if regions is not None
+                else None,
             )
             with self.lock:
                 pods = [p for p in self._pods.values() if p["spec"].get("nodeName") == name]

@@ -164,7 +164,11 @@ class Kube:
 
 class Informer:
     """List+watch of one resource in a thread, calling `on_event(type, object)` for every change
-    (``SYNC`` with each listed object after a (re)list, then ``ADDED``/``MODIFIED``/``DELETED``)."""
+    (``SYNC`` with each listed object after a (re)list, then ``ADDED``/``MODIFIED``/``DELETED``).
+
+    An object deleted while the watch was down is missing from the relist: it is reported
+    ``DELETED`` then, with the identity the informer kept of it (metadata name, namespace, UID and
+    ``spec.nodeName``), so nobody keeps a pod that is gone (the node ledger would hold its GPUs)."""
 
     def __init__(
         self,
@@ -184,6 +188,7 @@ class Informer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"informer {path}", daemon=True)
         self._resp: Any = None
+        self._known: dict[str, dict[str, Any]] = {}  # key -> identity of each object seen
 
     def start(self) -> Informer:
         self._thread.start()
@@ -216,9 +221,29 @@ class Informer:
 
     def _list(self) -> str:
         doc = self.kube.request("GET", self.path, query=self.query)
+        listed: set[str] = set()
         for item in doc.get("items") or ():
+            listed.add(self._remember("SYNC", item))
             self.on_event("SYNC", item)
+        for key in [k for k in self._known if k not in listed]:
+            self.on_event("DELETED", self._known.pop(key))
         return str(doc["metadata"]["resourceVersion"])
+
+    def _remember(self, kind: str, obj: Mapping[str, Any]) -> str:
+        """Keep (or, for DELETED, forget) the object's identity; returns its key."""
+        meta = obj.get("metadata") or {}
+        key = str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+        if kind == "DELETED":
+            self._known.pop(key, None)
+            return key
+        identity: dict[str, Any] = {
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid") if k in meta}
+        }
+        node = (obj.get("spec") or {}).get("nodeName")
+        if node:
+            identity["spec"] = {"nodeName": node}
+        self._known[key] = identity
+        return key
 
     def _watch(self, rv: str) -> str:
         query = [
@@ -241,6 +266,7 @@ class Informer:
                     raise KubeError(int(obj.get("code") or 0), f"watch {self.path}: {obj.get('message')}")
                 rv = str(obj.get("metadata", {}).get("resourceVersion") or rv)
                 if kind != "BOOKMARK":
+                    self._remember(str(kind), obj)
                     self.on_event(str(kind), obj)
         finally:
             self._resp.release_conn()

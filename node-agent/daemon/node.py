@@ -4,11 +4,14 @@
 so a hung NVML only blocks this node's reads and the watchdog can still report it), then under the
 lock apply them, derive every GPU's state, record each transition (Event on the Node, GPUNode
 status), publish what changed, evict the pods of GPUs whose fault needs it, start resets, apply
-MIG layouts and keep the containers' shim regions.
+MIG layouts and keep the containers' shim regions; then hand off to the NRI plugin (the node
+inventory and ledger files) and tend the regions from the plugin's container records (host PIDs,
+dead slots).
 
 Longer than most modules because `NodeAgent` is one lock-protected unit of state and every step of
 the round reads and writes it; the decisions themselves live in pure modules (`health`,
-`publish`, `miglayout`, `pods`, `regions`) and only their sequencing is here.
+`publish`, `miglayout`, `pods`, `regions`, `ledger`, `containers`) and only their sequencing is
+here.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from typing import Any, Final
 from neuronetes import contracts as c
 from neuronetes.model import GpuHealth
 
+from .containers import ContainerTender
 from .devices import Discovery, DiscoveryError, GpuLost, GpuSample, Inventory, XidEvent
 from .health import GpuHealthState, Recovery, Usage
 from .inventory import InventoryWriter
 from .kube import Kube, KubeError
+from .ledger import LedgerWriter
 from .miglayout import MIG_MANAGER_LABEL, MigTarget, changes, targets_from_spec
 from .pods import PodUse
 from .publish import Allocation, gpu_capacity, gpu_labels, gpunode_status
@@ -78,6 +83,7 @@ class NodeCounters:
     xids: Counter[tuple[str, int]] = field(default_factory=Counter)
     transitions: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     evictions: Counter[str] = field(default_factory=Counter)
+    slots_reclaimed: int = 0  # dead processes' region slots freed after NVML showed the memory released
 
 
 class NodeAgent:
@@ -95,6 +101,8 @@ class NodeAgent:
         heartbeat_s: float = 60.0,
         regions: RegionKeeper | None = None,
         inventory_file: InventoryWriter | None = None,
+        ledger: LedgerWriter | None = None,
+        containers: ContainerTender | None = None,
     ) -> None:
         self.node = node
         self.node_uid = node_uid
@@ -105,6 +113,10 @@ class NodeAgent:
         self.heartbeat_s = heartbeat_s
         self.regions = regions
         self.inventory_file = inventory_file  # --node only: the NRI plugin's device map
+        self.ledger = ledger  # --node only: the pods bound here, for the plugin's cross-check
+        self.containers = containers  # --node only: host PIDs and dead slots from the plugin's records
+        self._live: frozenset[str] = frozenset()  # pods with a running container (their regions stay)
+        self._handoff_warnings: set[str] = set()
         self._pods_changed = regions is not None
         self.lock = threading.Lock()
         self.inventory: Inventory | None = None
@@ -228,6 +240,7 @@ class NodeAgent:
             self._apply_mig()
             self._sync_regions()
         self._write_inventory()
+        self._hand_off()
 
     def _write_inventory(self) -> None:
         """Rewrite the node inventory file when due or changed (a MIG change rescans first)."""
@@ -240,8 +253,38 @@ class NodeAgent:
             return
         self._pods_changed = False
         wanted = {p.uid: (p.namespace, p.name, p.assignment) for p in self.pods.values()}
-        for error in self.regions.sync(wanted, inventory):
+        for error in self.regions.sync(wanted, inventory, keep=self._live):
             self._event("Warning", "GPURegionFailed", error)
+
+    def _hand_off(self) -> None:
+        """Write the node ledger and tend the regions from the plugin's container records; a
+        warning becomes an Event once, and again only after it cleared."""
+        inventory = self.inventory
+        if inventory is None or (self.ledger is None and self.containers is None):
+            return
+        with self.lock:
+            pods = dict(self.pods)
+            processes = [p for sample in self.samples.values() for p in sample.processes]
+        warnings: list[str] = []
+        if self.ledger is not None:
+            try:
+                self.ledger.refresh(pods, inventory)
+            except OSError as exc:
+                warnings.append(f"node ledger not written: {exc}")
+        if self.containers is not None:
+            report = self.containers.tend(pods, processes)
+            warnings += report.warnings
+            if report.freed:
+                log.info("node %s: freed %d region slots of dead processes", self.node, report.freed)
+            with self.lock:
+                self.counters.slots_reclaimed += report.freed
+                if report.live != self._live:  # a gone pod's last container stopped: drop its region
+                    self._live = report.live
+                    self._pods_changed = self.regions is not None
+        for warning in warnings:
+            if warning not in self._handoff_warnings:
+                self._event("Warning", "GPUContainerHandoff", warning)
+        self._handoff_warnings = set(warnings)
 
     def watchdog(self, limit_s: float) -> bool:
         """Called from another thread: when the backend reads of this node have hung for more than

@@ -23,6 +23,7 @@ class PodUse:
     running: bool
     allocations: Mapping[str, tuple[Allocation, ...]]  # GPU UUID -> allocations
     assignment: c.Assignment
+    annotation: str  # the assignment annotation as the API server has it (the node ledger pins it)
 
 
 def pod_use(pod: Mapping[str, Any]) -> PodUse | None:
@@ -64,4 +65,5 @@ def pod_use(pod: Mapping[str, Any]) -> PodUse | None:
         running=status.get("phase") == "Running",
         allocations={k: tuple(v) for k, v in allocations.items()},
         assignment=assignment,
+        annotation=raw,
     )

@@ -11,7 +11,7 @@ the NRI plugin then refuses the container.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,9 +53,15 @@ class RegionKeeper:
     def path(self, pod_uid: str, container: str) -> Path:
         return self.root / pod_uid / container / "region"
 
-    def sync(self, pods: Mapping[str, tuple[str, str, c.Assignment]], inventory: Inventory) -> list[str]:
-        """Make the regions match `pods` (pod UID -> (namespace, name, assignment)); returns one
-        message per region that could not be written."""
+    def sync(
+        self,
+        pods: Mapping[str, tuple[str, str, c.Assignment]],
+        inventory: Inventory,
+        keep: Collection[str] = frozenset(),
+    ) -> list[str]:
+        """Make the regions match `pods` (pod UID -> (namespace, name, assignment)), keeping those
+        of the pods in `keep` (gone from the API server, but a container of theirs still runs);
+        returns one message per region that could not be written."""
         errors: list[str] = []
         for uid, (namespace, name, assignment) in pods.items():
             for container, grant in assignment.containers.items():
@@ -78,7 +84,7 @@ class RegionKeeper:
                     errors.append(f"{namespace}/{name} container {container}: region not created: {exc}")
         if self.root.is_dir():
             for stale in self.root.iterdir():
-                if stale.name not in pods:
+                if stale.name not in pods and stale.name not in keep:
                     shutil.rmtree(stale, ignore_errors=True)
         return errors
 

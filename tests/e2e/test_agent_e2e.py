@@ -9,18 +9,15 @@ Prometheus server scrapes the agent.
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from e2e_cluster import E2ECluster, wait_until
+from e2e_prometheus import PrometheusServer, free_port, needs_prometheus
 from extender_harness import ExtenderThread
 
 from neuronetes import contracts as c
@@ -35,12 +32,6 @@ pytestmark = pytest.mark.e2e
 NAMESPACE = "agent-e2e"
 SUITE = ("neuronetes.io/e2e-suite", "agent")
 RESET_SECONDS = 8.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get_json(cluster: E2ECluster, *args: str) -> Any:
@@ -273,46 +264,23 @@ def test_a_deleted_gpunode_comes_back(cluster: E2ECluster, fleet: dict[str, Any]
     wait_until(republished, timeout=30, what="GPUNode recreated with its status")
 
 
-@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus (Debian package) is not installed")
+@needs_prometheus
 def test_prometheus_scrapes_one_utilization_series_per_gpu(
     cluster: E2ECluster, fleet: dict[str, Any], tmp_path: Path
 ) -> None:
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    target = f"127.0.0.1:{fleet['port']}"
-    config.write_text(
-        "global: {scrape_interval: 1s}\n"
-        f"scrape_configs: [{{job_name: agent, static_configs: [{{targets: ['{target}']}}]}}]\n"
-    )
-    with (tmp_path / "prometheus.log").open("wb") as out:
-        server = subprocess.Popen(
-            [
-                "prometheus",
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
+    with PrometheusServer(tmp_path, {"agent": [f"127.0.0.1:{fleet['port']}"]}) as prom:
         dgx = fleet["nodes"]["dgx-a100-80gb"]
         query = f'neuronetes_gpu_utilization_percent{{Hostname=~"{"|".join(dgx)}"}}'
-        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
 
         def series() -> list[dict[str, Any]] | None:
             try:
-                with urllib.request.urlopen(url, timeout=5) as r:
-                    result = json.loads(r.read())["data"]["result"]
+                result = prom.query(query)
             except OSError:
                 return None
-            return list(result) if len(result) == 8 * len(dgx) else None
+            return result if len(result) == 8 * len(dgx) else None
 
         result = wait_until(series, timeout=60, what="utilization series in Prometheus")
         assert {(s["metric"]["Hostname"], s["metric"]["UUID"]) for s in result} == {
             (n, c.simulated_gpu_uuid(n, k)) for n in dgx for k in range(8)
         }
         assert all(s["metric"]["model_name"] == PROFILES["dgx-a100-80gb"].gpu_model for s in result)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)

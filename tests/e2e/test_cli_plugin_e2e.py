@@ -213,24 +213,59 @@ def test_a_pod_that_does_not_exist_is_one_error_line(cluster: E2ECluster, fleet:
     assert result.returncode == 1 and result.stderr == f"error: pod {NAMESPACE}/no-such-pod not found\n"
 
 
-def test_drain_offline_online_a_free_gpu(cluster: E2ECluster, fleet: dict[str, Any]) -> None:
+def free_gpu(cluster: E2ECluster, fleet: dict[str, Any], k: int) -> tuple[str, str]:
+    """(node, uuid) of the `k`-th GPU no pod of this module uses, on the module's second node."""
     node = fleet["nodes"][1]
     busy = set(assigned_uuids(cluster, "whole") + assigned_uuids(cluster, "slice"))
-    gpu = next(
-        g["uuid"] for g in get_json(cluster, "gpunode", node)["status"]["gpus"] if g["uuid"] not in busy
-    )
+    free = [g["uuid"] for g in get_json(cluster, "gpunode", node)["status"]["gpus"] if g["uuid"] not in busy]
+    return node, free[k]
 
-    def state() -> dict[str, Any]:
-        return dict(json.loads(ok(plugin(cluster, "health", "--gpu-id", gpu, "-o", "json"))))
 
-    assert f"GPU {gpu} on {node}: cordoned" in ok(plugin(cluster, "drain", "--gpu-id", gpu))
-    assert gpu in get_json(cluster, "gpunode", node)["spec"]["cordonedGPUs"]
-    assert state()["cordoned"]
-    assert "offline" in ok(plugin(cluster, "offline", "--gpu-id", gpu))
-    assert state()["offline"]
-    assert "back in service" in ok(plugin(cluster, "online", "--gpu-id", gpu))
-    after = state()
-    assert not after["cordoned"] and not after["offline"]
+def gpu_state(cluster: E2ECluster, gpu: str) -> dict[str, Any]:
+    return dict(json.loads(ok(plugin(cluster, "health", "--gpu-id", gpu, "-o", "json"))))
+
+
+def test_drain_keeps_new_work_off_a_gpu(cluster: E2ECluster, fleet: dict[str, Any]) -> None:
+    node, gpu = free_gpu(cluster, fleet, 0)
+    try:
+        assert f"GPU {gpu} on {node}: cordoned" in ok(plugin(cluster, "drain", "--gpu-id", gpu))
+        assert gpu in get_json(cluster, "gpunode", node)["spec"]["cordonedGPUs"]
+        state = gpu_state(cluster, gpu)
+        assert state["cordoned"] and not state["offline"] and state["freeMilli"] == 0
+    finally:
+        plugin(cluster, "online", "--gpu-id", gpu)
+
+
+def test_offline_refuses_a_gpu_in_use_and_takes_a_free_one_out(
+    cluster: E2ECluster, fleet: dict[str, Any]
+) -> None:
+    [used] = assigned_uuids(cluster, "whole")
+    node = pod(cluster, "whole")["spec"]["nodeName"]
+
+    def recorded() -> bool:  # the agent's record of who uses the GPU, which `offline` checks
+        gpus = get_json(cluster, "gpunode", node)["status"]["gpus"]
+        return any(g["uuid"] == used and g.get("allocations") for g in gpus)
+
+    wait_until(recorded, timeout=30, what="the agent's allocation record of the whole-GPU pod")
+    refused = plugin(cluster, "offline", "--gpu-id", used)
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith(f"error: GPU {used} is used by {NAMESPACE}/whole")
+    node, gpu = free_gpu(cluster, fleet, 1)
+    try:
+        assert f"GPU {gpu} on {node}: offline" in ok(plugin(cluster, "offline", "--gpu-id", gpu))
+        state = gpu_state(cluster, gpu)
+        assert state["offline"] and state["cordoned"]
+    finally:
+        plugin(cluster, "online", "--gpu-id", gpu)
+
+
+def test_online_puts_a_gpu_back_in_service(cluster: E2ECluster, fleet: dict[str, Any]) -> None:
+    node, gpu = free_gpu(cluster, fleet, 2)
+    ok(plugin(cluster, "offline", "--gpu-id", gpu))
+    assert f"GPU {gpu} on {node}: back in service" in ok(plugin(cluster, "online", "--gpu-id", gpu))
+    state = gpu_state(cluster, gpu)
+    assert not state["cordoned"] and not state["offline"]
+    assert gpu not in (get_json(cluster, "gpunode", node)["spec"].get("cordonedGPUs") or [])
 
 
 def test_simulate_from_cluster_replays_the_clusters_gpu_pods_under_each_policy(

@@ -30,6 +30,12 @@ def test_demo_places_every_sample_pod_and_explains_why() -> None:
     text = out.getvalue()
     lines = text.splitlines()
     assert "gang llm-train (4 x 2 GPUs, same-node): all on dgx-" in text
+    assert "agentpool chat-pool: Ready, 2/2 ready, 2 GPUs" in text  # the operator's status, from the API
+    assert "gpuslice chat-slice: Bound on " in text and "(10240 MiB, 30 %, Guaranteed)" in text
+    (slice_line,) = [line for line in lines if line.startswith("gpuslice chat-slice")]
+    (user_line,) = [line for line in lines if line.startswith("pod chat-slice-user")]
+    node, uuid = slice_line.split()[4:6]
+    assert f"Running on {node} {uuid}, limits gpu-memory=10240 gpu-compute=30" in user_line
     assert f"no {PLACED_REASON} Event" not in text
     assert "(one nvlink group (nvlink group 0))" in text  # the NVLink pod and the gang members
     names = [p["metadata"]["name"] for p in sample_pods()]

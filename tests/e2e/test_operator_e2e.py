@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from extender_harness import ExtenderProcess
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
+from neuronetes.operator.launch import dev_operator_settings
 from neuronetes.operator.pods import LABEL_POOL, LABEL_TEMPLATE_HASH
 from neuronetes.operator.processes import LocalStack
 from neuronetes.operator.slices import FINALIZER
@@ -178,6 +181,77 @@ def test_gang_lands_whole_and_is_recreated_whole(cluster: E2ECluster, stack: Loc
     assert any(e["reason"] == "GangBroken" for e in events["items"])
 
 
+STUCK = """\
+apiVersion: neuronetes.io/v1alpha1
+kind: AgentPool
+metadata:
+  name: stuck
+spec:
+  minReplicas: 2
+  gpuRequirements:
+    count: 1
+    topology:
+      locality: same-node
+  scheduling:
+    gangScheduling:
+      enabled: true
+      minMembers: 2
+      scheduleTimeoutSeconds: 3
+  template:
+    spec:
+      containers:
+        - name: agent
+          image: registry.k8s.io/pause:3.10
+          ports:
+            - containerPort: 8080
+              hostPort: 8080
+"""
+
+
+def test_a_gang_whose_reservation_expires_is_reported_and_retried_with_backoff(
+    cluster: E2ECluster, stack: LocalStack
+) -> None:
+    # The extender reserves both members on one node, but kube-scheduler never lets the second
+    # member onto it (both want host port 8080): the reservation expires, every time.
+    assert apply(cluster, STUCK).returncode == 0
+    first = wait_until(
+        lambda: {p["metadata"]["uid"] for p in pool_pods(cluster, "stuck")} or None, timeout=30
+    )
+
+    def retry_events() -> list[dict[str, Any]]:
+        found = get_json(cluster, "events", "-n", NS, "--field-selector", "involvedObject.name=stuck")[
+            "items"
+        ]
+        return sorted((e for e in found if e["reason"] == "GangRetry"), key=lambda e: e["firstTimestamp"])
+
+    def condition() -> dict[str, Any] | None:
+        st = get_json(cluster, "agentpool", "stuck", "-n", NS).get("status") or {}
+        cds = {cd["type"]: cd for cd in st.get("conditions") or []}
+        gang = cds.get("GangScheduled", {})
+        return gang if gang.get("reason") == "GangReservationFailed" else None
+
+    gang = wait_until(condition, timeout=90, what="GangScheduled=False, GangReservationFailed")
+    assert (
+        gang["status"] == "False" and "gang stuck-0: the scheduler's reservation Expired" in gang["message"]
+    )
+    events = wait_until(lambda: retry_events() or None, timeout=30, what="a GangRetry event")
+    assert "recreated (retry 1, the next waits at least 10s)" in events[0]["message"]
+    wait_until(
+        lambda: not first & {p["metadata"]["uid"] for p in pool_pods(cluster, "stuck")},
+        timeout=60,
+        what="the gang's pods recreated",
+    )
+    events = wait_until(
+        lambda: (lambda e: e if len(e) >= 2 else None)(retry_events()), timeout=120, what="retry 2"
+    )
+    assert "retry 2, the next waits at least 20s" in events[1]["message"]
+    gap = datetime.fromisoformat(events[1]["firstTimestamp"]) - datetime.fromisoformat(
+        events[0]["firstTimestamp"]
+    )
+    assert gap.total_seconds() >= 9  # the backoff (event times are whole seconds)
+    cluster.kubectl("delete", "agentpool", "stuck", "-n", NS, "--wait=false")
+
+
 # ---- acceptance 3: scale and restart ----------------------------------------------------------
 
 SCALED = """\
@@ -303,6 +377,145 @@ def test_gpu_slices_reserve_a_gpu_never_oversubscribe_and_defer_deletion(
     )
     for n in names:
         cluster.kubectl("delete", "gpuslice", n, "-n", NS, "--ignore-not-found", "--wait=false")
+
+
+def shared_pod(
+    name: str, node: str, memory: int = 0, compute: int = 0, slice_name: str = ""
+) -> dict[str, Any]:
+    """A pod pinned to `node` asking for a shared slice (or, naming `slice_name`, for nothing)."""
+    limits = {c.RESOURCE_GPU_MEMORY: str(memory), c.RESOURCE_GPU_COMPUTE: str(compute)} if memory else {}
+    meta: dict[str, Any] = {"name": name, "namespace": NS}
+    if slice_name:
+        meta["annotations"] = {c.ANNOTATION_SLICE: slice_name}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": dev_operator_settings()["podTolerations"],
+            "containers": [
+                {
+                    "name": "m",
+                    "image": "registry.example/w:1",
+                    **({"resources": {"limits": limits}} if limits else {}),
+                }
+            ],
+        },
+    }
+
+
+def gpu_books(cluster: E2ECluster, node: str) -> dict[str, tuple[int, int]]:
+    """Per GPU of `node`, from the API: (MiB, %) held by Bound slices (their status) plus bound pods
+    (their assignments), a pod inside a Bound slice counted within it. Asserts every such pod's
+    assignment lies inside its slice."""
+    slices = {
+        s["metadata"]["name"]: s["status"]
+        for s in get_json(cluster, "gpuslices", "-n", NS)["items"]
+        if (s.get("status") or {}).get("phase") == "Bound" and s["status"]["node"] == node
+    }
+    books: dict[str, tuple[int, int]] = {}
+
+    def charge(uuid: str, memory: int, percent: int) -> None:
+        m, p = books.get(uuid, (0, 0))
+        books[uuid] = (m + memory, p + percent)
+
+    for st in slices.values():
+        charge(st["gpuUUIDs"][0], st["memoryMiB"], st["computePercent"])
+    pods = get_json(cluster, "pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
+    for pod in pods:
+        raw = (pod["metadata"].get("annotations") or {}).get(c.ANNOTATION_ASSIGNED_GPUS)
+        if raw is None or pod["status"].get("phase") in ("Succeeded", "Failed"):
+            continue
+        doc = c.decode_assignment(raw)
+        (gpu,) = {g.uuid: g for ctr in doc.containers.values() for g in ctr.gpus}.values()
+        inside = slices.get((pod["metadata"].get("annotations") or {}).get(c.ANNOTATION_SLICE, ""))
+        if inside is not None:
+            assert gpu.uuid == inside["gpuUUIDs"][0] and gpu.memory_mib <= inside["memoryMiB"]
+            continue
+        charge(gpu.uuid, gpu.memory_mib, gpu.compute_percent)
+    return books
+
+
+def test_a_slice_holds_its_share_for_the_pods_that_name_it_and_only_for_them(
+    cluster: E2ECluster, stack: LocalStack
+) -> None:
+    (node,) = cluster.add_nodes("t4x4-pcie", 1, "op-slice-pods")
+    text = SLICE.format(name="resv", ns=NS, node=node)
+    cluster.kubectl("apply", "-f", "-", input=text)
+
+    def bound() -> dict[str, Any] | None:
+        s = get_json(cluster, "gpuslice", "resv", "-n", NS)
+        return s if (s.get("status") or {}).get("phase") == "Bound" else None
+
+    st = wait_until(bound, timeout=60, what="slice resv Bound")["status"]
+    uuid = st["gpuUUIDs"][0]
+    assert (st["memoryMiB"], st["computePercent"], st["qosClass"]) == (6144, 60, "Guaranteed")
+    changed = cluster.kubectl(
+        "patch", "gpuslice", "resv", "-n", NS, "--type=merge", "-p", '{"spec":{"memory":"1Gi"}}', check=False
+    )
+    assert changed.returncode != 0 and "immutable" in changed.stderr
+    # Before any pod names it, the share is taken: seven pods of 50 % on four GPUs, one of them 60 %
+    # reserved: six bind (two per free GPU), none on the slice's GPU, one waits.
+    fillers = [f"fill-{i}" for i in range(7)]
+    for name in fillers:
+        cluster.kubectl("create", "-f", "-", input=json.dumps(shared_pod(name, node, 1024, 50)))
+
+    def placed() -> dict[str, str] | None:
+        out = {}
+        for name in fillers:
+            pod = get_json(cluster, "pod", name, "-n", NS)
+            raw = pod["metadata"].get("annotations", {}).get(c.ANNOTATION_ASSIGNED_GPUS)
+            if raw:
+                ((g,),) = {tuple(x.gpus) for x in c.decode_assignment(raw).containers.values()}
+                out[name] = g.uuid
+        return out if len(out) == 6 else None
+
+    on = wait_until(placed, timeout=90, what="six of seven 50 % pods bound")
+    assert uuid not in on.values()
+    (waiting,) = set(fillers) - set(on)
+    # A pod naming the slice asks for nothing: the webhook gives it the slice's share, the extender
+    # the slice's GPU, and it is not charged again.
+    cluster.kubectl("create", "-f", "-", input=json.dumps(shared_pod("inside", node, slice_name="resv")))
+
+    def inside_bound() -> dict[str, Any] | None:
+        pod = get_json(cluster, "pod", "inside", "-n", NS)
+        return pod if c.ANNOTATION_ASSIGNED_GPUS in pod["metadata"].get("annotations", {}) else None
+
+    pod = wait_until(inside_bound, timeout=60, what="the slice's pod bound")
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert (limits[c.RESOURCE_GPU_MEMORY], limits[c.RESOURCE_GPU_COMPUTE]) == ("6144", "60")
+    doc = c.decode_assignment(pod["metadata"]["annotations"][c.ANNOTATION_ASSIGNED_GPUS])
+    (ctr,) = doc.containers.values()
+    (g,) = ctr.gpus
+    assert (doc.node, g.uuid, g.memory_mib, g.compute_percent, ctr.qos) == (
+        node,
+        uuid,
+        6144,
+        60,
+        c.QoS.GUARANTEED,
+    )
+    books = gpu_books(cluster, node)
+    assert all(m <= 15360 and p <= 100 for m, p in books.values()), books
+    assert books[uuid] == (6144, 60)
+    # Deleting the pod keeps the reservation: a new 50 % pod still finds no room.
+    cluster.kubectl("delete", "pod", "inside", "-n", NS, "--grace-period=0", "--force")
+    cluster.kubectl("create", "-f", "-", input=json.dumps(shared_pod("probe", node, 1024, 50)))
+    time.sleep(5)
+    for name in (waiting, "probe"):
+        assert not get_json(cluster, "pod", name, "-n", NS)["spec"].get("nodeName"), name
+    # Deleting the slice releases it: both waiting 50 % pods now fit on its GPU.
+    cluster.kubectl("delete", "gpuslice", "resv", "-n", NS)
+
+    def released() -> bool:
+        nodes = [get_json(cluster, "pod", n, "-n", NS)["spec"].get("nodeName") for n in (waiting, "probe")]
+        return nodes == [node, node]
+
+    wait_until(released, timeout=120, what="the released share taken by the waiting pods")
+    books = gpu_books(cluster, node)
+    assert books[uuid] == (2048, 100) and all(m <= 15360 and p <= 100 for m, p in books.values()), books
+    for name in (*fillers, "probe"):
+        cluster.kubectl("delete", "pod", name, "-n", NS, "--grace-period=0", "--force", "--wait=false")
 
 
 # ---- ToolBinding ---------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from region_fakes import MIB, claim, fake_process
 
 from neuronetes.agent import region as shim
 from neuronetes.agent.daemon import hostpids
@@ -15,32 +16,11 @@ from neuronetes.agent.daemon.regions import RegionKeeper
 pytestmark = pytest.mark.unit
 
 UUID = "GPU-fa4e0000-0000-4000-8000-000000000000"
-MIB = 1 << 20
 
 
 def new_region(path: Path) -> shim.Region:
     path.parent.mkdir(parents=True, exist_ok=True)
     return shim.create_region(path, [shim.DeviceLimit.from_mib(UUID, 1024, 8192)])
-
-
-def claim(region: shim.Region, slot: int, container_pid: int, start: int, used_mib: int = 0) -> None:
-    """What the shim writes when a process claims `slot` and allocates."""
-    s = region.view.procs[slot]
-    s.container_pid, s.start_time_ticks, s.claim_seq = container_pid, start, slot + 1
-    s.used_bytes[0] = used_mib * MIB
-    s.state = shim.SLOT_ACTIVE
-    del s
-    region.recompute_usage()
-
-
-def fake_process(proc: Path, host_pid: int, nspid: tuple[int, ...], start: int) -> None:
-    d = proc / str(host_pid)
-    d.mkdir(parents=True)
-    (d / "status").write_text(
-        "Name:\tpython\nNSpid:\t" + "\t".join(str(p) for p in nspid) + "\nUid:\t0\t0\t0\t0\n"
-    )
-    rest = ["S"] + ["0"] * 18 + [str(start)] + ["0"] * 10  # fields 3..21, 22 = start time, more
-    (d / "stat").write_text(f"{host_pid} (a) b (c)) " + " ".join(rest) + "\n")
 
 
 def cgroup(tmp_path: Path, *pids: int) -> Path:

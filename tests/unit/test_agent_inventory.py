@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shim_build import build, skip_outside_ci
+from nri_tools import build_nri_tool
+from shim_build import build
 
 from neuronetes import contracts as c
 from neuronetes.agent.daemon import inventory as inv
@@ -29,8 +29,6 @@ from neuronetes.devcluster.profiles import PROFILES
 
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[2]
-NRI = REPO / "node-agent" / "nri"
 # The smallest ELF64 header of a shared object (e_type ET_DYN): what install_shim checks.
 FAKE_SO = b"\x7fELF\x02\x01\x01" + bytes(9) + (3).to_bytes(2, "little") + bytes(46)
 
@@ -77,15 +75,7 @@ def run_agent(profile: str, node: str, tmp_path: Path) -> tuple[NodeAgent, Simul
 
 @pytest.fixture(scope="session")
 def inventory_check(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    go = shutil.which("go")
-    if go is None:
-        skip_outside_ci("go not found: the plugin's inventory reader cannot check what the agent writes")
-    exe = tmp_path_factory.mktemp("go") / "inventory-check"
-    env = {**os.environ, "GOFLAGS": "-modcacherw", "GOTOOLCHAIN": "local"}
-    cmd = [go, "build", "-o", str(exe), "./cmd/inventory-check"]
-    build = subprocess.run(cmd, cwd=NRI, env=env, capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    return exe
+    return build_nri_tool("inventory-check", tmp_path_factory.mktemp("go"))
 
 
 def go_check(exe: Path, path: Path, node: str) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pod_builder import node_view
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -70,29 +71,8 @@ POD_UID = "0b6f3c8e-4c1d-4f57-9a1e-2f0c4a1b9d77"
 
 
 def make_pod(node: str, uuid: str, index: int, name: str = "train", phase: str = "Running") -> dict[str, Any]:
-    uid = POD_UID
-    doc = {
-        "version": 1,
-        "node": node,
-        "podUID": uid,
-        "containers": {
-            "main": {
-                "gpus": [{"uuid": uuid, "index": index, "memoryMiB": 81920, "computePercent": 100}],
-                "priority": 0,
-                "qos": "Guaranteed",
-            }
-        },
-    }
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": "ml",
-            "uid": uid,
-            "annotations": {c.ANNOTATION_ASSIGNED_GPUS: json.dumps(doc)},
-        },
-        "spec": {"nodeName": node},
-        "status": {"phase": phase},
-    }
+    gpu = {"uuid": uuid, "index": index, "memoryMiB": 81920, "computePercent": 100}
+    return node_view(node, POD_UID, name, {"main": [gpu]}, phase=phase)
 
 
 @pytest.fixture

@@ -133,6 +133,7 @@ def test_extender_role_holds_exactly_the_calls_its_code_makes() -> None:
         (GROUP, "gangreservations"): watch | {"create", "patch", "delete"},
         (GROUP, "gangreservations/status"): {"patch"},
         (GROUP, "gpunodes"): watch,
+        (GROUP, "gpuslices"): watch,
         ("scheduling.x-k8s.io", "podgroups"): watch,
         ("scheduling.volcano.sh", "podgroups"): watch,
     }

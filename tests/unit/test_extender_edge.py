@@ -22,6 +22,7 @@ from extender_harness import ExtenderThread, free_port, terminate
 from extender_support import (
     AsgiClient,
     FakeApi,
+    OpenWatch,
     gpu_pod,
     metric_value,
     node_objects,
@@ -276,17 +277,17 @@ class _ListApi:
 
     def __init__(self) -> None:
         self.down = False
-        self.streams: list[_Stream] = []
+        self.streams: list[OpenWatch] = []
 
     def get(self, path: str, query: Any = (), *, timeout: float | None = None) -> bytes:
         if self.down:
             raise KubeError(0, "connection refused")
         return msgspec.json.encode({"metadata": {"resourceVersion": "1"}, "items": []})
 
-    def watch(self, path: str, query: Any, *, read_timeout: float) -> _Stream:
+    def watch(self, path: str, query: Any, *, read_timeout: float) -> OpenWatch:
         if self.down:
             raise KubeError(0, "connection refused")
-        stream = _Stream()
+        stream = OpenWatch()
         self.streams.append(stream)
         return stream
 
@@ -294,24 +295,6 @@ class _ListApi:
         self.down = True
         for stream in self.streams:
             stream.close()
-
-
-class _Stream:
-    def __init__(self) -> None:
-        self.closed = threading.Event()
-
-    def __enter__(self) -> _Stream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.closed.set()
-
-    def __iter__(self) -> Iterator[bytes]:
-        self.closed.wait()
-        raise KubeError(0, "watch stream broken: connection reset")
 
 
 def test_a_broken_watch_fails_readiness_and_the_filter_after_the_limit() -> None:
@@ -496,3 +479,21 @@ def test_shutdown_fails_a_waiting_bind_at_once() -> None:
     waiter.join(5)
     assert time.monotonic() - started < 1.0
     assert "shutting down" in answer["Error"] and api.bindings == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("0.0.0.0:9464", ("0.0.0.0", 9464)), ("[::]:9464", ("::", 9464)), (":9464", ("0.0.0.0", 9464))],
+)
+def test_metrics_bind_address_parses(text: str, expected: tuple[str, int]) -> None:
+    from neuronetes.extender.server import parse_bind_address
+
+    assert parse_bind_address(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9464", "host:", "host:http", "host:70000"])
+def test_metrics_bind_address_refuses_malformed(text: str) -> None:
+    from neuronetes.extender.server import parse_bind_address
+
+    with pytest.raises(ListenError, match="metrics-bind-address"):
+        parse_bind_address(text)

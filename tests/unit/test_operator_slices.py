@@ -9,7 +9,7 @@ import pytest
 from neuronetes import contracts as c
 from neuronetes.api.models import GPUSlice, GPUSliceSpec, GPUSliceStatus
 from neuronetes.model import GpuSpec, NodeSpec
-from neuronetes.operator.slices import choose_gpu, gpu_use, pods_using
+from neuronetes.operator.slices import choose_gpu, gpu_use, pods_using, reserved
 
 pytestmark = pytest.mark.unit
 
@@ -84,11 +84,14 @@ def test_whole_gpu_pods_and_mig_gpus_are_not_used() -> None:
 def test_shared_pods_count_but_pods_inside_a_slice_do_not() -> None:
     n = node("n", gpus=1)
     shared = assigned_pod("s", "n", 0, 40, 8192)
-    inside = assigned_pod("i", "n", 0, 50, 4096, **{"neuronetes.io/slice": "a"})
-    use = gpu_use([], [shared, inside])
-    assert use[n.gpus[0].uuid].compute_percent == 40 and not use[n.gpus[0].uuid].exclusive
-    assert choose_gpu(GPUSliceSpec(memory="8Gi", compute_percent=60), [n], use) is not None
-    assert choose_gpu(GPUSliceSpec(memory="8Gi", compute_percent=61), [n], use) is None
+    inside = assigned_pod("i", "n", 0, 10, 1024, **{"neuronetes.io/slice": "a"})
+    use = gpu_use([bound("a", "1Gi", 10, n.gpus[0].uuid)], [shared, inside])
+    assert use[n.gpus[0].uuid].compute_percent == 50 and not use[n.gpus[0].uuid].exclusive
+    assert choose_gpu(GPUSliceSpec(memory="6Gi", compute_percent=50), [n], use) is not None
+    assert choose_gpu(GPUSliceSpec(memory="6Gi", compute_percent=51), [n], use) is None
+    # A pod naming a slice that is not Bound, or reaching beyond its slice's GPU, counts in full.
+    stray = assigned_pod("x", "n", 0, 30, 1024, **{"neuronetes.io/slice": "missing"})
+    assert gpu_use([], [stray])[n.gpus[0].uuid].compute_percent == 30
 
 
 def test_node_name_and_gpu_uuid_pin_the_choice() -> None:
@@ -107,3 +110,23 @@ def test_pods_using_a_slice() -> None:
         {"metadata": {"name": "z", "annotations": {"neuronetes.io/slice": "t"}}},
     ]
     assert pods_using("s", pods) == ["x"]
+
+
+def test_the_recorded_reservation_is_what_counts_and_binding_records_it() -> None:
+    uuid = c.simulated_gpu_uuid("n", 0)
+    recorded = GPUSlice(
+        metadata={"name": "r"},
+        spec=GPUSliceSpec(memory="1Gi", compute_percent=10),  # a spec edited after binding
+        status=GPUSliceStatus(
+            phase="Bound",
+            node="n",
+            gpu_uuids=[uuid],
+            memory_mib=8192,
+            compute_percent=70,
+            qos_class="Guaranteed",
+        ),
+    )
+    use = gpu_use([recorded], [])[uuid]
+    assert (use.memory_mib, use.compute_percent) == (8192, 70)
+    spec = GPUSliceSpec(memory="10Gi", compute_percent=30, qos_class="Guaranteed")
+    assert reserved(spec) == {"memoryMiB": 10240, "computePercent": 30, "qosClass": "Guaranteed"}

@@ -14,6 +14,7 @@ import (
 
 	"neuronetes.io/node-agent/nri/assignment"
 	"neuronetes.io/node-agent/nri/inventory"
+	"neuronetes.io/node-agent/nri/ledger"
 )
 
 // Paths inside the container and tenant-forbidden env (neuronetes/contracts.py holds the same
@@ -68,6 +69,9 @@ type Host struct {
 	Node      string                               // this node's name
 	StateDir  string                               // /run/neuronetes (regions under StateDir/containers)
 	Inventory func() (*inventory.Inventory, error) // loaded only for containers with GPUs
+	// Ledger is the agent's record of the pods bound to this node (loaded only for containers
+	// with GPUs); the assignment must be in it and fit beside the pods recorded before it.
+	Ledger func() (*ledger.Ledger, error)
 	// PodRequests names the containers of the pod that ask for NeuroNetes resources (from the
 	// pod spec: CRI and NRI do not carry extended resources). nil, or an error, means unknown:
 	// such a container then gets no GPU, which is safe, instead of a clear refusal.
@@ -159,7 +163,24 @@ func Decide(pod Pod, ctr Container, host Host) (*Plan, error) {
 	if reason != "" {
 		return refuse("%s", reason)
 	}
+	if err := crossCheck(pod.UID, value, host); err != nil {
+		return refuse("%v", err)
+	}
 	return plan, nil
+}
+
+// crossCheck: the annotation alone only proves somebody put it on the pod sandbox; the node
+// ledger (the API server's view, kept by the agent) must hold the pod with that annotation and no
+// earlier pod may hold the same GPU memory or MIG instance (docs/node-injection.md).
+func crossCheck(podUID, annotation string, host Host) error {
+	if host.Ledger == nil {
+		return errors.New("no node ledger is configured")
+	}
+	l, err := host.Ledger()
+	if err != nil {
+		return err
+	}
+	return l.Admit(podUID, annotation)
 }
 
 // asks reports whether the pod spec is known to give the container NeuroNetes resources.

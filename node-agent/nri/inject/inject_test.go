@@ -41,8 +41,28 @@ func annotated(containers map[string]any) Pod {
 	return Pod{UID: nodetest.PodUID, Namespace: "team-a", Name: "trainer-0", Annotations: map[string]string{assignment.Annotation: string(raw)}}
 }
 
+// bound puts the pod into the node ledger with its annotation, as the agent does when the API
+// server shows it bound here (the ledger cross-check has its own tests below).
+func bound(h *nodetest.Host, pod Pod) {
+	value, ok := pod.Annotations[assignment.Annotation]
+	if !ok {
+		return
+	}
+	if _, err := assignment.Decode([]byte(value)); err != nil {
+		return // the agent does not record an assignment it cannot decode
+	}
+	for i, p := range h.LedgerPods {
+		if p.(map[string]any)["uid"] == pod.UID {
+			h.LedgerPods = append(h.LedgerPods[:i], h.LedgerPods[i+1:]...)
+			break
+		}
+	}
+	h.Bind(pod.UID, pod.Namespace, pod.Name, value)
+}
+
 func decide(t *testing.T, h *nodetest.Host, pod Pod, ctr Container) *Plan {
 	t.Helper()
+	bound(h, pod)
 	plan, err := Decide(pod, ctr, h.Host())
 	if err != nil {
 		t.Fatalf("refused: %v", err)
@@ -51,6 +71,13 @@ func decide(t *testing.T, h *nodetest.Host, pod Pod, ctr Container) *Plan {
 }
 
 func refused(t *testing.T, h *nodetest.Host, pod Pod, ctr Container, fragment string) {
+	t.Helper()
+	bound(h, pod)
+	refusedAsIs(t, h, pod, ctr, fragment)
+}
+
+// refusedAsIs: refused with the node ledger as it is.
+func refusedAsIs(t *testing.T, h *nodetest.Host, pod Pod, ctr Container, fragment string) {
 	t.Helper()
 	plan, err := Decide(pod, ctr, h.Host())
 	var refusal *Refusal
@@ -445,5 +472,127 @@ func TestContractConstantsMatchPython(t *testing.T) {
 	}
 	if c.ShimLibraryPath != ShimLibraryPath || c.ShimPreloadFile != ShimPreloadFile || c.ShimRegionPath != ShimRegionPath {
 		t.Fatalf("shim paths drifted: %+v", c)
+	}
+}
+
+// annotatedAs is another pod of this node, with its own UID, carrying an assignment.
+func annotatedAs(uid, name string, containers map[string]any) Pod {
+	doc := map[string]any{"version": 1, "node": nodetest.Node, "podUID": uid, "containers": containers}
+	raw, _ := json.Marshal(doc)
+	return Pod{UID: uid, Namespace: "team-b", Name: name, Annotations: map[string]string{assignment.Annotation: string(raw)}}
+}
+
+const thirdUID = "3c9d1e2f-1111-4222-8333-444455556666"
+
+func TestPodMissingFromTheNodeLedgerIsRefused(t *testing.T) {
+	h := nodetest.New(t)
+	h.Region(nodetest.PodUID, "trainer")
+	pod := annotated(map[string]any{"trainer": entry(gpu(nodetest.UUID0, 0, 81920, 100))})
+	// bound without the extender (or not yet seen by the agent): not in the ledger
+	refusedAsIs(t, h, pod, Container{Name: "trainer"}, "is not in the node ledger")
+	// a container without an entry still starts (without GPUs): the ledger is about GPUs
+	if plan, err := Decide(pod, Container{Name: "logs"}, h.Host()); err != nil || plan.GPUs {
+		t.Fatalf("unlisted container: %v %+v", err, plan)
+	}
+}
+
+func TestAnnotationChangedAfterBindIsRefused(t *testing.T) {
+	h := nodetest.New(t)
+	h.Region(nodetest.PodUID, "trainer")
+	atBind := annotated(map[string]any{"trainer": entry(gpu(nodetest.UUID0, 0, 81920, 100))})
+	h.Bind(atBind.UID, atBind.Namespace, atBind.Name, atBind.Annotations[assignment.Annotation])
+	patched := annotated(map[string]any{"trainer": entry(gpu(nodetest.UUID1, 1, 81920, 100))})
+	refusedAsIs(t, h, patched, Container{Name: "trainer"}, "differs from the one the node ledger recorded")
+	if _, err := Decide(atBind, Container{Name: "trainer"}, h.Host()); err != nil {
+		t.Fatalf("the recorded assignment is refused: %v", err)
+	}
+}
+
+func TestGPUOfAnEarlierPodIsNotGivenAgain(t *testing.T) {
+	h := nodetest.New(t)
+	first := annotatedAs(nodetest.OtherUID, "first", map[string]any{
+		"a": entry(gpu(nodetest.UUID0, 0, 81920, 100)),
+		"b": entry(gpu(nodetest.UUID2, 2, 61440, 60)),
+		"c": entry(migGPU(nodetest.UUID3, 3, "1g.10gb", 6)),
+	})
+	h.Bind(first.UID, first.Namespace, first.Name, first.Annotations[assignment.Annotation])
+	for _, name := range []string{"a", "b", "c"} {
+		h.Region(first.UID, name)
+		if _, err := Decide(first, Container{Name: name}, h.Host()); err != nil {
+			t.Fatalf("the first pod is refused: %v", err)
+		}
+	}
+	h.Region(nodetest.PodUID, "trainer")
+	for _, c := range []struct {
+		gpu  map[string]any
+		says string
+	}{
+		// a double-booked whole GPU, a slice beside a whole GPU, slices past the GPU's memory,
+		// the same MIG instance twice
+		{gpu(nodetest.UUID0, 0, 81920, 100), "is held whole by pod team-b/first"},
+		{gpu(nodetest.UUID0, 0, 1024, 10), "is held whole by pod team-b/first"},
+		{gpu(nodetest.UUID2, 2, 30720, 40), "would hold 92160 MiB of slices with the pods recorded before this one, it has 81920 MiB"},
+		{migGPU(nodetest.UUID3, 3, "1g.10gb", 6), "MIG instance at slot 6 of GPU " + nodetest.UUID3 + " is already held by pod team-b/first"},
+	} {
+		h.LedgerPods = h.LedgerPods[:1]
+		refused(t, h, annotated(map[string]any{"trainer": entry(c.gpu)}), Container{Name: "trainer"}, c.says)
+	}
+	// what fits beside it is given: another slice, another MIG instance, another GPU
+	for _, g := range []map[string]any{
+		gpu(nodetest.UUID2, 2, 20480, 40), migGPU(nodetest.UUID3, 3, "3g.40gb", 0), gpu(nodetest.UUID1, 1, 81920, 100),
+	} {
+		h.LedgerPods = h.LedgerPods[:1]
+		decide(t, h, annotated(map[string]any{"trainer": entry(g)}), Container{Name: "trainer"})
+	}
+	// the pod recorded first keeps its GPUs even when a later one collides with it
+	third := annotatedAs(thirdUID, "third", map[string]any{"x": entry(gpu(nodetest.UUID0, 0, 81920, 100))})
+	h.Region(third.UID, "x")
+	h.Bind(third.UID, third.Namespace, third.Name, third.Annotations[assignment.Annotation])
+	refusedAsIs(t, h, third, Container{Name: "x"}, "is held whole by pod team-b/first")
+	if _, err := Decide(first, Container{Name: "a"}, h.Host()); err != nil {
+		t.Fatalf("the first pod lost its GPU to a later one: %v", err)
+	}
+}
+
+func TestLedgerMissingStaleOrForeignIsRefused(t *testing.T) {
+	h := nodetest.New(t)
+	h.Region(nodetest.PodUID, "trainer")
+	pod := annotated(map[string]any{"trainer": entry(gpu(nodetest.UUID0, 0, 81920, 100))})
+	bound(h, pod)
+	host := h.Host()
+	if _, err := Decide(pod, Container{Name: "trainer"}, host); err != nil {
+		t.Fatalf("refused: %v", err)
+	}
+	for _, c := range []struct {
+		write func()
+		says  string
+	}{
+		{func() { h.WriteLedger(nodetest.Node, h.Now.Add(-2*time.Minute)) }, "is stale"},
+		{func() {
+			saved := h.LedgerPods
+			h.LedgerPods = nil // another node's ledger holds that node's pods
+			h.WriteLedger("gpu-node-2", h.Now)
+			h.LedgerPods = saved
+		}, `is for node "gpu-node-2"`},
+		{func() { nodetest.Must(t, os.Remove(h.LedgerPath)) }, "no such file"},
+		{func() {
+			doc := h.LedgerDoc(nodetest.Node, h.Now)
+			doc["generation"] = 1 // older than the one this host already used
+			h.WriteJSON(h.LedgerPath, doc)
+		}, "generation 1 is older than"},
+		{func() {
+			doc := h.LedgerDoc(nodetest.Node, h.Now)
+			doc["pods"].([]any)[0].(map[string]any)["since"] = "yesterday"
+			h.WriteJSON(h.LedgerPath, doc)
+		}, "unknown field `since`"},
+	} {
+		c.write()
+		if _, err := Decide(pod, Container{Name: "trainer"}, host); err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Fatalf("ledger case %q: %v", c.says, err)
+		}
+	}
+	host.Ledger = nil
+	if _, err := Decide(pod, Container{Name: "trainer"}, host); err == nil || !strings.Contains(err.Error(), "no node ledger") {
+		t.Fatalf("no ledger configured: %v", err)
 	}
 }

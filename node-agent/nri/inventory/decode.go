@@ -7,7 +7,6 @@ package inventory
 import (
 	"fmt"
 	"path"
-	"time"
 
 	sj "neuronetes.io/node-agent/nri/internal/strictjson"
 )
@@ -49,7 +48,7 @@ func Decode(data []byte) (*Inventory, error) {
 		case "generation":
 			inv.Generation, err = m.Val.Int(p, 1, 1<<53)
 		case "updatedAt":
-			inv.UpdatedAt, err = timestamp(m.Val, p)
+			inv.UpdatedAt, err = m.Val.Timestamp(p)
 		case "controlDevices":
 			inv.ControlDevices, err = controlDevices(m.Val, p)
 		case "gpus":
@@ -71,18 +70,6 @@ func Decode(data []byte) (*Inventory, error) {
 		return nil, err
 	}
 	return inv, nil
-}
-
-func timestamp(v *sj.Value, p string) (time.Time, error) {
-	s, err := v.Str(p, sj.StrSpec{MinLen: 1, MaxLen: 40})
-	if err != nil {
-		return time.Time{}, err
-	}
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return time.Time{}, sj.Errorf(p, "Expected an RFC 3339 timestamp")
-	}
-	return t, nil
 }
 
 func absPath(v *sj.Value, p string) (string, error) {

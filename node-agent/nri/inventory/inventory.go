@@ -10,10 +10,9 @@
 package inventory
 
 import (
-	"fmt"
-	"os"
-	"sync"
 	"time"
+
+	"neuronetes.io/node-agent/nri/internal/statefile"
 )
 
 // Contract constants.
@@ -100,57 +99,25 @@ func (g *GPU) Instance(profile string, start int) (*MIGInstance, bool) {
 	return nil, false
 }
 
+var format = statefile.Format[*Inventory]{
+	What:     "node inventory",
+	MaxBytes: MaxBytes,
+	Decode:   Decode,
+	Header: func(inv *Inventory) statefile.Header {
+		return statefile.Header{Node: inv.Node, Generation: inv.Generation, UpdatedAt: inv.UpdatedAt}
+	},
+}
+
 // Load reads and decodes the file at file and checks it is this node's and fresh.
 func Load(file, node string, maxAge time.Duration, now time.Time) (*Inventory, error) {
-	info, err := os.Stat(file)
-	if err != nil {
-		return nil, fmt.Errorf("node inventory: %w", err)
-	}
-	if !info.Mode().IsRegular() || info.Size() > MaxBytes {
-		return nil, fmt.Errorf("node inventory %s: not a regular file of at most %d bytes", file, MaxBytes)
-	}
-	data, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("node inventory: %w", err)
-	}
-	inv, err := Decode(data)
-	if err != nil {
-		return nil, fmt.Errorf("node inventory %s: %w", file, err)
-	}
-	if inv.Node != node {
-		return nil, fmt.Errorf("node inventory %s is for node %q, this is %q", file, inv.Node, node)
-	}
-	if age := now.Sub(inv.UpdatedAt); age > maxAge || age < -maxAge {
-		return nil, fmt.Errorf("node inventory %s is stale: updatedAt %s is %s from now (bound %s); is the node agent running?",
-			file, inv.UpdatedAt.Format(time.RFC3339), age.Round(time.Second), maxAge)
-	}
-	return inv, nil
+	return format.Load(file, node, maxAge, now)
 }
 
-// Source loads the inventory file for each decision and refuses one older than a file it has
-// already used (a generation that went backwards: a restored or half-rolled-back agent state).
-type Source struct {
-	Path   string
-	Node   string
-	MaxAge time.Duration
-	Now    func() time.Time
+// Source loads the file for each decision and refuses one of a generation older than one it has
+// already used.
+type Source = statefile.Source[*Inventory]
 
-	mu             sync.Mutex
-	lastGeneration int64
-}
-
-// Current returns the inventory as it is now, or why it cannot be used.
-func (s *Source) Current() (*Inventory, error) {
-	inv, err := Load(s.Path, s.Node, s.MaxAge, s.Now())
-	if err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if inv.Generation < s.lastGeneration {
-		return nil, fmt.Errorf("node inventory %s: generation %d is older than %d, already used",
-			s.Path, inv.Generation, s.lastGeneration)
-	}
-	s.lastGeneration = inv.Generation
-	return inv, nil
+// NewSource reads the file at path for node on the clock now.
+func NewSource(path, node string, maxAge time.Duration, now func() time.Time) *Source {
+	return &Source{Format: format, Path: path, Node: node, MaxAge: maxAge, Now: now}
 }

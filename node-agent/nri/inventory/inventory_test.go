@@ -91,7 +91,7 @@ func TestSourceChecksNodeAgeAndGeneration(t *testing.T) {
 	}
 	updated := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	now := updated.Add(30 * time.Second)
-	src := &Source{Path: file, Node: "gpu-node-1", MaxAge: DefaultMaxAge, Now: func() time.Time { return now }}
+	src := NewSource(file, "gpu-node-1", DefaultMaxAge, func() time.Time { return now })
 	if _, err := src.Current(); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestSourceChecksNodeAgeAndGeneration(t *testing.T) {
 		t.Fatalf("future file used: %v", err)
 	}
 	now = updated
-	other := &Source{Path: file, Node: "gpu-node-2", MaxAge: DefaultMaxAge, Now: src.Now}
+	other := NewSource(file, "gpu-node-2", DefaultMaxAge, src.Now)
 	if _, err := other.Current(); err == nil || !strings.Contains(err.Error(), `is for node "gpu-node-1"`) {
 		t.Fatalf("foreign file used: %v", err)
 	}

@@ -7,17 +7,23 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 
 	"neuronetes.io/node-agent/nri/inject"
 	"neuronetes.io/node-agent/nri/inventory"
+	"neuronetes.io/node-agent/nri/records"
 )
 
-// Plugin implements the stub's CreateContainer, StartContainer and RemovePodSandbox handlers.
+// Plugin implements the stub's CreateContainer, StartContainer, StopContainer, RemoveContainer
+// and RemovePodSandbox handlers.
 type Plugin struct {
 	Host inject.Host
 	Log  *slog.Logger
+	// Records is where each container with GPUs is recorded for the agent (its cgroup path).
+	Records records.Dir
 	// Forget, when set, is told the UID of each removed pod sandbox (the pod-spec cache).
 	Forget func(podUID string)
 }
@@ -32,9 +38,28 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 		return nil, nil, err
 	}
 	if plan.GPUs {
+		if err := p.record(pod, ctr); err != nil {
+			p.Log.Warn("container refused", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", ctr.GetName(), "error", err)
+			return nil, nil, &inject.Refusal{Pod: pod.GetNamespace() + "/" + pod.GetName(), Container: ctr.GetName(), Reason: err.Error()}
+		}
 		p.Log.Info("GPUs injected", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", ctr.GetName(), "devices", len(plan.Devices))
 	}
 	return Adjustment(plan), nil, nil
+}
+
+// record tells the agent where the container's processes are: without it the agent cannot
+// register their host PIDs, so a container whose record cannot be written is refused.
+func (p *Plugin) record(pod *api.PodSandbox, ctr *api.Container) error {
+	return p.Records.Write(records.Record{
+		PodUID:      pod.GetUid(),
+		Namespace:   pod.GetNamespace(),
+		Pod:         pod.GetName(),
+		Container:   ctr.GetName(),
+		ContainerID: ctr.GetId(),
+		CgroupsPath: ctr.GetLinux().GetCgroupsPath(),
+		RegionDir:   filepath.Join(p.Host.StateDir, inject.ContainersDir, pod.GetUid(), ctr.GetName()),
+		WrittenAt:   time.Now().UTC(),
+	})
 }
 
 // StartContainer refuses to start a container whose final spec is not what CreateContainer
@@ -50,6 +75,10 @@ func (p *Plugin) StartContainer(_ context.Context, pod *api.PodSandbox, ctr *api
 		}
 		err = inject.Verify(plan, c, mounts)
 	}
+	if err == nil && plan.GPUs {
+		// again from the final spec: a plugin after this one may have moved the cgroup
+		err = p.record(pod, ctr)
+	}
 	if err != nil {
 		p.Log.Warn("container start refused", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", ctr.GetName(), "error", err)
 		return fmt.Errorf("neuronetes: refusing to start container %q of pod %s/%s: %w", ctr.GetName(), pod.GetNamespace(), pod.GetName(), err)
@@ -57,10 +86,34 @@ func (p *Plugin) StartContainer(_ context.Context, pod *api.PodSandbox, ctr *api
 	return nil
 }
 
-// RemovePodSandbox forgets what was cached about the pod.
+// StopContainer removes the container's record: its processes are gone (the agent keeps
+// reclaiming their region slots without it).
+func (p *Plugin) StopContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) ([]*api.ContainerUpdate, error) {
+	p.forgetContainer(pod, ctr)
+	return nil, nil
+}
+
+// RemoveContainer removes the container's record, if StopContainer did not.
+func (p *Plugin) RemoveContainer(_ context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	p.forgetContainer(pod, ctr)
+	return nil
+}
+
+// forgetContainer never fails the runtime's call: a record left behind is removed by the agent
+// once its pod is gone (docs/contracts.md).
+func (p *Plugin) forgetContainer(pod *api.PodSandbox, ctr *api.Container) {
+	if err := p.Records.Remove(pod.GetUid(), ctr.GetName(), ctr.GetId()); err != nil {
+		p.Log.Warn("container record not removed", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", ctr.GetName(), "error", err)
+	}
+}
+
+// RemovePodSandbox forgets what was cached about the pod and removes its records.
 func (p *Plugin) RemovePodSandbox(_ context.Context, pod *api.PodSandbox) error {
 	if p.Forget != nil {
 		p.Forget(pod.GetUid())
+	}
+	if err := p.Records.RemovePod(pod.GetUid()); err != nil {
+		p.Log.Warn("container records not removed", "pod", pod.GetNamespace()+"/"+pod.GetName(), "error", err)
 	}
 	return nil
 }

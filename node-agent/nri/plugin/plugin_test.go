@@ -3,8 +3,10 @@ package plugin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -18,6 +20,7 @@ import (
 	"neuronetes.io/node-agent/nri/assignment"
 	"neuronetes.io/node-agent/nri/inject"
 	"neuronetes.io/node-agent/nri/internal/nodetest"
+	"neuronetes.io/node-agent/nri/records"
 )
 
 // runtime is NRI's own runtime side (pkg/adaptation, what containerd and CRI-O embed) with the
@@ -44,7 +47,7 @@ func startRuntime(t *testing.T, host inject.Host) *runtime {
 	nodetest.Must(t, nri.Start())
 	t.Cleanup(nri.Stop)
 
-	p := &Plugin{Host: host, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	p := &Plugin{Host: host, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Records: records.In(host.StateDir)}
 	s, err := stub.New(p, stub.WithPluginName("neuronetes"), stub.WithPluginIdx("10"), stub.WithSocketPath(socket))
 	nodetest.Must(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -97,14 +100,16 @@ func TestThroughNRIAdaptation(t *testing.T) {
 	h.Now = time.Now() // the plugin reads the inventory on the real clock here
 	h.WriteInventory(nodetest.InventoryDoc(nodetest.Node, h.Now, h.ShimDir))
 	region := h.Region(nodetest.PodUID, "trainer")
+	pod := sandbox(assignmentFor(nodetest.Node, map[string][]string{"trainer": {nodetest.UUID1}}))
+	h.Bind(pod.Uid, pod.Namespace, pod.Name, pod.Annotations[assignment.Annotation])
 	rt := startRuntime(t, h.Host())
 
-	pod := sandbox(assignmentFor(nodetest.Node, map[string][]string{"trainer": {nodetest.UUID1}}))
+	const cgroup = "kubepods-besteffort-pod0b6f3c8e_4c1d_4f57_9a1e_2f0c4a1b9d77.slice:cri-containerd:ctr-1"
 	ctr := &api.Container{
 		Id: "ctr-1", PodSandboxId: pod.Id, Name: "trainer",
 		// the final env: image ENV (a CUDA image's NVIDIA_VISIBLE_DEVICES=all) and the tenant's
 		Env:   []string{"PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=all", "LD_PRELOAD=/tmp/x.so", "CUDA_VISIBLE_DEVICES=0"},
-		Linux: &api.LinuxContainer{},
+		Linux: &api.LinuxContainer{CgroupsPath: cgroup},
 	}
 	adjust, err := rt.create(t, pod, ctr)
 	if err != nil {
@@ -145,6 +150,13 @@ func TestThroughNRIAdaptation(t *testing.T) {
 	if hooks := adjust.GetHooks().GetCreateContainer(); len(hooks) != 1 {
 		t.Fatalf("hooks %v", hooks)
 	}
+	// the agent learns where the container's processes are
+	dir := records.In(h.StateDir)
+	rec, err := dir.Read(nodetest.PodUID, "trainer")
+	if err != nil || rec.ContainerID != "ctr-1" || rec.CgroupsPath != cgroup || rec.RegionDir != filepath.Dir(region) ||
+		rec.Namespace != "team-a" || rec.Pod != "trainer-0" || rec.Version != records.SchemaVersion {
+		t.Fatalf("container record %+v (%v)", rec, err)
+	}
 
 	// StartContainer: the final spec as the runtime built it. Applied correctly -> starts.
 	applied := startedContainer(ctr, adjust, false)
@@ -159,6 +171,35 @@ func TestThroughNRIAdaptation(t *testing.T) {
 		t.Fatalf("start not refused: %v", err)
 	}
 
+	// stopping the container removes its record; a stop of an older container of the same name
+	// (created again by the kubelet) leaves the new one's record alone
+	stop := func(id string) {
+		t.Helper()
+		c := &api.Container{Id: id, PodSandboxId: pod.Id, Name: "trainer", Linux: &api.LinuxContainer{}}
+		if _, err := rt.nri.StopContainer(context.Background(), &api.StopContainerRequest{Pod: pod, Container: c}); err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+	}
+	stop("ctr-0")
+	if _, err := dir.Read(nodetest.PodUID, "trainer"); err != nil {
+		t.Fatalf("an old container's stop removed the record: %v", err)
+	}
+	stop("ctr-1")
+	if _, err := dir.Read(nodetest.PodUID, "trainer"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("record not removed at stop: %v", err)
+	}
+	// created again, then removed with its sandbox (no stop seen): the record goes too
+	if _, err := rt.create(t, pod, ctr); err != nil {
+		t.Fatalf("created again: %v", err)
+	}
+	if _, err := dir.Read(nodetest.PodUID, "trainer"); err != nil {
+		t.Fatalf("no record after the second creation: %v", err)
+	}
+	nodetest.Must(t, rt.nri.RemovePodSandbox(context.Background(), &api.RemovePodSandboxRequest{Pod: pod}))
+	if _, err := dir.Read(nodetest.PodUID, "trainer"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("record not removed with the sandbox: %v", err)
+	}
+
 	// a container whose assignment names another node is refused by the runtime
 	wrong := sandbox(assignmentFor("gpu-node-2", map[string][]string{"trainer": {nodetest.UUID1}}))
 	wrong.Id = "sandbox-2"
@@ -171,7 +212,7 @@ func TestThroughNRIAdaptation(t *testing.T) {
 // startedContainer is ctr as a runtime hands it to StartContainer after applying adjust to its
 // spec; appendEnv simulates a runtime that appends env overrides instead of replacing them.
 func startedContainer(ctr *api.Container, adjust *api.ContainerAdjustment, appendEnv bool) *api.Container {
-	started := &api.Container{Id: ctr.Id, PodSandboxId: ctr.PodSandboxId, Name: ctr.Name, Linux: &api.LinuxContainer{}}
+	started := &api.Container{Id: ctr.Id, PodSandboxId: ctr.PodSandboxId, Name: ctr.Name, Linux: &api.LinuxContainer{CgroupsPath: ctr.GetLinux().GetCgroupsPath()}}
 	override := map[string]string{}
 	for _, kv := range adjust.GetEnv() {
 		override[kv.Key] = kv.Value

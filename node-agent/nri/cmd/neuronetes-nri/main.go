@@ -20,8 +20,10 @@ import (
 
 	"neuronetes.io/node-agent/nri/inject"
 	"neuronetes.io/node-agent/nri/inventory"
+	"neuronetes.io/node-agent/nri/ledger"
 	"neuronetes.io/node-agent/nri/plugin"
 	"neuronetes.io/node-agent/nri/podspec"
+	"neuronetes.io/node-agent/nri/records"
 )
 
 func main() {
@@ -34,8 +36,9 @@ func main() {
 func run() error {
 	var (
 		node      = flag.String("node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-		stateDir  = flag.String("state-dir", "/run/neuronetes", "the node agent's state directory (inventory.json, containers/<pod-uid>/<container>/region)")
+		stateDir  = flag.String("state-dir", "/run/neuronetes", "the node agent's state directory (inventory.json, ledger.json, containers/<pod-uid>/<container>/region; this plugin writes containers.d/)")
 		maxAge    = flag.Duration("inventory-max-age", inventory.DefaultMaxAge, "refuse GPU containers when the inventory file is older than this")
+		ledgerAge = flag.Duration("ledger-max-age", ledger.DefaultMaxAge, "refuse GPU containers when the node ledger file is older than this")
 		socket    = flag.String("nri-socket", "", "NRI socket of the runtime (default: NRI's default, /var/run/nri/nri.sock)")
 		pluginIdx = flag.String("plugin-index", "10", "NRI plugin index (order among plugins)")
 	)
@@ -44,10 +47,12 @@ func run() error {
 		return errors.New("--node-name (or $NODE_NAME) is required")
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	source := &inventory.Source{Path: filepath.Join(*stateDir, "inventory.json"), Node: *node, MaxAge: *maxAge, Now: time.Now}
+	source := inventory.NewSource(filepath.Join(*stateDir, "inventory.json"), *node, *maxAge, time.Now)
+	bound := ledger.NewSource(filepath.Join(*stateDir, ledger.FileName), *node, *ledgerAge, time.Now)
 	p := &plugin.Plugin{
-		Host: inject.Host{Node: *node, StateDir: *stateDir, Inventory: source.Current},
-		Log:  log,
+		Host:    inject.Host{Node: *node, StateDir: *stateDir, Inventory: source.Current, Ledger: bound.Current},
+		Log:     log,
+		Records: records.In(*stateDir),
 	}
 	if pods, err := podspec.InCluster(); err != nil {
 		// containers asking for GPUs without an assignment entry then get no GPU (safe) instead

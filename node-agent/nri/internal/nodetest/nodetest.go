@@ -1,6 +1,6 @@
 // Package nodetest builds a simulated GPU node for the plugin's tests: a real state directory
-// with an inventory file (four GPUs, the last in MIG mode), the shim library and preload file, and
-// the regions the node agent would create. Only tests import it.
+// with an inventory file (four GPUs, the last in MIG mode), a node ledger, the shim library and
+// preload file, and the regions the node agent would create. Only tests import it.
 package nodetest
 
 import (
@@ -13,6 +13,7 @@ import (
 
 	"neuronetes.io/node-agent/nri/inject"
 	"neuronetes.io/node-agent/nri/inventory"
+	"neuronetes.io/node-agent/nri/ledger"
 )
 
 const (
@@ -27,6 +28,8 @@ const (
 	MIGSmall = "MIG-9a1e0e75-7230-4e65-8e3f-000000000036"
 	UVMMajor = 508
 	CapMajor = 511
+	// GPUMemoryMiB is every GPU's memory in the ledger (an 80 GB A100).
+	GPUMemoryMiB = 81920
 )
 
 func dev(path string, major, minor int) map[string]any {
@@ -79,13 +82,17 @@ func InventoryDoc(node string, updatedAt time.Time, shimDir string) map[string]a
 	}
 }
 
-// Host is a node: state dir, shim files, inventory file and a clock.
+// Host is a node: state dir, shim files, inventory file, ledger and a clock.
 type Host struct {
-	t        *testing.T
-	StateDir string
-	ShimDir  string
-	InvPath  string
-	Now      time.Time
+	t          *testing.T
+	StateDir   string
+	ShimDir    string
+	InvPath    string
+	LedgerPath string
+	Now        time.Time
+	// LedgerPods are the ledger's pods in order (written by Bind).
+	LedgerPods []any
+	generation int
 }
 
 // New builds a node in a temporary directory.
@@ -99,19 +106,52 @@ func New(t *testing.T) *Host {
 		Now:      time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC),
 	}
 	h.InvPath = filepath.Join(h.StateDir, "inventory.json")
+	h.LedgerPath = filepath.Join(h.StateDir, ledger.FileName)
 	Must(t, os.MkdirAll(h.ShimDir, 0o755))
 	Must(t, os.WriteFile(filepath.Join(h.ShimDir, "libneuronetes-cuda.so"), []byte("\x7fELF"), 0o644))
 	Must(t, os.WriteFile(filepath.Join(h.ShimDir, "ld.so.preload"), []byte(inject.ShimLibraryPath+"\n"), 0o644))
 	h.WriteInventory(InventoryDoc(Node, h.Now.Add(-10*time.Second), h.ShimDir))
+	h.WriteLedger(Node, h.Now.Add(-5*time.Second))
 	return h
+}
+
+// Bind records a pod in the node ledger, after the pods already there, as the agent does when it
+// sees the pod bound to the node with that annotation.
+func (h *Host) Bind(uid, namespace, name, annotation string) {
+	h.LedgerPods = append(h.LedgerPods, map[string]any{"uid": uid, "namespace": namespace, "name": name, "assignment": annotation})
+	h.WriteLedger(Node, h.Now.Add(-5*time.Second))
+}
+
+// LedgerDoc is the ledger file of node: its four GPUs and h.LedgerPods.
+func (h *Host) LedgerDoc(node string, updatedAt time.Time) map[string]any {
+	var gpus []any
+	for _, u := range []string{UUID0, UUID1, UUID2, UUID3} {
+		gpus = append(gpus, map[string]any{"uuid": u, "memoryMiB": GPUMemoryMiB})
+	}
+	pods := append([]any{}, h.LedgerPods...)
+	h.generation++
+	return map[string]any{
+		"version": 1, "node": node, "generation": h.generation,
+		"updatedAt": updatedAt.UTC().Format(time.RFC3339Nano), "gpus": gpus, "pods": pods,
+	}
+}
+
+// WriteLedger writes the ledger file as the agent would.
+func (h *Host) WriteLedger(node string, updatedAt time.Time) {
+	h.WriteJSON(h.LedgerPath, h.LedgerDoc(node, updatedAt))
+}
+
+// WriteJSON writes doc as a file of the state directory.
+func (h *Host) WriteJSON(path string, doc map[string]any) {
+	data, err := json.Marshal(doc)
+	Must(h.t, err)
+	Must(h.t, os.MkdirAll(filepath.Dir(path), 0o755))
+	Must(h.t, os.WriteFile(path, data, 0o644))
 }
 
 // WriteInventory writes doc as the inventory file.
 func (h *Host) WriteInventory(doc map[string]any) {
-	data, err := json.Marshal(doc)
-	Must(h.t, err)
-	Must(h.t, os.MkdirAll(h.StateDir, 0o755))
-	Must(h.t, os.WriteFile(h.InvPath, data, 0o644))
+	h.WriteJSON(h.InvPath, doc)
 }
 
 // Region creates the region file the agent would create for a container.
@@ -123,10 +163,13 @@ func (h *Host) Region(pod, container string) string {
 	return path
 }
 
-// Host is the decision's view of this node (inventory read through a Source on the fake clock).
+// Host is the decision's view of this node (inventory and ledger read through Sources on the
+// fake clock).
 func (h *Host) Host() inject.Host {
-	src := &inventory.Source{Path: h.InvPath, Node: Node, MaxAge: inventory.DefaultMaxAge, Now: func() time.Time { return h.Now }}
-	return inject.Host{Node: Node, StateDir: h.StateDir, Inventory: src.Current}
+	now := func() time.Time { return h.Now }
+	src := inventory.NewSource(h.InvPath, Node, inventory.DefaultMaxAge, now)
+	led := ledger.NewSource(h.LedgerPath, Node, ledger.DefaultMaxAge, now)
+	return inject.Host{Node: Node, StateDir: h.StateDir, Inventory: src.Current, Ledger: led.Current}
 }
 
 // Must fails the test on err.

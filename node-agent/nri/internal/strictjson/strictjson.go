@@ -16,6 +16,7 @@ import (
 	"math/big"
 	"regexp"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -288,6 +289,19 @@ func CheckStr(s, path string, spec StrSpec) (string, error) {
 		return "", Errorf(path, "Expected `str` matching regex %s", spec.Pattern.repr())
 	}
 	return s, nil
+}
+
+// Timestamp returns the value as an RFC 3339 time (the agent's files' updatedAt).
+func (v *Value) Timestamp(path string) (time.Time, error) {
+	s, err := v.Str(path, StrSpec{MinLen: 1, MaxLen: 40})
+	if err != nil {
+		return time.Time{}, err
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, Errorf(path, "Expected an RFC 3339 timestamp")
+	}
+	return t, nil
 }
 
 // Enum returns the value as one of the allowed strings.

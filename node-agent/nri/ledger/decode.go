@@ -1,0 +1,173 @@
+package ledger
+
+// The strict decoder of the ledger file (schema: docs/contracts.md, "The node ledger file"),
+// worded like msgspec as the inventory's and the assignment's decoders are.
+
+import (
+	"fmt"
+
+	"neuronetes.io/node-agent/nri/assignment"
+	sj "neuronetes.io/node-agent/nri/internal/strictjson"
+)
+
+var (
+	gpuUUIDPattern = sj.NewPattern(`^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	podUIDPattern  = sj.NewPattern(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	dnsPattern     = sj.NewPattern(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+	nodeSpec       = sj.StrSpec{MinLen: 1, MaxLen: 253, Pattern: dnsPattern}
+)
+
+// Decode parses and validates a ledger document; every pod's assignment is decoded with the
+// assignment's strict decoder and must name the ledger's node and the pod's UID.
+func Decode(data []byte) (*Ledger, error) {
+	if len(data) > MaxBytes {
+		return nil, fmt.Errorf("%d bytes, more than the %d allowed", len(data), MaxBytes)
+	}
+	root, err := sj.Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	members, err := root.Members("$", 0, 0)
+	if err != nil {
+		return nil, err
+	}
+	l := &Ledger{}
+	got := map[string]bool{}
+	for _, m := range members {
+		p := sj.Field("$", m.Key)
+		switch m.Key {
+		case "version":
+			l.Version, err = m.Val.Int(p, SchemaVersion, SchemaVersion)
+		case "node":
+			l.Node, err = m.Val.Str(p, nodeSpec)
+		case "generation":
+			l.Generation, err = m.Val.Int(p, 1, 1<<53)
+		case "updatedAt":
+			l.UpdatedAt, err = m.Val.Timestamp(p)
+		case "gpus":
+			l.GPUs, err = gpus(m.Val, p)
+		case "pods":
+			l.Pods, err = pods(m.Val, p)
+		default:
+			err = sj.Unknown("$", m.Key)
+		}
+		if err != nil {
+			return nil, err
+		}
+		got[m.Key] = true
+	}
+	if err := sj.RequireFields("$", got, "version", "node", "generation", "updatedAt", "gpus", "pods"); err != nil {
+		return nil, err
+	}
+	for i, pod := range l.Pods {
+		if pod.Assignment.Node != l.Node {
+			return nil, sj.Errorf(sj.Index("$.pods", i), "the assignment is for node %q, the ledger for %q", pod.Assignment.Node, l.Node)
+		}
+	}
+	return l, nil
+}
+
+func gpus(v *sj.Value, p string) ([]GPU, error) {
+	items, err := v.Items(p, 0, 256)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]GPU, 0, len(items))
+	seen := map[string]bool{}
+	for i, item := range items {
+		ip := sj.Index(p, i)
+		members, err := item.Members(ip, 0, 0)
+		if err != nil {
+			return nil, err
+		}
+		var g GPU
+		got := map[string]bool{}
+		for _, m := range members {
+			fp := sj.Field(ip, m.Key)
+			switch m.Key {
+			case "uuid":
+				g.UUID, err = m.Val.Str(fp, sj.StrSpec{Pattern: gpuUUIDPattern})
+			case "memoryMiB":
+				g.MemoryMiB, err = m.Val.Int(fp, 1, assignment.MaxGPUMemoryMiB)
+			default:
+				err = sj.Unknown(ip, m.Key)
+			}
+			if err != nil {
+				return nil, err
+			}
+			got[m.Key] = true
+		}
+		if err := sj.RequireFields(ip, got, "uuid", "memoryMiB"); err != nil {
+			return nil, err
+		}
+		if seen[g.UUID] {
+			return nil, sj.Errorf(ip, "%s is listed twice", g.UUID)
+		}
+		seen[g.UUID] = true
+		out = append(out, g)
+	}
+	return out, nil
+}
+
+func pods(v *sj.Value, p string) ([]Pod, error) {
+	items, err := v.Items(p, 0, MaxPods)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Pod, 0, len(items))
+	seen := map[string]bool{}
+	for i, item := range items {
+		ip := sj.Index(p, i)
+		pod, err := podEntry(item, ip)
+		if err != nil {
+			return nil, err
+		}
+		if seen[pod.UID] {
+			return nil, sj.Errorf(ip, "pod %s is listed twice", pod.UID)
+		}
+		seen[pod.UID] = true
+		out = append(out, pod)
+	}
+	return out, nil
+}
+
+func podEntry(v *sj.Value, p string) (Pod, error) {
+	var pod Pod
+	members, err := v.Members(p, 0, 0)
+	if err != nil {
+		return pod, err
+	}
+	got := map[string]bool{}
+	for _, m := range members {
+		fp := sj.Field(p, m.Key)
+		switch m.Key {
+		case "uid":
+			pod.UID, err = m.Val.Str(fp, sj.StrSpec{Pattern: podUIDPattern})
+		case "namespace":
+			pod.Namespace, err = m.Val.Str(fp, sj.StrSpec{MinLen: 1, MaxLen: 63, Pattern: dnsPattern})
+		case "name":
+			pod.Name, err = m.Val.Str(fp, nodeSpec)
+		case "assignment":
+			pod.Annotation, err = m.Val.Str(fp, sj.StrSpec{MinLen: 1, MaxLen: assignment.MaxBytes})
+			if err == nil {
+				pod.Assignment, err = assignment.Decode([]byte(pod.Annotation))
+				if err != nil {
+					err = sj.Errorf(fp, "%v", err)
+				}
+			}
+		default:
+			err = sj.Unknown(p, m.Key)
+		}
+		if err != nil {
+			return pod, err
+		}
+		got[m.Key] = true
+	}
+	if err := sj.RequireFields(p, got, "uid", "namespace", "name", "assignment"); err != nil {
+		return pod, err
+	}
+	if pod.Assignment.PodUID != "" && pod.Assignment.PodUID != pod.UID {
+		return pod, sj.Errorf(p, "the assignment names pod UID %s, the entry %s", pod.Assignment.PodUID, pod.UID)
+	}
+	return pod, nil
+}

@@ -206,6 +206,8 @@ def health(sched: Scheduler, req: p.Health) -> p.Reply:
 
 
 def gpu_admin(sched: Scheduler, req: p.GpuAdmin) -> p.Reply:
+    if req.force and req.action != "offline":
+        return p.Err("invalid", f"force applies to offline only, not to {req.action}")
     with sched.lock:
         view = _gpu(sched, req.gpu)
         if isinstance(view, p.Err):

@@ -314,6 +314,8 @@ def test_bad_requests_get_one_error_reply_and_change_nothing(tmp_path: Path) -> 
             (b'{"op": "submit", "command": "true", "priority": 1, "gpu_memory": "lots"}\n', "invalid"),
             (b'{"op": "submit", "command": "true", "priority": 1, "gpus": 4}\n', "invalid"),
             (b'{"op": "logs", "job": "x", "tail": 0}\n', "invalid"),
+            (b'{"op": "gpu", "gpu": "GPU-x", "action": "drain", "force": true}\n', "invalid"),
+            (b'{"op": "gpu", "gpu": "GPU-x", "action": "reset"}\n', "bad_request"),
             (b"\n", "bad_request"),
             (b"[" * 1000 + b"\n", "bad_request"),
         ]:

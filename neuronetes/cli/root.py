@@ -54,6 +54,7 @@ COMMANDS: list[tuple[str, tuple[str, ...]]] = [
     ("cluster", ("status", "health", "drain", "offline", "online")),
     ("top", ("top",)),
     ("explain", ("explain",)),
+    ("workstation", ("submit", "jobs", "cancel", "watch")),
 ]
 
 

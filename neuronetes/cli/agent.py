@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from .options import LOG_LEVEL
-from .root import group
+from .root import group, with_version
 from .standalone import STANDALONE_KEYS, STANDALONE_OPTIONS, run_standalone
 
 __all__ = ["agent", "agent_commands", "agent_main"]
@@ -108,6 +108,7 @@ def agent() -> None:
 )
 @STANDALONE_OPTIONS
 @LOG_LEVEL
+@with_version  # `neuronetes-agent --version` (that script is `agent run`)
 def agent_run(**opts: Any) -> int:
     standalone = {k: opts.pop(k) for k in STANDALONE_KEYS}
     if opts.pop("standalone"):

@@ -229,3 +229,10 @@ def test_an_unexpected_error_is_one_line_and_a_traceback_with_v(
     assert main(["-v", *argv]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error: unexpected")
+
+
+def test_the_agent_script_says_its_version() -> None:
+    result = subprocess.run(
+        [str(BIN / "neuronetes-agent"), "--version"], capture_output=True, text=True, timeout=60, cwd="/"
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "neuronetes-agent 0.1.0", result.stderr

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Set up the virtual environment and the local control plane (built once from the Go module
 # proxy, cached under ~/.cache/neuronetes), then run the demo: a local cluster with simulated GPU
-# nodes (kwok), kube-scheduler with the NeuroNetes extender beside it (host processes, the
-# extender under its own ServiceAccount), the admission policies of manifests/policies, sample GPU
-# pods (whole GPUs, NVLink, shared slices, MIG, a gang, one that fits nowhere) and where each
+# nodes (kwok), NeuroNetes installed by its Helm chart (helm/neuronetes, hack/local-values.yaml;
+# the chart's pods run as host processes exactly as rendered: docs/dev-cluster.md, "Chart mode"),
+# sample GPU pods (whole GPUs, NVLink, shared slices, MIG, a gang, one that fits nowhere) and where each
 # landed and why, read from the API (pods, their assignment annotation, Events).
 #   NEURONETES_DEMO_KEEP=1   leave the cluster running (neuronetes dev cluster down --name demo)
 # The placement-quality simulation on the openb traces: see README ("Simulator").

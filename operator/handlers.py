@@ -207,8 +207,11 @@ def run(settings: OperatorSettings, *, kubeconfig: str | None, stop: threading.E
     if kubeconfig:
         api = config.new_client_from_config(config_file=kubeconfig)
     else:
-        config.load_incluster_config()
-        api = client.ApiClient()
+        try:
+            config.load_incluster_config()
+            api = client.ApiClient()
+        except config.ConfigException:  # not in a pod: $KUBECONFIG, else ~/.kube/config (as the others)
+            api = config.new_client_from_config()
     registry = build_registry(settings, api, lambda: PoolController(api, settings))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one INFO line per watch event
     kopf.run(

@@ -51,15 +51,16 @@ def webhook_serve(ns: argparse.Namespace) -> int:
     from .webhook import WebhookServer
 
     slices = api_slice_reader()
-    if slices is None:
-        logging.getLogger("neuronetes.webhook").warning(
-            "no API credentials (in-cluster or $KUBECONFIG): pods naming a GPUSlice are refused"
-        )
     try:
         server = WebhookServer(ns.host, ns.port, Path(ns.cert_dir), frozenset(ns.trusted_user or ()), slices)
     except (OSError, ValueError) as exc:
         print(f"error: cannot serve on {ns.host}:{ns.port} with {ns.cert_dir}: {exc}", file=sys.stderr)
         return 1
+    if slices is None:
+        # Warned once the server is up, so a refused start stays one error line.
+        logging.getLogger("neuronetes.webhook").warning(
+            "no API credentials (in-cluster or $KUBECONFIG): pods naming a GPUSlice are refused"
+        )
 
     def stop(signum: int, frame: FrameType | None) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()

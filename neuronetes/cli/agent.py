@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from typing import Any
 
 import click
 
 from .options import LOG_LEVEL
-from .root import group
+from .root import group, with_version
+from .standalone import STANDALONE_KEYS, STANDALONE_OPTIONS, run_standalone
 
-__all__ = ["agent", "agent_commands"]
+__all__ = ["agent", "agent_commands", "agent_main"]
 
 
 def agent_commands() -> Any:
@@ -31,6 +33,11 @@ def agent() -> None:
     help="Serve a GPU node (NVML) or a fleet of simulated nodes: discover GPUs, track their health, "
     "publish GPUNode, labels and capacity, evict pods from failed GPUs, export metrics "
     "(docs/gpu-health.md). Give exactly one of --node and --simulate-nodes.",
+)
+@click.option(
+    "--standalone",
+    is_flag=True,
+    help="workstation mode: schedule jobs on this machine, no cluster (docs/workstation.md)",
 )
 @click.option("--node", help="serve this node's real GPUs through NVML")
 @click.option("--simulate-nodes", metavar="SELECTOR", help="serve every Node matching this label selector")
@@ -79,9 +86,9 @@ def agent() -> None:
 )
 @click.option(
     "--state-dir",
-    default="/run/neuronetes",
-    show_default=True,
-    help="--node: where the node inventory file (inventory.json) is written for the NRI plugin",
+    help="--node: where the node inventory file (inventory.json) is written for the NRI plugin (default "
+    "/run/neuronetes); --standalone: the daemon's state (default $NEURONETES_STATE_DIR, else "
+    "$XDG_STATE_HOME/neuronetes)",
 )
 @click.option(
     "--shim-library",
@@ -99,8 +106,29 @@ def agent() -> None:
     show_default=True,
     help="--node: the host's cgroup mount, where the containers' processes are found",
 )
+@STANDALONE_OPTIONS
 @LOG_LEVEL
+@with_version  # `neuronetes-agent --version` (that script is `agent run`)
 def agent_run(**opts: Any) -> int:
+    standalone = {k: opts.pop(k) for k in STANDALONE_KEYS}
+    if opts.pop("standalone"):
+        if opts["node"] is not None or opts["simulate_nodes"] is not None:
+            raise click.UsageError("--standalone runs without a cluster: no --node or --simulate-nodes")
+        return run_standalone(opts["state_dir"], opts["shim_library"], opts["log_level"], **standalone)
     if (opts["node"] is None) == (opts["simulate_nodes"] is None):
-        raise click.UsageError("give exactly one of --node and --simulate-nodes")
+        raise click.UsageError("give exactly one of --node and --simulate-nodes (or --standalone)")
+    if any(v is not None for v in standalone.values()):
+        raise click.UsageError(
+            "--simulate-gpus, --utilization-cap, --headroom, --aging-seconds, "
+            "--checkpoint-deadline and --cuda-driver need --standalone"
+        )
+    opts["state_dir"] = opts["state_dir"] or "/run/neuronetes"
     return int(agent_commands().cmd_agent_run(argparse.Namespace(**opts)))
+
+
+def agent_main() -> int:
+    """`neuronetes-agent`: the node agent on its own, ``neuronetes-agent --standalone [...]`` for
+    workstation mode (the same options as ``neuronetes agent run``)."""
+    from . import main
+
+    return main(["agent", "run", *sys.argv[1:]], prog_name="neuronetes-agent")

@@ -1,6 +1,9 @@
 """Cluster verbs: ``status`` and ``health`` (read from the GPUNodes and pods), ``drain``,
 ``offline``, ``online`` (written to the GPUNode; the node agent carries them out,
-docs/gpu-health.md). The plugin's other views, ``top`` and ``explain``, have their own modules."""
+docs/gpu-health.md). The plugin's other views, ``top`` and ``explain``, have their own modules.
+
+``status``, ``health``, ``drain``, ``offline`` and ``online`` also drive a workstation daemon:
+`standalone.target_state_dir` is the one rule that picks the target (docs/workstation.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from typing import Any
 
 import click
 
+from . import standalone, workstation
 from .agent import agent_commands
 from .kube import Cluster, event_time
 from .options import GPU_ID, KUBECONFIG
@@ -46,14 +50,21 @@ def _views(kubeconfig: str | None) -> list[NodeView]:
 
 @click.command(
     "status",
-    short_help="GPU nodes (--all: GPUs) as their agents report them.",
+    short_help="GPU nodes (--all: GPUs) as their agents report them; a workstation's GPUs and jobs.",
     help="The cluster's GPU nodes as their agents report them: one row per node (healthy GPUs, "
-    "GPU share given out, last heartbeat); --all: one row per GPU.",
+    "GPU share given out, last heartbeat); --all: one row per GPU. On a workstation "
+    "(docs/workstation.md): the daemon, its GPUs and its jobs (--all: finished jobs too).",
 )
 @KUBECONFIG
-@click.option("--all", "every_gpu", is_flag=True, help="one row per GPU, with its pods")
+@standalone.STATE_DIR
+@click.option(
+    "--all", "every_gpu", is_flag=True, help="one row per GPU, with its pods (workstation: finished jobs too)"
+)
 @output_option
-def status(kubeconfig: str | None, every_gpu: bool, output: str) -> int:
+def status(kubeconfig: str | None, state_dir: str | None, every_gpu: bool, output: str) -> int:
+    target = standalone.target_state_dir(state_dir, kubeconfig)
+    if target is not None:
+        return workstation.show_status(target, every_gpu, output)
     views = _views(kubeconfig)
     if every_gpu:
         gpus = [g for v in views for g in v.gpus]
@@ -114,12 +125,17 @@ def _health_document(gpunode: dict[str, Any], gpu: GpuView, events: list[dict[st
     "health",
     short_help="GPU health, one GPU in detail with --gpu-id.",
     help="GPU health from the GPUNodes: one row per GPU (state, reason, cordoned/offline); with "
-    "--gpu-id, that GPU in detail with its node's conditions and the agent's events about it.",
+    "--gpu-id, that GPU in detail with its node's conditions and the agent's events about it. On a "
+    "workstation: its GPUs, or one with its processes, jobs and state history.",
 )
 @KUBECONFIG
+@standalone.STATE_DIR
 @click.option("--gpu-id", metavar="UUID", help="one GPU in detail")
 @output_option
-def health(kubeconfig: str | None, gpu_id: str | None, output: str) -> int:
+def health(kubeconfig: str | None, state_dir: str | None, gpu_id: str | None, output: str) -> int:
+    target = standalone.target_state_dir(state_dir, kubeconfig)
+    if target is not None:
+        return workstation.show_health(target, gpu_id, output)
     cluster = Cluster(kubeconfig)
     views = cluster_views(cluster.gpunodes(), cluster.nodes(), cluster.pods())
     if gpu_id is None:
@@ -166,7 +182,12 @@ def health(kubeconfig: str | None, gpu_id: str | None, output: str) -> int:
     return 0
 
 
-def _gpu_admin(verb: str, gpu_id: str, kubeconfig: str | None, force: bool = False) -> int:
+def _gpu_admin(
+    verb: str, gpu_id: str, kubeconfig: str | None, state_dir: str | None, force: bool = False
+) -> int:
+    target = standalone.target_state_dir(state_dir, kubeconfig)
+    if target is not None:
+        return workstation.gpu_admin(target, verb, gpu_id, force)
     ns = argparse.Namespace(command=verb, gpu_id=gpu_id, kubeconfig=kubeconfig, force=force)
     return int(agent_commands().cmd_gpu_admin(ns))
 
@@ -174,8 +195,9 @@ def _gpu_admin(verb: str, gpu_id: str, kubeconfig: str | None, force: bool = Fal
 @click.command("drain", help="Keep new work off a GPU; running work continues.")
 @GPU_ID
 @KUBECONFIG
-def drain(gpu_id: str, kubeconfig: str | None) -> int:
-    return _gpu_admin("drain", gpu_id, kubeconfig)
+@standalone.STATE_DIR
+def drain(gpu_id: str, kubeconfig: str | None, state_dir: str | None) -> int:
+    return _gpu_admin("drain", gpu_id, kubeconfig, state_dir)
 
 
 @click.command(
@@ -185,13 +207,15 @@ def drain(gpu_id: str, kubeconfig: str | None) -> int:
 )
 @GPU_ID
 @KUBECONFIG
-@click.option("--force", is_flag=True, help="evict the pods using the GPU")
-def offline(gpu_id: str, kubeconfig: str | None, force: bool) -> int:
-    return _gpu_admin("offline", gpu_id, kubeconfig, force)
+@standalone.STATE_DIR
+@click.option("--force", is_flag=True, help="evict the pods (workstation: the jobs) using the GPU")
+def offline(gpu_id: str, kubeconfig: str | None, state_dir: str | None, force: bool) -> int:
+    return _gpu_admin("offline", gpu_id, kubeconfig, state_dir, force)
 
 
 @click.command("online", help="Put a GPU back in service (after a repair or a failed reset).")
 @GPU_ID
 @KUBECONFIG
-def online(gpu_id: str, kubeconfig: str | None) -> int:
-    return _gpu_admin("online", gpu_id, kubeconfig)
+@standalone.STATE_DIR
+def online(gpu_id: str, kubeconfig: str | None, state_dir: str | None) -> int:
+    return _gpu_admin("online", gpu_id, kubeconfig, state_dir)

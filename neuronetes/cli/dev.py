@@ -62,6 +62,23 @@ def _up(opts: dict[str, Any], cluster: DevCluster, log: Callable[[str], None]) -
     )
     external = ExtenderConfig.from_url(url)
     crds = opts["crds"]
+    apiserver_args = [f"--runtime-config={opts['runtime_config']}"] if opts["runtime_config"] else []
+    shaping = ("no_extender", "no_agent", "no_operator", "no_policies", "no_controller_manager", "crds")
+    direct = opts["direct"] or url is not None or opts["schedulers"] != 1 or opts["no_crds"]
+    if not direct and not any(opts[k] for k in shaping):
+        from neuronetes.devcluster.chartmode import ChartRelease
+
+        seconds = cluster.up(
+            nodes=nodes,
+            feature_gates=gates,
+            apiserver_args=apiserver_args,
+            auto_build=opts["build"],
+            chart=ChartRelease(),
+            install_chart=not opts["no_install"],
+        )
+        what = "helm install it yourself" if opts["no_install"] else "chart installed"
+        log(f"cluster {cluster.name!r} up in {seconds:.1f} s ({what}); logs in {cluster.log_dir}")
+        return
     seconds = cluster.up(
         nodes=nodes,
         extender=external,
@@ -73,7 +90,7 @@ def _up(opts: dict[str, Any], cluster: DevCluster, log: Callable[[str], None]) -
         controller_manager=False if opts["no_controller_manager"] else None,
         crds_dir=None if opts["no_crds"] else Path(crds) if crds else REPO_ROOT / "crds",
         policies_dir=None if opts["no_policies"] else POLICIES_DIR,
-        apiserver_args=[f"--runtime-config={opts['runtime_config']}"] if opts["runtime_config"] else [],
+        apiserver_args=apiserver_args,
         auto_build=opts["build"],
     )
     log(f"cluster {cluster.name!r} up in {seconds:.1f} s; logs in {cluster.log_dir}")
@@ -129,8 +146,9 @@ def _status(cluster: DevCluster, output: str) -> int:
 @dev.command(
     "cluster",
     help="A local control plane with simulated GPU nodes: etcd, kube-apiserver, kube-controller-manager, "
-    "kube-scheduler, kwok and the NeuroNetes extender on loopback (binaries built by "
-    "hack/build-control-plane.sh); state in ~/.cache/neuronetes/clusters/NAME.",
+    "kube-scheduler and kwok on loopback (binaries built by hack/build-control-plane.sh), NeuroNetes "
+    "installed by its Helm chart (--direct: as the cluster's own processes); state in "
+    "~/.cache/neuronetes/clusters/NAME.",
 )
 @click.argument("action", type=click.Choice(["up", "down", "status", "kubeconfig"]))
 @click.option("--name", default="dev", show_default=True, help="cluster name")
@@ -144,6 +162,17 @@ def _status(cluster: DevCluster, output: str) -> int:
     "--extender-url",
     help="up: an external extender's URL prefix instead of the one the cluster runs "
     "(default: $NEURONETES_EXTENDER_URL)",
+)
+@click.option(
+    "--direct",
+    is_flag=True,
+    help="up: run NeuroNetes as the cluster's own processes instead of installing helm/neuronetes "
+    "(implied by the flags that shape them: --extender-url, --no-*, --schedulers, --crds)",
+)
+@click.option(
+    "--no-install",
+    is_flag=True,
+    help="up: run the chart's pods but leave `helm install` to you (README: Install with Helm)",
 )
 @click.option("--no-extender", is_flag=True, help="up: kube-scheduler without an extender")
 @click.option("--no-agent", is_flag=True, help="up: no node agent (fleet mode) for the simulated nodes")

@@ -27,7 +27,7 @@ def verbose() -> bool:
     return _state["verbose"]
 
 
-def _version(func: Callable[..., Any]) -> Callable[..., Any]:
+def with_version(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.version_option(
         neuronetes.__version__, "--version", package_name="neuronetes", message="%(prog)s %(version)s"
     )(func)
@@ -37,7 +37,7 @@ def group(name: str, help: str) -> Callable[[Callable[..., Any]], click.Group]:
     """A command group with ``--version``; its callback does nothing."""
 
     def make(func: Callable[..., Any]) -> click.Group:
-        return click.group(name, help=help, context_settings=CONTEXT)(_version(func))
+        return click.group(name, help=help, context_settings=CONTEXT)(with_version(func))
 
     return make
 
@@ -54,6 +54,7 @@ COMMANDS: list[tuple[str, tuple[str, ...]]] = [
     ("cluster", ("status", "health", "drain", "offline", "online")),
     ("top", ("top",)),
     ("explain", ("explain",)),
+    ("workstation", ("submit", "jobs", "cancel", "watch")),
 ]
 
 
@@ -83,7 +84,7 @@ def build_root() -> click.Group:
         context_settings=CONTEXT,
         help="NeuroNetes: GPU scheduling for Kubernetes.",
     )
-    @_version
+    @with_version
     @click.option("-v", "--verbose", is_flag=True, help="show the traceback of an unexpected error")
     def root(verbose: bool) -> None:
         _state["verbose"] = verbose

@@ -32,6 +32,7 @@ from typing import Any, Final
 from neuronetes.devcluster import components as cmd
 from neuronetes.devcluster import procs
 from neuronetes.devcluster.api import Api, ApiError, KubectlError, free_ports, run_kubectl
+from neuronetes.devcluster.chartmode import ChartOps, ChartRelease, pick_loopback_net
 from neuronetes.devcluster.config import (
     ExtenderConfig,
 )
@@ -136,6 +137,8 @@ class DevCluster:
         auto_build: bool = False,
         apiserver_args: Sequence[str] = (),
         timeout_s: float = 90.0,
+        chart: ChartRelease | None = None,
+        install_chart: bool = True,
     ) -> float:
         """Start the cluster (fresh state); return the seconds it took.
 
@@ -147,12 +150,20 @@ class DevCluster:
         mode / the operator and two webhook replicas (`neuronetes.devcluster.addons`).
         `feature_gates` go to kube-apiserver and kube-scheduler.
         `policies_dir`: ValidatingAdmissionPolicy manifests to apply (``manifests/policies``).
+        `chart`: chart mode (`neuronetes.devcluster.chartmode`): NeuroNetes — CRDs, policies,
+        identities and every component — comes from ``helm install`` of this release, its pods
+        run by the chart runner; the other NeuroNetes arguments must be left at their defaults.
+        `install_chart` False: chart mode without the release (``helm install`` it yourself).
 
         Raises `ClusterError` when it is already running (`down` it first) or fails to start
         (everything started is stopped again), `BuildError` when binaries are missing and
         `auto_build` is off or the build fails, `ValueError` for a shape that makes no sense.
         """
-        if schedulers < 1:
+        if chart is not None:
+            if run_extender or run_agent or run_operator or extender is not None or schedulers != 1:
+                raise ValueError("chart mode: NeuroNetes comes from the chart, not from the cluster's own")
+            crds_dir, policies_dir, schedulers = None, None, 0
+        elif schedulers < 1:
             raise ValueError("schedulers: at least 1")
         if run_extender and extender is not None:
             raise ValueError("either an external extender or one run by the cluster, not both")
@@ -166,6 +177,8 @@ class DevCluster:
                     raise ClusterError(f"cluster {self.name!r} is already running; `down` it first")
                 self.sup.stop(old)
             missing = self.tools.missing(controller_manager=controller_manager)
+            if chart is not None and not self.tools.helm.exists():
+                missing.append(self.tools.helm)
             if missing:
                 if not auto_build:
                     raise BuildError(
@@ -195,6 +208,7 @@ class DevCluster:
                 feature_gates=dict(feature_gates or {}),
                 controller_manager=controller_manager,
                 started_at=time.time(),
+                chart=None if chart is None else {**chart.to_json(), "net": pick_loopback_net()},
             )
             startup = Startup(self.sup, self._layout(state), state, self.log, self.kubectl)
             try:
@@ -211,6 +225,10 @@ class DevCluster:
                 self.store.retire(state)
                 raise
         try:
+            if chart is not None:
+                ChartOps(self).prepare()
+                if install_chart:
+                    ChartOps(self).install(timeout_s=max(60.0, timeout_s))
             for prof, count in nodes:
                 if count:
                     self.add_nodes(prof, count, prof)

@@ -19,6 +19,7 @@ from neuronetes.devcluster.profiles import KWOK_ANNOTATION
 from neuronetes.devcluster.tools import Toolchain
 
 __all__ = [
+    "NODE_IP",
     "POD_CIDR",
     "SERVICE_CIDR",
     "Layout",
@@ -36,6 +37,8 @@ __all__ = [
 
 SERVICE_CIDR: Final = "10.0.0.0/24"
 POD_CIDR: Final = "10.64.0.0/12"
+NODE_IP: Final = "10.255.0.1"
+"""The address kwok gives every simulated node (the chart runner serves their kubelet's logs)."""
 
 
 def pair_names(index: int, count: int) -> tuple[str, str, str]:
@@ -231,6 +234,6 @@ def kwok_argv(at: Layout) -> list[str]:
         f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
         f"--server-address=127.0.0.1:{at.ports['kwok']}",
         f"--cidr={POD_CIDR}",
-        "--node-ip=10.255.0.1",
+        f"--node-ip={NODE_IP}",
         "--node-lease-duration-seconds=40",
     ]

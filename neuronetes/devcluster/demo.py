@@ -1,9 +1,11 @@
 """The README's main job: a local cluster with simulated GPU nodes, NeuroNetes, sample pods.
 
 `neuronetes demo` starts the real local control plane (etcd, kube-apiserver,
-kube-controller-manager, kwok) with kube-scheduler's ``neuronetes-scheduler`` profile and the
-NeuroNetes extender beside it, as host processes configured as a Helm chart configures them
-(`neuronetes.devcluster.config`), and the admission policies of ``manifests/policies``. It adds a few
+kube-controller-manager, kwok) and installs NeuroNetes with its Helm chart (``helm/neuronetes``,
+values ``hack/local-values.yaml``): the CRDs, the admission policies, RBAC, and the chart's
+workloads — the ``gpu-scheduler`` pods (kube-scheduler's ``neuronetes-scheduler`` profile and the
+extender), the operator, two webhook replicas and the agent DaemonSet — which the chart runner
+runs as host processes exactly as rendered (`neuronetes.devcluster.chartmode`). It adds a few
 dozen simulated GPU nodes, submits sample pods — whole GPUs, an NVLink group, shared GPU slices,
 a MIG instance, a gang of four, and one that fits nowhere — and prints where each landed and
 why, read from the API as any user would: the pod's node and ``neuronetes.io/assigned-gpus``,
@@ -22,7 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, TextIO
 
 from neuronetes import contracts as c
-from neuronetes.devcluster.cluster import POLICIES_DIR, DevCluster
+from neuronetes.devcluster.chartmode import ChartRelease
+from neuronetes.devcluster.cluster import DevCluster
 from neuronetes.devcluster.profiles import KWOK_TAINT
 
 __all__ = [
@@ -152,10 +155,8 @@ def run_demo(
         cluster.down()
     ok = False
     try:
-        seconds = cluster.up(
-            run_extender=True, run_agent=True, run_operator=True, policies_dir=POLICIES_DIR, auto_build=True
-        )
-        say(f"local control plane and NeuroNetes up in {seconds:.1f}s")
+        seconds = cluster.up(chart=ChartRelease(), auto_build=True)
+        say(f"local control plane up and helm/neuronetes installed in {seconds:.1f}s")
         for profile_name, count in nodes:
             cluster.add_nodes(profile_name, count, profile_name)
         say(f"{sum(n for _, n in nodes)} simulated nodes: " + ", ".join(f"{n} x {p}" for p, n in nodes))

@@ -329,6 +329,9 @@ def node_labels(spec: NodeSpec) -> dict[str, str]:
                 LABEL_GPU_COUNT: str(len(spec.gpus)),
                 LABEL_GPU_TOPOLOGY: "nvlink" if any(g.nvlink_group >= 0 for g in spec.gpus) else "pcie",
                 LABEL_MIG_CAPABLE: "true" if mig.is_mig_capable(model) else "false",
+                # What NVIDIA's GPU feature discovery sets on a GPU node: the chart's agent
+                # DaemonSet selects GPU nodes by it.
+                "nvidia.com/gpu.present": "true",
             }
         )
     labels.update(spec.labels)

@@ -31,6 +31,7 @@ from neuronetes.devcluster.access import (
 )
 from neuronetes.devcluster.addons import start_addons
 from neuronetes.devcluster.api import Api, http_ok
+from neuronetes.devcluster.chartmode import egress_flags, start_runner
 from neuronetes.devcluster.config import (
     BUILTIN_EXTENDER_WEIGHT,
     DEV_LEADER_ELECTION,
@@ -101,6 +102,8 @@ class Startup:
         self.sup.spawn(state, "etcd", cmd.etcd_argv(at))
         self.sup.wait(state, "etcd", probe["etcd"], deadline)
         self.log(f"kube-apiserver {state.versions['kubernetes']} on {at.server}")
+        if state.chart is not None:
+            apiserver_args = [*apiserver_args, *egress_flags(at)]
         self.sup.spawn(
             state,
             "kube-apiserver",
@@ -142,17 +145,22 @@ class Startup:
             apply_crds(self.kubectl, crds_dir, self.log, timeout_s=max(5.0, deadline - time.monotonic()))
         if policies_dir is not None:
             apply_manifests(self.kubectl, policies_dir, self.log)
-        # The identity exists even when the cluster runs no extender: an extender started by hand
-        # or by a test uses extender.kubeconfig (the admission policies trust no one else).
-        install_extender_identity(api, at.extender_kubeconfig, cluster=at.name, ca_pem=ca_pem)
-        for obj in scheduler_lease_access(DEV_LEADER_ELECTION.name):
-            api.apply(obj, field_manager=FIELD_MANAGER)
+        if state.chart is None:
+            # The identity exists even when the cluster runs no extender: an extender started by hand
+            # or by a test uses extender.kubeconfig (the admission policies trust no one else).
+            install_extender_identity(api, at.extender_kubeconfig, cluster=at.name, ca_pem=ca_pem)
+            for obj in scheduler_lease_access(DEV_LEADER_ELECTION.name):
+                api.apply(obj, field_manager=FIELD_MANAGER)
         if state.run_extender:
             at.extender_settings.write_text(json.dumps(extender_settings(**overrides), indent=2) + "\n")
         self.spawn_pairs(extender)
         for name in [n for n in state.processes if n in probe and n not in ("etcd", "kube-apiserver")]:
             self.sup.wait(state, name, probe[name], deadline)
         start_addons(self.sup, state, at, self.kubectl, self.log, deadline)
+        if state.chart is not None:
+            # Chart mode: the release installs NeuroNetes and its identities; this runs its pods.
+            self.log("chart runner (the chart's pods as host processes)")
+            start_runner(self.sup, state, at)
 
     def spawn_pairs(self, extender: ExtenderConfig | None) -> None:
         """Each pair's extender (when the cluster runs it), then its kube-scheduler."""

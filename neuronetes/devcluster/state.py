@@ -45,6 +45,9 @@ class RunState:
     feature_gates: dict[str, bool] = field(default_factory=dict)
     controller_manager: bool = True
     started_at: float = 0.0
+    chart: dict[str, Any] | None = None
+    """Chart mode (`neuronetes.devcluster.chartmode`): the release, its namespace and the
+    runner's loopback network; NeuroNetes then runs only as the chart's pods."""
 
     def pairs(self) -> list[tuple[str, str, str]]:
         """(kube-scheduler's name, the extender's name, port-key suffix) of every pair."""
@@ -71,6 +74,7 @@ class RunState:
             "featureGates": self.feature_gates,
             "controller_manager": self.controller_manager,
             "started_at": self.started_at,
+            "chart": self.chart,
         }
 
     @classmethod
@@ -88,6 +92,7 @@ class RunState:
             feature_gates={str(k): bool(v) for k, v in (data.get("featureGates") or {}).items()},
             controller_manager=bool(data.get("controller_manager", True)),
             started_at=float(data.get("started_at", 0.0)),
+            chart=data.get("chart"),
         )
 
 

@@ -396,7 +396,8 @@ def test_cli_lifecycle_warm_start_and_down_leaves_no_process(cluster: E2ECluster
     STARTED.append(dev)
     try:
         t0 = time.monotonic()
-        up = run("up", "--nodes", "t4x4-pcie=2", "--nodes", "dgx-h100=1")
+        # --direct: the cluster's own processes (chart mode, the default: test_readme_install_e2e).
+        up = run("up", "--direct", "--nodes", "t4x4-pcie=2", "--nodes", "dgx-h100=1")
         elapsed = time.monotonic() - t0
         track(dev)
         assert up.returncode == 0, up.stderr

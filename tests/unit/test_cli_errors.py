@@ -129,6 +129,49 @@ CASES = [
     ("explain-without-pod", "kubectl-neuronetes", ["explain"], 2, "POD"),
     ("explain-bad-pod-ref", "kubectl-neuronetes", ["explain", "a/b/c"], 2, "NAMESPACE/NAME"),
     ("group-bad-flag", "kubectl-neuronetes", ["dev", "--frobnicate"], 2, "No such option"),
+    # workstation mode (docs/workstation.md); the errors that need a live daemon (unknown job, GPU in
+    # use) are in tests/e2e/test_workstation_e2e.py
+    ("ws-no-daemon", "neuronetes", ["jobs", "list", "--state-dir", "{dir}/none"], 1, "no workstation daemon"),
+    (
+        "ws-status-no-daemon",
+        "neuronetes",
+        ["status", "--state-dir", "{dir}/none"],
+        1,
+        "no workstation daemon",
+    ),
+    ("ws-cancel-no-daemon", "neuronetes", ["cancel", "j1", "--state-dir", "{dir}/none"], 1, "no workstation"),
+    ("ws-bad-priority", "neuronetes", ["submit", "--cmd", "true", "--priority", "5000"], 1, "bad priority"),
+    (
+        "ws-priority-not-a-number",
+        "neuronetes",
+        ["submit", "--cmd", "true", "--priority", "high"],
+        2,
+        "'high'",
+    ),
+    (
+        "ws-bad-size",
+        "neuronetes",
+        ["submit", "--cmd", "true", "--priority", "1", "--gpu-memory", "lots", "--gpu-compute", "10"],
+        1,
+        "bad size 'lots'",
+    ),
+    (
+        "ws-share-and-gpus",
+        "neuronetes",
+        ["submit", "--cmd", "true", "--priority", "1", "--gpus", "2", "--gpu-memory", "8Gi"],
+        2,
+        "not both",
+    ),
+    ("ws-bad-interval", "neuronetes", ["watch", "--interval", "soon", "--state-dir", "{dir}"], 2, "soon"),
+    ("ws-unknown-command", "neuronetes", ["jobs", "frobnicate"], 2, "No such command"),
+    ("ws-standalone-and-node", "neuronetes", ["agent", "run", "--standalone", "--node", "a"], 2, "no --node"),
+    (
+        "ws-cap-above-90",
+        "neuronetes-agent",
+        ["--standalone", "--utilization-cap", "95"],
+        2,
+        "--utilization-cap",
+    ),
 ]
 
 
@@ -186,3 +229,10 @@ def test_an_unexpected_error_is_one_line_and_a_traceback_with_v(
     assert main(["-v", *argv]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error: unexpected")
+
+
+def test_the_agent_script_says_its_version() -> None:
+    result = subprocess.run(
+        [str(BIN / "neuronetes-agent"), "--version"], capture_output=True, text=True, timeout=60, cwd="/"
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "neuronetes-agent 0.1.0", result.stderr

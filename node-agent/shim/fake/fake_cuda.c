@@ -184,11 +184,22 @@ static void graph_add(fake_graph *g, fake_node n) {
 
 /* ---- memory in the account ------------------------------------------------------------------- */
 
+/* Take the account's lock for a change of this process's own memory, waiting while the process is
+ * checkpoint-locked. The state is read under the lock, so a checkpoint Lock either comes before the
+ * change or waits for it to finish, as the driver's lock waits for the calls in flight. */
+static void lock_running(fake_proc *self) {
+    for (;;) {
+        fake_state_lock(g_state);
+        if (self == NULL || __atomic_load_n(&self->ckpt_state, __ATOMIC_ACQUIRE) == FAKE_CKPT_RUNNING) return;
+        fake_state_unlock(g_state);
+        usleep(500);
+    }
+}
+
 static CUresult account_alloc(int dev, uint64_t size) {
     fake_proc *self = self_entry();
     if (self == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    ckpt_gate(self);
-    fake_state_lock(g_state);
+    lock_running(self);
     fake_device *d = &g_state->devices[dev];
     if (d->used_bytes + size > d->total_bytes) fake_state_reap(g_state);
     CUresult rc = CUDA_SUCCESS;
@@ -206,7 +217,7 @@ static CUresult account_alloc(int dev, uint64_t size) {
 static void account_free(int dev, uint64_t size) {
     fake_proc *self = self_entry();
     if (self == NULL) return;
-    fake_state_lock(g_state);
+    lock_running(self);
     self->used[dev] -= size < self->used[dev] ? size : self->used[dev];
     g_state->devices[dev].used_bytes -= size < g_state->devices[dev].used_bytes ? size : g_state->devices[dev].used_bytes;
     fake_state_unlock(g_state);

@@ -1,0 +1,190 @@
+"""Admission: which waiting job goes next, and is it safe to start it now?
+
+Queue order is effective priority, highest first: the submitted priority plus one point per
+`aging_s` seconds waited (since submission or the last preemption), so a low-priority job
+overtakes a stream of newer higher-priority jobs after a bounded wait; ties go to the job waiting
+longest. Aging orders the queue only: preemption compares submitted priorities.
+
+A job starts on a GPU only when every rule passes (priority never overrides them):
+- health: the GPU's state is schedulable (not DEGRADED, RESETTING, OFFLINE: the agent's GPU state
+  machine, which also pauses a GPU above 85 °C) and it is not drained;
+- utilization: the load the daemon's own jobs do not account for (measured utilization minus the
+  compute shares of its jobs running there) plus the safety headroom is at most the cap;
+- compute: whole-GPU jobs are exclusive; shares on one GPU add up to at most 100 %;
+- memory: the job's memory fits beside what the daemon's jobs hold (a stopped job keeps its
+  memory) and what processes the daemon did not start hold (NVML's process list).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from .gpus import GpuView
+from .jobs import Job, JobState
+
+__all__ = [
+    "MAX_CAP",
+    "Admit",
+    "GpuLoad",
+    "Hold",
+    "Settings",
+    "effective_priority",
+    "external_memory",
+    "gib",
+    "loads",
+    "place",
+    "queue_order",
+]
+
+MAX_CAP: Final = 90.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    cap_percent: float = 85.0
+    headroom_percent: float = 5.0
+    aging_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.cap_percent <= MAX_CAP:
+            raise ValueError(f"utilization cap {self.cap_percent}: use 1-{MAX_CAP:.0f} (percent)")
+        if not 0 <= self.headroom_percent < self.cap_percent:
+            raise ValueError(f"headroom {self.headroom_percent}: use 0 up to the cap")
+        if self.aging_s <= 0:
+            raise ValueError(f"aging interval {self.aging_s}: must be positive (seconds)")
+
+
+@dataclass(slots=True)
+class GpuLoad:
+    """What the daemon's jobs hold on one GPU."""
+
+    compute: int = 0  # percent, of running jobs
+    memory: int = 0  # bytes reserved by running and stopped jobs
+    holders: list[str] = field(default_factory=list)  # job ids (running or stopped)
+    exclusive: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    job: Job
+    gpus: tuple[GpuView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    job: Job
+    reason: str
+    blocked_by_jobs: bool  # only the daemon's own jobs stand in the way (preemption may help)
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def effective_priority(job: Job, now: float, aging_s: float) -> int:
+    return job.spec.priority + int(max(0.0, now - job.queued_at) // aging_s)
+
+
+def queue_order(jobs: Iterable[Job], now: float, aging_s: float) -> list[Job]:
+    """Waiting jobs (QUEUED, PREEMPTED), next to start first."""
+    waiting = [j for j in jobs if j.state in (JobState.QUEUED, JobState.PREEMPTED)]
+    return sorted(waiting, key=lambda j: (-effective_priority(j, now, aging_s), j.queued_at, j.submitted_at))
+
+
+def job_memory(job: Job, view: GpuView) -> int:
+    """Memory a job holds on a GPU: its share, or the whole GPU."""
+    return job.spec.memory_bytes or view.memory_total_bytes
+
+
+def loads(jobs: Iterable[Job], views: Mapping[str, GpuView]) -> dict[str, GpuLoad]:
+    """Per GPU, what running jobs and stopped (SIGSTOP) preempted jobs hold."""
+    out = {u: GpuLoad() for u in views}
+    for job in jobs:
+        running = job.state is JobState.RUNNING
+        stopped = job.state is JobState.PREEMPTED and job.suspended == "stopped"
+        if not (running or stopped):
+            continue
+        for uuid in job.gpus:
+            if uuid not in out:
+                continue
+            load = out[uuid]
+            load.holders.append(job.id)
+            load.memory += job_memory(job, views[uuid])
+            if running:
+                load.compute += job.spec.compute_percent
+            load.exclusive = load.exclusive or job.spec.whole
+    return out
+
+
+def external_memory(view: GpuView, own_pids: frozenset[int]) -> int:
+    """Memory held on the GPU by processes the daemon did not start."""
+    return sum(p.used_memory_bytes for p in view.processes if p.pid not in own_pids)
+
+
+def check_gpu(job: Job, view: GpuView, load: GpuLoad, external: int, settings: Settings) -> Hold | None:
+    """The first rule `job` breaks on `view`, or None when it may start there."""
+    if view.drained:
+        return Hold(job, f"GPU {view.index} is drained", False)
+    if not view.schedulable:
+        return Hold(job, f"GPU {view.index} is {view.state.value}: {view.reason}", False)
+    other_load = max(0.0, view.utilization_percent - load.compute)
+    if other_load + settings.headroom_percent > settings.cap_percent:
+        return Hold(
+            job,
+            f"GPU {view.index}: utilization {other_load:.0f} % + headroom {settings.headroom_percent:.0f} %"
+            f" is above the cap {settings.cap_percent:.0f} %",
+            False,
+        )
+    if load.holders and (job.spec.whole or load.exclusive):
+        return Hold(job, f"GPU {view.index} is held by job {', '.join(load.holders)}", True)
+    if load.compute + job.spec.compute_percent > 100:
+        return Hold(
+            job,
+            f"GPU {view.index}: compute {load.compute} % in use, {job.spec.compute_percent} % asked",
+            True,
+        )
+    free = view.memory_total_bytes - external - load.memory
+    need = job_memory(job, view) if not job.spec.whole else 1
+    if need > free:
+        by_jobs = need <= view.memory_total_bytes - external
+        ext = f" (processes the daemon did not start hold {gib(external)})" if external else ""
+        return Hold(job, f"GPU {view.index}: needs {gib(need)}, {gib(max(0, free))} free{ext}", by_jobs)
+    return None
+
+
+def place(
+    job: Job,
+    views: Sequence[GpuView],
+    load_of: Mapping[str, GpuLoad],
+    external_of: Mapping[str, int],
+    settings: Settings,
+) -> Admit | Hold:
+    """GPUs for `job` (the first that pass every rule, in index order), or why it must wait.
+
+    A PREEMPTED job that still owns a process (checkpointed or stopped) resumes on its own GPUs."""
+    candidates = [v for v in views if not job.suspended or v.uuid in job.gpus]
+    want = len(job.gpus) if job.suspended else job.spec.gpus
+    fits: list[GpuView] = []
+    holds: list[Hold] = []
+    for view in candidates:
+        # a stopped job's own memory is already counted there: check the others' load only
+        own = _without(load_of[view.uuid], job, view) if job.suspended == "stopped" else load_of[view.uuid]
+        hold = check_gpu(job, view, own, external_of.get(view.uuid, 0), settings)
+        if hold is None:
+            fits.append(view)
+        else:
+            holds.append(hold)
+    if len(fits) >= want:
+        return Admit(job, tuple(fits[:want]))
+    if not holds:
+        return Hold(job, f"needs {want} GPU(s), the machine has {len(candidates)}", False)
+    return Hold(job, "; ".join(h.reason for h in holds), all(h.blocked_by_jobs for h in holds))
+
+
+def _without(load: GpuLoad, job: Job, view: GpuView) -> GpuLoad:
+    holders = [h for h in load.holders if h != job.id]
+    return GpuLoad(
+        load.compute, load.memory - job_memory(job, view), holders, load.exclusive and bool(holders)
+    )

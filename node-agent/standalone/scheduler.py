@@ -1,0 +1,348 @@
+"""The workstation scheduler: one loop that reaps, reads the GPUs, admits, preempts and resumes.
+
+Every change goes through the store first (`Store.transition`), then acts on processes, so a daemon
+killed at any point restarts from a recorded state (`recovery`). All methods run under one lock:
+the socket handlers and the loop never interleave.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from neuronetes.agent.daemon.health import Usage
+
+from . import admission as adm
+from .checkpoint import STATE_RUNNING, CudaCheckpoint
+from .gpus import Gpus, GpuView
+from .jobs import ACTIVE, FINAL, Job, JobState
+from .launcher import Launcher, group_members, kill_group
+from .preemption import Plan, Rung, plan
+from .store import Store
+
+__all__ = ["Config", "Scheduler"]
+
+log = logging.getLogger(__name__)
+S = JobState
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    settings: adm.Settings = field(default_factory=adm.Settings)
+    cooperative_deadline_s: float = 30.0  # SIGUSR1 → exit, before SIGKILL
+    cancel_grace_s: float = 5.0  # SIGTERM → SIGKILL
+    interval_s: float = 0.2
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        gpus: Gpus,
+        launcher: Launcher,
+        ckpt: CudaCheckpoint,
+        config: Config,
+        clock: Callable[[], float] = time.time,
+        gpus_description: str = "",
+    ) -> None:
+        self.gpus_description = gpus_description
+        self.store = store
+        self.gpus = gpus
+        self.launcher = launcher
+        self.ckpt = ckpt
+        self.config = config
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.wake = threading.Event()
+        self.coop_deadline: dict[str, float] = {}  # job id → when SIGKILL follows SIGUSR1
+        self.kill_after: dict[str, tuple[Job, float]] = {}  # cancelled jobs still exiting
+        self.last_preemption: dict[str, float] = {}  # rung → seconds it took (status)
+        self.checkpoint_failed: set[str] = set()  # jobs the driver could not checkpoint
+
+    # ---- one round -------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        with self.lock:
+            now = self.clock()
+            jobs = self.store.jobs(states=frozenset({S.QUEUED, S.RUNNING, S.PREEMPTED}))
+            for job in jobs:
+                if job.state is S.RUNNING:
+                    self.reap(job, now)
+                elif job.state is S.PREEMPTED and job.suspended:
+                    self.check_suspended(job, now)
+            self._finish_cancelled(now)
+            jobs = [j for j in jobs if j.state not in FINAL]
+            views = self.gpus.refresh(_usage(jobs), now)
+            self._admit(jobs, views, now)
+
+    def reap(self, job: Job, now: float) -> None:
+        deadline = self.coop_deadline.get(job.id)
+        if deadline is not None and now >= deadline and self.launcher.signal(job, signal.SIGKILL):
+            log.warning(
+                "job %s did not exit within %.0fs of SIGUSR1: killed",
+                job.id,
+                self.config.cooperative_deadline_s,
+            )
+            self.coop_deadline[job.id] = float("inf")
+        code = self.launcher.exit_status(job)
+        if code is None:
+            return
+        if job.suspended == "signalled":  # cooperative preemption
+            self.coop_deadline.pop(job.id, None)
+            saved = code == 0
+            why = (
+                "saved and exited after SIGUSR1 (cooperative checkpoint); resumes with NEURONETES_RESUME=1"
+                if saved
+                else f"exited with status {code} after SIGUSR1; restarts from the beginning"
+            )
+            self.store.transition(
+                job, S.PREEMPTED, why, now, pid=0, pid_start=0, suspended="", resume=saved, queued_at=now
+            )
+        elif code == 0:
+            self.store.transition(job, S.COMPLETED, "exited with status 0", now, exit_code=0)
+        else:
+            why = (
+                f"exited with status {code}"
+                if code >= 0
+                else "its processes are gone; no exit status recorded"
+            )
+            self.store.transition(job, S.FAILED, why, now, exit_code=code)
+
+    def check_suspended(self, job: Job, now: float) -> None:
+        """A preempted job's held process must still exist; if it ended, the job failed."""
+        code = self.launcher.exit_status(job)
+        if code is not None:
+            why = f"its process ended while preempted (status {code})" if code >= 0 else "its process is gone"
+            self.store.transition(job, S.FAILED, why, now, exit_code=code, suspended="")
+
+    def _finish_cancelled(self, now: float) -> None:
+        for job_id, (job, when) in list(self.kill_after.items()):
+            if self.launcher.exit_status(job) is not None:
+                del self.kill_after[job_id]
+            elif now >= when:
+                kill_group(self.launcher, job)
+
+    # ---- admission and preemption ---------------------------------------------------------------
+
+    def _admit(self, jobs: list[Job], views: dict[str, GpuView], now: float) -> None:
+        settings = self.config.settings
+        view_list = sorted(views.values(), key=lambda v: v.index)
+        external = self._external(jobs, view_list)
+        for job in adm.queue_order(jobs, now, settings.aging_s):
+            decision = adm.place(job, view_list, adm.loads(jobs, views), external, settings)
+            if isinstance(decision, adm.Admit):
+                self._start(job, decision.gpus, now)
+                continue
+            waiting = f"waiting: {decision.reason}"
+            if job.reason != waiting and job.state is S.QUEUED:
+                self.store.update(job, reason=waiting)
+            if not decision.blocked_by_jobs:
+                continue
+            if self.coop_deadline:
+                return  # a preemption is under way: nothing starts behind the job it is for
+            chosen = plan(job, view_list, jobs, external, settings, self._rung)
+            if chosen is not None:
+                self._preempt(chosen, now)
+                self.wake.set()  # the next round starts the urgent job without waiting
+                return
+
+    def _external(self, jobs: list[Job], views: list[GpuView]) -> dict[str, int]:
+        if not any(v.processes for v in views):
+            return {}
+        own: set[int] = set()
+        for job in jobs:
+            if job.state in ACTIVE and job.pid:
+                own.update(group_members(job.pid))
+        return {v.uuid: adm.external_memory(v, frozenset(own)) for v in views}
+
+    def _rung(self, job: Job) -> Rung:
+        if job.id not in self.checkpoint_failed and self.cuda_pids(job):
+            return Rung.CHECKPOINT
+        return Rung.COOPERATIVE if job.spec.checkpointable else Rung.STOP
+
+    def cuda_pids(self, job: Job) -> list[int]:
+        if not self.ckpt.available or not job.pid:
+            return []
+        return [p for p in group_members(job.pid) if self.ckpt.state(p) is not None]
+
+    def _preempt(self, chosen: Plan, now: float) -> None:
+        urgent = chosen.job
+        for victim, rung in chosen.victims:
+            why = f"preempted for job {urgent.id} (priority {urgent.spec.priority})"
+            started = time.monotonic()
+            if rung is Rung.CHECKPOINT:
+                failed = self._checkpoint(victim)
+                if failed is None:
+                    done = self.clock()  # the transition's time is when the GPU was free
+                    self.store.transition(
+                        victim,
+                        S.PREEMPTED,
+                        f"{why}: transparent CUDA checkpoint, GPU memory moved to host memory",
+                        done,
+                        suspended="checkpoint",
+                        queued_at=done,
+                    )
+                    self.last_preemption[rung.value] = time.monotonic() - started
+                    continue
+                # The plan counted on its memory leaving the GPU: only a cooperative checkpoint
+                # does that too. Otherwise it keeps running, and later plans know not to count on it.
+                self.checkpoint_failed.add(victim.id)
+                log.warning("job %s: transparent checkpoint failed (%s)", victim.id, failed)
+                if not victim.spec.checkpointable:
+                    self.store.update(
+                        victim, reason=f"not preempted: transparent checkpoint failed: {failed}"
+                    )
+                    continue
+                rung = Rung.COOPERATIVE
+            if rung is Rung.COOPERATIVE:
+                self.store.update(victim, suspended="signalled", reason=f"{why}: SIGUSR1 sent, saving")
+                self.coop_deadline[victim.id] = now + self.config.cooperative_deadline_s
+                self.launcher.signal(victim, signal.SIGUSR1)
+            else:
+                self.store.transition(
+                    victim,
+                    S.PREEMPTED,
+                    f"{why}: stopped (SIGSTOP); its GPU memory stays allocated",
+                    now,
+                    suspended="stopped",
+                    queued_at=now,
+                )
+                self.launcher.signal(victim, signal.SIGSTOP)
+                self.last_preemption[rung.value] = time.monotonic() - started
+
+    def _checkpoint(self, job: Job) -> str | None:
+        """Checkpoint every CUDA process of the job; undo on failure. The group is not stopped: its
+        CUDA calls wait in the driver, and a stopped process could hold a lock the driver's other
+        users need."""
+        done: list[int] = []
+        for pid in self.cuda_pids(job):
+            failed = self.ckpt.suspend(pid)
+            if failed is not None:
+                for p in done:
+                    self.ckpt.resume(p)
+                return failed
+            done.append(pid)
+        if not done:
+            return "no CUDA process left in the job"
+        return None
+
+    def _start(self, job: Job, gpus: tuple[GpuView, ...], now: float) -> None:
+        if job.state is S.PREEMPTED:
+            self.store.transition(job, S.QUEUED, "requeued: room for it again", now)
+        if job.suspended:
+            self._resume(job, now)
+            return
+        token = self.launcher.new_token(job)
+        uuids = tuple(g.uuid for g in gpus)
+        # Recorded before the process exists: a daemon killed right after finds it by its token.
+        self.store.transition(
+            job,
+            S.RUNNING,
+            f"started on GPU {','.join(str(g.index) for g in gpus)}",
+            now,
+            token=token,
+            attempt=job.attempt + 1,
+            gpus=uuids,
+            pid=0,
+            pid_start=0,
+            started_at=now,
+            resume=job.resume,
+        )
+        try:
+            started = self.launcher.start(job, gpus, token)
+        except (OSError, ValueError) as exc:
+            self.store.transition(job, S.FAILED, f"cannot start: {exc}", now)
+            return
+        self.store.update(job, pid=started.pid, pid_start=started.pid_start)
+
+    def _resume(self, job: Job, now: float) -> None:
+        started = time.monotonic()
+        how = job.suspended
+        if how == "stopped":
+            self.launcher.signal(job, signal.SIGCONT)
+        else:
+            for pid in group_members(job.pid):
+                if self.ckpt.state(pid) not in (None, STATE_RUNNING):
+                    failed = self.ckpt.resume(pid)
+                    if failed is not None:  # still checkpointed: it waits for room
+                        self.store.update(job, reason=f"waiting: restore failed: {failed}")
+                        return
+        why = (
+            "resumed: GPU memory restored from the checkpoint"
+            if how == "checkpoint"
+            else "continued (SIGCONT)"
+        )
+        self.store.transition(job, S.RUNNING, why, self.clock(), suspended="")
+        self.last_preemption[f"resume-{how}"] = time.monotonic() - started
+
+    # ---- user orders ----------------------------------------------------------------------------
+
+    def cancel(self, job: Job, *, force: bool) -> str:
+        """Cancel (SIGTERM, SIGKILL after the grace period) or kill (SIGKILL) a job."""
+        now = self.clock()
+        how = "killed (SIGKILL)" if force else "cancelled (SIGTERM)"
+        live = job.state in ACTIVE and job.pid > 0
+        refused = self.store.transition(job, S.CANCELLED, f"{how} by the user", now)
+        if refused is not None:
+            return str(refused)
+        self.coop_deadline.pop(job.id, None)
+        if live:
+            if force:
+                kill_group(self.launcher, job)
+            else:
+                self.launcher.signal(job, signal.SIGTERM)
+                self.launcher.signal(job, signal.SIGCONT)  # a stopped or checkpointed job must run to die
+            self.kill_after[job.id] = (job, now if force else now + self.config.cancel_grace_s)
+        self.wake.set()
+        return ""
+
+    def evict(self, job: Job, why: str) -> None:
+        """Take a job off its GPU for good (GPU forced offline): killed and requeued to start afresh."""
+        now = self.clock()
+        kill_group(self.launcher, job)
+        self.coop_deadline.pop(job.id, None)
+        self.kill_after[job.id] = (replace(job), now)  # reaped there once it is gone
+        if job.state is S.RUNNING:
+            self.store.transition(
+                job,
+                S.PREEMPTED,
+                f"evicted: {why}; restarts from the beginning",
+                now,
+                suspended="",
+                pid=0,
+                pid_start=0,
+                resume=False,
+                queued_at=now,
+            )
+        else:
+            self.store.update(job, suspended="", pid=0, pid_start=0, resume=False)
+
+    def log_paths(self, job: Job) -> tuple[Path, Path]:
+        d = self.launcher.job_dir(job.id)
+        return d / "stdout.log", d / "stderr.log"
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # one bad round must not end the daemon; the next round retries
+                log.exception("scheduler round failed")
+            self.wake.wait(self.config.interval_s)
+            self.wake.clear()
+
+
+def _usage(jobs: list[Job]) -> dict[str, Usage]:
+    assigned: dict[str, int] = {}
+    running: dict[str, int] = {}
+    for job in jobs:
+        if job.state in ACTIVE:
+            for uuid in job.gpus:
+                assigned[uuid] = assigned.get(uuid, 0) + 1
+                if job.state is S.RUNNING:
+                    running[uuid] = running.get(uuid, 0) + 1
+    return {u: Usage(assigned=assigned[u], running=running.get(u, 0)) for u in assigned}

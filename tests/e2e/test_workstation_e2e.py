@@ -1,0 +1,327 @@
+"""Workstation mode end to end: a real daemon, real job processes, the simulated GPU backend and the
+fake CUDA driver (docs/workstation.md). No cluster: these tests need no control plane."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from workstation_harness import MIB, Daemon, kill_leftovers, process_alive, running_daemon, wait_for
+
+from neuronetes.agent.standalone import protocol as p
+
+pytestmark = pytest.mark.e2e
+
+
+def _states(history: list[dict[str, object]]) -> list[object]:
+    return [h["to"] for h in history]
+
+
+def test_preemption_story(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A low-priority job runs; an urgent one arrives → the low one is PREEMPTED (transparent
+    checkpoint: its GPU memory leaves the GPU), the urgent one RUNNING; once the urgent one
+    COMPLETED the low one resumes where it was (memory restored) and completes."""
+    with running_daemon(tmp_path) as d:
+        d.submit("low", 1, 40, mib=1000)
+        d.wait_state("low", "RUNNING")
+        wait_for(lambda: d.memory.used() == 1000 * MIB, "the low job's 1000 MiB on the GPU")
+        listed = d.cli_json(capsys, "jobs", "list")
+        assert [(j["name"], j["state"]) for j in listed] == [("low", "RUNNING")]
+
+        d.submit("high", 10, 10, mib=300)
+        low = d.wait_state("low", "PREEMPTED")
+        assert "transparent CUDA checkpoint" in low["reason"] and low["suspended"] == "checkpoint"
+        d.wait_state("high", "RUNNING")
+        wait_for(
+            lambda: d.memory.used() == 300 * MIB,
+            "only the urgent job's memory on the GPU",
+            show=d.memory.used,
+        )
+        status = d.cli_json(capsys, "status")
+        assert {j["name"]: j["state"] for j in status["jobs"]} == {"low": "PREEMPTED", "high": "RUNNING"}
+        assert status["daemon"]["checkpoint"].startswith("available")
+
+        d.wait_state("high", "COMPLETED")
+        d.wait_state("low", "RUNNING")
+        wait_for(lambda: d.memory.used() == 1000 * MIB, "the low job's memory restored", show=d.memory.used)
+        low = d.wait_state("low", "COMPLETED")
+        assert _states(low["history"]) == [
+            "PENDING",
+            "QUEUED",
+            "RUNNING",
+            "PREEMPTED",
+            "QUEUED",
+            "RUNNING",
+            "COMPLETED",
+        ]
+        out = d.stdout("low")
+        assert out[0] == "ready from 0 resume=0" and out[-1] == "done 40"
+        assert [line for line in out if line.startswith("step")] == [f"step {k}" for k in range(40)]
+        assert len(d.runs_of()) == 2  # one start each: the low job was resumed, not restarted
+        code, table, _ = d.cli(capsys, "status", "--all")
+        assert code == 0 and "COMPLETED" in table and "high" in table
+        everything = d.cli_json(capsys, "jobs", "list", "--all")
+        assert [(j["name"], j["state"], j["exitCode"]) for j in everything] == [
+            ("low", "COMPLETED", 0),
+            ("high", "COMPLETED", 0),
+        ]
+
+
+def test_cancel_and_kill_in_every_state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with running_daemon(tmp_path) as d:
+        d.submit("base", 5, 10_000, mib=100)
+        d.wait_state("base", "RUNNING")
+        d.submit("q1", 1, 5)
+        d.submit("q2", 1, 5)
+        d.wait_state("q1", "QUEUED")
+        assert d.cli(capsys, "cancel", "q1")[0] == 0  # queued: cancel
+        assert d.cli(capsys, "jobs", "kill", "q2")[0] == 0  # queued: kill
+        assert d.state("q1") == d.state("q2") == "CANCELLED"
+
+        d.submit("urgent", 9, 10_000, mib=100)
+        base = d.wait_state("base", "PREEMPTED")
+        urgent = d.wait_state("urgent", "RUNNING")
+        assert d.cli(capsys, "jobs", "cancel", "base")[0] == 0  # preempted: cancel
+        assert d.wait_state("base", "CANCELLED")["reason"] == "cancelled (SIGTERM) by the user"
+        wait_for(lambda: not process_alive(base["pid"]), "the preempted job's processes gone")
+        assert d.cli(capsys, "jobs", "kill", "urgent")[0] == 0  # running: kill
+        assert d.state("urgent") == "CANCELLED"
+        wait_for(lambda: not process_alive(urgent["pid"]), "the killed job's processes gone")
+
+        d.submit("base2", 5, 10_000, mib=100)
+        d.wait_state("base2", "RUNNING")
+        d.submit("urgent2", 9, 10_000, mib=100)
+        base2 = d.wait_state("base2", "PREEMPTED")
+        urgent2 = d.wait_state("urgent2", "RUNNING")
+        assert d.cli(capsys, "jobs", "kill", "base2")[0] == 0  # preempted: kill
+        assert d.cli(capsys, "cancel", "urgent2")[0] == 0  # running: cancel
+        for job in (base2, urgent2):
+            wait_for(lambda job=job: not process_alive(job["pid"]), f"{job['name']} gone")
+        wait_for(lambda: d.memory.used() == 0, "every job's GPU memory released", show=d.memory.used)
+        code, _, err = d.cli(capsys, "cancel", "urgent2")
+        assert code == 1 and err.strip() == "error: job j6 is already CANCELLED"
+        states = {j["name"]: j["state"] for j in d.cli_json(capsys, "jobs", "list", "--all")}
+        assert set(states.values()) == {"CANCELLED"}
+
+
+def test_daemon_killed_at_every_point_of_the_story(tmp_path: Path) -> None:
+    """SIGKILL the daemon while the low job runs, while it is preempted, and while the urgent job
+    finishes unobserved: no job lost, none run twice, running jobs re-adopted."""
+    d = Daemon(tmp_path)
+    try:
+        d.start()
+        d.submit("low", 1, 60, mib=500)
+        low = d.wait_state("low", "RUNNING")
+        d.kill()  # 1: while the low job runs
+        d.start()
+        again = d.wait_state("low", "RUNNING")
+        assert again["pid"] == low["pid"] and again["attempt"] == 1  # re-adopted, not restarted
+
+        d.submit("high", 10, 100_000, mib=200)
+        d.wait_state("low", "PREEMPTED")
+        high = d.wait_state("high", "RUNNING")
+        d.kill()  # 2: low preempted (checkpointed), high running
+        d.start()
+        assert d.state("low") == "PREEMPTED" and d.job("high")["pid"] == high["pid"]
+        wait_for(
+            lambda: d.memory.used() == 200 * MIB, "the preempted job still off the GPU", show=d.memory.used
+        )
+
+        d.kill()  # 3: the urgent job finishes while no daemon watches (SIGUSR1: it saves, exits 0)
+        os.killpg(high["pid"], signal.SIGUSR1)
+        wait_for(lambda: not process_alive(high["pid"]), "the urgent job's end")
+        d.start()
+        high = d.wait_state("high", "COMPLETED")
+        assert high["exitCode"] == 0
+        d.wait_state("low", "RUNNING")
+        low = d.wait_state("low", "COMPLETED", timeout=20)
+        out = d.stdout("low")
+        assert [line for line in out if line.startswith("step")] == [f"step {k}" for k in range(60)]
+        runs = d.runs_of()
+        assert len(runs) == 2 and len({r.split()[0] for r in runs}) == 2, runs  # each job started once
+        assert [j["state"] for j in d.call(p.ListJobs(all=True))] == ["COMPLETED", "COMPLETED"]
+    finally:
+        d.stop()
+        kill_leftovers(d.state_dir)
+
+
+def test_admission_waits_for_utilization_heat_and_external_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with running_daemon(tmp_path) as d:
+        d.simulate(fault={"utilizationPercent": 95})
+        d.submit("busy", 1, 2)
+        wait_for(
+            lambda: "above the cap 85 %" in d.job("busy")["reason"],
+            "held by the utilization cap",
+            show=lambda: d.job("busy"),
+        )
+        assert d.state("busy") == "QUEUED"
+        d.simulate(fault={"utilizationPercent": 10})
+        d.wait_state("busy", "COMPLETED")
+
+        d.simulate(fault={"temperatureCelsius": 91})
+        d.submit("hot", 1, 2)
+        wait_for(
+            lambda: "temperature 91" in d.job("hot")["reason"],
+            "held by the thermal pause",
+            show=lambda: d.job("hot"),
+        )
+        d.simulate(fault={"temperatureCelsius": 60})
+        d.wait_state("hot", "COMPLETED")
+
+        d.simulate(process={"pid": 4242, "bytes": 76 << 30})  # a process the daemon did not start
+        d.submit("share", 1, 2, gpu_memory="8Gi", gpu_compute=50)
+        wait_for(
+            lambda: "did not start hold 76.0 GiB" in d.job("share")["reason"],
+            "held by external memory",
+            show=lambda: d.job("share"),
+        )
+        assert d.call(p.Status())["gpus"][0]["processes"] == [{"pid": 4242, "usedMemoryBytes": 76 << 30}]
+        d.simulate(process={"pid": 4242, "bytes": 0})
+        d.wait_state("share", "COMPLETED")
+        code, out, _ = d.cli(capsys, "watch", "--interval", "100ms", "--count", "3", "--all")
+        assert code == 0 and "GPUs" in out and "Jobs" in out and "share" in out and "COMPLETED" in out
+
+
+def test_cooperative_and_stop_rungs(tmp_path: Path) -> None:
+    """No CUDA process: a --checkpointable job saves on SIGUSR1 and resumes from its step; a share
+    that leaves room is stopped and continued."""
+    with running_daemon(tmp_path) as d:
+        d.submit("coop", 1, 40, checkpointable=True)
+        d.wait_state("coop", "RUNNING")
+        wait_for(lambda: "step 5" in d.stdout("coop"), "some progress")
+        d.submit("urgent", 10, 3)
+        coop = d.wait_state("coop", "PREEMPTED")
+        assert "cooperative checkpoint" in coop["reason"]
+        d.wait_state("urgent", "COMPLETED")
+        coop = d.wait_state("coop", "COMPLETED")
+        assert coop["attempt"] == 2
+        out = d.stdout("coop")
+        saved = next(line for line in out if line.startswith("saved at step"))
+        resumed_from = int(saved.split()[-1])
+        assert f"ready from {resumed_from} resume=1" in out and out[-1] == "done 40"
+
+        d.submit("small", 1, 40, gpu_memory="10Gi", gpu_compute=80)
+        d.wait_state("small", "RUNNING")
+        d.submit("share", 10, 3, gpu_memory="10Gi", gpu_compute=50)
+        small = d.wait_state("small", "PREEMPTED")
+        assert small["suspended"] == "stopped" and "SIGSTOP" in small["reason"]
+        d.wait_state("share", "COMPLETED")
+        d.wait_state("small", "COMPLETED")
+
+
+def test_without_the_checkpoint_api_the_daemon_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with running_daemon(tmp_path, cuda_driver=tmp_path / "no-libcuda.so.1") as d:
+        status = d.cli_json(capsys, "status")
+        assert status["daemon"]["checkpoint"].startswith("unavailable: no CUDA driver")
+        d.submit("low", 1, 10_000)
+        d.wait_state("low", "RUNNING")
+        d.submit("high", 10, 2)  # whole GPU: stopping the low job would leave no room
+        wait_for(lambda: "held by job j1" in d.job("high")["reason"], "the urgent job waits")
+        assert d.state("low") == "RUNNING"
+
+
+def test_gpu_holds_and_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """drain/offline/online on the workstation, and the errors that need a live daemon, through the
+    installed console script (one ``error:`` line, no traceback)."""
+    import subprocess
+    import sys
+
+    with running_daemon(tmp_path) as d:
+        gpu = d.gpu()
+
+        def run(*argv: str) -> subprocess.CompletedProcess[str]:
+            script = Path(sys.executable).parent / "neuronetes"
+            return subprocess.run(
+                [str(script), *argv, "--state-dir", str(d.state_dir)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+            )
+
+        for argv, says in [
+            (["jobs", "describe", "nope"], "no job 'nope' (no such id or name)"),
+            (["jobs", "kill", "nope"], "no such id or name"),
+            (["cancel", "nope"], "no such id or name"),
+            (["jobs", "logs", "nope"], "no such id or name"),
+            (["health", "--gpu-id", "GPU-nope"], "no GPU 'GPU-nope'"),
+        ]:
+            result = run(*argv)
+            assert result.returncode == 1 and result.stdout == "", (argv, result)
+            assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+            assert says in result.stderr and "Traceback" not in result.stderr
+
+        assert run("drain", "--gpu-id", gpu).returncode == 0
+        d.submit("waits", 1, 2)
+        wait_for(
+            lambda: "drained" in d.job("waits")["reason"], "held by the drain", show=lambda: d.job("waits")
+        )
+        assert run("online", "--gpu-id", gpu).returncode == 0
+        d.wait_state("waits", "COMPLETED")
+
+        d.submit("busy", 1, 10_000, mib=100)
+        busy = d.wait_state("busy", "RUNNING")
+        refused = run("offline", "--gpu-id", gpu)
+        assert refused.returncode == 1 and "used by job j2: drain it, or --force" in refused.stderr
+        assert run("offline", "--gpu-id", gpu, "--force").returncode == 0
+        evicted = d.wait_state("busy", "PREEMPTED")
+        assert "evicted: GPU 0 taken offline" in evicted["reason"]
+        wait_for(lambda: not process_alive(busy["pid"]), "the evicted job's processes gone")
+        health = d.cli_json(capsys, "health", "--gpu-id", gpu)
+        assert health["state"] == "Offline" and [h["to"] for h in health["history"]][-1] == "Offline"
+        assert run("online", "--gpu-id", gpu).returncode == 0
+        again = d.wait_state("busy", "RUNNING")
+        assert again["attempt"] == 2  # started afresh
+        code, out, _ = d.cli(capsys, "jobs", "describe", "busy")
+        assert code == 0 and "evicted" in out and "History" in out
+
+
+def test_bad_requests_get_one_error_reply_and_change_nothing(tmp_path: Path) -> None:
+    import json
+    import socket
+
+    with running_daemon(tmp_path) as d:
+
+        def raw(data: bytes) -> dict[str, object]:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(20)
+                sock.connect(str(d.state_dir / "daemon.sock"))
+                sock.sendall(data)
+                sock.shutdown(socket.SHUT_WR)
+                reply = b""
+                while chunk := sock.recv(65536):
+                    reply += chunk
+            assert reply.count(b"\n") == 1
+            return dict(json.loads(reply))
+
+        # Over 1 MiB: the daemon stops reading, answers and closes; the sender sees the connection
+        # end (a reset, on a Unix socket with unread data) and the daemon goes on serving.
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            raw(b"[" * (4 << 20) + b"\n")
+
+        for data, code in [
+            (b"not json\n", "bad_request"),
+            (b'{"op": "explode"}\n', "bad_request"),
+            (b'{"op": "submit", "command": "true"}\n', "bad_request"),  # no priority
+            (b'{"op": "submit", "command": "true", "priority": 1, "extra": 1}\n', "bad_request"),
+            (b'{"op": "submit", "command": "true", "priority": "high"}\n', "bad_request"),
+            (b'{"op": "submit", "command": "true", "priority": 1, "gpu_memory": "lots"}\n', "invalid"),
+            (b'{"op": "submit", "command": "true", "priority": 1, "gpus": 4}\n', "invalid"),
+            (b'{"op": "logs", "job": "x", "tail": 0}\n', "invalid"),
+            (b'{"op": "gpu", "gpu": "GPU-x", "action": "drain", "force": true}\n', "invalid"),
+            (b'{"op": "gpu", "gpu": "GPU-x", "action": "reset"}\n', "bad_request"),
+            (b"\n", "bad_request"),
+            (b"[" * 1000 + b"\n", "bad_request"),
+        ]:
+            reply = raw(data)
+            assert reply["ok"] is False and reply["error"] == code, (data[:60], reply)
+            assert "\n" not in str(reply["message"])
+        assert (d.state_dir / "daemon.sock").stat().st_mode & 0o777 == 0o600
+        assert d.call(p.ListJobs(all=True)) == []  # nothing was stored
+        assert d.call(p.Ping())["pid"] == d.proc.pid  # type: ignore[union-attr]

@@ -1,0 +1,201 @@
+"""Workstation mode's pure parts: the job state machine, the store, admission, preemption planning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from neuronetes.agent.daemon.devices import GpuProcess
+from neuronetes.agent.standalone import admission as adm
+from neuronetes.agent.standalone.gpus import GpuView
+from neuronetes.agent.standalone.jobs import TRANSITIONS, Job, JobSpec, JobState, SpecError, parse_size
+from neuronetes.agent.standalone.preemption import Rung, plan
+from neuronetes.agent.standalone.store import SCHEMA_VERSION, Store, StoreError
+from neuronetes.model import GpuHealth
+
+pytestmark = pytest.mark.unit
+S = JobState
+GIB = 1 << 30
+
+
+def view(
+    index: int = 0,
+    *,
+    util: float = 0.0,
+    state: GpuHealth = GpuHealth.AVAILABLE,
+    drained: bool = False,
+    processes: tuple[GpuProcess, ...] = (),
+) -> GpuView:
+    return GpuView(f"GPU-{index}", index, "A100", 80 * GIB, 0, util, 40.0, processes, state, "", drained)
+
+
+def job(
+    job_id: str,
+    priority: int,
+    state: JobState = S.QUEUED,
+    *,
+    queued_at: float = 0.0,
+    gpus: tuple[str, ...] = (),
+    memory: int = 0,
+    compute: int = 100,
+    checkpointable: bool = False,
+    suspended: str = "",
+) -> Job:
+    spec = JobSpec(
+        "true", priority, memory_bytes=memory, compute_percent=compute, checkpointable=checkpointable
+    )
+    return Job(job_id, spec, state, queued_at, queued_at, gpus=gpus, suspended=suspended)
+
+
+def test_transition_table_is_the_documented_machine() -> None:
+    assert TRANSITIONS[S.PENDING] == {S.QUEUED, S.CANCELLED, S.FAILED}
+    assert TRANSITIONS[S.RUNNING] == {S.COMPLETED, S.FAILED, S.CANCELLED, S.PREEMPTED}
+    assert TRANSITIONS[S.PREEMPTED] == {S.QUEUED, S.CANCELLED, S.FAILED}
+    assert all(not TRANSITIONS[s] for s in (S.COMPLETED, S.FAILED, S.CANCELLED))
+
+
+def test_store_refuses_illegal_moves_and_records_history(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    j = store.add_job(JobSpec("sleep 1", 5, name="a"), 1.0)
+    assert store.transition(j, S.RUNNING, "skip the queue", 2.0) is not None  # PENDING → RUNNING: refused
+    assert store.transition(j, S.QUEUED, "queued", 2.0) is None
+    assert store.transition(j, S.RUNNING, "started", 3.0, pid=42, gpus=("GPU-0",)) is None
+    assert store.transition(j, S.PREEMPTED, "preempted", 4.0, suspended="checkpoint") is None
+    assert store.transition(j, S.COMPLETED, "done", 5.0) is not None  # PREEMPTED → COMPLETED: refused
+    again = Store(tmp_path).find("a")
+    assert again is not None and again.state is S.PREEMPTED and again.pid == 42 and again.gpus == ("GPU-0",)
+    assert [(h[1], h[2]) for h in again.history] == [
+        ("", "PENDING"),
+        ("PENDING", "QUEUED"),
+        ("QUEUED", "RUNNING"),
+        ("RUNNING", "PREEMPTED"),
+    ]
+    assert (tmp_path / "state.db").stat().st_mode & 0o777 == 0o600
+
+
+def test_store_refuses_a_newer_schema(tmp_path: Path) -> None:
+    import sqlite3
+
+    Store(tmp_path).close()
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(StoreError, match="newer"):
+        Store(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("8Gi", 8 * GIB), ("8GiB", 8 * GIB), ("512Mi", 512 << 20), ("1G", 10**9)]
+)
+def test_sizes(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1Gi", "0", "8Gb"])
+def test_bad_sizes(text: str) -> None:
+    with pytest.raises(SpecError, match="bad size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"priority": -1}, "bad priority"),
+        ({"priority": 1001}, "bad priority"),
+        ({"name": "Bad Name"}, "bad name"),
+        ({"memory_bytes": GIB, "compute_percent": 0}, "compute share"),
+        ({"compute_percent": 50}, "needs --gpu-memory"),
+        ({"gpus": 0}, "GPU count"),
+    ],
+)
+def test_bad_specs(kwargs: dict[str, object], message: str) -> None:
+    fields: dict[str, object] = {"command": "true", "priority": 1, **kwargs}
+    with pytest.raises(SpecError, match=message):
+        JobSpec(**fields)  # type: ignore[arg-type]
+
+
+def test_aging_lets_an_old_low_priority_job_overtake() -> None:
+    """A low-priority job gains a point per aging interval; a stream of fresh high-priority jobs
+    does not keep it waiting for ever."""
+    old = job("old", 1, queued_at=0.0)
+    assert [j.id for j in adm.queue_order([old, job("new", 5, queued_at=99.0)], 100.0, 60.0)] == [
+        "new",
+        "old",
+    ]
+    assert [j.id for j in adm.queue_order([old, job("new", 5, queued_at=399.0)], 400.0, 60.0)] == [
+        "old",
+        "new",
+    ]
+
+
+def test_admission_rules() -> None:
+    settings = adm.Settings()
+    j = job("j", 1)
+    views = {"GPU-0": view()}
+    assert isinstance(adm.place(j, list(views.values()), adm.loads([], views), {}, settings), adm.Admit)
+    hot = view(util=81.0)
+    held = adm.place(j, [hot], adm.loads([], {"GPU-0": hot}), {}, settings)
+    assert isinstance(held, adm.Hold) and "above the cap 85 %" in held.reason and not held.blocked_by_jobs
+    degraded = view(state=GpuHealth.DEGRADED)
+    assert isinstance(adm.place(j, [degraded], adm.loads([], {"GPU-0": degraded}), {}, settings), adm.Hold)
+    drained = view(drained=True)
+    assert isinstance(adm.place(j, [drained], adm.loads([], {"GPU-0": drained}), {}, settings), adm.Hold)
+    share = job("s", 1, memory=8 * GIB, compute=50)
+    busy = view(processes=(GpuProcess(999, 75 * GIB),))
+    held = adm.place(share, [busy], adm.loads([], {"GPU-0": busy}), {"GPU-0": 75 * GIB}, settings)
+    assert isinstance(held, adm.Hold) and "did not start hold 75.0 GiB" in held.reason
+
+
+def test_shares_pack_and_whole_gpus_are_exclusive() -> None:
+    settings = adm.Settings()
+    views = {"GPU-0": view()}
+    a = job("a", 1, S.RUNNING, gpus=("GPU-0",), memory=20 * GIB, compute=50)
+    b = job("b", 1, memory=20 * GIB, compute=50)
+    c = job("c", 1, memory=20 * GIB, compute=10)
+    assert isinstance(adm.place(b, list(views.values()), adm.loads([a], views), {}, settings), adm.Admit)
+    b.state, b.gpus = S.RUNNING, ("GPU-0",)
+    held = adm.place(c, list(views.values()), adm.loads([a, b], views), {}, settings)
+    assert isinstance(held, adm.Hold) and held.blocked_by_jobs and "compute 100 %" in held.reason
+    whole = job("w", 1)
+    assert isinstance(adm.place(whole, list(views.values()), adm.loads([a], views), {}, settings), adm.Hold)
+
+
+def test_preemption_plan_picks_the_ladder_and_never_equal_priority() -> None:
+    settings = adm.Settings()
+    views = [view()]
+    low = job("low", 1, S.RUNNING, gpus=("GPU-0",))
+    urgent = job("urgent", 10)
+    chosen = plan(urgent, views, [low, urgent], {}, settings, lambda j: Rung.CHECKPOINT)
+    assert chosen is not None and [(v.id, r) for v, r in chosen.victims] == [("low", Rung.CHECKPOINT)]
+    # stopping a whole-GPU job keeps its memory: no room for another whole-GPU job
+    assert plan(urgent, views, [low, urgent], {}, settings, lambda j: Rung.STOP) is None
+    same = job("same", 1)
+    assert plan(same, views, [low, same], {}, settings, lambda j: Rung.CHECKPOINT) is None
+    # a share that fits beside a stopped share: stop/continue is enough
+    small = job("small", 1, S.RUNNING, gpus=("GPU-0",), memory=10 * GIB, compute=80)
+    share = job("share", 10, memory=10 * GIB, compute=50)
+    chosen = plan(share, views, [small, share], {}, settings, lambda j: Rung.STOP)
+    assert chosen is not None and [(v.id, r) for v, r in chosen.victims] == [("small", Rung.STOP)]
+
+
+def test_whole_gpu_jobs_take_the_first_free_gpus() -> None:
+    settings = adm.Settings()
+    views = {f"GPU-{i}": view(i) for i in range(3)}
+    busy = job("busy", 1, S.RUNNING, gpus=("GPU-0",))
+    pair = Job("pair", JobSpec("true", 1, gpus=2), S.QUEUED, 0.0, 0.0)
+    admit = adm.place(pair, list(views.values()), adm.loads([busy], views), {}, settings)
+    assert isinstance(admit, adm.Admit) and [g.uuid for g in admit.gpus] == ["GPU-1", "GPU-2"]
+    three = Job("three", JobSpec("true", 1, gpus=3), S.QUEUED, 0.0, 0.0)
+    held = adm.place(three, list(views.values()), adm.loads([busy], views), {}, settings)
+    assert isinstance(held, adm.Hold) and "held by job busy" in held.reason
+
+
+def test_store_lists_by_state(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    a = store.add_job(JobSpec("true", 1), 1.0)
+    b = store.add_job(JobSpec("true", 2), 2.0)
+    store.transition(b, S.QUEUED, "queued", 3.0)
+    assert [j.id for j in store.jobs(states=frozenset({S.QUEUED}))] == [b.id]
+    assert [j.id for j in store.jobs()] == [a.id, b.id]
+    assert [h[2] for h in store.jobs(states=frozenset({S.QUEUED}))[0].history] == ["PENDING", "QUEUED"]

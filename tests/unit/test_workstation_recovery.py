@@ -1,0 +1,93 @@
+"""Restart recovery at the points the e2e story cannot time: the daemon died between recording a
+launch and the process appearing, and a cancelled job that outlived its daemon."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from neuronetes.agent.standalone.checkpoint import CudaCheckpoint
+from neuronetes.agent.standalone.gpus import Gpus, open_backend
+from neuronetes.agent.standalone.jobs import JobSpec, JobState
+from neuronetes.agent.standalone.launcher import Launcher, alive
+from neuronetes.agent.standalone.recovery import recover
+from neuronetes.agent.standalone.scheduler import Config, Scheduler
+from neuronetes.agent.standalone.store import Store
+
+pytestmark = pytest.mark.unit
+S = JobState
+
+
+@pytest.fixture
+def sched(tmp_path: Path) -> Iterator[Scheduler]:
+    store = Store(tmp_path)
+    backend, _ = open_backend(1)
+    yield Scheduler(
+        store, Gpus(backend, store), Launcher(tmp_path), CudaCheckpoint(str(tmp_path / "none")), Config()
+    )
+    backend.close()
+    store.close()
+
+
+def _recorded_launch(sched: Scheduler, token: str) -> str:
+    """A job recorded RUNNING with no PID yet (the daemon died right after the record)."""
+    job = sched.store.add_job(JobSpec("sleep 30", 1), 1.0)
+    sched.store.transition(job, S.QUEUED, "queued", 1.0)
+    sched.store.transition(job, S.RUNNING, "started", 2.0, token=token, attempt=1)
+    return job.id
+
+
+def test_a_launch_that_never_happened_fails_and_is_not_started_again(sched: Scheduler) -> None:
+    job_id = _recorded_launch(sched, "j1.1.dead")
+    recover(sched)
+    job = sched.store.find(job_id)
+    assert job is not None and job.state is S.FAILED and "never runs twice" in job.reason
+    sched.tick()
+    assert job.attempt == 1 and sched.store.find(job_id).state is S.FAILED  # type: ignore[union-attr]
+
+
+def test_a_launch_that_happened_is_found_by_its_token_and_adopted(sched: Scheduler) -> None:
+    token = f"j1.1.{os.getpid()}"
+    proc = subprocess.Popen(
+        ["sleep", "30"], env={**os.environ, "NEURONETES_JOB_TOKEN": token}, start_new_session=True
+    )
+    try:
+        job_id = _recorded_launch(sched, token)
+        recover(sched)
+        job = sched.store.find(job_id)
+        assert (
+            job is not None
+            and job.state is S.RUNNING
+            and job.pid == proc.pid
+            and alive(job.pid, job.pid_start)
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 5
+    while sched.store.find(job_id).state is S.RUNNING and time.monotonic() < deadline:  # type: ignore[union-attr]
+        sched.tick()
+        time.sleep(0.05)
+    job = sched.store.find(job_id)
+    assert job is not None and job.state is S.FAILED and job.exit_code == -1  # no shepherd: no exit status
+
+
+def test_a_cancelled_job_that_outlived_its_daemon_is_killed(sched: Scheduler) -> None:
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        job = sched.store.add_job(JobSpec("sleep 30", 1), 1.0)
+        sched.store.transition(job, S.QUEUED, "queued", 1.0)
+        ticks = Path(f"/proc/{proc.pid}/stat").read_text()
+        start = int(ticks[ticks.rfind(")") + 2 :].split()[19])
+        sched.store.transition(job, S.RUNNING, "started", 2.0, pid=proc.pid, pid_start=start)
+        sched.store.transition(job, S.CANCELLED, "cancelled", 3.0)
+        recover(sched)
+        assert proc.wait(5) == -signal.SIGKILL
+    finally:
+        proc.kill()

@@ -19,6 +19,8 @@ from chart_render import (
     NAMESPACE,
     REPO_ROOT,
     containers,
+    default_objects,
+    find,
     helm,
     one,
     render,
@@ -201,3 +203,13 @@ def test_admission_policies_are_manifests_policies_naming_the_releases_extender(
     key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
     assert sorted(_policies(render(namespace=namespace)), key=key) == sorted(expected, key=key)
     assert any(f"'{user}'" in json.dumps(p) for p in expected)
+
+
+def test_the_scheduler_gets_the_api_priority_kube_scheduler_has(tmp_path: Path) -> None:
+    (schema,) = find(default_objects(), "FlowSchema")
+    assert schema["metadata"]["name"].endswith("-gpu-scheduler")
+    assert schema["spec"]["priorityLevelConfiguration"]["name"] == "workload-high"
+    (subject,) = schema["spec"]["rules"][0]["subjects"]
+    assert subject["serviceAccount"] == {"name": "neuronetes-scheduler", "namespace": NAMESPACE}
+    off = render({"scheduler": {"flowSchema": {"enabled": False}}}, tmp=tmp_path)
+    assert not [o for o in off if o["kind"] == "FlowSchema"]

@@ -136,7 +136,6 @@ METRIC_SLICE_KERNEL_TIME: Final = "neuronetes_slice_kernel_seconds_total"
 METRIC_SLICE_THROTTLED_TIME: Final = "neuronetes_slice_throttled_seconds_total"
 METRIC_SLICE_OOM_REFUSALS: Final = "neuronetes_slice_oom_refusals_total"
 METRIC_SLICE_PAUSED: Final = "neuronetes_slice_paused"
-METRIC_SLICE_EVICTIONS: Final = "neuronetes_slice_evictions_total"
 
 
 class MetricType(enum.StrEnum):
@@ -317,9 +316,6 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     ),
     MetricSpec(
         METRIC_SLICE_PAUSED, MetricType.GAUGE, SLICE_LABELS, "1 while the agent holds the slice paused."
-    ),
-    MetricSpec(
-        METRIC_SLICE_EVICTIONS, MetricType.COUNTER, (*SLICE_LABELS, "reason"), "Slices evicted by the agent."
     ),
 )
 """Every metric NeuroNetes exports; docs/contracts.md lists the same table."""

@@ -149,7 +149,9 @@ def test_an_agentpool_from_the_guide_is_scheduled_through_the_chart(dev: DevClus
     def bound() -> list[dict[str, Any]] | None:
         pods = get(dev, "pods", "-n", "pools")["items"]
         ok = [p for p in pods if p["spec"].get("nodeName") and p["status"].get("phase") == "Running"]
-        return pods if pods and len(ok) == len(pods) else None
+        # Every pool has its pods (the operator creates one pool's after another's), all Running.
+        pools = {(p["metadata"].get("labels") or {}).get("neuronetes.io/pool") for p in pods}
+        return pods if pools >= set(POOLS) and len(ok) == len(pods) else None
 
     pods = wait_until(bound, timeout=120, what="the pools' pods Bound and Running")
     for pod in pods:

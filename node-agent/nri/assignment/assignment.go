@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"strings"
 
+	"neuronetes.io/node-agent/nri/internal/ident"
 	sj "neuronetes.io/node-agent/nri/internal/strictjson"
 )
 
@@ -42,19 +43,15 @@ const (
 )
 
 var (
-	gpuUUIDPattern    = sj.NewPattern(`^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-	migProfilePattern = sj.NewPattern(`^[1-9][0-9]*g\.[1-9][0-9]*gb(\+me)?$`)
 	dnsLabelPattern   = sj.NewPattern(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	dnsSubdomain      = sj.NewPattern(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 	labelValuePattern = sj.NewPattern(`^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$`)
-	podUIDPattern     = sj.NewPattern(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 
-	gpuUUIDSpec     = sj.StrSpec{Pattern: gpuUUIDPattern}
-	migProfileSpec  = sj.StrSpec{MaxLen: 32, Pattern: migProfilePattern}
+	gpuUUIDSpec     = sj.StrSpec{Pattern: ident.GPUUUID}
+	migProfileSpec  = sj.StrSpec{MaxLen: 32, Pattern: ident.MIGProfile}
 	containerSpec   = sj.StrSpec{MinLen: 1, MaxLen: 63, Pattern: dnsLabelPattern}
-	nodeNameSpec    = sj.StrSpec{MinLen: 1, MaxLen: 253, Pattern: dnsSubdomain}
+	nodeNameSpec    = sj.StrSpec{MinLen: 1, MaxLen: 253, Pattern: ident.DNSSubdomain}
 	gangNameSpec    = sj.StrSpec{MinLen: 1, MaxLen: 63, Pattern: labelValuePattern}
-	podUIDSpec      = sj.StrSpec{Pattern: podUIDPattern}
+	podUIDSpec      = sj.StrSpec{Pattern: ident.PodUID}
 	gpuFields       = []string{"uuid", "index", "memoryMiB", "computePercent"}
 	containerFields = []string{"gpus", "priority", "qos"}
 )

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"neuronetes.io/node-agent/nri/assignment"
+	"neuronetes.io/node-agent/nri/internal/ident"
 	"neuronetes.io/node-agent/nri/inventory"
 	"neuronetes.io/node-agent/nri/ledger"
 )
@@ -43,8 +44,6 @@ var (
 	// ForbiddenEnvPrefixes and ForbiddenEnvNames = contracts.TENANT_FORBIDDEN_ENV_PREFIXES / _NAMES.
 	ForbiddenEnvPrefixes = []string{"NVIDIA_", "CUDA_DEVICE_", "NEURONETES_"}
 	ForbiddenEnvNames    = []string{"LD_PRELOAD", "LD_AUDIT"}
-
-	podUIDPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 	// GPU device nodes a container must not bring in by itself (a CDI or device-plugin leftover).
 	gpuDevicePattern = regexp.MustCompile(`^/dev/(nvidia[0-9]+|nvidiactl|nvidia-uvm|nvidia-uvm-tools|nvidia-modeset|nvidia-caps/.*)$`)
 )
@@ -152,7 +151,7 @@ func Decide(pod Pod, ctr Container, host Host) (*Plan, error) {
 		}
 		return noGPU(ctr), nil
 	}
-	if !podUIDPattern.MatchString(pod.UID) {
+	if !ident.PodUID.MatchString(pod.UID) {
 		return refuse("pod UID %q is not a Kubernetes UID", pod.UID)
 	}
 	inv, err := host.Inventory()

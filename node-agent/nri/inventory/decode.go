@@ -8,18 +8,16 @@ import (
 	"fmt"
 	"path"
 
+	"neuronetes.io/node-agent/nri/internal/ident"
 	sj "neuronetes.io/node-agent/nri/internal/strictjson"
 )
 
 var (
-	gpuUUIDPattern  = sj.NewPattern(`^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 	migUUIDPattern  = sj.NewPattern(`^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-	profilePattern  = sj.NewPattern(`^[1-9][0-9]*g\.[1-9][0-9]*gb(\+me)?$`)
-	nodePattern     = sj.NewPattern(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 	gpuDevPattern   = sj.NewPattern(`^/dev/nvidia(0|[1-9][0-9]{0,2})$`)
 	capDevPattern   = sj.NewPattern(`^/dev/nvidia-caps/nvidia-cap[1-9][0-9]{0,6}$`)
 	envEntryPattern = sj.NewPattern(`^[A-Za-z_][A-Za-z0-9_]*=[^\x00]*$`)
-	nodeSpec        = sj.StrSpec{MinLen: 1, MaxLen: 253, Pattern: nodePattern}
+	nodeSpec        = sj.StrSpec{MinLen: 1, MaxLen: 253, Pattern: ident.DNSSubdomain}
 	absPathSpec     = sj.StrSpec{MinLen: 1, MaxLen: 4096}
 )
 
@@ -170,7 +168,7 @@ func gpu(v *sj.Value, p string) (GPU, error) {
 		var n int64
 		switch m.Key {
 		case "uuid":
-			g.UUID, err = m.Val.Str(fp, sj.StrSpec{Pattern: gpuUUIDPattern})
+			g.UUID, err = m.Val.Str(fp, sj.StrSpec{Pattern: ident.GPUUUID})
 		case "index":
 			n, err = m.Val.Int(fp, 0, 255)
 			g.Index = int(n)
@@ -228,7 +226,7 @@ func migInstance(v *sj.Value, p string) (MIGInstance, error) {
 		case "uuid":
 			mi.UUID, err = m.Val.Str(fp, sj.StrSpec{Pattern: migUUIDPattern})
 		case "profile":
-			mi.Profile, err = m.Val.Str(fp, sj.StrSpec{MaxLen: 32, Pattern: profilePattern})
+			mi.Profile, err = m.Val.Str(fp, sj.StrSpec{MaxLen: 32, Pattern: ident.MIGProfile})
 		case "start":
 			n, err = m.Val.Int(fp, 0, 7)
 			mi.Start = int(n)

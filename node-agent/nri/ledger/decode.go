@@ -7,14 +7,12 @@ import (
 	"fmt"
 
 	"neuronetes.io/node-agent/nri/assignment"
+	"neuronetes.io/node-agent/nri/internal/ident"
 	sj "neuronetes.io/node-agent/nri/internal/strictjson"
 )
 
 var (
-	gpuUUIDPattern = sj.NewPattern(`^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-	podUIDPattern  = sj.NewPattern(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
-	dnsPattern     = sj.NewPattern(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-	nodeSpec       = sj.StrSpec{MinLen: 1, MaxLen: 253, Pattern: dnsPattern}
+	nodeSpec = sj.StrSpec{MinLen: 1, MaxLen: 253, Pattern: ident.DNSSubdomain}
 )
 
 // Decode parses and validates a ledger document; every pod's assignment is decoded with the
@@ -86,7 +84,7 @@ func gpus(v *sj.Value, p string) ([]GPU, error) {
 			fp := sj.Field(ip, m.Key)
 			switch m.Key {
 			case "uuid":
-				g.UUID, err = m.Val.Str(fp, sj.StrSpec{Pattern: gpuUUIDPattern})
+				g.UUID, err = m.Val.Str(fp, sj.StrSpec{Pattern: ident.GPUUUID})
 			case "memoryMiB":
 				g.MemoryMiB, err = m.Val.Int(fp, 1, assignment.MaxGPUMemoryMiB)
 			default:
@@ -142,9 +140,9 @@ func podEntry(v *sj.Value, p string) (Pod, error) {
 		fp := sj.Field(p, m.Key)
 		switch m.Key {
 		case "uid":
-			pod.UID, err = m.Val.Str(fp, sj.StrSpec{Pattern: podUIDPattern})
+			pod.UID, err = m.Val.Str(fp, sj.StrSpec{Pattern: ident.PodUID})
 		case "namespace":
-			pod.Namespace, err = m.Val.Str(fp, sj.StrSpec{MinLen: 1, MaxLen: 63, Pattern: dnsPattern})
+			pod.Namespace, err = m.Val.Str(fp, sj.StrSpec{MinLen: 1, MaxLen: 63, Pattern: ident.DNSSubdomain})
 		case "name":
 			pod.Name, err = m.Val.Str(fp, nodeSpec)
 		case "assignment":

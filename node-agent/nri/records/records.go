@@ -18,6 +18,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"neuronetes.io/node-agent/nri/internal/ident"
 )
 
 // Contract constants.
@@ -30,7 +32,6 @@ const (
 )
 
 var (
-	podUIDPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 	// Kubernetes container names are DNS labels: no '.', so "<uid>.<name>.json" is unambiguous.
 	containerPattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 )
@@ -57,7 +58,7 @@ type Dir struct {
 func In(stateDir string) Dir { return Dir{Path: filepath.Join(stateDir, DirName)} }
 
 func (d Dir) file(podUID, container string) (string, error) {
-	if !podUIDPattern.MatchString(podUID) {
+	if !ident.PodUID.MatchString(podUID) {
 		return "", fmt.Errorf("pod UID %q is not a Kubernetes UID", podUID)
 	}
 	if !containerPattern.MatchString(container) {
@@ -170,7 +171,7 @@ func (d Dir) Remove(podUID, container, containerID string) error {
 
 // RemovePod deletes every record of the pod (its sandbox is gone).
 func (d Dir) RemovePod(podUID string) error {
-	if !podUIDPattern.MatchString(podUID) {
+	if !ident.PodUID.MatchString(podUID) {
 		return nil // no record was ever written for it
 	}
 	entries, err := os.ReadDir(d.Path)

@@ -38,6 +38,7 @@ from neuronetes.agent.daemon.fleet import AgentProcess, AgentSettings
 from neuronetes.agent.daemon.kube import GPUNODES_PATH, Kube, KubeError
 from neuronetes.agent.daemon.simulated import SimulatedGpus
 from neuronetes.devcluster import DevCluster
+from neuronetes.devcluster.procs import interrupt_on
 from neuronetes.devcluster.profiles import PROFILES
 
 MIX = (("dgx-a100-80gb", 0.5), ("t4x4-pcie", 0.3), ("a100-40gb-mig", 0.2))
@@ -90,10 +91,7 @@ def main() -> int:
     p.add_argument("--json", type=Path, help="write the figures here")
     ns = p.parse_args()
 
-    def interrupted(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")  # the cluster is still torn down (finally)
-
-    signal.signal(signal.SIGTERM, interrupted)
+    interrupt_on(signal.SIGTERM)  # the cluster is still torn down (finally)
     result: dict[str, Any] = {"discovery_ms_8_gpus": round(discovery_ms(), 3), "nodes": ns.nodes}
     log(f"discovery of 8 simulated GPUs: {result['discovery_ms_8_gpus']} ms (median)")
     dev = DevCluster(f"bench-agent-{os.getpid()}", log=log)

@@ -71,6 +71,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import DevCluster, ExtenderConfig, procs
+from neuronetes.devcluster.procs import interrupt_on
 from neuronetes.devcluster.profiles import KWOK_TAINT, PROFILES, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -970,11 +971,7 @@ def main() -> int:
             batches = f"two batches of {ns.pods} × {ns.gpus_per_pod}"
             ap.error(f"{nodes} × {prof.gpu_count} GPUs cannot hold {batches}")
 
-    def interrupted(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")  # the cluster is still torn down (finally)
-
-    signal.signal(signal.SIGTERM, interrupted)
-    signal.signal(signal.SIGHUP, interrupted)
+    interrupt_on(signal.SIGTERM, signal.SIGHUP)  # the cluster is still torn down (finally)
     results = []
     for nodes in ns.nodes:
         result = measure(ns, nodes)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from neuronetes.devcluster import DevCluster, ExtenderConfig
+from neuronetes.devcluster.procs import interrupt_on
 from neuronetes.operator.pods import LABEL_POOL
 from neuronetes.operator.processes import LocalStack
 
@@ -97,10 +98,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the results here")
     ns = ap.parse_args()
 
-    def interrupted(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")  # the cluster is still torn down (finally)
-
-    signal.signal(signal.SIGTERM, interrupted)
+    interrupt_on(signal.SIGTERM)  # the cluster is still torn down (finally)
     dev = DevCluster(f"bench-operator-{os.getpid()}", log=log)
     workdir = Path(tempfile.mkdtemp(prefix="bench-operator-"))
     ext = None

@@ -17,7 +17,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ProcessRecord", "group_members", "is_running", "spawn", "stop_all", "survivors"]
+__all__ = [
+    "ProcessRecord",
+    "group_members",
+    "interrupt_on",
+    "is_running",
+    "spawn",
+    "stop_all",
+    "survivors",
+]
+
+
+def interrupt_on(*signums: signal.Signals) -> None:
+    """Turn these signals into KeyboardInterrupt in the main thread, so a benchmark or tool that
+    holds a cluster in `try/finally` still tears it down when it is killed with SIGTERM."""
+
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for signum in signums:
+        signal.signal(signum, interrupted)
 
 
 @dataclass(frozen=True, slots=True)

@@ -212,3 +212,18 @@ def test_addons_are_recorded_in_the_run_state_and_the_agent_serves_every_simulat
     assert argv[argv.index("--metrics-port") + 1] == "9500"
     key, value = KWOK_SELECTOR.split("=")
     assert node_labels(profile("dgx-a100-80gb").node_spec("n"))[key] == value
+
+
+def test_interrupt_on_turns_a_signal_into_keyboard_interrupt() -> None:
+    import os
+    import signal
+
+    from neuronetes.devcluster.procs import interrupt_on
+
+    before = signal.getsignal(signal.SIGUSR2)
+    try:
+        interrupt_on(signal.SIGUSR2)
+        with pytest.raises(KeyboardInterrupt, match=f"signal {int(signal.SIGUSR2)}"):
+            os.kill(os.getpid(), signal.SIGUSR2)
+    finally:
+        signal.signal(signal.SIGUSR2, before)

@@ -22,8 +22,9 @@ oversubscribed (`ClusterState` refuses it) and nothing is leaked (allocations ar
 the pods and holds the cache keeps, never patched in place): `check_invariants` checks both and
 raises `CacheInvariantError`.
 
-The module is longer than most: it is one short locked method per feed, decision and read, and
-keeping them in one class keeps the one lock in one place.
+This module holds the feeds (one short locked method per watch event) and the decisions; the
+gang methods are in `GangFacade` (`gang_facade`) and the reads in `CacheReads` (`cache_reads`),
+mixins that take the same lock.
 """
 
 from __future__ import annotations
@@ -34,12 +35,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from neuronetes.api.models import GPUNode
-from neuronetes.engine.policy import Policy
 from neuronetes.model import NodeSpec
 
 from . import decisions as d
+from .cache_reads import CacheReads
 from .config import ExtenderSettings, SettingsSource
-from .demand import Demand, measure, take_inputs
 from .gang_facade import GangFacade
 from .gang_manager import GangListener, GangManager
 from .gangs import GangSpec
@@ -59,7 +59,7 @@ from .results import (
 )
 from .slice_filter import filter_slice_pod
 from .slices import GPUSLICES, SliceBook, SliceInfo, slice_covers
-from .snapshot import NodeLookup, Snapshot, check_books
+from .snapshot import NodeLookup, Snapshot
 from .store import GPUNODES, RESOURCES, ClusterStore
 from .wire import Node, Pod
 
@@ -83,8 +83,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class GpuCache(GangFacade):
-    """The extender's picture of the cluster's GPUs (thread-safe); gang methods in `GangFacade`."""
+class GpuCache(GangFacade, CacheReads):
+    """The extender's picture of the cluster's GPUs (thread-safe); gang methods in `GangFacade`,
+    reads in `CacheReads`."""
 
     def __init__(
         self,
@@ -373,84 +374,3 @@ class GpuCache(GangFacade):
             self._ensure()
             engine = d.scratch_engine(self._parts, pod, node)
         return None if engine is None else d.fewest_victims(engine, pod.request, victims)
-
-    # ---- introspection -------------------------------------------------------------------------
-    @property
-    def policy(self) -> Policy:
-        """The placement policy in force (the configured weights applied)."""
-        with self._lock:
-            self._ensure()
-            return self._snap.engine.policy
-
-    def check_invariants(self) -> None:
-        """`snapshot.check_books`: nothing oversubscribed, leaked or held for nothing (raises
-        `CacheInvariantError`)."""
-        with self._lock:
-            self._ensure()
-            check_books(self._snap.state, self._store.pods.keys(), self._holds, self._store.slices.keys())
-
-    def holds(self) -> list[Hold]:
-        with self._lock:
-            return list(self._holds)
-
-    def hold_of(self, pod_id: str) -> Hold | None:
-        with self._lock:
-            return self._holds.of(pod_id)
-
-    def pod(self, pod_id: str) -> PodInfo | None:
-        with self._lock:
-            return self._store.pods.get(pod_id)
-
-    def node_spec(self, name: str) -> NodeSpec | None:
-        with self._lock:
-            return self._store.specs.get(name)
-
-    def explain(self, pod: PodInfo, node: str) -> dict[str, float]:
-        """`pod`'s score on `node` by scorer term, as the engine sees it now ({}: not feasible)."""
-        with self._lock:
-            self._ensure()
-            i = self._snap.state.index.get(node)
-            return {} if i is None or pod.gpu_error else self._snap.engine.explain(pod.request, i)
-
-    def gpu_usage(self, node: str) -> list[tuple[int, int]] | None:
-        """Per GPU of `node`: (milli-GPU free, MiB free) as the cache counts them now."""
-        with self._lock:
-            self._ensure()
-            st = self._snap.state
-            i = st.index.get(node)
-            if i is None:
-                return None
-            return [
-                (int(st.gpu_milli_free[i, j]), int(st.gpu_mem_free[i, j]))
-                for j in range(int(st.gpu_count[i]))
-            ]
-
-    def demand(self) -> Demand:
-        """Unallocated and fragmented GPU capacity against the pending pods, and pending gangs."""
-        with self._lock:
-            self._ensure()
-            inputs = take_inputs(
-                self._snap.state, self._store.pods.values(), self._snap.settings.gang_ttl_seconds
-            )
-        return measure(inputs)
-
-    def stats(self) -> CacheStats:
-        with self._lock:
-            self._ensure()
-            store = self._store
-            pods = store.pods.values()
-            return CacheStats(
-                nodes=len(store.specs),
-                gpus=sum(len(s.gpus) for s in store.specs.values()),
-                pods=len(store.pods),
-                bound_pods=sum(1 for p in pods if p.holds_resources),
-                pending_gpu_pods=sum(1 for p in pods if p.pending_gpu),
-                holds=len(self._holds),
-                gangs=len(self._gangs.groups),
-                unaccounted_pods=len(self._ledger.unaccounted),
-                conflicts=self._ledger.conflicts + self._slices.conflicts,
-                rebuilds=self._snap.rebuilds,
-                synced=store.synced,
-                sync_age_seconds={r: store.sync_age(r) for r in RESOURCES},
-                ignored_assignment_changes=self._ledger.ignored_changes,
-            )

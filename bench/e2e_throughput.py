@@ -84,7 +84,9 @@ from kube_bench import (
     counters,
     cpu_delta,
     cpu_sample,
+    cpus_in_use,
     create_pods,
+    delete_pods,
     gauge,
     histograms,
     list_nodes,
@@ -162,6 +164,7 @@ def run_batch(
     if waited > 1:
         log(f"{label}: all {nodes} nodes usable after {waited:.0f} s")
     extra = {"extender": ext_proc.proc.pid} if ext_proc is not None and ext_proc.proc is not None else {}
+    idle = cpus_in_use(dev, extra, 2.0)  # the cluster at rest: what `steady` waits to return to
     ext_before = scrape(f"{ext_proc.url}/metrics") if ext_proc is not None else None
     api_before = binding_latency_text(api)
     with watching(api, namespace, ns.pods) as watch:
@@ -213,6 +216,7 @@ def run_batch(
         "taints_after": taints_after,
         "cpu_s": cpu_delta(cpu0, cpu1),
         "apiserver_binding_ms": binding_latency_ms(api_before, api_after),
+        "idle_cpus": round(idle, 3),
     }
     if recorded is not None:
         out["extender_profile"] = {
@@ -289,6 +293,9 @@ def print_table(result: dict[str, Any]) -> None:
             f"{num(att.get('p50'), 11)} {num(att.get('p99'), 7)} | "
             f"{num(alg.get('p50'), 13)} {num(alg.get('p99'), 7)}"
         )
+    if result.get("repeat", 1) > 1:
+        ratios = ", ".join(f"{r:.3f}" for r in result["ratios"])
+        print(f"pairs: {result['repeat']}, ratios in order {ratios}; the median pair's figures follow")
     print(
         f"ratio {result['ratio']:.3f}  added {result['added_ms_per_pod']:.2f} ms/pod  "
         f"({result['nodes']} nodes, {result['pods']} pods per run, mode {result['mode']}; "
@@ -380,7 +387,13 @@ def quantile_text(summary: dict[str, Any], q: str) -> str:
 
 
 def steady(
-    dev: DevCluster, api: Api, ns: argparse.Namespace, label: str, namespace: str, url: str | None
+    dev: DevCluster,
+    api: Api,
+    ns: argparse.Namespace,
+    label: str,
+    namespace: str,
+    ext: ExtenderProcess | None,
+    idle: float,
 ) -> dict[str, Any]:
     """The steady-rate phase after a backlog run (`steady.run_steady`), kube-scheduler still running."""
     return run_steady(
@@ -391,16 +404,86 @@ def steady(
         count=ns.steady_pods,
         rate=ns.steady_rate,
         gpus=ns.gpus_per_pod,
-        extender_url=url,
+        extender_url=ext.url if ext is not None else None,
+        extra={"extender": ext.proc.pid} if ext is not None and ext.proc is not None else {},
+        idle=idle,
         timeout=ns.timeout,
     )
 
 
+def one_pair(
+    dev: DevCluster, api: Api, ns: argparse.Namespace, nodes: int, workdir: Path, rep: int, procs: list[Any]
+) -> dict[str, Any]:
+    """Pair `rep`: a fresh extender, the backlog run through it (then its steady phase), the extender
+    stopped, the backlog run without it (then its steady phase); the pair's figures."""
+    suffix = f"-{rep}" if ns.repeat > 1 else ""
+    ext_proc = start_extender(dev.kubeconfig, workdir, ns.extender_config, nodes)
+    procs.append(ext_proc)
+    log(f"pair {rep + 1}/{ns.repeat}: extender at {ext_proc.url} ready with {nodes} nodes cached")
+    with_ext = run_batch(
+        dev,
+        api,
+        label="with extender",
+        namespace=f"bench-with{suffix}",
+        extender=ExtenderConfig(url=ext_proc.url),
+        ext_proc=ext_proc,
+        ns=ns,
+        nodes=nodes,
+    )
+    if ns.steady_pods:
+        with_ext["steady"] = steady(
+            dev, api, ns, "with extender", f"bench-with-steady{suffix}", ext_proc, with_ext["idle_cpus"]
+        )
+    ext_proc.stop()
+    runs = {"with_extender": with_ext}
+    if not ns.skip_without:
+        without = runs["without_extender"] = run_batch(
+            dev,
+            api,
+            label="without extender",
+            namespace=f"bench-without{suffix}",
+            extender=None,
+            ext_proc=None,
+            ns=ns,
+            nodes=nodes,
+        )
+        if ns.steady_pods:
+            without["steady"] = steady(
+                dev, api, ns, "without extender", f"bench-without-steady{suffix}", None, without["idle_cpus"]
+            )
+    w = with_ext["pods_per_s"]
+    wo = runs["without_extender"]["pods_per_s"] if "without_extender" in runs else math.nan
+    extender_cpu_s = with_ext["cpu_s"].get("extender")
+    return {
+        "with_extender_pods_per_s": w,
+        "without_extender_pods_per_s": wo,
+        "ratio": round(w / wo, 4),
+        "added_ms_per_pod": round(1000 / w - 1000 / wo, 3),
+        "extender_cpu_ms_per_pod": (
+            round(1000 * extender_cpu_s / ns.pods, 3) if extender_cpu_s is not None else None
+        ),
+        "extender_verbs_ms": with_ext.get("extender_verbs_ms", {}),
+        "runs": runs,
+        "namespaces": [
+            f"bench-with{suffix}",
+            f"bench-with-steady{suffix}",
+            f"bench-without{suffix}",
+            f"bench-without-steady{suffix}",
+        ],
+    }
+
+
+def median_pair(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pair whose ratio is the median (the lower middle one for an even count)."""
+    ranked = sorted(pairs, key=lambda p: (math.isnan(p["ratio"]), p["ratio"]))
+    return ranked[(len(ranked) - 1) // 2]
+
+
 def measure(ns: argparse.Namespace, nodes: int) -> dict[str, Any] | None:
-    """One cluster of `nodes` nodes, both runs; None when processes were left behind."""
+    """One cluster of `nodes` nodes, `ns.repeat` pairs of runs; None when processes were left behind."""
     dev = DevCluster(f"bench-e2e-{os.getpid()}-{nodes}", log=log)
     workdir = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
-    ext_proc: ExtenderProcess | None = None
+    started: list[ExtenderProcess] = []
     leftover: list[int] = []
     t_total = time.monotonic()
     try:
@@ -414,47 +497,17 @@ def measure(ns: argparse.Namespace, nodes: int) -> dict[str, Any] | None:
             dev.add_nodes(ns.profile, min(250, nodes - start), "gpu")
         log(f"{nodes} {ns.profile} nodes Ready in {time.monotonic() - t0:.1f} s")
         api = Api(dev)
-
-        ext_proc = start_extender(dev.kubeconfig, workdir, ns.extender_config, nodes)
-        log(f"extender at {ext_proc.url} ready with {nodes} nodes cached")
-        with_ext = run_batch(
-            dev,
-            api,
-            label="with extender",
-            namespace="bench-with",
-            extender=ExtenderConfig(url=ext_proc.url),
-            ext_proc=ext_proc,
-            ns=ns,
-            nodes=nodes,
-        )
-        if ns.steady_pods:
-            with_ext["steady"] = steady(dev, api, ns, "with extender", "bench-with-steady", ext_proc.url)
-        ext_proc.stop()
-        runs = {"with_extender": with_ext}
-        if not ns.skip_without:
-            without = runs["without_extender"] = run_batch(
-                dev,
-                api,
-                label="without extender",
-                namespace="bench-without",
-                extender=None,
-                ext_proc=None,
-                ns=ns,
-                nodes=nodes,
-            )
-            if ns.steady_pods:
-                without["steady"] = steady(dev, api, ns, "without extender", "bench-without-steady", None)
-        w = with_ext["pods_per_s"]
-        wo = runs["without_extender"]["pods_per_s"] if "without_extender" in runs else math.nan
-        extender_cpu_s = with_ext["cpu_s"].get("extender")
+        pairs = []
+        for rep in range(ns.repeat):
+            pair = one_pair(dev, api, ns, nodes, workdir, rep, started)
+            pairs.append(pair)
+            if rep + 1 < ns.repeat:  # the next pair starts on an empty cluster
+                gone_s = delete_pods(api, pair.pop("namespaces"), ns.timeout)
+                log(f"pair {rep + 1}: its pods deleted in {gone_s:.1f} s")
+            else:
+                pair.pop("namespaces")
         result: dict[str, Any] = {
-            "with_extender_pods_per_s": w,
-            "without_extender_pods_per_s": wo,
-            "ratio": round(w / wo, 4),
-            "added_ms_per_pod": round(1000 / w - 1000 / wo, 3),
-            "extender_cpu_ms_per_pod": (
-                round(1000 * extender_cpu_s / ns.pods, 3) if extender_cpu_s is not None else None
-            ),
+            **median_pair(pairs),
             "nodes": nodes,
             "pods": ns.pods,
             "profile": ns.profile,
@@ -463,11 +516,12 @@ def measure(ns: argparse.Namespace, nodes: int) -> dict[str, Any] | None:
             "controller_manager": not ns.no_controller_manager,
             "lifted_taints": ns.lift_taints,
             "cpus": os.cpu_count(),
-            "extender_verbs_ms": with_ext.get("extender_verbs_ms", {}),
-            "runs": runs,
+            "repeat": ns.repeat,
+            "ratios": [p["ratio"] for p in pairs],
+            "pairs": pairs,
         }
     finally:
-        if ext_proc is not None:
+        for ext_proc in started:
             ext_proc.stop()
         dev.down()
         leftover = dev.leftover_processes()
@@ -546,11 +600,19 @@ def main() -> int:
     ap.add_argument(
         "--skip-without", action="store_true", help="only the run through the extender (no ratio)"
     )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="pairs of runs (with the extender, then without) per size; the median pair prints (default 3)",
+    )
     ns = ap.parse_args()
     ns.lift_taints = ns.lift_taints or ns.no_controller_manager
     prof = profile(ns.profile)
     if ns.pods < 2:
         ap.error("--pods must be >= 2")
+    if ns.repeat < 1:
+        ap.error("--repeat must be >= 1")
     if ns.steady_pods < 0 or ns.steady_rate <= 0:
         ap.error("--steady-pods must be >= 0 and --steady-rate > 0")
     for nodes in ns.nodes:
@@ -578,7 +640,13 @@ def summary(result: dict[str, Any]) -> str:
     bind = result["extender_verbs_ms"].get("bind", {})
     return (
         f"{result['nodes']} nodes: {result['with_extender_pods_per_s']:.1f} vs "
-        f"{result['without_extender_pods_per_s']:.1f} pods/s, ratio {result['ratio']:.2f}, "
+        f"{result['without_extender_pods_per_s']:.1f} pods/s, ratio {result['ratio']:.2f}"
+        + (
+            f" (median of {', '.join(f'{r:.2f}' for r in result['ratios'])})"
+            if result.get("repeat", 1) > 1
+            else ""
+        )
+        + ", "
         f"bind p50 {num(bind.get('p50'), 0)} p99 {num(bind.get('p99'), 0)} ms, "
         f"extender CPU {num(result['extender_cpu_ms_per_pod'], 0)} ms/pod" + steady_summary(result)
     )

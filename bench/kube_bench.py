@@ -248,6 +248,21 @@ def create_pods(api: Api, namespace: str, count: int, gpus: int, workers: int) -
     return t0, time.monotonic() - t0
 
 
+def delete_pods(api: Api, namespaces: Sequence[str], timeout: float) -> float:
+    """Delete every pod of `namespaces` (kwok removes them at once: no kubelet, no grace) and wait
+    until they are gone; the seconds it took."""
+    t0 = time.monotonic()
+    for namespace in namespaces:
+        api.call("DELETE", f"/api/v1/namespaces/{namespace}/pods", ok=(200, 404))
+    while any(
+        api.call("GET", f"/api/v1/namespaces/{namespace}/pods?limit=1")["items"] for namespace in namespaces
+    ):
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"pods of {', '.join(namespaces)} still there after {timeout:.0f} s")
+        time.sleep(0.5)
+    return time.monotonic() - t0
+
+
 # ---- metrics ---------------------------------------------------------------------------------
 
 
@@ -437,6 +452,27 @@ def cpu_delta(before: dict[tuple[str, int], float], after: dict[tuple[str, int],
     for key, v in after.items():
         out[key[0]] = round(out.get(key[0], 0.0) + v - before.get(key, 0.0), 2)
     return dict(sorted(out.items()))
+
+
+def cpus_in_use(dev: DevCluster, extra: dict[str, int], seconds: float = 1.0) -> float:
+    """CPUs the cluster's processes (and `extra`; not this client) use over `seconds`."""
+    before = cpu_sample(dev, extra)
+    time.sleep(seconds)
+    used = cpu_delta(before, cpu_sample(dev, extra))
+    return sum(v for k, v in used.items() if k != "bench client") / seconds
+
+
+def wait_quiet(
+    dev: DevCluster, extra: dict[str, int], idle: float, *, margin: float = 0.15, timeout: float = 120.0
+) -> tuple[float, float]:
+    """Until the cluster's processes (and `extra`) use no more than `idle` (what they used at rest:
+    node heartbeats, leases) plus `margin` CPUs over a second: the aftermath of a run (kwok's
+    status updates, the extender's queued Events) is over. (seconds waited, CPUs in use then)."""
+    t0 = time.monotonic()
+    while True:
+        used = cpus_in_use(dev, extra)
+        if used <= idle + margin or time.monotonic() - t0 > timeout:
+            return time.monotonic() - t0, used
 
 
 # ---- one run ---------------------------------------------------------------------------------

@@ -5,7 +5,10 @@ than a small API server answers them, so every bind waits in a queue and its lat
 long the queue was, not what a bind costs. This phase measures what a user of a busy cluster
 sees instead: ``--steady-pods`` pods created one by one at ``--steady-rate`` pods/s (each at its
 scheduled instant, from a few threads so one slow create does not delay the next) while
-kube-scheduler runs, with or without the extender. Per phase it reports
+kube-scheduler runs, with or without the extender. The phase starts once the cluster is quiet
+(its processes and the extender back to the CPU they used at rest before the backlog, plus 0.15:
+kwok has marked the backlog Running and the extender has posted its queued Events), as a busy
+cluster's steady state is, not in the aftermath of a burst. Per phase it reports
 
 - ``create_to_bound_ms``: from the start of each pod's create request to the moment a watch
   first sees its ``spec.nodeName`` (exact p50/p99/max over the pods, not a histogram);
@@ -38,6 +41,7 @@ from kube_bench import (
     scheduler_metrics,
     scrape,
     sum_hists,
+    wait_quiet,
     watching,
 )
 
@@ -81,11 +85,17 @@ def run_steady(
     rate: float,
     gpus: int,
     extender_url: str | None,
+    extra: dict[str, int],
+    idle: float,
     timeout: float,
 ) -> dict[str, Any]:
     """Create `count` pods at `rate` pods/s in `namespace` while kube-scheduler runs; the figures
     of the module docstring."""
-    log(f"{label}, steady: namespace {namespace}, {count} pods at {rate:g} pods/s")
+    waited, cores = wait_quiet(dev, extra, idle)
+    log(
+        f"{label}, steady: namespace {namespace}, {count} pods at {rate:g} pods/s "
+        f"(after {waited:.0f} s for the cluster to quieten: {cores:.2f} CPUs in use, {idle:.2f} at rest)"
+    )
     api.call(
         "POST",
         "/api/v1/namespaces",
@@ -127,6 +137,7 @@ def run_steady(
     out: dict[str, Any] = {
         "pods": count,
         "rate_asked": rate,
+        "quiet_after_s": round(waited, 1),
         "rate_achieved": round((count - 1) / created_s, 2) if created_s > 0 else None,
         "create_to_bound_ms": exact_ms(latencies),
         "apiserver_binding_ms": binding_latency_ms(api_before, api_after),

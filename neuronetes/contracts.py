@@ -128,6 +128,7 @@ METRIC_GPU_STATE_TRANSITIONS: Final = "neuronetes_gpu_state_transitions_total"
 # per node (agent)
 METRIC_AGENT_DISCOVERY: Final = "neuronetes_agent_discovery_seconds"
 METRIC_AGENT_EVICTIONS: Final = "neuronetes_agent_evictions_total"
+METRIC_AGENT_SLOTS_RECLAIMED: Final = "neuronetes_agent_slots_reclaimed_total"
 # per slice = per (container, GPU) with an assignment (agent, from the shim's region)
 METRIC_SLICE_MEMORY_LIMIT: Final = "neuronetes_slice_memory_limit_bytes"
 METRIC_SLICE_MEMORY_USED: Final = "neuronetes_slice_memory_used_bytes"
@@ -293,6 +294,12 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         MetricType.COUNTER,
         ("Hostname", "code"),
         "Pods the agent asked the Eviction API to evict, by HTTP status of the answer.",
+    ),
+    MetricSpec(
+        METRIC_AGENT_SLOTS_RECLAIMED,
+        MetricType.COUNTER,
+        ("Hostname",),
+        "Shim region slots of dead GPU processes the agent freed once NVML showed their memory released.",
     ),
     MetricSpec(METRIC_SLICE_MEMORY_LIMIT, MetricType.GAUGE, SLICE_LABELS, "Slice memory limit, bytes."),
     MetricSpec(

@@ -55,6 +55,7 @@ class AgentCollector(Collector):
         xids = _counter(c.METRIC_GPU_XID_ERRORS)
         transitions = _counter(c.METRIC_GPU_STATE_TRANSITIONS)
         evictions = _counter(c.METRIC_AGENT_EVICTIONS)
+        reclaimed = _counter(c.METRIC_AGENT_SLOTS_RECLAIMED)
         discovery = _gauge(c.METRIC_AGENT_DISCOVERY)
         for agent in list(self.agents()):
             with agent.lock:
@@ -62,6 +63,7 @@ class AgentCollector(Collector):
                 if inventory is None:
                     continue
                 discovery.add_metric([agent.node], agent.discovery_seconds)
+                reclaimed.add_metric([agent.node], agent.counters.slots_reclaimed)
                 users = agent.allocations()
                 for g in inventory.gpus:
                     gpu_labels = [agent.node, str(g.index), g.uuid, g.model]
@@ -109,6 +111,7 @@ class AgentCollector(Collector):
             xids,
             transitions,
             evictions,
+            reclaimed,
             discovery,
         )
         yield from _slices(list(self.agents()))

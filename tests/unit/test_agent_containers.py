@@ -32,10 +32,13 @@ from handoff_support import (
     use,
     write_record,
 )
+from prometheus_client import CollectorRegistry, generate_latest
 from region_fakes import MIB, claim, fake_process
 
+from neuronetes import contracts as c
 from neuronetes.agent import region as shim
 from neuronetes.agent.daemon.containers import RECORDS_DIR, ContainerTender, cgroup_dir, read_records
+from neuronetes.agent.daemon.exporter import AgentCollector
 from neuronetes.agent.daemon.hostpids import start_ticks
 from neuronetes.agent.daemon.regions import RegionKeeper
 
@@ -197,6 +200,10 @@ def test_the_poll_loop_registers_host_pids_reclaims_and_removes_regions(
     sim.set_process(gpu.uuid, 4300, 0)
     agent.tick()
     assert slots()[1][0] == shim.SLOT_FREE and agent.counters.slots_reclaimed == 1
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(lambda: [agent]))
+    exported = generate_latest(registry).decode()
+    assert f'{c.METRIC_AGENT_SLOTS_RECLAIMED}{{Hostname="{agent.node}"}} 1.0' in exported
 
     # the pod is deleted from the API server while its container still runs: the region stays
     agent.set_pod(UID_A, None)

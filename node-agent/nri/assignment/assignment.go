@@ -49,7 +49,6 @@ var (
 	gpuUUIDSpec     = sj.StrSpec{Pattern: ident.GPUUUID}
 	migProfileSpec  = sj.StrSpec{MaxLen: 32, Pattern: ident.MIGProfile}
 	containerSpec   = sj.StrSpec{MinLen: 1, MaxLen: 63, Pattern: dnsLabelPattern}
-	nodeNameSpec    = sj.StrSpec{MinLen: 1, MaxLen: 253, Pattern: ident.DNSSubdomain}
 	gangNameSpec    = sj.StrSpec{MinLen: 1, MaxLen: 63, Pattern: labelValuePattern}
 	podUIDSpec      = sj.StrSpec{Pattern: ident.PodUID}
 	gpuFields       = []string{"uuid", "index", "memoryMiB", "computePercent"}
@@ -160,15 +159,12 @@ func supported(version string) bool {
 
 func decodeV1(root *sj.Value) (*Assignment, error) {
 	a := &Assignment{Containers: map[string]*Container{}}
-	got := map[string]bool{}
-	for _, m := range root.Obj {
-		path := sj.Field("$", m.Key)
-		var err error
+	err := root.Fields("$", func(m sj.Member, path string) (err error) {
 		switch m.Key {
 		case "version":
 			a.Version, err = m.Val.Int(path, SchemaVersion, SchemaVersion)
 		case "node":
-			a.Node, err = m.Val.Str(path, nodeNameSpec)
+			a.Node, err = m.Val.Str(path, ident.ObjectName)
 		case "podUID":
 			if m.Val.Kind != sj.Null {
 				a.PodUID, err = m.Val.Str(path, podUIDSpec)
@@ -182,12 +178,9 @@ func decodeV1(root *sj.Value) (*Assignment, error) {
 		default:
 			err = sj.Unknown("$", m.Key)
 		}
-		if err != nil {
-			return nil, err
-		}
-		got[m.Key] = true
-	}
-	if err := sj.RequireFields("$", got, "version", "node", "containers"); err != nil {
+		return err
+	}, "version", "node", "containers")
+	if err != nil {
 		return nil, err
 	}
 	return a, checkIndexes(a)
@@ -215,14 +208,8 @@ func decodeContainers(v *sj.Value, path string, a *Assignment) error {
 }
 
 func decodeContainer(v *sj.Value, path string) (*Container, error) {
-	members, err := v.Members(path, 0, 0)
-	if err != nil {
-		return nil, err
-	}
 	c := &Container{}
-	got := map[string]bool{}
-	for _, m := range members {
-		fieldPath := sj.Field(path, m.Key)
+	err := v.Fields(path, func(m sj.Member, fieldPath string) (err error) {
 		switch m.Key {
 		case "gpus":
 			c.GPUs, err = decodeGPUs(m.Val, fieldPath)
@@ -235,12 +222,9 @@ func decodeContainer(v *sj.Value, path string) (*Container, error) {
 		default:
 			err = sj.Unknown(path, m.Key)
 		}
-		if err != nil {
-			return nil, err
-		}
-		got[m.Key] = true
-	}
-	if err := sj.RequireFields(path, got, containerFields...); err != nil {
+		return err
+	}, containerFields...)
+	if err != nil {
 		return nil, err
 	}
 	// a GPU (or MIG slot of it) twice in one container is a builder bug, never a bigger grant
@@ -276,14 +260,8 @@ func decodeGPUs(v *sj.Value, path string) ([]GPU, error) {
 
 func decodeGPU(v *sj.Value, path string) (GPU, error) {
 	var g GPU
-	members, err := v.Members(path, 0, 0)
-	if err != nil {
-		return g, err
-	}
-	got := map[string]bool{}
 	hasProfile, hasStart := false, false
-	for _, m := range members {
-		fieldPath := sj.Field(path, m.Key)
+	err := v.Fields(path, func(m sj.Member, fieldPath string) (err error) {
 		var n int64
 		switch m.Key {
 		case "uuid":
@@ -310,12 +288,9 @@ func decodeGPU(v *sj.Value, path string) (GPU, error) {
 		default:
 			err = sj.Unknown(path, m.Key)
 		}
-		if err != nil {
-			return g, err
-		}
-		got[m.Key] = true
-	}
-	if err := sj.RequireFields(path, got, gpuFields...); err != nil {
+		return err
+	}, gpuFields...)
+	if err != nil {
 		return g, err
 	}
 	if hasProfile != hasStart {
@@ -329,14 +304,8 @@ func decodeGPU(v *sj.Value, path string) (GPU, error) {
 }
 
 func decodeGang(v *sj.Value, path string) (*Gang, error) {
-	members, err := v.Members(path, 0, 0)
-	if err != nil {
-		return nil, err
-	}
 	g := &Gang{}
-	got := map[string]bool{}
-	for _, m := range members {
-		fieldPath := sj.Field(path, m.Key)
+	err := v.Fields(path, func(m sj.Member, fieldPath string) (err error) {
 		switch m.Key {
 		case "name":
 			g.Name, err = m.Val.Str(fieldPath, gangNameSpec)
@@ -345,12 +314,12 @@ func decodeGang(v *sj.Value, path string) (*Gang, error) {
 		default:
 			err = sj.Unknown(path, m.Key)
 		}
-		if err != nil {
-			return nil, err
-		}
-		got[m.Key] = true
+		return err
+	}, "name", "size")
+	if err != nil {
+		return nil, err
 	}
-	return g, sj.RequireFields(path, got, "name", "size")
+	return g, nil
 }
 
 // checkIndexes: the same UUID has the same index everywhere in the document.

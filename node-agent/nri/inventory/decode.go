@@ -1,8 +1,8 @@
 package inventory
 
 // The strict decoder of the inventory file (schema: docs/contracts.md, "The node inventory file").
-// It is a little over 400 lines because it checks every field of the schema by hand, in
-// document order and with msgspec's wording, like the assignment decoder.
+// It checks every field of the schema by hand, in document order and with msgspec's wording, like
+// the assignment decoder (each object through strictjson's Fields).
 
 import (
 	"fmt"
@@ -17,7 +17,6 @@ var (
 	gpuDevPattern   = sj.NewPattern(`^/dev/nvidia(0|[1-9][0-9]{0,2})$`)
 	capDevPattern   = sj.NewPattern(`^/dev/nvidia-caps/nvidia-cap[1-9][0-9]{0,6}$`)
 	envEntryPattern = sj.NewPattern(`^[A-Za-z_][A-Za-z0-9_]*=[^\x00]*$`)
-	nodeSpec        = sj.StrSpec{MinLen: 1, MaxLen: 253, Pattern: ident.DNSSubdomain}
 	absPathSpec     = sj.StrSpec{MinLen: 1, MaxLen: 4096}
 )
 
@@ -30,19 +29,13 @@ func Decode(data []byte) (*Inventory, error) {
 	if err != nil {
 		return nil, err
 	}
-	members, err := root.Members("$", 0, 0)
-	if err != nil {
-		return nil, err
-	}
 	inv := &Inventory{}
-	got := map[string]bool{}
-	for _, m := range members {
-		p := sj.Field("$", m.Key)
+	err = root.Fields("$", func(m sj.Member, p string) (err error) {
 		switch m.Key {
 		case "version":
 			inv.Version, err = m.Val.Int(p, SchemaVersion, SchemaVersion)
 		case "node":
-			inv.Node, err = m.Val.Str(p, nodeSpec)
+			inv.Node, err = m.Val.Str(p, ident.ObjectName)
 		case "generation":
 			inv.Generation, err = m.Val.Int(p, 1, 1<<53)
 		case "updatedAt":
@@ -58,13 +51,9 @@ func Decode(data []byte) (*Inventory, error) {
 		default:
 			err = sj.Unknown("$", m.Key)
 		}
-		if err != nil {
-			return nil, err
-		}
-		got[m.Key] = true
-	}
-	required := []string{"version", "node", "generation", "updatedAt", "controlDevices", "gpus", "shim", "driver"}
-	if err := sj.RequireFields("$", got, required...); err != nil {
+		return err
+	}, "version", "node", "generation", "updatedAt", "controlDevices", "gpus", "shim", "driver")
+	if err != nil {
 		return nil, err
 	}
 	return inv, nil
@@ -83,13 +72,7 @@ func absPath(v *sj.Value, p string) (string, error) {
 
 func device(v *sj.Value, p string, pattern *sj.Pattern) (Device, error) {
 	var d Device
-	members, err := v.Members(p, 0, 0)
-	if err != nil {
-		return d, err
-	}
-	got := map[string]bool{}
-	for _, m := range members {
-		fp := sj.Field(p, m.Key)
+	err := v.Fields(p, func(m sj.Member, fp string) (err error) {
 		switch m.Key {
 		case "path":
 			d.Path, err = m.Val.Str(fp, sj.StrSpec{MaxLen: 64, Pattern: pattern})
@@ -100,12 +83,9 @@ func device(v *sj.Value, p string, pattern *sj.Pattern) (Device, error) {
 		default:
 			err = sj.Unknown(p, m.Key)
 		}
-		if err != nil {
-			return d, err
-		}
-		got[m.Key] = true
-	}
-	return d, sj.RequireFields(p, got, "path", "major", "minor")
+		return err
+	}, "path", "major", "minor")
+	return d, err
 }
 
 var controlPathPattern = sj.NewPattern(`^/dev/(nvidiactl|nvidia-uvm|nvidia-uvm-tools)$`)
@@ -158,13 +138,7 @@ func gpus(v *sj.Value, p string) ([]GPU, error) {
 
 func gpu(v *sj.Value, p string) (GPU, error) {
 	var g GPU
-	members, err := v.Members(p, 0, 0)
-	if err != nil {
-		return g, err
-	}
-	got := map[string]bool{}
-	for _, m := range members {
-		fp := sj.Field(p, m.Key)
+	err := v.Fields(p, func(m sj.Member, fp string) (err error) {
 		var n int64
 		switch m.Key {
 		case "uuid":
@@ -179,12 +153,9 @@ func gpu(v *sj.Value, p string) (GPU, error) {
 		default:
 			err = sj.Unknown(p, m.Key)
 		}
-		if err != nil {
-			return g, err
-		}
-		got[m.Key] = true
-	}
-	return g, sj.RequireFields(p, got, "uuid", "index", "device", "migInstances")
+		return err
+	}, "uuid", "index", "device", "migInstances")
+	return g, err
 }
 
 func migInstances(v *sj.Value, p string) ([]MIGInstance, error) {
@@ -214,13 +185,7 @@ func migInstances(v *sj.Value, p string) ([]MIGInstance, error) {
 
 func migInstance(v *sj.Value, p string) (MIGInstance, error) {
 	var mi MIGInstance
-	members, err := v.Members(p, 0, 0)
-	if err != nil {
-		return mi, err
-	}
-	got := map[string]bool{}
-	for _, m := range members {
-		fp := sj.Field(p, m.Key)
+	err := v.Fields(p, func(m sj.Member, fp string) (err error) {
 		var n int64
 		switch m.Key {
 		case "uuid":
@@ -241,22 +206,13 @@ func migInstance(v *sj.Value, p string) (MIGInstance, error) {
 		default:
 			err = sj.Unknown(p, m.Key)
 		}
-		if err != nil {
-			return mi, err
-		}
-		got[m.Key] = true
-	}
-	return mi, sj.RequireFields(p, got, "uuid", "profile", "start", "caps")
+		return err
+	}, "uuid", "profile", "start", "caps")
+	return mi, err
 }
 
 func shim(v *sj.Value, p string, inv *Inventory) error {
-	members, err := v.Members(p, 0, 0)
-	if err != nil {
-		return err
-	}
-	got := map[string]bool{}
-	for _, m := range members {
-		fp := sj.Field(p, m.Key)
+	return v.Fields(p, func(m sj.Member, fp string) (err error) {
 		switch m.Key {
 		case "library":
 			inv.ShimLibrary, err = absPath(m.Val, fp)
@@ -265,24 +221,14 @@ func shim(v *sj.Value, p string, inv *Inventory) error {
 		default:
 			err = sj.Unknown(p, m.Key)
 		}
-		if err != nil {
-			return err
-		}
-		got[m.Key] = true
-	}
-	return sj.RequireFields(p, got, "library", "preloadFile")
+		return err
+	}, "library", "preloadFile")
 }
 
 var capabilitiesPattern = sj.NewPattern(`^(compute|utility|video|graphics|display|compat32)(,(compute|utility|video|graphics|display|compat32))*$`)
 
 func driver(v *sj.Value, p string, inv *Inventory) error {
-	members, err := v.Members(p, 0, 0)
-	if err != nil {
-		return err
-	}
-	got := map[string]bool{}
-	for _, m := range members {
-		fp := sj.Field(p, m.Key)
+	return v.Fields(p, func(m sj.Member, fp string) (err error) {
 		switch m.Key {
 		case "capabilities":
 			inv.DriverCapabilities, err = m.Val.Str(fp, sj.StrSpec{MaxLen: 128, Pattern: capabilitiesPattern})
@@ -293,12 +239,8 @@ func driver(v *sj.Value, p string, inv *Inventory) error {
 		default:
 			err = sj.Unknown(p, m.Key)
 		}
-		if err != nil {
-			return err
-		}
-		got[m.Key] = true
-	}
-	return sj.RequireFields(p, got, "capabilities", "mounts", "hooks")
+		return err
+	}, "capabilities", "mounts", "hooks")
 }
 
 func mounts(v *sj.Value, p string) ([]Mount, error) {
@@ -310,14 +252,8 @@ func mounts(v *sj.Value, p string) ([]Mount, error) {
 	seen := map[string]bool{}
 	for i, item := range items {
 		ip := sj.Index(p, i)
-		members, err := item.Members(ip, 0, 0)
-		if err != nil {
-			return nil, err
-		}
 		var mt Mount
-		got := map[string]bool{}
-		for _, m := range members {
-			fp := sj.Field(ip, m.Key)
+		err := item.Fields(ip, func(m sj.Member, fp string) (err error) {
 			switch m.Key {
 			case "hostPath":
 				mt.HostPath, err = absPath(m.Val, fp)
@@ -326,12 +262,9 @@ func mounts(v *sj.Value, p string) ([]Mount, error) {
 			default:
 				err = sj.Unknown(ip, m.Key)
 			}
-			if err != nil {
-				return nil, err
-			}
-			got[m.Key] = true
-		}
-		if err := sj.RequireFields(ip, got, "hostPath", "containerPath"); err != nil {
+			return err
+		}, "hostPath", "containerPath")
+		if err != nil {
 			return nil, err
 		}
 		if seen[mt.ContainerPath] {
@@ -351,14 +284,8 @@ func hooks(v *sj.Value, p string) ([]Hook, error) {
 	out := make([]Hook, 0, len(items))
 	for i, item := range items {
 		ip := sj.Index(p, i)
-		members, err := item.Members(ip, 0, 0)
-		if err != nil {
-			return nil, err
-		}
 		var h Hook
-		got := map[string]bool{}
-		for _, m := range members {
-			fp := sj.Field(ip, m.Key)
+		err := item.Fields(ip, func(m sj.Member, fp string) (err error) {
 			switch m.Key {
 			case "path":
 				h.Path, err = absPath(m.Val, fp)
@@ -369,12 +296,9 @@ func hooks(v *sj.Value, p string) ([]Hook, error) {
 			default:
 				err = sj.Unknown(ip, m.Key)
 			}
-			if err != nil {
-				return nil, err
-			}
-			got[m.Key] = true
-		}
-		if err := sj.RequireFields(ip, got, "path", "args", "env"); err != nil {
+			return err
+		}, "path", "args", "env")
+		if err != nil {
 			return nil, err
 		}
 		out = append(out, h)

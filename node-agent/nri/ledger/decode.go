@@ -11,10 +11,6 @@ import (
 	sj "neuronetes.io/node-agent/nri/internal/strictjson"
 )
 
-var (
-	nodeSpec = sj.StrSpec{MinLen: 1, MaxLen: 253, Pattern: ident.DNSSubdomain}
-)
-
 // Decode parses and validates a ledger document; every pod's assignment is decoded with the
 // assignment's strict decoder and must name the ledger's node and the pod's UID.
 func Decode(data []byte) (*Ledger, error) {
@@ -25,19 +21,13 @@ func Decode(data []byte) (*Ledger, error) {
 	if err != nil {
 		return nil, err
 	}
-	members, err := root.Members("$", 0, 0)
-	if err != nil {
-		return nil, err
-	}
 	l := &Ledger{}
-	got := map[string]bool{}
-	for _, m := range members {
-		p := sj.Field("$", m.Key)
+	err = root.Fields("$", func(m sj.Member, p string) (err error) {
 		switch m.Key {
 		case "version":
 			l.Version, err = m.Val.Int(p, SchemaVersion, SchemaVersion)
 		case "node":
-			l.Node, err = m.Val.Str(p, nodeSpec)
+			l.Node, err = m.Val.Str(p, ident.ObjectName)
 		case "generation":
 			l.Generation, err = m.Val.Int(p, 1, 1<<53)
 		case "updatedAt":
@@ -49,12 +39,9 @@ func Decode(data []byte) (*Ledger, error) {
 		default:
 			err = sj.Unknown("$", m.Key)
 		}
-		if err != nil {
-			return nil, err
-		}
-		got[m.Key] = true
-	}
-	if err := sj.RequireFields("$", got, "version", "node", "generation", "updatedAt", "gpus", "pods"); err != nil {
+		return err
+	}, "version", "node", "generation", "updatedAt", "gpus", "pods")
+	if err != nil {
 		return nil, err
 	}
 	for i, pod := range l.Pods {
@@ -74,14 +61,8 @@ func gpus(v *sj.Value, p string) ([]GPU, error) {
 	seen := map[string]bool{}
 	for i, item := range items {
 		ip := sj.Index(p, i)
-		members, err := item.Members(ip, 0, 0)
-		if err != nil {
-			return nil, err
-		}
 		var g GPU
-		got := map[string]bool{}
-		for _, m := range members {
-			fp := sj.Field(ip, m.Key)
+		err := item.Fields(ip, func(m sj.Member, fp string) (err error) {
 			switch m.Key {
 			case "uuid":
 				g.UUID, err = m.Val.Str(fp, sj.StrSpec{Pattern: ident.GPUUUID})
@@ -90,12 +71,9 @@ func gpus(v *sj.Value, p string) ([]GPU, error) {
 			default:
 				err = sj.Unknown(ip, m.Key)
 			}
-			if err != nil {
-				return nil, err
-			}
-			got[m.Key] = true
-		}
-		if err := sj.RequireFields(ip, got, "uuid", "memoryMiB"); err != nil {
+			return err
+		}, "uuid", "memoryMiB")
+		if err != nil {
 			return nil, err
 		}
 		if seen[g.UUID] {
@@ -131,20 +109,14 @@ func pods(v *sj.Value, p string) ([]Pod, error) {
 
 func podEntry(v *sj.Value, p string) (Pod, error) {
 	var pod Pod
-	members, err := v.Members(p, 0, 0)
-	if err != nil {
-		return pod, err
-	}
-	got := map[string]bool{}
-	for _, m := range members {
-		fp := sj.Field(p, m.Key)
+	err := v.Fields(p, func(m sj.Member, fp string) (err error) {
 		switch m.Key {
 		case "uid":
 			pod.UID, err = m.Val.Str(fp, sj.StrSpec{Pattern: ident.PodUID})
 		case "namespace":
 			pod.Namespace, err = m.Val.Str(fp, sj.StrSpec{MinLen: 1, MaxLen: 63, Pattern: ident.DNSSubdomain})
 		case "name":
-			pod.Name, err = m.Val.Str(fp, nodeSpec)
+			pod.Name, err = m.Val.Str(fp, ident.ObjectName)
 		case "assignment":
 			pod.Annotation, err = m.Val.Str(fp, sj.StrSpec{MinLen: 1, MaxLen: assignment.MaxBytes})
 			if err == nil {
@@ -156,12 +128,9 @@ func podEntry(v *sj.Value, p string) (Pod, error) {
 		default:
 			err = sj.Unknown(p, m.Key)
 		}
-		if err != nil {
-			return pod, err
-		}
-		got[m.Key] = true
-	}
-	if err := sj.RequireFields(p, got, "uid", "namespace", "name", "assignment"); err != nil {
+		return err
+	}, "uid", "namespace", "name", "assignment")
+	if err != nil {
 		return pod, err
 	}
 	if pod.Assignment.PodUID != "" && pod.Assignment.PodUID != pod.UID {

@@ -15,3 +15,7 @@ var (
 	// MIGProfile is a MIG profile name such as 1g.10gb or 1g.10gb+me.
 	MIGProfile = sj.NewPattern(`^[1-9][0-9]*g\.[1-9][0-9]*gb(\+me)?$`)
 )
+
+// ObjectName is a Kubernetes object name that must be a DNS subdomain (1 to 253 characters): node
+// and pod names.
+var ObjectName = sj.StrSpec{MinLen: 1, MaxLen: 253, Pattern: DNSSubdomain}

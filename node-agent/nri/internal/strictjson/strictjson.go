@@ -355,6 +355,25 @@ func (v *Value) distinctKeys() int {
 	return len(seen)
 }
 
+// Fields decodes an object of fixed fields: its members go, in document order (repeated keys
+// included), to field with each member's own path, which returns Unknown(path, key) for a key the
+// schema does not have; the first error ends the walk. Then every name in required must have been
+// seen (RequireFields, in the order given). The one loop every schema's decoder walks.
+func (v *Value) Fields(path string, field func(m Member, fieldPath string) error, required ...string) error {
+	members, err := v.Members(path, 0, 0)
+	if err != nil {
+		return err
+	}
+	got := make(map[string]bool, len(members))
+	for _, m := range members {
+		if err := field(m, Field(path, m.Key)); err != nil {
+			return err
+		}
+		got[m.Key] = true
+	}
+	return RequireFields(path, got, required...)
+}
+
 // Unknown is the error for a field the schema does not have.
 func Unknown(path, key string) error {
 	return Errorf(path, "Object contains unknown field `%s`", key)

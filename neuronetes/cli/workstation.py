@@ -202,21 +202,17 @@ def show_health(state_dir: Path, gpu_id: str | None, output: str) -> int:
             rows=[[p["pid"], f"{p['usedMemoryBytes'] / 2**30:.1f} GiB"] for p in procs],
             title="Processes",
         )
-    emit(
-        "table",
-        gpu["history"],
-        columns=("AT", "FROM", "TO", "REASON"),
-        rows=_history_rows(gpu["history"]),
-        title="History",
-    )
+    _emit_history(gpu["history"])
     return 0
 
 
-def _history_rows(history: list[dict[str, Any]]) -> list[list[Any]]:
-    return [
+def _emit_history(history: list[dict[str, Any]]) -> None:
+    """A GPU's or a job's state transitions, as the table under ``describe``."""
+    rows = [
         [time.strftime("%H:%M:%S", time.localtime(h["at"])), h["from"] or "-", h["to"], h["reason"] or "-"]
         for h in history
     ]
+    emit("table", history, columns=("AT", "FROM", "TO", "REASON"), rows=rows, title="History")
 
 
 def parse_interval(text: str) -> float:
@@ -302,13 +298,7 @@ def jobs_describe(job: str, state_dir: str | None, output: str) -> None:
         columns=("FIELD", "VALUE"),
         rows=rows_of([{"k": k, "v": item.get(k)} for k in keys], ("k", "v")),
     )
-    emit(
-        "table",
-        item["history"],
-        columns=("AT", "FROM", "TO", "REASON"),
-        rows=_history_rows(item["history"]),
-        title="History",
-    )
+    _emit_history(item["history"])
 
 
 def _cancel(job: str, state_dir: str | None, force: bool) -> None:

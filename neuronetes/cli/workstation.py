@@ -207,7 +207,8 @@ def show_health(state_dir: Path, gpu_id: str | None, output: str) -> int:
 
 
 def _emit_history(history: list[dict[str, Any]]) -> None:
-    """A GPU's or a job's state transitions, as the table under ``describe``."""
+    """A GPU's or a job's state transitions: the last table of ``health --gpu-id`` and of
+    ``jobs describe``."""
     rows = [
         [time.strftime("%H:%M:%S", time.localtime(h["at"])), h["from"] or "-", h["to"], h["reason"] or "-"]
         for h in history

@@ -275,6 +275,8 @@ def test_gpu_holds_and_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFix
         wait_for(lambda: not process_alive(busy["pid"]), "the evicted job's processes gone")
         health = d.cli_json(capsys, "health", "--gpu-id", gpu)
         assert health["state"] == "Offline" and [h["to"] for h in health["history"]][-1] == "Offline"
+        code, out, _ = d.cli(capsys, "health", "--gpu-id", gpu)
+        assert code == 0 and "History" in out and "Offline" in out
         assert run("online", "--gpu-id", gpu).returncode == 0
         again = d.wait_state("busy", "RUNNING")
         assert again["attempt"] == 2  # started afresh

@@ -86,8 +86,10 @@ from kube_bench import (
     cpu_sample,
     cpus_in_use,
     create_pods,
+    default_binder,
     delete_pods,
     gauge,
+    histogram_deltas,
     histograms,
     list_nodes,
     log,
@@ -107,10 +109,6 @@ SCHEDULER_HISTOGRAMS = (
     "scheduler_scheduling_algorithm_duration_seconds",
     "scheduler_pod_scheduling_sli_duration_seconds",
 )
-EXTENSION_POINTS = "scheduler_framework_extension_point_duration_seconds"
-"""kube-scheduler's own Bind (the default binder: the run without the extender; with an extender
-that binds, kube-scheduler records no Bind extension point)."""
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # ---- the extender process --------------------------------------------------------------------
@@ -236,34 +234,21 @@ def run_batch(
                 sched[metric.removeprefix("scheduler_").removesuffix("_seconds") + "_ms"] = (
                     merged.summary_ms()
                 )
-        bind = histograms(text, EXTENSION_POINTS, extension_point="Bind")
-        merged_bind = sum_hists(bind.values())
-        if merged_bind.count:
-            sched["bind_extension_point_ms"] = merged_bind.summary_ms()
+        bind = default_binder(text)
+        if bind.count:
+            sched["bind_extension_point_ms"] = bind.summary_ms()
         sched["schedule_attempts"] = {
             k: int(v) for k, v in counters(text, "scheduler_schedule_attempts_total", "result").items()
         }
         out["kube_scheduler"] = sched
     if ext_proc is not None and ext_before is not None:
         after = scrape(f"{ext_proc.url}/metrics")
-        before_h = histograms(ext_before, EXTENDER_LATENCY, "verb")
-        verbs = {
-            verb: h.minus(before_h.get(verb)).summary_ms()
-            for verb, h in sorted(histograms(after, EXTENDER_LATENCY, "verb").items())
-        }
-        out["extender_verbs_ms"] = {v: s for v, s in verbs.items() if s["count"]}
-        before_api = histograms(ext_before, c.METRIC_API_LATENCY, "call")
-        calls = {
-            call: h.minus(before_api.get(call)).summary_ms()
-            for call, h in sorted(histograms(after, c.METRIC_API_LATENCY, "call").items())
-        }
-        out["extender_api_ms"] = {k: v for k, v in calls.items() if v["count"]}
-        before_r = histograms(ext_before, EXTENDER_LATENCY, "result")
-        out["extender_results"] = {
-            r: int(h.count - (before_r[r].count if r in before_r else 0.0))
-            for r, h in sorted(histograms(after, EXTENDER_LATENCY, "result").items())
-            if h.count - (before_r[r].count if r in before_r else 0.0)
-        }
+        verbs = histogram_deltas(ext_before, after, EXTENDER_LATENCY, "verb")
+        out["extender_verbs_ms"] = {v: h.summary_ms() for v, h in verbs.items() if h.count}
+        calls = histogram_deltas(ext_before, after, c.METRIC_API_LATENCY, "call")
+        out["extender_api_ms"] = {k: h.summary_ms() for k, h in calls.items() if h.count}
+        results = histogram_deltas(ext_before, after, EXTENDER_LATENCY, "result")
+        out["extender_results"] = {r: int(h.count) for r, h in results.items() if h.count}
     log(f"{label}: {pods_per_s:.1f} pods/s ({span:.2f} s measured)")
     return out
 

@@ -349,6 +349,24 @@ def histograms(text: str, metric: str, by: str | None = None, **where: str) -> d
     return out
 
 
+def histogram_deltas(before: str, after: str, metric: str, by: str) -> dict[str, Hist]:
+    """Histogram `metric` by label `by` over the interval between two scrapes (after − before),
+    sorted by label value."""
+    earlier = histograms(before, metric, by)
+    return {key: h.minus(earlier.get(key)) for key, h in sorted(histograms(after, metric, by).items())}
+
+
+EXTENSION_POINTS = "scheduler_framework_extension_point_duration_seconds"
+
+
+def default_binder(text: str | None) -> Hist:
+    """kube-scheduler's own Bind (its default binder) from its /metrics; with an extender that
+    binds, kube-scheduler records no Bind extension point (empty)."""
+    if text is None:
+        return Hist()
+    return sum_hists(histograms(text, EXTENSION_POINTS, extension_point="Bind").values())
+
+
 def counters(text: str, metric: str, by: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):

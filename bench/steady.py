@@ -35,12 +35,12 @@ from kube_bench import (
     Hist,
     binding_latency_ms,
     binding_latency_text,
-    histograms,
+    default_binder,
+    histogram_deltas,
     log,
     pod_manifest,
     scheduler_metrics,
     scrape,
-    sum_hists,
     wait_quiet,
     watching,
 )
@@ -48,7 +48,6 @@ from kube_bench import (
 from neuronetes import contracts as c
 from neuronetes.devcluster import DevCluster
 
-EXTENSION_POINTS = "scheduler_framework_extension_point_duration_seconds"
 CREATE_WORKERS = 4  # creates in flight at once: enough that one slow create does not hold the pace
 
 
@@ -67,12 +66,6 @@ def exact_ms(samples: Sequence[float]) -> dict[str, Any]:
         "p99": round(rank(0.99), 2),
         "max": round(ordered[-1] * 1000, 2),
     }
-
-
-def _bind_extension_point(text: str | None) -> Hist:
-    if text is None:
-        return Hist()
-    return sum_hists(histograms(text, EXTENSION_POINTS, extension_point="Bind").values())
 
 
 def run_steady(
@@ -144,18 +137,13 @@ def run_steady(
     }
     if extender_url and ext_before is not None:
         ext_after = scrape(f"{extender_url}/metrics")
-        verb = histograms(ext_after, c.METRIC_SCHEDULER_LATENCY, "verb").get("bind", Hist())
-        post = histograms(ext_after, c.METRIC_API_LATENCY, "call").get("binding", Hist())
-        out["bind_ms"] = verb.minus(
-            histograms(ext_before, c.METRIC_SCHEDULER_LATENCY, "verb").get("bind")
-        ).summary_ms()
-        out["binding_post_ms"] = post.minus(
-            histograms(ext_before, c.METRIC_API_LATENCY, "call").get("binding")
-        ).summary_ms()
+        verbs = histogram_deltas(ext_before, ext_after, c.METRIC_SCHEDULER_LATENCY, "verb")
+        calls = histogram_deltas(ext_before, ext_after, c.METRIC_API_LATENCY, "call")
+        out["bind_ms"] = verbs.get("bind", Hist()).summary_ms()
+        out["binding_post_ms"] = calls.get("binding", Hist()).summary_ms()
     else:
-        sched_after = scheduler_metrics(dev, api.token)
-        inside = _bind_extension_point(sched_after).minus(_bind_extension_point(sched_before))
-        out["bind_ms"] = inside.summary_ms()
+        binds = default_binder(scheduler_metrics(dev, api.token)).minus(default_binder(sched_before))
+        out["bind_ms"] = binds.summary_ms()
     c2b = out["create_to_bound_ms"]
     log(
         f"{label}, steady: {out['rate_achieved']} pods/s achieved; create→bound p50 {c2b['p50']} "

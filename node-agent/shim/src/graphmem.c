@@ -186,6 +186,19 @@ static void graph_pass(int from, uint64_t from_key, int to, uint64_t to_key, int
     }
 
 NN_INSTANTIATE_HOOK(cuGraphInstantiateWithFlags, unsigned long long)
+
+/* The legacy form (error node and log buffer), still exported and handed out by cuGetProcAddress
+ * for "cuGraphInstantiate" at the versions before 12.0: the same memory-node hand-over. */
+#define NN_INSTANTIATE_LEGACY_HOOK(name)                                                                  \
+    NN_EXPORT CUresult name(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node, char *log, size_t log_size) { \
+        NN_REQUIRE(nn_real.name);                                                                        \
+        CUresult rc = nn_real.name(exec, graph, error_node, log, log_size);                              \
+        if (rc == CUDA_SUCCESS) graph_pass(NN_STAGE_GRAPH, (uint64_t)graph, NN_STAGE_EXEC, (uint64_t)*exec, 1); \
+        return rc;                                                                                       \
+    }
+
+NN_INSTANTIATE_LEGACY_HOOK(cuGraphInstantiate)
+NN_INSTANTIATE_LEGACY_HOOK(cuGraphInstantiate_v2)
 NN_INSTANTIATE_HOOK(cuGraphInstantiateWithParams, CUDA_GRAPH_INSTANTIATE_PARAMS *)
 NN_INSTANTIATE_HOOK(cuGraphInstantiateWithParams_ptsz, CUDA_GRAPH_INSTANTIATE_PARAMS *)
 

@@ -18,6 +18,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 nn_real_table nn_real;
@@ -150,17 +151,52 @@ NN_UNINSTRUMENTED __attribute__((optimize("optimize-sibling-calls"))) NN_EXPORT 
 
 /* ---- cuGetProcAddress ------------------------------------------------------------------------------ */
 
-static CUresult substitute(const char *symbol, void **pfn, CUresult rc, CUdriverProcAddressQueryResult *status) {
+/* Names cuda.h maps onto a differently named entry point from a CUDA version on (its `#define`s for
+ * the default API version): for those versions the driver may hand out a pointer of its own for the
+ * old name, with the ABI of the new one, so the new name's hook (which calls the exported function)
+ * stands in for it. */
+typedef struct nn_alias {
+    const char *symbol;
+    int since; /* CUDA version, as cuGetProcAddress takes it */
+    void *hook;
+} nn_alias;
+
+static const nn_alias g_aliases[] = {
+    {"cuGraphInstantiate", 12000, (void *)&cuGraphInstantiateWithFlags},
+};
+
+static void *alias_for(const char *symbol, int version) {
+    for (size_t i = 0; i < sizeof g_aliases / sizeof g_aliases[0]; i++)
+        if (version >= g_aliases[i].since && strcmp(symbol, g_aliases[i].symbol) == 0) return g_aliases[i].hook;
+    return NULL;
+}
+
+/* One line per refused name (at most NN_REFUSED_LOGGED names), so every gap shows, not just the first. */
+#define NN_REFUSED_LOGGED 32
+static void log_refused(const char *symbol, int version) {
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static char names[NN_REFUSED_LOGGED][64];
+    static unsigned count;
+    int fresh = 1;
+    pthread_mutex_lock(&lock);
+    for (unsigned i = 0; i < count && fresh; i++) fresh = strncmp(names[i], symbol, sizeof names[i] - 1) != 0;
+    if (fresh && count < NN_REFUSED_LOGGED) snprintf(names[count++], sizeof names[0], "%s", symbol);
+    else fresh = 0;
+    pthread_mutex_unlock(&lock);
+    if (fresh) nn_log("cuGetProcAddress(\"%s\", %d) returned a variant the shim does not wrap: refused", symbol, version);
+}
+
+static CUresult substitute(const char *symbol, int version, void **pfn, CUresult rc,
+                           CUdriverProcAddressQueryResult *status) {
     if (rc != CUDA_SUCCESS || pfn == NULL || *pfn == NULL) return rc;
     void *hook = hook_for(*pfn);
+    if (hook == NULL && symbol != NULL) hook = alias_for(symbol, version);
     if (hook != NULL) {
         *pfn = hook;
         return rc;
     }
     if (symbol != NULL && guarded(symbol)) {
-        static int logged;
-        if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
-            nn_log("cuGetProcAddress(\"%s\") returned a variant the shim does not wrap: refused", symbol);
+        log_refused(symbol, version);
         *pfn = NULL;
         if (status != NULL) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
         return CUDA_ERROR_NOT_FOUND;
@@ -173,12 +209,12 @@ NN_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int versi
     nn_resolve_cuda();
     if (nn_real.cuGetProcAddress_v2 == NULL) return CUDA_ERROR_NOT_FOUND;
     CUresult rc = nn_real.cuGetProcAddress_v2(symbol, pfn, version, flags, status);
-    return substitute(symbol, pfn, rc, status);
+    return substitute(symbol, version, pfn, rc, status);
 }
 
 NN_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
     nn_resolve_cuda();
     if (nn_real.cuGetProcAddress == NULL) return CUDA_ERROR_NOT_FOUND;
     CUresult rc = nn_real.cuGetProcAddress(symbol, pfn, version, flags);
-    return substitute(symbol, pfn, rc, NULL);
+    return substitute(symbol, version, pfn, rc, NULL);
 }

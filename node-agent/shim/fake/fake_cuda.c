@@ -310,10 +310,16 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
     REQUIRE_INIT();
     if (uuid == NULL || !valid_dev(dev)) return CUDA_ERROR_INVALID_VALUE;
-    /* the bytes of fake_device_uuid(): fa4e0000-0000-4000-8000-<index as 12 hex digits> */
-    static const unsigned char prefix[10] = {0xfa, 0x4e, 0, 0, 0, 0, 0x40, 0, 0x80, 0};
-    memcpy(uuid->bytes, prefix, sizeof prefix);
-    for (int i = 0; i < 6; i++) uuid->bytes[10 + i] = (char)(((uint64_t)dev >> (8 * (5 - i))) & 0xff);
+    /* the bytes of fake_device_uuid() ("GPU-" and 32 hex digits with dashes) */
+    char text[41];
+    fake_device_uuid((unsigned)dev, text);
+    unsigned n = 0;
+    for (const char *c = text + 4; *c != '\0' && n < 32; c++) {
+        if (*c == '-') continue;
+        unsigned v = (unsigned)(*c <= '9' ? *c - '0' : (*c | 0x20) - 'a' + 10);
+        uuid->bytes[n / 2] = (char)(n % 2 == 0 ? v << 4 : ((unsigned char)uuid->bytes[n / 2] | v));
+        n++;
+    }
     return CUDA_SUCCESS;
 }
 

@@ -164,5 +164,18 @@ void fake_state_reap(fake_state *s) {
 }
 
 void fake_device_uuid(unsigned index, char out[41]) {
+    /* FAKE_CUDA_UUIDS="GPU-…,GPU-…" names the devices (a simulated node's GPUs, so a region the agent
+     * wrote for them matches); otherwise fa4e0000-0000-4000-8000-<index as 12 hex digits> */
+    const char *list = getenv("FAKE_CUDA_UUIDS");
+    for (unsigned i = 0; list != NULL && *list != '\0'; i++) {
+        const char *end = strchr(list, ',');
+        size_t len = end != NULL ? (size_t)(end - list) : strlen(list);
+        if (i == index && len == 40 && strncmp(list, "GPU-", 4) == 0) {
+            memcpy(out, list, 40);
+            out[40] = '\0';
+            return;
+        }
+        list = end != NULL ? end + 1 : NULL;
+    }
     snprintf(out, 41, "GPU-fa4e0000-0000-4000-8000-%012x", index);
 }

@@ -123,6 +123,7 @@ METRIC_GPU_TEMPERATURE: Final = "neuronetes_gpu_temperature_celsius"
 METRIC_GPU_POWER: Final = "neuronetes_gpu_power_watts"
 METRIC_GPU_LAST_XID: Final = "neuronetes_gpu_last_xid"
 METRIC_GPU_XID_ERRORS: Final = "neuronetes_gpu_xid_errors_total"
+METRIC_GPU_ECC_ERRORS: Final = "neuronetes_gpu_ecc_errors_total"
 METRIC_GPU_HEALTH: Final = "neuronetes_gpu_health_state"
 METRIC_GPU_STATE_TRANSITIONS: Final = "neuronetes_gpu_state_transitions_total"
 # per node (agent)
@@ -271,6 +272,12 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(METRIC_GPU_POWER, MetricType.GAUGE, GPU_USER_LABELS, "Power draw, watts."),
     MetricSpec(METRIC_GPU_LAST_XID, MetricType.GAUGE, GPU_USER_LABELS, "Last XID error seen (0: none)."),
     MetricSpec(METRIC_GPU_XID_ERRORS, MetricType.COUNTER, (*GPU_LABELS, "xid"), "XID errors seen."),
+    MetricSpec(
+        METRIC_GPU_ECC_ERRORS,
+        MetricType.COUNTER,
+        (*GPU_LABELS, "type"),
+        "ECC errors since the driver loaded (NVML volatile count), type corrected or uncorrected.",
+    ),
     MetricSpec(
         METRIC_GPU_HEALTH,
         MetricType.GAUGE,

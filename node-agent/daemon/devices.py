@@ -68,6 +68,7 @@ class GpuDevice:
     mig_enabled: bool
     mig_devices: tuple[MigDevice, ...] = ()
     minor: int = -1  # the device node is /dev/nvidia<minor> (NVML minorNumber); -1 unknown
+    pci_bus_id: str = ""  # "0000:3b:00.0" form, lower-case ("" unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,12 @@ class GpuSample:
     ecc_uncorrected_total: int | None  # volatile double-bit errors
     throttle_reasons: int  # NVML clocks-event reason bit mask (0: none)
     processes: tuple[GpuProcess, ...] = field(default_factory=tuple)
+    # the driver's own reservation (NVML v2): total = used + free + reserved, so free is not total − used
+    memory_reserved_bytes: int = 0
+
+    @property
+    def memory_free_bytes(self) -> int:
+        return max(0, self.memory_total_bytes - self.memory_used_bytes - self.memory_reserved_bytes)
 
 
 @dataclass(frozen=True, slots=True)

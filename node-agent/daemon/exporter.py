@@ -53,6 +53,7 @@ class AgentCollector(Collector):
         last_xid = _gauge(c.METRIC_GPU_LAST_XID)
         health = _gauge(c.METRIC_GPU_HEALTH)
         xids = _counter(c.METRIC_GPU_XID_ERRORS)
+        ecc = _counter(c.METRIC_GPU_ECC_ERRORS)
         transitions = _counter(c.METRIC_GPU_STATE_TRANSITIONS)
         evictions = _counter(c.METRIC_AGENT_EVICTIONS)
         reclaimed = _counter(c.METRIC_AGENT_SLOTS_RECLAIMED)
@@ -79,12 +80,18 @@ class AgentCollector(Collector):
                         if s.utilization_percent is not None:
                             util.add_metric(labels, s.utilization_percent)
                         used.add_metric(labels, s.memory_used_bytes)
-                        free.add_metric(labels, s.memory_total_bytes - s.memory_used_bytes)
+                        free.add_metric(labels, s.memory_free_bytes)
                         total.add_metric(labels, s.memory_total_bytes)
                         if s.temperature_celsius is not None:
                             temp.add_metric(labels, s.temperature_celsius)
                         if s.power_watts is not None:
                             power.add_metric(labels, s.power_watts)
+                        for kind, count in (
+                            ("corrected", s.ecc_corrected_total),
+                            ("uncorrected", s.ecc_uncorrected_total),
+                        ):
+                            if count is not None:
+                                ecc.add_metric([*gpu_labels, kind], count)
                     h = agent.health.get(g.uuid)
                     last_xid.add_metric(labels, h.last_xid if h else 0)
                     state = agent.states.get(g.uuid, (GpuHealth.AVAILABLE, ""))[0]
@@ -109,6 +116,7 @@ class AgentCollector(Collector):
             last_xid,
             health,
             xids,
+            ecc,
             transitions,
             evictions,
             reclaimed,

@@ -8,7 +8,11 @@ never errors: a T4 has no NVLink, a MIG GPU reports no utilization.
 Topology: NVLink peers come from each active link's remote PCI bus id; a link whose far end is no
 GPU of this node is an NVSwitch port, and every GPU with such links shares the switch domain.
 Nominal bandwidth is active links × the per-link figure of the link's NVLink version. The CPU
-socket of a GPU is the package of the first CPU in its NVML CPU affinity (sysfs).
+socket of a GPU is the package of the first CPU in its NVML CPU affinity (sysfs). Its NUMA node is
+the CPU NUMA node it is attached to — what ``nvidia-smi topo -m`` calls "NUMA Affinity": the first
+node of NVML's memory affinity, else the PCI device's ``numa_node`` in sysfs. (NVML's
+``nvmlDeviceGetNumaNodeId`` is something else: the node of the GPU's own memory on platforms where
+the GPU is a NUMA node, such as Grace Hopper; elsewhere it is not supported.)
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ __all__ = ["NvmlGpus", "load_nvml", "socket_of_cpu"]
 # H100: 18×50, B200: 18×100 — NVIDIA's published per-GPU totals).
 _LINK_GBPS: Final = {1: 40.0, 2: 50.0, 3: 50.0, 4: 50.0, 5: 100.0}
 _CPU_MASK_WORDS: Final = 16  # 16 × 64 = 1024 CPUs
+_NODE_MASK_WORDS: Final = 4  # 4 × 64 = 256 NUMA nodes
 _XID_WAIT_MAX_MS: Final = 1000
 
 
@@ -53,6 +58,16 @@ def socket_of_cpu(cpu: int) -> int:
         return 0
 
 
+def numa_of_pci(bus_id: str) -> int:
+    """The NUMA node of a PCI device from sysfs (-1 when the platform has none or does not say)."""
+    domain, _, rest = bus_id.lower().partition(":")
+    path = Path(f"/sys/bus/pci/devices/{domain[-4:]}:{rest}/numa_node")
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return -1
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -60,9 +75,16 @@ def _text(value: str | bytes) -> str:
 class NvmlGpus:
     """The `Discovery` backend of a node with NVIDIA GPUs."""
 
-    def __init__(self, nvml: Any, *, socket_of: Callable[[int], int] = socket_of_cpu) -> None:
+    def __init__(
+        self,
+        nvml: Any,
+        *,
+        socket_of: Callable[[int], int] = socket_of_cpu,
+        numa_of_bus: Callable[[str], int] = numa_of_pci,
+    ) -> None:
         self.nvml = nvml
         self._socket_of = socket_of
+        self._numa_of_bus = numa_of_bus
         self._handles: dict[str, Any] = {}
         self._events: Any = None
 
@@ -116,6 +138,7 @@ class NvmlGpus:
             ecc_uncorrected_total=None if ecc[1] is None else int(ecc[1]),
             throttle_reasons=int(throttle or 0),
             processes=tuple(GpuProcess(int(p.pid), int(p.usedGpuMemory or 0)) for p in procs),
+            memory_reserved_bytes=int(getattr(mem, "reserved", 0) or 0),
         )
 
     def wait_xids(self, timeout_s: float) -> list[XidEvent]:
@@ -209,7 +232,14 @@ class NvmlGpus:
         uuid = _text(n.nvmlDeviceGetUUID(h))
         model = _text(n.nvmlDeviceGetName(h))
         total = int(n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2).total)
-        numa = self._optional(lambda: n.nvmlDeviceGetNumaNodeId(h))
+        nodes = self._optional(
+            lambda: n.nvmlDeviceGetMemoryAffinity(h, _NODE_MASK_WORDS, n.NVML_AFFINITY_SCOPE_NODE)
+        )
+        numa = next(
+            (w * 64 + b for w, word in enumerate(nodes or ()) for b in range(64) if int(word) >> b & 1), None
+        )
+        if numa is None:
+            numa = self._numa_of_bus(bus_ids[index])
         mask = self._optional(lambda: n.nvmlDeviceGetCpuAffinity(h, _CPU_MASK_WORDS))
         cpus = tuple(w * 64 + b for w, word in enumerate(mask or ()) for b in range(64) if int(word) >> b & 1)
         pcie = self._optional(lambda: n.nvmlDeviceGetCurrPcieLinkGeneration(h))
@@ -223,7 +253,7 @@ class NvmlGpus:
             uuid=uuid,
             model=model,
             memory_mib=total >> 20,
-            numa_node=-1 if numa is None else int(numa),
+            numa_node=numa,
             socket=self._socket_of(cpus[0]) if cpus else 0,
             cpu_affinity=cpus,
             pcie_gen=int(pcie) if pcie else 1,
@@ -234,6 +264,7 @@ class NvmlGpus:
             mig_enabled=mig_enabled,
             mig_devices=self._mig_devices(h, model) if mig_enabled else (),
             minor=int(n.nvmlDeviceGetMinorNumber(h)),
+            pci_bus_id=bus_ids[index],
         )
 
     def _mig_devices(self, h: Any, model: str) -> tuple[MigDevice, ...]:

@@ -271,6 +271,7 @@ class SimulatedGpus:
                 mig_capable=mig.is_mig_capable(spec.model),
                 mig_enabled=spec.mig_enabled,
                 minor=spec.index,  # deterministic: /dev/nvidia<index>, as on most real nodes
+                pci_bus_id=f"00000000:{0x10 + spec.index:02x}:00.0",
             )
             if layout is not None and spec.mig_enabled:
                 device = replace(device, mig_devices=_mig_devices(spec.uuid, layout))

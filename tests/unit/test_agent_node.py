@@ -205,6 +205,13 @@ def test_exporter_output_is_promtool_clean(agent: Any, tmp_path: Any) -> None:
     assert len(util) == 8
     assert any('pod="train"' in line and 'namespace="ml"' in line and line.endswith(" 55.0") for line in util)
     assert 'neuronetes_gpu_xid_errors_total{Hostname="n0"' in text and 'xid="13"' in text
+    ecc = [line for line in text.splitlines() if line.startswith(c.METRIC_GPU_ECC_ERRORS + "{")]
+    assert len(ecc) == 16
+    assert (
+        sum('type="corrected"' in line for line in ecc)
+        == sum('type="uncorrected"' in line for line in ecc)
+        == 8
+    )
     for name in (
         c.METRIC_GPU_HEALTH,
         c.METRIC_AGENT_DISCOVERY,

@@ -59,7 +59,10 @@ def fake_nvml(gpus: list[FakeGpu], events: list[tuple[int, int]] | None = None) 
     def mem(handle: Handle, version: int | None = None) -> Any:
         g = check(handle)
         total = (handle.mig[2] * 5 << 30) if handle.mig else g.total
-        return types.SimpleNamespace(total=total, used=g.used, free=total - g.used, version=version)
+        reserved = 500 << 20 if version == pynvml.nvmlMemory_v2 else 0  # v2 splits out the driver's part
+        return types.SimpleNamespace(
+            total=total, used=g.used, free=total - g.used - reserved, reserved=reserved, version=version
+        )
 
     def nvlink_state(device: Handle, link: int) -> int:
         if not device.gpu.nvlink:
@@ -85,10 +88,13 @@ def fake_nvml(gpus: list[FakeGpu], events: list[tuple[int, int]] | None = None) 
             words[cpu // 64] |= 1 << (cpu % 64)
         return words
 
-    def numa(handle: Handle) -> int:
+    def memory_affinity(handle: Handle, nodeSetSize: int, scope: int) -> list[int]:
+        assert scope == pynvml.NVML_AFFINITY_SCOPE_NODE
         if handle.gpu.numa is None:
             raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return handle.gpu.numa
+        words = [0] * nodeSetSize
+        words[handle.gpu.numa // 64] |= 1 << (handle.gpu.numa % 64)
+        return words
 
     def util(handle: Handle) -> Any:
         if check(handle).mig:
@@ -111,7 +117,7 @@ def fake_nvml(gpus: list[FakeGpu], events: list[tuple[int, int]] | None = None) 
         "nvmlDeviceGetMinorNumber": lambda handle: gpus.index(handle.gpu),
         "nvmlDeviceGetPciInfo": lambda handle: types.SimpleNamespace(busId=handle.gpu.bus.encode()),
         "nvmlDeviceGetMemoryInfo": mem,
-        "nvmlDeviceGetNumaNodeId": numa,
+        "nvmlDeviceGetMemoryAffinity": memory_affinity,
         "nvmlDeviceGetCpuAffinity": affinity,
         "nvmlDeviceGetCurrPcieLinkGeneration": lambda handle: 4,
         "nvmlDeviceGetNvLinkState": nvlink_state,
@@ -204,11 +210,28 @@ def test_pcie_gpus_without_nvlink_or_numa() -> None:
         )
         for k in range(4)
     ]
-    inv = NvmlGpus(fake_nvml(gpus), socket_of=lambda cpu: 0).scan()
+    inv = NvmlGpus(fake_nvml(gpus), socket_of=lambda cpu: 0, numa_of_bus=lambda bus: -1).scan()
     assert all(
         g.nvlink_peers == () and g.nvlink_group == -1 and g.nvlink_bandwidth_gbps == 0 for g in inv.gpus
     )
     assert all(g.numa_node == -1 for g in inv.gpus)
+    assert [g.pci_bus_id for g in inv.gpus] == [f"0000:{k + 1:02x}:00.0" for k in range(4)]
+
+
+def test_numa_node_is_the_cpu_numa_affinity_else_the_pci_devices() -> None:
+    """NVML's memory affinity (nvidia-smi topo's "NUMA Affinity") first; where NVML does not say (a
+    VM), the PCI device's numa_node in sysfs."""
+    gpus = dgx(2)
+    gpus[1].numa = None
+    seen: list[str] = []
+
+    def sysfs(bus: str) -> int:
+        seen.append(bus)
+        return 3
+
+    inv = NvmlGpus(fake_nvml(gpus), socket_of=lambda cpu: 0, numa_of_bus=sysfs).scan()
+    assert [g.numa_node for g in inv.gpus] == [0, 3]
+    assert seen == [gpus[1].bus.lower()]
 
 
 def test_direct_nvlink_pairs_form_groups() -> None:
@@ -248,6 +271,8 @@ def test_sample_readings_and_unsupported_utilization() -> None:
     assert s.utilization_percent == 42 and s.temperature_celsius == 51 and s.power_watts == 250
     assert s.ecc_corrected_total == 1 and s.ecc_uncorrected_total == 3
     assert [p.pid for p in s.processes] == [101, 102]
+    # free as NVML reports it: the driver's reservation is neither used nor free
+    assert s.memory_free_bytes == gpus[1].total - gpus[1].used - (500 << 20)
     gpus[1].lost = True
     with pytest.raises(GpuLost) as lost:
         backend.sample(gpus[1].uuid)

@@ -274,6 +274,38 @@ def inject_ecc(gpu_id: str, kubeconfig: str | None, corrected: int, uncorrected:
     )
 
 
+# ---- GPU validation ---------------------------------------------------------------------------------
+
+
+@dev.command(
+    "gpu-validate",
+    short_help="Prove the GPU-facing parts on this machine's NVIDIA GPU (or --fake).",
+    help="Build the CUDA shim against this machine's CUDA headers and run every GPU check (NVML "
+    "discovery, the exporter, the shim's memory limits and compute pacing, workstation preemption by "
+    "checkpoint); write gpu-validate.json and a table to --out (docs/gpu-validation.md). The same as "
+    "hack/gpu-validate.sh; needs a source checkout.",
+)
+@click.option("--fake", is_flag=True, help="no GPU: run over the fake driver and the simulated backend")
+@click.option(
+    "--out", "out", default=None, metavar="DIR", help="output folder (default $OUT, else out/gpu-validate)"
+)
+@click.option("--only", default=None, metavar="ID,ID", help="only these checks (ids of the check table)")
+@click.option("--wheels", default=None, metavar="DIR", help="wheels to install for the run (offline)")
+def gpu_validate(fake: bool, out: str | None, only: str | None, wheels: str | None) -> int:
+    import subprocess
+
+    from neuronetes.devcluster.tools import REPO_ROOT
+
+    script = REPO_ROOT / "hack" / "gpu-validate.sh"
+    if not script.is_file():
+        raise CliError(f"gpu-validate needs a source checkout: {script} not found")
+    argv = ["bash", str(script), *(["--fake"] if fake else [])]
+    for flag, value in (("--out", out), ("--only", only), ("--wheels", wheels)):
+        if value:
+            argv += [flag, value]
+    return subprocess.call(argv)
+
+
 # ---- demo ------------------------------------------------------------------------------------------
 
 

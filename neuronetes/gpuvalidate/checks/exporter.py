@@ -155,6 +155,7 @@ def compare(report: Report, rounds: list[dict[str, Any]]) -> None:
         report.check(f"present.{name}", present, "exported" if present else "missing from /metrics")
     for uuid in first["smi"]:
         for metric, (field, scale, abs_tol, rel_tol) in COMPARED.items():
+            id = f"{metric.removeprefix('neuronetes_gpu_')}[{uuid[:12]}]"
             diffs, pairs = [], []
             for r in rounds:
                 ours = r["metrics"].get(metric, {}).get(uuid)
@@ -163,13 +164,13 @@ def compare(report: Report, rounds: list[dict[str, Any]]) -> None:
                     diffs.append(abs(ours - theirs * scale))
                     pairs.append((ours, theirs * scale))
             if not pairs:
-                report.check(f"{metric}[{uuid[:12]}]", False, f"no value to compare (nvidia-smi {field})")
+                report.check(id, False, f"no value to compare (nvidia-smi {field})")
                 continue
             diff = statistics.median(diffs)
             theirs_median = statistics.median(p[1] for p in pairs)
             tolerance = max(abs_tol, rel_tol * abs(theirs_median))
             report.check(
-                f"{metric.removeprefix('neuronetes_gpu_')}[{uuid[:12]}]",
+                id,
                 diff <= tolerance,
                 f"median |agent − nvidia-smi| {diff:.4g} (tolerance {tolerance:.4g})",
                 agent_vs_smi=[(round(a, 2), round(b, 2)) for a, b in pairs],

@@ -83,6 +83,12 @@ fi
 echo ">> make -C node-agent/shim test" >&2
 make -s -C "$REPO_ROOT/node-agent/shim" PYTHON="$VIRTUAL_ENV/bin/python" test
 
+# ---- GPU validation in fake mode (docs/gpu-validation.md) ----------------------------------------
+# The same command a GPU machine runs, over the fake driver and the simulated backend, so it cannot
+# rot: the checks that need real hardware say "skipped: no GPU", the rest run; prints the table.
+echo ">> hack/gpu-validate.sh --fake" >&2
+PYTHON="$VIRTUAL_ENV/bin/python" bash "$REPO_ROOT/hack/gpu-validate.sh" --fake --out "$REPO_ROOT/out/gpu-validate-fake"
+
 # ---- The image's contents (Dockerfile), built and smoke-tested outside a container ---------------
 # hack/build-image-contents.sh runs the Dockerfile's build steps into build/image (the NRI plugin,
 # the shim, the wheel installed into a fresh venv), then runs every entry point's --help, the NRI

@@ -12,12 +12,14 @@ folder, prints the table, and exits 0 only when no check failed or erred.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -126,6 +128,31 @@ def find_gpu(fake: bool) -> dict[str, Any]:
         pynvml.nvmlShutdown()
 
 
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def sweep(work: Path) -> int:
+    """Kill every process still working in `work` (its cwd is there): a check's workloads, daemons
+    and jobs all run from its folder, so none outlives the check, even one that was killed. Returns
+    how many it killed."""
+    killed = 0
+    root = str(work.resolve())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if cwd == root or cwd.startswith(root + os.sep):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+    return killed
+
+
 def run_check(spec: CheckSpec, ctx: Context) -> CheckResult:
     """Run one check in its own process; never raises."""
     missing = missing_needs(spec, {"shim": ctx.shim, "launch_probe": ctx.launch_probe})
@@ -141,16 +168,25 @@ def run_check(spec: CheckSpec, ctx: Context) -> CheckResult:
     result_file.unlink(missing_ok=True)
     argv = [ctx.python, "-m", "neuronetes.gpuvalidate.child", spec.run, str(context_file), str(result_file)]
     started = time.monotonic()
-    try:
-        proc = subprocess.run(
-            argv, env=ctx.base_env, capture_output=True, text=True, timeout=spec.timeout_s, cwd=ctx.work
+    # output to files, not pipes: a stray process holding a pipe would stall the runner
+    out_file, err_file = Path(ctx.work) / "check.stdout", Path(ctx.work) / "check.stderr"
+    with open(out_file, "w") as out_f, open(err_file, "w") as err_f:
+        proc = subprocess.Popen(
+            argv, env=ctx.base_env, stdout=out_f, stderr=err_f, cwd=ctx.work, start_new_session=True
         )
-        ctx.append_log(f"check {spec.id} process (rc {proc.returncode})", proc.stdout, proc.stderr)
-    except subprocess.TimeoutExpired as exc:
+        try:
+            proc.wait(timeout=spec.timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            proc.wait()
+            timed_out = True
+    left = sweep(Path(ctx.work))
+    out, err = out_file.read_text(errors="replace"), err_file.read_text(errors="replace")
+    what = f"killed at {spec.timeout_s:.0f} s" if timed_out else f"rc {proc.returncode}"
+    ctx.append_log(f"check {spec.id} process ({what}; {left} leftover processes killed)", out, err)
+    if timed_out:
         seconds = time.monotonic() - started
-        ctx.append_log(
-            f"check {spec.id} killed at {spec.timeout_s:.0f} s", str(exc.stdout or ""), str(exc.stderr or "")
-        )
         return CheckResult.not_run(
             spec, "error", f"error: ran past its {spec.timeout_s:.0f} s limit", seconds
         )
@@ -158,7 +194,7 @@ def run_check(spec: CheckSpec, ctx: Context) -> CheckResult:
     try:
         raw = json.loads(result_file.read_text())
     except (OSError, ValueError):
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        tail = (err.strip().splitlines() or ["no output"])[-1]
         return CheckResult.not_run(
             spec, "error", f"error: the check's process ended ({proc.returncode}): {tail}", seconds
         )
@@ -167,6 +203,12 @@ def run_check(spec: CheckSpec, ctx: Context) -> CheckResult:
         return CheckResult.not_run(spec, "error", f"error: {raw['error']}", seconds)
     report = Report([Finding(**f) for f in raw["findings"]], raw["figures"])
     return CheckResult.of(spec, report, seconds)
+
+
+def _write(path: Path, document: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(document, indent=1, default=str) + "\n")
+    tmp.replace(path)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -240,6 +282,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         base_env=base_env,
     )
     results: list[CheckResult] = []
+    document: dict[str, Any] = {
+        "schema": SCHEMA,
+        "mode": mode,
+        "started": started.isoformat(timespec="seconds"),
+        "finished": None,  # None while it runs: a run killed midway leaves the checks done so far
+        "machine": machine(gpu),
+        "summary": summary(results),
+        "checks": [],
+    }
     for spec in specs:
         check_work = work / spec.id
         env = dict(base_env)
@@ -250,16 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_check(spec, ctx)
         print(f"   {result.status} ({result.seconds:.1f} s): {result.reason}", file=sys.stderr, flush=True)
         results.append(result)
-    document: dict[str, Any] = {
-        "schema": SCHEMA,
-        "mode": mode,
-        "started": started.isoformat(timespec="seconds"),
-        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": machine(gpu),
-        "summary": summary(results),
-        "checks": [r.to_json() for r in results],
-    }
-    (out / "gpu-validate.json").write_text(json.dumps(document, indent=1, default=str) + "\n")
+        document.update(summary=summary(results), checks=[r.to_json() for r in results])
+        _write(out / "gpu-validate.json", document)
+    document["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+    _write(out / "gpu-validate.json", document)
     text = render(document)
     (out / "gpu-validate.txt").write_text(text)
     print(text)

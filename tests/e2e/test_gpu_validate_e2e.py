@@ -77,6 +77,14 @@ CHECKS = textwrap.dedent(
 
     def not_a_report(ctx):
         return 42
+
+    def leaves_a_process(ctx):
+        import subprocess
+        proc = subprocess.Popen(["sleep", "300"], cwd=ctx.work, start_new_session=True)
+        open(os.path.join(ctx.out, "leftover.pid"), "w").write(str(proc.pid))
+        report = Report()
+        report.check("left", True, "left a process behind")
+        return report
     """
 )
 
@@ -95,7 +103,15 @@ def runner_argv(out: Path, *extra: str) -> list[str]:
 def test_a_failing_check_never_stops_the_others(tmp_path: Path) -> None:
     release = build() / "release"
     (tmp_path / "gv_test_checks.py").write_text(CHECKS)
-    rows = [("boom", 30), ("exits", 30), ("hang", 2), ("nowhere", 30), ("not_a_report", 30), ("fine", 30)]
+    rows = [
+        ("boom", 30),
+        ("exits", 30),
+        ("hang", 2),
+        ("nowhere", 30),
+        ("not_a_report", 30),
+        ("leaves_a_process", 30),
+        ("fine", 30),
+    ]
     table = tmp_path / "checks.toml"
     table.write_text(
         "".join(
@@ -131,6 +147,12 @@ def test_a_failing_check_never_stops_the_others(tmp_path: Path) -> None:
         "mode": "fake"
     }
     assert "Traceback" in (out / "gpu-validate.log").read_text()  # the broken check's traceback is kept
+    # nothing a check started outlives it, even in a session of its own holding the check's output
+    assert checks["leaves_a_process"]["status"] == "pass"
+    leftover = int((out / "leftover.pid").read_text())
+    assert (
+        not Path(f"/proc/{leftover}").exists() or "Z" in Path(f"/proc/{leftover}/stat").read_text().split()[2]
+    )
 
 
 def test_bad_arguments_are_one_line(tmp_path: Path) -> None:

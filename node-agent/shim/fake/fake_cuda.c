@@ -12,8 +12,17 @@
  *     keeps time, so stream and event waits sleep until the simulated completion;
  *   - events stamped with simulated GPU time: an event recorded just before a kernel is stamped
  *     with that kernel's start (as the GPU processes it when it gets to it), one after with its end;
- *   - stream capture into graphs (kernel, memory-allocation and free nodes) and graph launch;
- *   - pools, VMM (cuMemCreate/cuMemMap/cuMemRelease), managed and pitched allocations;
+ *   - stream capture into graphs (kernel, memory-allocation and free nodes), memory nodes added
+ *     explicitly (cuGraphAddMemAllocNode/FreeNode, cuGraphAddNode, a child graph moved into its
+ *     parent), graph launch; a graph with memory nodes cannot be cloned, and one whose allocation is
+ *     still live cannot be launched again, as on the driver;
+ *   - pools, managed and pitched allocations; VMM as the driver keeps it (src/vmmtrack.h): a
+ *     handle's memory stays until it is released AND unmapped;
+ *   - CUDA arrays and mipmapped arrays, accounted as src/arraysize.h estimates them (sparse and
+ *     deferred-mapping arrays hold nothing);
+ *   - context limits: CU_LIMIT_STACK_SIZE (x 132 SMs x 2048 threads), CU_LIMIT_PRINTF_FIFO_SIZE and
+ *     CU_LIMIT_MALLOC_HEAP_SIZE reserve what they grow above their defaults (the driver's defaults
+ *     and rounding, measured on an H100);
  *   - cuGetProcAddress / cuGetProcAddress_v2 with versioned and _ptsz variants;
  *   - the checkpoint API's state machine: RUNNING -> LOCKED -> CHECKPOINTED -> LOCKED -> RUNNING;
  *     a checkpoint moves the process's device memory out of the account, a restore brings it back,
@@ -32,10 +41,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../src/arraysize.h"
 #include "../src/ptrmap.h"
+#include "../src/vmmtrack.h"
 #include "fake_state.h"
 
 #define EXPORT __attribute__((visibility("default")))
+#define FAKE_SMS 132 /* an H100's */
+#define FAKE_THREADS_PER_SM 2048
 
 /* ---- time and the account ------------------------------------------------------------------ */
 
@@ -95,10 +108,16 @@ static void ckpt_gate(fake_proc *self) {
 
 /* ---- process-local objects ------------------------------------------------------------------- */
 
+enum { LIMIT_STACK, LIMIT_PRINTF, LIMIT_HEAP, LIMIT_KINDS };
+
 typedef struct fake_ctx {
     int dev;
     int primary;
+    unsigned limits_set;        /* bit per LIMIT_*: set by cuCtxSetLimit (else the default) */
+    size_t limit[LIMIT_KINDS];  /* under g_map_lock */
 } fake_ctx;
+
+static void ctx_limits_free(const fake_ctx *c);
 
 typedef struct fake_event {
     uint64_t ts;  /* simulated GPU time the event completes */
@@ -116,6 +135,9 @@ typedef struct fake_node {
 typedef struct fake_graph {
     fake_node *nodes;
     size_t count, cap;
+    int owned;                     /* a child graph moved into a parent: the parent destroys it */
+    struct fake_graph *moved;      /* child graphs moved into this one (their nodes were copied in) */
+    struct fake_graph *moved_next; /* next sibling on the parent's list */
 } fake_graph;
 
 typedef struct fake_stream {
@@ -131,14 +153,16 @@ typedef struct fake_pool {
     int dev;
 } fake_pool;
 
-static fake_ctx g_primary[FAKE_MAX_DEVICES] = {{0, 1}, {1, 1}, {2, 1}, {3, 1}};
+static fake_ctx g_primary[FAKE_MAX_DEVICES] = {{.dev = 0, .primary = 1}, {.dev = 1, .primary = 1},
+                                               {.dev = 2, .primary = 1}, {.dev = 3, .primary = 1}};
 static __thread fake_ctx *t_ctx;
 static fake_stream g_legacy_stream = {PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL, NULL, 0};
 static __thread fake_stream *t_ptds_stream;
 static fake_pool g_default_pool[FAKE_MAX_DEVICES] = {{0}, {1}, {2}, {3}};
 static pthread_mutex_t g_map_lock = PTHREAD_MUTEX_INITIALIZER;
 static nn_ptrmap g_allocs;  /* device address -> bytes (device memory the fake holds for us) */
-static nn_ptrmap g_handles; /* VMM handle -> bytes */
+static nn_vmm g_vmm;        /* VMM handles and their mappings */
+static nn_ptrmap g_arrays;  /* CUDA array or mipmapped array -> bytes */
 static uint64_t g_next_va = UINT64_C(0x7f0000000000);
 static uint64_t g_capture_seq;
 static uint64_t g_last_tail; /* latest completion of anything this process queued */
@@ -227,7 +251,7 @@ static CUresult alloc_at(uint64_t va, uint64_t size, int dev, nn_ptrmap *map) {
     CUresult rc = account_alloc(dev, size);
     if (rc != CUDA_SUCCESS) return rc;
     pthread_mutex_lock(&g_map_lock);
-    int ok = nn_ptrmap_put(map, (nn_ptr_entry){va, size, dev, 0});
+    int ok = nn_ptrmap_put(map, (nn_ptr_entry){va, size, dev, 0, 0});
     pthread_mutex_unlock(&g_map_lock);
     if (ok != 0) {
         account_free(dev, size);
@@ -336,7 +360,8 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
     REQUIRE_INIT();
     if (pi == NULL || !valid_dev(dev)) return CUDA_ERROR_INVALID_VALUE;
     switch (attrib) {
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = 132; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = FAKE_SMS; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *pi = FAKE_THREADS_PER_SM; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
     default: *pi = 1; break;
@@ -387,6 +412,7 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     fake_ctx *c = (fake_ctx *)ctx;
     if (c == NULL || c->primary) return CUDA_ERROR_INVALID_CONTEXT;
     if (t_ctx == c) t_ctx = NULL;
+    ctx_limits_free(c);
     free(c);
     return CUDA_SUCCESS;
 }
@@ -522,21 +548,58 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
-/* VMM: physical memory is held from cuMemCreate until cuMemRelease (mappings are not tracked). */
+/* VMM: physical memory is held from cuMemCreate until the handle is released and unmapped (as the
+ * driver: a released handle that is still mapped keeps its memory, can be mapped again and
+ * retained; an unmap frees every mapping inside its range and refuses to cut one). */
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                             unsigned long long flags) {
     REQUIRE_INIT();
     (void)flags;
     if (handle == NULL || prop == NULL || size == 0 || !valid_dev(prop->location.id)) return CUDA_ERROR_INVALID_VALUE;
     uint64_t key = reserve_va(1) | 1; /* unique, never 0 */
-    CUresult rc = alloc_at(key, size, prop->location.id, &g_handles);
-    if (rc == CUDA_SUCCESS) *handle = (CUmemGenericAllocationHandle)key;
-    return rc;
+    CUresult rc = account_alloc(prop->location.id, size);
+    if (rc != CUDA_SUCCESS) return rc;
+    pthread_mutex_lock(&g_map_lock);
+    int failed = nn_vmm_create(&g_vmm, key, size, prop->location.id);
+    pthread_mutex_unlock(&g_map_lock);
+    if (failed) {
+        account_free(prop->location.id, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *handle = (CUmemGenericAllocationHandle)key;
+    return CUDA_SUCCESS;
+}
+
+static void vmm_gone(void *ctx, const nn_ptr_entry *e) { ((uint64_t *)ctx)[e->dev] += e->size; }
+
+static void vmm_account_free(const uint64_t freed[FAKE_MAX_DEVICES]) {
+    for (int d = 0; d < FAKE_MAX_DEVICES; d++)
+        if (freed[d] != 0) account_free(d, freed[d]);
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     REQUIRE_INIT();
-    return free_at((uint64_t)handle, &g_handles);
+    uint64_t freed[FAKE_MAX_DEVICES] = {0};
+    nn_ptr_entry gone;
+    pthread_mutex_lock(&g_map_lock);
+    int rc = nn_vmm_release(&g_vmm, (uint64_t)handle, &gone);
+    pthread_mutex_unlock(&g_map_lock);
+    if (rc < 0) return CUDA_ERROR_INVALID_VALUE; /* not a handle, or released already */
+    if (rc == 1) vmm_gone(freed, &gone);
+    vmm_account_free(freed);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    REQUIRE_INIT();
+    if (handle == NULL) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_map_lock);
+    uint64_t h = nn_vmm_handle_at(&g_vmm, (uint64_t)(uintptr_t)addr);
+    if (h != 0) nn_vmm_retain(&g_vmm, h);
+    pthread_mutex_unlock(&g_map_lock);
+    if (h == 0) return CUDA_ERROR_INVALID_VALUE;
+    *handle = (CUmemGenericAllocationHandle)h;
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags) {
@@ -555,16 +618,25 @@ EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                          unsigned long long flags) {
     REQUIRE_INIT();
-    (void)offset, (void)flags;
+    (void)flags;
+    if (ptr == 0 || size == 0 || offset != 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_map_lock);
-    int known = nn_ptrmap_find(&g_handles, (uint64_t)handle) != NULL;
+    int rc = nn_vmm_map(&g_vmm, (uint64_t)ptr, size, (uint64_t)handle); /* a live handle, a free range */
     pthread_mutex_unlock(&g_map_lock);
-    return (known && ptr != 0 && size != 0) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (rc == -3) abort(); /* host OOM in a test: the account would be wrong */
+    return rc == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     REQUIRE_INIT();
-    return (ptr != 0 && size != 0) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (ptr == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t freed[FAKE_MAX_DEVICES] = {0};
+    pthread_mutex_lock(&g_map_lock);
+    long rc = nn_vmm_unmap(&g_vmm, (uint64_t)ptr, size, NN_VMM_STRICT, vmm_gone, freed);
+    pthread_mutex_unlock(&g_map_lock);
+    if (rc < 0) return CUDA_ERROR_INVALID_VALUE; /* would cut a mapping */
+    vmm_account_free(freed);
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
@@ -592,6 +664,117 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     *free_bytes = d->total_bytes - d->used_bytes;
     fake_state_unlock(g_state);
     return CUDA_SUCCESS;
+}
+
+/* ---- CUDA arrays -------------------------------------------------------------------------------- */
+
+static CUresult array_new(uint64_t *key, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels) {
+    REQUIRE_INIT();
+    if (key == NULL || d == NULL || d->Width == 0 || (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t va = reserve_va(1);
+    CUresult rc = alloc_at(va, nn_array_bytes(d->Format, d->NumChannels, d->Width, d->Height, d->Depth, d->Flags, levels),
+                           current_dev(), &g_arrays);
+    if (rc == CUDA_SUCCESS) *key = va;
+    return rc;
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc) {
+    if (handle == NULL || desc == NULL) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR d = {desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 0};
+    return array_new((uint64_t *)handle, &d, 1);
+}
+
+EXPORT CUresult cuArray3DCreate_v2(CUarray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+    return array_new((uint64_t *)handle, desc, 1);
+}
+
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels) {
+    return array_new((uint64_t *)handle, desc, levels);
+}
+
+EXPORT CUresult cuArrayDestroy(CUarray array) {
+    REQUIRE_INIT();
+    return free_at((uint64_t)(uintptr_t)array, &g_arrays) == CUDA_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array) { return cuArrayDestroy((CUarray)array); }
+
+/* The 32-bit descriptors of CUDA < 3.2: a current driver answers them so in a current context. */
+EXPORT CUresult cuArrayCreate(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR_v1 *desc) {
+    (void)handle, (void)desc;
+    return CUDA_ERROR_INVALID_CONTEXT;
+}
+
+EXPORT CUresult cuArray3DCreate(CUarray *handle, const CUDA_ARRAY3D_DESCRIPTOR_v1 *desc) {
+    (void)handle, (void)desc;
+    return CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* ---- context limits: what a limit reserves above its default is device memory ---------------------- */
+
+static const size_t g_limit_default[LIMIT_KINDS] = {1024, 8650752, 8388608}; /* an H100's defaults */
+
+static int limit_kind(CUlimit limit) {
+    switch (limit) {
+    case CU_LIMIT_STACK_SIZE: return LIMIT_STACK;
+    case CU_LIMIT_PRINTF_FIFO_SIZE: return LIMIT_PRINTF;
+    case CU_LIMIT_MALLOC_HEAP_SIZE: return LIMIT_HEAP;
+    default: return -1;
+    }
+}
+
+/* Device memory held above the default for a limit of `value` (the stack: for every thread). */
+static uint64_t limit_extra(int kind, size_t value) {
+    uint64_t per = kind == LIMIT_STACK ? (uint64_t)FAKE_SMS * FAKE_THREADS_PER_SM : 1;
+    return value > g_limit_default[kind] ? nn_sat_mul(value - g_limit_default[kind], per) : 0;
+}
+
+static size_t ctx_limit(const fake_ctx *c, int kind) {
+    return (c->limits_set >> kind) & 1 ? c->limit[kind] : g_limit_default[kind];
+}
+
+EXPORT CUresult cuCtxGetLimit(size_t *value, CUlimit limit) {
+    REQUIRE_INIT();
+    if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (t_ctx == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    int kind = limit_kind(limit);
+    pthread_mutex_lock(&g_map_lock);
+    *value = kind < 0 ? 0 : ctx_limit(t_ctx, kind);
+    pthread_mutex_unlock(&g_map_lock);
+    return CUDA_SUCCESS;
+}
+
+/* Rounded as the driver does (measured): the stack to 16 bytes, the FIFO to 256 bytes (at least
+ * 512 KiB), the heap to 8 KiB (at least 4 MiB). */
+EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value) {
+    REQUIRE_INIT();
+    fake_ctx *c = t_ctx;
+    if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+    int kind = limit_kind(limit);
+    if (kind < 0) return CUDA_SUCCESS;
+    static const size_t round_to[LIMIT_KINDS] = {16, 256, 8192}, at_least[LIMIT_KINDS] = {16, 512 << 10, 4 << 20};
+    if (value > SIZE_MAX - round_to[kind]) return CUDA_ERROR_INVALID_VALUE;
+    value = (value + round_to[kind] - 1) / round_to[kind] * round_to[kind];
+    if (value < at_least[kind]) value = at_least[kind];
+    pthread_mutex_lock(&g_map_lock); /* one set at a time: the account follows the value */
+    uint64_t before = limit_extra(kind, ctx_limit(c, kind)), after = limit_extra(kind, value);
+    CUresult rc = after > before ? account_alloc(c->dev, after - before) : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS) {
+        if (after < before) account_free(c->dev, before - after);
+        c->limit[kind] = value;
+        c->limits_set |= 1u << kind;
+    }
+    pthread_mutex_unlock(&g_map_lock);
+    return rc;
+}
+
+/* A destroyed context's reservations go back with it. */
+static void ctx_limits_free(const fake_ctx *c) {
+    for (int k = 0; k < LIMIT_KINDS; k++) {
+        uint64_t extra = limit_extra(k, ctx_limit(c, k));
+        if (extra != 0) account_free(c->dev, extra);
+    }
 }
 
 /* ---- streams, events, capture ------------------------------------------------------------------- */
@@ -900,9 +1083,13 @@ EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph gra
 }
 
 static void graph_free(fake_graph *g) {
-    if (g == NULL) return;
-    free(g->nodes);
-    free(g);
+    while (g != NULL) {
+        graph_free(g->moved);
+        fake_graph *next = g->moved_next;
+        free(g->nodes);
+        free(g);
+        g = next;
+    }
 }
 
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
@@ -913,21 +1100,145 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
 
 EXPORT CUresult cuGraphDestroy(CUgraph graph) {
     REQUIRE_INIT();
-    graph_free((fake_graph *)graph);
+    fake_graph *g = (fake_graph *)graph;
+    if (g == NULL || g->owned) return CUDA_ERROR_INVALID_VALUE; /* a moved child is its parent's */
+    graph_free(g);
     return CUDA_SUCCESS;
 }
 
-/* Memory nodes allocate when the graph runs and free at its free nodes; kernels run back to back. */
+EXPORT CUresult cuGraphCreate(CUgraph *graph, unsigned int flags) {
+    REQUIRE_INIT();
+    if (graph == NULL || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    fake_graph *g = calloc(1, sizeof *g);
+    if (g == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    *graph = (CUgraph)g;
+    return CUDA_SUCCESS;
+}
+
+static CUgraphNode new_node(void) {
+    static uint64_t seq;
+    return (CUgraphNode)(uintptr_t)__atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED);
+}
+
+/* An allocation node: its address now, its memory when the graph is launched. */
+static CUresult add_alloc_node(CUgraphNode *node, fake_graph *g, const CUmemPoolProps *props, size_t size,
+                               CUdeviceptr *dptr) {
+    REQUIRE_INIT();
+    if (node == NULL || g == NULL || g->owned || size == 0 || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !valid_dev(props->location.id))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t va = reserve_va(size);
+    graph_add(g, (fake_node){NODE_ALLOC, va, size, props->location.id});
+    *dptr = (CUdeviceptr)va;
+    *node = new_node();
+    return CUDA_SUCCESS;
+}
+
+static CUresult add_free_node(CUgraphNode *node, fake_graph *g, CUdeviceptr dptr) {
+    REQUIRE_INIT();
+    if (node == NULL || g == NULL || g->owned || dptr == 0) return CUDA_ERROR_INVALID_VALUE;
+    graph_add(g, (fake_node){NODE_FREE, (uint64_t)dptr, 0, 0});
+    *node = new_node();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                       CUDA_MEM_ALLOC_NODE_PARAMS *params) {
+    (void)deps, (void)ndeps;
+    if (params == NULL) return CUDA_ERROR_INVALID_VALUE;
+    return add_alloc_node(node, (fake_graph *)graph, &params->poolProps, params->bytesize, &params->dptr);
+}
+
+EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                      CUdeviceptr dptr) {
+    (void)deps, (void)ndeps;
+    return add_free_node(node, (fake_graph *)graph, dptr);
+}
+
+/* Memory nodes, and a child graph moved into its parent (its nodes run as the parent's); other
+ * node types are accepted and do nothing. */
+static CUresult add_node(CUgraphNode *node, CUgraph graph, CUgraphNodeParams *p) {
+    REQUIRE_INIT();
+    fake_graph *g = (fake_graph *)graph, *child;
+    if (p == NULL || node == NULL || g == NULL) return CUDA_ERROR_INVALID_VALUE;
+    switch (p->type) {
+    case CU_GRAPH_NODE_TYPE_MEM_ALLOC: return add_alloc_node(node, g, &p->alloc.poolProps, p->alloc.bytesize, &p->alloc.dptr);
+    case CU_GRAPH_NODE_TYPE_MEM_FREE: return add_free_node(node, g, p->free.dptr);
+    case CU_GRAPH_NODE_TYPE_GRAPH:
+        child = (fake_graph *)p->graph.graph;
+        if (child == NULL || child == g || child->owned) return CUDA_ERROR_INVALID_VALUE;
+        for (size_t i = 0; i < child->count; i++) {
+            if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE && child->nodes[i].type != NODE_KERNEL)
+                return CUDA_ERROR_INVALID_VALUE; /* a cloned child may not hold memory nodes */
+        }
+        for (size_t i = 0; i < child->count; i++) graph_add(g, child->nodes[i]);
+        if (p->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE) {
+            child->owned = 1;
+            child->moved_next = g->moved;
+            g->moved = child;
+        }
+        break;
+    default: break;
+    }
+    *node = new_node();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                               CUgraphNodeParams *params) {
+    (void)deps, (void)ndeps;
+    return add_node(node, graph, params);
+}
+
+EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                  const CUgraphEdgeData *edges, size_t ndeps, CUgraphNodeParams *params) {
+    (void)deps, (void)edges, (void)ndeps;
+    return add_node(node, graph, params);
+}
+
+EXPORT CUresult cuGraphAddNode_v3(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                  const CUgraphEdgeData *edges, size_t ndeps, CUgraphNodeParams *params) {
+    (void)deps, (void)edges, (void)ndeps;
+    return add_node(node, graph, params);
+}
+
+/* The driver does not clone a graph with memory nodes (CUDA_ERROR_NOT_SUPPORTED, measured). */
+EXPORT CUresult cuGraphClone(CUgraph *clone, CUgraph original) {
+    REQUIRE_INIT();
+    fake_graph *g = (fake_graph *)original;
+    if (clone == NULL || g == NULL) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < g->count; i++)
+        if (g->nodes[i].type != NODE_KERNEL) return CUDA_ERROR_NOT_SUPPORTED;
+    fake_graph *copy = calloc(1, sizeof *copy);
+    if (copy == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    for (size_t i = 0; i < g->count; i++) graph_add(copy, g->nodes[i]);
+    *clone = (CUgraph)copy;
+    return CUDA_SUCCESS;
+}
+
+/* Memory nodes allocate when the graph runs and free at its free nodes; kernels run back to back.
+ * A graph whose allocation is still live cannot run again (CUDA_ERROR_INVALID_VALUE, as the
+ * driver); a launch that cannot allocate everything allocates nothing. */
 static CUresult graph_launch(CUgraphExec exec, CUstream h, int ptds) {
     REQUIRE_INIT();
     fake_graph *g = (fake_graph *)exec;
     if (g == NULL) return CUDA_ERROR_INVALID_VALUE;
     uint64_t ns = 0, kernels = 0;
+    int live = 0;
+    pthread_mutex_lock(&g_map_lock);
+    for (size_t i = 0; i < g->count && !live; i++)
+        live = g->nodes[i].type == NODE_ALLOC && nn_ptrmap_find(&g_allocs, g->nodes[i].value) != NULL;
+    pthread_mutex_unlock(&g_map_lock);
+    if (live) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < g->count; i++) {
         fake_node *n = &g->nodes[i];
         if (n->type == NODE_ALLOC) {
             CUresult rc = alloc_at(n->value, n->size, n->dev, &g_allocs);
-            if (rc != CUDA_SUCCESS) return rc;
+            if (rc != CUDA_SUCCESS) {
+                for (size_t j = 0; j < i; j++)
+                    if (g->nodes[j].type == NODE_ALLOC) free_at(g->nodes[j].value, &g_allocs);
+                return rc;
+            }
         } else if (n->type == NODE_FREE) {
             free_at(n->value, &g_allocs);
         } else {
@@ -1054,6 +1365,12 @@ EXPORT CUresult cuGetExportTable(const void **table, const CUuuid *id) {
 
 /* ---- cuGetProcAddress -------------------------------------------------------------------------------- */
 
+/* What a real 580 driver hands out for "cuGraphInstantiate" from CUDA 12.0 on: an entry point of
+ * its own (no exported symbol) with cuGraphInstantiateWithFlags' ABI (seen on an H100). */
+static CUresult graph_instantiate_internal(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
+    return cuGraphInstantiateWithFlags(exec, graph, flags);
+}
+
 typedef struct proc_entry {
     const char *name;   /* base name the caller asks for */
     int min_version;    /* first CUDA version (1000*major + 10*minor) that has this variant */
@@ -1086,6 +1403,12 @@ static const proc_entry g_procs[] = {
     E("cuMemAddressReserve", 10020, cuMemAddressReserve), E("cuMemAddressFree", 10020, cuMemAddressFree),
     E("cuMemMap", 10020, cuMemMap), E("cuMemUnmap", 10020, cuMemUnmap), E("cuMemSetAccess", 10020, cuMemSetAccess),
     E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    E("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
+    E("cuArrayCreate", 3020, cuArrayCreate_v2), E("cuArrayCreate", 2000, cuArrayCreate),
+    E("cuArray3DCreate", 3020, cuArray3DCreate_v2), E("cuArray3DCreate", 2000, cuArray3DCreate),
+    E("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate), E("cuArrayDestroy", 2000, cuArrayDestroy),
+    E("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
+    E("cuCtxSetLimit", 3010, cuCtxSetLimit), E("cuCtxGetLimit", 3010, cuCtxGetLimit),
     E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
     E("cuStreamCreate", 2000, cuStreamCreate), E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     P("cuStreamSynchronize", 2000, cuStreamSynchronize), P("cuStreamQuery", 2000, cuStreamQuery),
@@ -1098,10 +1421,14 @@ static const proc_entry g_procs[] = {
     E("cuEventElapsedTime", 2000, cuEventElapsedTime),
     P("cuLaunchKernel", 4000, cuLaunchKernel), P("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
     P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
-    E("cuGraphInstantiate", 11040, cuGraphInstantiateWithFlags),
+    E("cuGraphInstantiate", 12000, graph_instantiate_internal), E("cuGraphInstantiate", 11040, cuGraphInstantiateWithFlags),
     E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
     P("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams),
     E("cuGraphExecDestroy", 10000, cuGraphExecDestroy), E("cuGraphDestroy", 10000, cuGraphDestroy),
+    E("cuGraphCreate", 10000, cuGraphCreate), E("cuGraphClone", 10000, cuGraphClone),
+    E("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode), E("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode),
+    E("cuGraphAddNode", 13040, cuGraphAddNode_v3), E("cuGraphAddNode", 12030, cuGraphAddNode_v2),
+    E("cuGraphAddNode", 12020, cuGraphAddNode),
     P("cuGraphLaunch", 10000, cuGraphLaunch),
     E("cuCheckpointProcessLock", 12080, cuCheckpointProcessLock),
     E("cuCheckpointProcessCheckpoint", 12080, cuCheckpointProcessCheckpoint),

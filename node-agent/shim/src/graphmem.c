@@ -9,9 +9,10 @@
  * allocate nothing when called: they become memory nodes of the graph. They are recorded per
  * capture (memory.c hands them here), follow the capture into its graph (cuStreamEndCapture,
  * launch.c) and into every executable instantiated from it, and are charged when an executable is
- * launched (launch.c): a launch that does not fit is refused. An allocation freed inside the same
- * graph is charged only until that launch ends; a captured free of memory allocated outside the
- * graph gives it back at launch.
+ * launched (launch.c): a launch that does not fit is refused, as is one with an allocation on a
+ * device the container was not given. Memory nodes added explicitly (graphnodes.c) are recorded
+ * per graph the same way. An allocation freed inside the same graph is charged only until that
+ * launch ends; a free of memory allocated outside the graph gives it back at launch.
  */
 #define _GNU_SOURCE
 #include "shim.h"
@@ -161,15 +162,19 @@ void nn_capture_record(CUstream stream, int ptds, uint64_t ptr, uint64_t size, i
     pthread_mutex_unlock(&g_lock);
 }
 
-/* Move (or copy) the nodes of one stage's key to another's. */
-static void graph_pass(int from, uint64_t from_key, int to, uint64_t to_key, int copy) {
+enum { NN_PASS_MOVE, NN_PASS_COPY };
+
+/* Move (or copy) the nodes of one stage's key to another's: they replace what the destination had
+ * (a new executable or clone) or are added to it (a capture into an existing graph, a child graph
+ * moved into its parent). */
+static void graph_pass(int from, uint64_t from_key, int to, uint64_t to_key, int how, int replace) {
     pthread_mutex_lock(&g_lock);
     nn_mem_graph *src = graph_find(from, from_key);
+    if (replace) graph_drop(to, to_key);
     if (src != NULL) {
-        graph_drop(to, to_key); /* a handle reused after destruction */
         nn_mem_graph *dst = graph_get(to, to_key);
         for (size_t i = 0; dst != NULL && i < src->count; i++) graph_add(dst, src->nodes[i]);
-        if (!copy) graph_drop(from, from_key);
+        if (how == NN_PASS_MOVE) graph_drop(from, from_key);
     }
     pthread_mutex_unlock(&g_lock);
 }
@@ -181,7 +186,8 @@ static void graph_pass(int from, uint64_t from_key, int to, uint64_t to_key, int
     NN_EXPORT CUresult name(CUgraphExec *exec, CUgraph graph, extra_type extra) {                         \
         NN_REQUIRE(nn_real.name);                                                                        \
         CUresult rc = nn_real.name(exec, graph, extra);                                                  \
-        if (rc == CUDA_SUCCESS) graph_pass(NN_STAGE_GRAPH, (uint64_t)graph, NN_STAGE_EXEC, (uint64_t)*exec, 1); \
+        if (rc == CUDA_SUCCESS)                                                                          \
+            graph_pass(NN_STAGE_GRAPH, (uint64_t)graph, NN_STAGE_EXEC, (uint64_t)*exec, NN_PASS_COPY, 1); \
         return rc;                                                                                       \
     }
 
@@ -193,7 +199,7 @@ NN_INSTANTIATE_HOOK(cuGraphInstantiateWithFlags, unsigned long long)
     NN_EXPORT CUresult name(CUgraphExec *exec, CUgraph graph, CUgraphNode *error_node, char *log, size_t log_size) { \
         NN_REQUIRE(nn_real.name);                                                                        \
         CUresult rc = nn_real.name(exec, graph, error_node, log, log_size);                              \
-        if (rc == CUDA_SUCCESS) graph_pass(NN_STAGE_GRAPH, (uint64_t)graph, NN_STAGE_EXEC, (uint64_t)*exec, 1); \
+        if (rc == CUDA_SUCCESS) graph_pass(NN_STAGE_GRAPH, (uint64_t)graph, NN_STAGE_EXEC, (uint64_t)*exec, NN_PASS_COPY, 1); \
         return rc;                                                                                       \
     }
 
@@ -224,7 +230,22 @@ NN_EXPORT CUresult cuGraphDestroy(CUgraph graph) {
 
 /* The capture on `stream` became `graph` (launch.c calls this from the cuStreamEndCapture hooks). */
 void nn_capture_to_graph(uint64_t capture_id, CUgraph graph) {
-    graph_pass(NN_STAGE_CAPTURE, capture_id, NN_STAGE_GRAPH, (uint64_t)graph, 0);
+    graph_pass(NN_STAGE_CAPTURE, capture_id, NN_STAGE_GRAPH, (uint64_t)graph, NN_PASS_MOVE, 0);
+}
+
+void nn_graph_record(CUgraph graph, uint64_t ptr, uint64_t size, int dev, int is_free) {
+    pthread_mutex_lock(&g_lock);
+    nn_mem_graph *g = graph_get(NN_STAGE_GRAPH, (uint64_t)graph);
+    if (g != NULL) graph_add(g, (nn_mem_node){ptr, size, dev, is_free});
+    pthread_mutex_unlock(&g_lock);
+}
+
+void nn_graph_copy(CUgraph from, CUgraph to) {
+    graph_pass(NN_STAGE_GRAPH, (uint64_t)from, NN_STAGE_GRAPH, (uint64_t)to, NN_PASS_COPY, 1);
+}
+
+void nn_graph_move(CUgraph child, CUgraph parent) {
+    graph_pass(NN_STAGE_GRAPH, (uint64_t)child, NN_STAGE_GRAPH, (uint64_t)parent, NN_PASS_MOVE, 0);
 }
 
 static int freed_inside(const nn_mem_graph *g, uint64_t ptr) {
@@ -244,7 +265,12 @@ CUresult nn_graph_charge(CUgraphExec exec, uint64_t transient[NN_MAX_DEVICES], u
     if (g != NULL && g->count > 0) keep = calloc(g->count, sizeof *keep);
     for (size_t i = 0; keep != NULL && i < g->count; i++) {
         nn_mem_node n = g->nodes[i];
-        if (n.is_free || n.dev < 0 || n.dev >= (int)NN_MAX_DEVICES) continue;
+        if (n.is_free) continue;
+        if (n.dev < 0 || n.dev >= (int)NN_MAX_DEVICES) { /* a device the container was not given */
+            pthread_mutex_unlock(&g_lock);
+            free(keep);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
         if (nn_tracked(n.ptr)) continue; /* still allocated from a previous launch */
         sums[n.dev] += n.size;
         if (freed_inside(g, n.ptr)) transient[n.dev] += n.size;

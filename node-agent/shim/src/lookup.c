@@ -75,7 +75,9 @@ static const char *const g_guarded[] = {
     "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernelMultiDevice",
     "cuGraphLaunch", "cuCtxCreate", "cuDevicePrimaryCtxRetain", "cuGetProcAddress", "cuInit",
     "cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiate", "cuGraphInstantiateWithFlags",
-    "cuGraphInstantiateWithParams", "cuMemPoolCreate",
+    "cuGraphInstantiateWithParams", "cuMemPoolCreate", "cuMemMap", "cuMemUnmap", "cuMemRetainAllocationHandle",
+    "cuArrayCreate", "cuArray3DCreate", "cuMipmappedArrayCreate", "cuArrayDestroy", "cuMipmappedArrayDestroy",
+    "cuGraphAddMemAllocNode", "cuGraphAddMemFreeNode", "cuGraphAddNode", "cuGraphClone", "cuCtxSetLimit",
 };
 
 static void *g_cuda_handle, *g_nvml_handle;

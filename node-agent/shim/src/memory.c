@@ -21,7 +21,7 @@
 #include "ptrmap.h"
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static nn_ptrmap g_ptrs;    /* device address or VMM handle -> charged bytes */
+static nn_ptrmap g_ptrs;    /* device address or CUDA array -> charged bytes */
 static nn_ptrmap g_pools;   /* memory pool -> region entry (in .dev) */
 static uint64_t g_last_reap_ns;
 
@@ -83,7 +83,7 @@ void nn_uncharge(int dev, uint64_t size) {
 
 void nn_track(uint64_t key, uint64_t size, int dev, uint32_t kind) {
     pthread_mutex_lock(&g_lock);
-    int rc = nn_ptrmap_put(&g_ptrs, (nn_ptr_entry){key, size, dev, kind});
+    int rc = nn_ptrmap_put(&g_ptrs, (nn_ptr_entry){key, size, dev, kind, 0});
     pthread_mutex_unlock(&g_lock);
     if (rc != 0) nn_log("out of host memory tracking an allocation: it stays charged");
 }
@@ -113,32 +113,18 @@ void nn_untrack_and_uncharge(uint64_t key) {
     if (nn_untrack(key, &size, &dev)) nn_uncharge(dev, size);
 }
 
-/* charge, allocate, and give the charge back if the driver fails */
-#define NN_CHARGED_CALL(dev, size, key_expr, call)                         \
-    do {                                                                   \
-        int nn_dev_ = (dev); /* evaluated once: the device of the charge */ \
-        uint64_t nn_size_ = (size);                                        \
-        CUresult nn_rc_ = nn_charge(nn_dev_, nn_size_);                    \
-        if (nn_rc_ != CUDA_SUCCESS) return nn_rc_;                         \
-        nn_rc_ = (call);                                                   \
-        if (nn_rc_ != CUDA_SUCCESS) nn_uncharge(nn_dev_, nn_size_);        \
-        else nn_track((uint64_t)(key_expr), nn_size_, nn_dev_, NN_KIND_ALLOC); \
-        return nn_rc_;                                                     \
-    } while (0)
-
-
 /* ---- synchronous allocations --------------------------------------------------------------------------- */
 
 NN_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     NN_REQUIRE(nn_real.cuMemAlloc_v2);
     if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
-    NN_CHARGED_CALL(nn_current_entry(), size, *dptr, nn_real.cuMemAlloc_v2(dptr, size));
+    NN_CHARGED_CALL(nn_current_entry(), size, *dptr, NN_KIND_ALLOC, nn_real.cuMemAlloc_v2(dptr, size));
 }
 
 NN_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
     NN_REQUIRE(nn_real.cuMemAllocManaged);
     if (dptr == NULL) return CUDA_ERROR_INVALID_VALUE;
-    NN_CHARGED_CALL(nn_current_entry(), size, *dptr, nn_real.cuMemAllocManaged(dptr, size, flags));
+    NN_CHARGED_CALL(nn_current_entry(), size, *dptr, NN_KIND_ALLOC, nn_real.cuMemAllocManaged(dptr, size, flags));
 }
 
 NN_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
@@ -207,7 +193,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t size, int dev, CUstream st
         if (rc == CUDA_SUCCESS) nn_capture_record(stream, ptds, (uint64_t)*dptr, size, dev, 0);
         return rc;
     }
-    NN_CHARGED_CALL(dev, size, *dptr, call(dptr, size, pool, stream));
+    NN_CHARGED_CALL(dev, size, *dptr, NN_KIND_ALLOC, call(dptr, size, pool, stream));
 }
 
 static CUresult call_async(CUdeviceptr *p, size_t n, void *pool, CUstream s) {
@@ -288,7 +274,7 @@ NN_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
     int dev = props->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? nn_device_entry_of(props->location.id)
                                                                    : NN_HOST_POOL;
     pthread_mutex_lock(&g_lock);
-    nn_ptrmap_put(&g_pools, (nn_ptr_entry){(uint64_t)(uintptr_t)*pool, 0, dev, 0});
+    nn_ptrmap_put(&g_pools, (nn_ptr_entry){(uint64_t)(uintptr_t)*pool, 0, dev, 0, 0});
     pthread_mutex_unlock(&g_lock);
     return rc;
 }
@@ -301,29 +287,6 @@ NN_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
         nn_ptrmap_take(&g_pools, (uint64_t)(uintptr_t)pool, NULL);
         pthread_mutex_unlock(&g_lock);
     }
-    return rc;
-}
-
-/* ---- VMM (PyTorch expandable segments, NCCL): physical memory from cuMemCreate to cuMemRelease ---------- */
-
-NN_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                               unsigned long long flags) {
-    NN_REQUIRE(nn_real.cuMemCreate);
-    if (handle == NULL || prop == NULL) return CUDA_ERROR_INVALID_VALUE;
-    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return nn_real.cuMemCreate(handle, size, prop, flags);
-    int dev = nn_device_entry_of(prop->location.id);
-    CUresult rc = nn_charge(dev, size);
-    if (rc != CUDA_SUCCESS) return rc;
-    rc = nn_real.cuMemCreate(handle, size, prop, flags);
-    if (rc != CUDA_SUCCESS) nn_uncharge(dev, size);
-    else nn_track((uint64_t)*handle, size, dev, NN_KIND_VMM);
-    return rc;
-}
-
-NN_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
-    NN_REQUIRE(nn_real.cuMemRelease);
-    CUresult rc = nn_real.cuMemRelease(handle);
-    if (rc == CUDA_SUCCESS) nn_untrack_and_uncharge((uint64_t)handle);
     return rc;
 }
 

@@ -15,6 +15,7 @@ typedef struct nn_ptr_entry {
     uint64_t size; /* bytes charged */
     int32_t dev;   /* device index the bytes were charged to */
     uint32_t kind; /* caller-defined (which API allocated it) */
+    uint64_t aux;  /* caller-defined */
 } nn_ptr_entry;
 
 typedef struct nn_ptrmap {

@@ -48,9 +48,14 @@
     X(cuStreamBeginCapture) X(cuStreamBeginCapture_ptsz) X(cuStreamBeginCapture_v2)              \
     X(cuStreamBeginCapture_v2_ptsz) X(cuStreamBeginCaptureToGraph) X(cuStreamBeginCaptureToGraph_ptsz) \
     X(cuStreamEndCapture) X(cuStreamEndCapture_ptsz)                                             \
-    X(cuGraphInstantiate) X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams)      \
-    X(cuGraphInstantiateWithParams_ptsz) \
-    X(cuGraphExecDestroy) X(cuGraphDestroy)
+    X(cuGraphInstantiate) X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams) \
+    X(cuGraphInstantiateWithParams_ptsz)                                                         \
+    X(cuGraphExecDestroy) X(cuGraphDestroy)                                                      \
+    X(cuMemMap) X(cuMemUnmap) X(cuMemRetainAllocationHandle)                                     \
+    X(cuArrayCreate) X(cuArrayCreate_v2) X(cuArray3DCreate) X(cuArray3DCreate_v2)                \
+    X(cuMipmappedArrayCreate) X(cuArrayDestroy) X(cuMipmappedArrayDestroy)                       \
+    X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphAddNode) X(cuGraphAddNode_v2)    \
+    X(cuGraphAddNode_v3) X(cuGraphClone) X(cuCtxSetLimit)
 
 #define NN_NVML_HOOKS(X) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
 
@@ -58,7 +63,8 @@
 #define NN_CUDA_HELPERS(X)                                                                     \
     X(cuCtxGetDevice) X(cuDeviceGetUuid_v2) X(cuEventCreate) X(cuEventRecord) X(cuEventRecord_ptsz) \
     X(cuEventElapsedTime_v2) X(cuEventDestroy_v2) X(cuStreamIsCapturing)          \
-    X(cuStreamIsCapturing_ptsz) X(cuStreamGetCaptureInfo_v3) X(cuStreamGetCaptureInfo_v3_ptsz)
+    X(cuStreamIsCapturing_ptsz) X(cuStreamGetCaptureInfo_v3) X(cuStreamGetCaptureInfo_v3_ptsz)   \
+    X(cuCtxGetCurrent) X(cuCtxGetLimit) X(cuDeviceGetAttribute)
 
 #define NN_NVML_HELPERS(X)                                                                     \
     X(nvmlInit_v2) X(nvmlDeviceGetUUID) X(nvmlDeviceGetCount_v2) X(nvmlDeviceGetHandleByIndex_v2)               \
@@ -148,9 +154,28 @@ void nn_track(uint64_t key, uint64_t size, int dev, uint32_t kind);
 int nn_untrack(uint64_t key, uint64_t *size, int *dev);
 int nn_tracked(uint64_t key);
 void nn_untrack_and_uncharge(uint64_t key);
+/* Charge `size` on entry `dev`, make `call`, give the charge back if it fails, else track
+ * `key_expr` (evaluated after the call) as `kind`; returns from the enclosing hook. */
+#define NN_CHARGED_CALL(dev, size, key_expr, kind, call)                           \
+    do {                                                                           \
+        int nn_dev_ = (dev); /* evaluated once: the device of the charge */        \
+        uint64_t nn_size_ = (size);                                                \
+        CUresult nn_rc_ = nn_charge(nn_dev_, nn_size_);                            \
+        if (nn_rc_ != CUDA_SUCCESS) return nn_rc_;                                 \
+        nn_rc_ = (call);                                                           \
+        if (nn_rc_ != CUDA_SUCCESS) nn_uncharge(nn_dev_, nn_size_);                \
+        else nn_track((uint64_t)(key_expr), nn_size_, nn_dev_, (kind));            \
+        return nn_rc_;                                                             \
+    } while (0)
 /* graphmem.c: an allocation (or free, is_free) captured on `stream`; the capture became `graph`. */
 void nn_capture_record(CUstream stream, int ptds, uint64_t ptr, uint64_t size, int dev, int is_free);
 void nn_capture_to_graph(uint64_t capture_id, CUgraph graph);
+/* A memory node added to `graph` explicitly (graphnodes.c): recorded as a captured one is. */
+void nn_graph_record(CUgraph graph, uint64_t ptr, uint64_t size, int dev, int is_free);
+/* cuGraphClone: the clone gets a copy of the graph's memory nodes. */
+void nn_graph_copy(CUgraph from, CUgraph to);
+/* A child graph moved into `parent` (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE): its nodes become the parent's. */
+void nn_graph_move(CUgraph child, CUgraph parent);
 void nn_graphmem_after_fork(void);
 /* Graph memory: charge the allocations captured into `exec` when it is launched; `*charged`
  * (free() it) lists what was charged and tracked, for nn_graph_unwind if the launch fails. */
@@ -165,8 +190,10 @@ int nn_capturing(CUstream stream, int ptds);
 uint64_t nn_capture_id(CUstream stream, int ptds);
 void nn_memory_after_fork(void);
 void nn_launch_after_fork(void);
+void nn_vmm_after_fork(void);    /* vmm.c */
+void nn_limits_after_fork(void); /* limits.c */
 
 #define NN_KIND_ALLOC 1u
-#define NN_KIND_VMM 2u
+#define NN_KIND_ARRAY 3u
 
 #endif

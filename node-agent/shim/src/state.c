@@ -97,6 +97,8 @@ static void after_fork_child(void) {
     nn_g.pid = 0;
     nn_g.admitted = 0;
     nn_memory_after_fork();
+    nn_vmm_after_fork();
+    nn_limits_after_fork();
     nn_graphmem_after_fork();
     nn_launch_after_fork();
 }

@@ -158,7 +158,11 @@ typedef struct nn_cuda {
     X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture)                         \
     X(cuGraphInstantiateWithFlags) X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuGetExportTable)      \
     X(cuCheckpointProcessLock) X(cuCheckpointProcessCheckpoint) X(cuCheckpointProcessRestore)       \
-    X(cuCheckpointProcessUnlock) X(cuCheckpointProcessGetState) X(cuCheckpointProcessGetRestoreThreadId)
+    X(cuCheckpointProcessUnlock) X(cuCheckpointProcessGetState) X(cuCheckpointProcessGetRestoreThreadId) \
+    X(cuCtxDestroy_v2) X(cuMemRetainAllocationHandle) X(cuArrayCreate_v2) X(cuArray3DCreate_v2)     \
+    X(cuMipmappedArrayCreate) X(cuArrayDestroy) X(cuMipmappedArrayDestroy) X(cuGraphCreate)         \
+    X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphAddNode_v2) X(cuGraphClone)         \
+    X(cuCtxSetLimit) X(cuCtxGetLimit)
 #define NN_FIELD(name) __typeof__(&name) name;
     NN_CUDA_FNS(NN_FIELD)
     __typeof__(&nvmlInit_v2) nvmlInit_v2;

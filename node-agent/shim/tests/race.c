@@ -21,10 +21,10 @@ static uint64_t g_deadline;
 static uint64_t g_limit;
 static CUmemoryPool g_pool;
 
-enum { API_ALLOC, API_MANAGED, API_PITCH, API_ASYNC, API_POOL, API_VMM, API_COUNT };
+enum { API_ALLOC, API_MANAGED, API_PITCH, API_ASYNC, API_POOL, API_VMM, API_VMM_MAPPED, API_ARRAY, API_COUNT };
 
 typedef struct held {
-    uint64_t key;
+    uint64_t key, size;
     int api;
     CUstream stream;
 } held;
@@ -34,9 +34,21 @@ static void release(held *h) {
     case API_ASYNC:
     case API_POOL: CHECK_RC(C.cuMemFreeAsync((CUdeviceptr)h->key, h->stream), CUDA_SUCCESS); break;
     case API_VMM: CHECK_RC(C.cuMemRelease((CUmemGenericAllocationHandle)h->key), CUDA_SUCCESS); break;
+    case API_VMM_MAPPED: CHECK_RC(C.cuMemUnmap((CUdeviceptr)h->key, h->size), CUDA_SUCCESS); break; /* released at once */
+    case API_ARRAY: CHECK_RC(C.cuArrayDestroy((CUarray)(uintptr_t)h->key), CUDA_SUCCESS); break;
     default: CHECK_RC(C.cuMemFree_v2((CUdeviceptr)h->key), CUDA_SUCCESS); break;
     }
     h->key = 0;
+}
+
+/* create -> map -> release: the memory is held until the unmap */
+static CUresult vmm_mapped(CUdeviceptr va, uint64_t size, const CUmemAllocationProp *prop) {
+    CUmemGenericAllocationHandle h;
+    CUresult rc = C.cuMemCreate(&h, size, prop, 0);
+    if (rc != CUDA_SUCCESS) return rc;
+    CHECK_RC(C.cuMemMap(va, size, 0, h, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuMemRelease(h), CUDA_SUCCESS);
+    return CUDA_SUCCESS;
 }
 
 static void *worker(void *arg) {
@@ -49,8 +61,12 @@ static void *worker(void *arg) {
     held h[16] = {{0}};
     CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
                                 .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+    uint64_t span = g_limit / 16; /* each slot's own VA range for API_VMM_MAPPED */
+    CUdeviceptr va;
+    CHECK_RC(C.cuMemAddressReserve(&va, 16 * span, 0, 0, 0), CUDA_SUCCESS);
     while (nn_test_now() < g_deadline) {
-        held *x = &h[rand_r(&seed) % 16];
+        int slot = (int)(rand_r(&seed) % 16);
+        held *x = &h[slot];
         if (x->key != 0) {
             release(x);
             continue;
@@ -58,6 +74,9 @@ static void *worker(void *arg) {
         uint64_t size = ((uint64_t)(rand_r(&seed) % (g_limit / 16 / MIB)) + 1) * MIB;
         x->api = (int)(rand_r(&seed) % API_COUNT);
         x->stream = s;
+        x->size = size;
+        CUDA_ARRAY_DESCRIPTOR array = {1 << 16, 4 * (size / MIB), CU_AD_FORMAT_FLOAT, 1};
+        CUarray a = NULL;
         CUresult rc;
         CUdeviceptr p = 0;
         size_t pitch;
@@ -68,13 +87,16 @@ static void *worker(void *arg) {
         case API_PITCH: rc = C.cuMemAllocPitch_v2(&p, &pitch, 1 * MIB, size / MIB, 4); break;
         case API_ASYNC: rc = C.cuMemAllocAsync(&p, size, s); break;
         case API_POOL: rc = C.cuMemAllocFromPoolAsync(&p, size, g_pool, s); break;
-        default: rc = C.cuMemCreate(&vh, size, &prop, 0); p = (CUdeviceptr)vh; break;
+        case API_VMM: rc = C.cuMemCreate(&vh, size, &prop, 0); p = (CUdeviceptr)vh; break;
+        case API_VMM_MAPPED: p = va + (CUdeviceptr)slot * span; rc = vmm_mapped(p, size, &prop); break;
+        default: rc = C.cuArrayCreate_v2(&a, &array); p = (CUdeviceptr)(uintptr_t)a; break;
         }
         CHECK(rc == CUDA_SUCCESS || rc == CUDA_ERROR_OUT_OF_MEMORY); /* refused, never a crash */
         if (rc == CUDA_SUCCESS) x->key = (uint64_t)p;
     }
     for (int i = 0; i < 16; i++)
         if (h[i].key != 0) release(&h[i]);
+    CHECK_RC(C.cuMemAddressFree(va, 16 * span), CUDA_SUCCESS);
     return NULL;
 }
 

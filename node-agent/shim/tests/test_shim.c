@@ -45,9 +45,13 @@ static uint64_t region_used(void) { return __atomic_load_n(&R->devices[0].memory
 /* ---- lookup ---------------------------------------------------------------------------------- */
 
 static void case_lookup(void) {
-    const char *hooked[] = {"cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuLaunchKernel",
+    const char *hooked[] = {"cuGraphInstantiate", "cuMemAlloc", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuLaunchKernel",
                             "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch", "cuMemFreeAsync",
-                            "cuGetProcAddress", "cuMemCreate", "cuMemGetInfo", "cuInit"};
+                            "cuGetProcAddress", "cuMemCreate", "cuMemGetInfo", "cuInit", "cuMemMap", "cuMemUnmap",
+                            "cuMemRetainAllocationHandle", "cuArrayCreate", "cuArray3DCreate",
+                            "cuMipmappedArrayCreate", "cuArrayDestroy", "cuMipmappedArrayDestroy",
+                            "cuGraphAddMemAllocNode", "cuGraphAddMemFreeNode", "cuGraphAddNode", "cuGraphClone",
+                            "cuCtxSetLimit"};
     cuuint64_t modes[] = {CU_GET_PROC_ADDRESS_LEGACY_STREAM, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
     for (size_t m = 0; m < 2; m++) {
         for (size_t i = 0; i < sizeof hooked / sizeof hooked[0]; i++) {
@@ -67,6 +71,23 @@ static void case_lookup(void) {
              CUDA_SUCCESS);
     CHECK(legacy != ptsz && legacy == dlsym(RTLD_DEFAULT, "cuLaunchKernel") &&
           ptsz == dlsym(RTLD_DEFAULT, "cuLaunchKernel_ptsz"));
+    /* every version the driver hands out maps to the hook of that exact version */
+    const struct {
+        const char *name;
+        int version;
+        const char *hook;
+    } versions[] = {{"cuGraphAddNode", 12020, "cuGraphAddNode"},   {"cuGraphAddNode", 12030, "cuGraphAddNode_v2"},
+                    {"cuGraphAddNode", CUDA_VERSION, "cuGraphAddNode_v3"}, {"cuArrayCreate", 2000, "cuArrayCreate"},
+                    {"cuArrayCreate", 3020, "cuArrayCreate_v2"}, {"cuArray3DCreate", 2000, "cuArray3DCreate"},
+                    {"cuArray3DCreate", CUDA_VERSION, "cuArray3DCreate_v2"}};
+    for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {
+        void *fn = NULL;
+        CHECK_RC(C.getProc(versions[i].name, &fn, versions[i].version, 0, NULL), CUDA_SUCCESS);
+        if (fn != dlsym(RTLD_DEFAULT, versions[i].hook)) {
+            fprintf(stderr, "%s at %d is not the hook %s\n", versions[i].name, versions[i].version, versions[i].hook);
+            exit(1);
+        }
+    }
     /* the v1 cuGetProcAddress hands out hooks too */
     void *v1 = NULL, *alloc = NULL;
     CHECK_RC(C.getProc("cuGetProcAddress", &v1, 11030, 0, NULL), CUDA_SUCCESS);
@@ -186,6 +207,336 @@ static void case_vmm(void) {
     CHECK(C.cuMemRelease(h[0]) != CUDA_SUCCESS && region_used() == 0);
 }
 
+static void launch_ns(CUstream s, uint64_t ns) {
+    void *params[] = {&ns};
+    CHECK_RC(C.cuLaunchKernel((CUfunction)1, 1, 1, 1, 1, 1, 1, 0, s, params, NULL), CUDA_SUCCESS);
+}
+
+/* The region and the fake driver's own account agree on device 0. */
+static void check_used(uint64_t bytes, int line) {
+    uint64_t region = region_used(), gpu = oracle()->devices[0].used_bytes;
+    if (region != bytes || gpu != bytes) {
+        fprintf(stderr, "test_shim.c:%d: expected %llu bytes used, region %llu, driver %llu\n", line,
+                (unsigned long long)bytes, (unsigned long long)region, (unsigned long long)gpu);
+        exit(1);
+    }
+}
+#define CHECK_USED(bytes) check_used((bytes), __LINE__)
+
+static const CUmemAllocationProp g_vmm_prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                               .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+
+static CUmemGenericAllocationHandle vmm_create(size_t bytes) {
+    CUmemGenericAllocationHandle h;
+    CHECK_RC(C.cuMemCreate(&h, bytes, &g_vmm_prop, 0), CUDA_SUCCESS);
+    return h;
+}
+
+static void case_vmm_mapped(void) {
+    /* the driver frees VMM memory when the handle is released AND unmapped (limit 128 MiB) */
+    CUdeviceptr va;
+    CHECK_RC(C.cuMemAddressReserve(&va, 1 * GIB, 0, 0, 0), CUDA_SUCCESS);
+    CUmemGenericAllocationHandle h = vmm_create(64 * MIB), h2, other;
+    CHECK_RC(C.cuMemMap(va, 64 * MIB, 0, h, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuMemRelease(h), CUDA_SUCCESS); /* create -> map -> release: PyTorch's, NCCL's idiom */
+    CHECK_USED(64 * MIB);
+    CHECK_RC(C.cuMemCreate(&other, 80 * MIB, &g_vmm_prop, 0), CUDA_ERROR_OUT_OF_MEMORY); /* 64 still held */
+    CHECK_RC(C.cuMemRelease(h), CUDA_ERROR_INVALID_VALUE);    /* no reference left to release */
+    CHECK_RC(C.cuMemUnmap(va, 32 * MIB), CUDA_ERROR_INVALID_VALUE); /* part of a mapping */
+    CHECK_USED(64 * MIB);
+    CHECK_RC(C.cuMemUnmap(va, 64 * MIB), CUDA_SUCCESS);
+    CHECK_USED(0);
+    other = vmm_create(80 * MIB);
+    CHECK_RC(C.cuMemRelease(other), CUDA_SUCCESS);
+    CHECK_USED(0);
+
+    /* retain / release pairing: a retain is one more reference (NCCL frees through it) */
+    h = vmm_create(64 * MIB);
+    CHECK_RC(C.cuMemMap(va, 64 * MIB, 0, h, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuMemRetainAllocationHandle(&h2, (void *)(uintptr_t)(va + 4096)), CUDA_SUCCESS);
+    CHECK(h2 == h);
+    CHECK_RC(C.cuMemRelease(h2), CUDA_SUCCESS);
+    CHECK_RC(C.cuMemUnmap(va, 64 * MIB), CUDA_SUCCESS);
+    CHECK_USED(64 * MIB); /* unmapped, but cuMemCreate's reference is held */
+    CHECK_RC(C.cuMemRelease(h), CUDA_SUCCESS);
+    CHECK_USED(0);
+    h = vmm_create(64 * MIB);
+    CHECK_RC(C.cuMemMap(va, 64 * MIB, 0, h, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuMemRelease(h), CUDA_SUCCESS);
+    CHECK_RC(C.cuMemRetainAllocationHandle(&h2, (void *)(uintptr_t)va), CUDA_SUCCESS); /* released, mapped */
+    CHECK_RC(C.cuMemUnmap(va, 64 * MIB), CUDA_SUCCESS);
+    CHECK_USED(64 * MIB); /* the retain's reference is held */
+    CHECK_RC(C.cuMemRelease(h2), CUDA_SUCCESS);
+    CHECK_USED(0);
+    CHECK_RC(C.cuMemRetainAllocationHandle(&h2, (void *)(uintptr_t)va), CUDA_ERROR_INVALID_VALUE); /* nothing there */
+
+    /* one handle mapped at two (then three) addresses: freed at the last unmap */
+    h = vmm_create(64 * MIB);
+    CHECK_RC(C.cuMemMap(va, 64 * MIB, 0, h, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuMemMap(va + 256 * MIB, 64 * MIB, 0, h, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuMemRelease(h), CUDA_SUCCESS);
+    CHECK_USED(64 * MIB);
+    CHECK_RC(C.cuMemUnmap(va, 64 * MIB), CUDA_SUCCESS);
+    CHECK_USED(64 * MIB);
+    CHECK_RC(C.cuMemMap(va + 512 * MIB, 64 * MIB, 0, h, 0), CUDA_SUCCESS); /* released but mapped: still mappable */
+    CHECK_RC(C.cuMemUnmap(va + 256 * MIB, 64 * MIB), CUDA_SUCCESS);
+    CHECK_USED(64 * MIB);
+    CHECK_RC(C.cuMemUnmap(va + 512 * MIB, 64 * MIB), CUDA_SUCCESS);
+    CHECK_USED(0);
+    CHECK_RC(C.cuMemMap(va, 64 * MIB, 0, h, 0), CUDA_ERROR_INVALID_VALUE); /* gone */
+
+    /* one unmap over adjacent mappings of two handles ends both */
+    h = vmm_create(32 * MIB);
+    h2 = vmm_create(32 * MIB);
+    CHECK_RC(C.cuMemMap(va, 32 * MIB, 0, h, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuMemMap(va + 32 * MIB, 32 * MIB, 0, h2, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuMemRelease(h), CUDA_SUCCESS);
+    CHECK_RC(C.cuMemRelease(h2), CUDA_SUCCESS);
+    CHECK_USED(64 * MIB);
+    CHECK_RC(C.cuMemUnmap(va, 128 * MIB), CUDA_SUCCESS);
+    CHECK_USED(0);
+    CHECK_RC(C.cuMemAddressFree(va, 1 * GIB), CUDA_SUCCESS);
+}
+
+/* ---- CUDA arrays: charged at an estimate before the driver allocates ---------------------------------- */
+
+/* Arrays and what each is charged: the estimate of src/arraysize.h, worked out by hand. */
+static const struct {
+    CUDA_ARRAY3D_DESCRIPTOR desc;
+    unsigned levels; /* 0: a plain array (cuArray3DCreate_v2), else cuMipmappedArrayCreate */
+    uint64_t bytes;
+} g_arrays[] = {
+    /* 8192 floats x 64 layers: 2 MiB of data, but 8 rows of a layer are the unit: 16 MiB (as an H100) */
+    {{8192, 0, 64, CU_AD_FORMAT_FLOAT, 1, CUDA_ARRAY3D_LAYERED}, 0, 16 * MIB},
+    /* 100 x 300 x 77 floats: rows of 400 -> 448 bytes, 300 -> 384 rows (blocks of 16 x 8 rows), depth
+     * 77 -> 96 (blocks 32 deep): 16.5 MB -> 16 MiB (an H100 took 12: 3D is where the bound is loose) */
+    {{100, 300, 77, CU_AD_FORMAT_FLOAT, 1, 0}, 0, 16 * MIB},
+    /* mipmapped 1024^2 float4, 40 levels asked, 11 exist: 16 + 4 + 1 + ... = 21.3 -> 22 MiB */
+    {{1024, 1024, 0, CU_AD_FORMAT_FLOAT, 4, 0}, 40, 22 * MIB},
+    /* a cubemap of 512^2 floats: 6 faces of 1 MiB */
+    {{512, 512, 6, CU_AD_FORMAT_FLOAT, 1, CUDA_ARRAY3D_CUBEMAP}, 0, 6 * MIB},
+    /* BC7: 16 bytes per 4x4 block, 1 byte a pixel: 16 MiB */
+    {{4096, 4096, 0, CU_AD_FORMAT_BC7_UNORM, 4, 0}, 0, 16 * MIB},
+    /* sparse: nothing until memory is mapped into it (cuMemCreate's, charged there) */
+    {{1024, 1024, 1024, CU_AD_FORMAT_FLOAT, 1, CUDA_ARRAY3D_SPARSE}, 0, 0},
+};
+#define NN_ARRAYS (sizeof g_arrays / sizeof g_arrays[0])
+
+static void case_arrays(void) {
+    union {
+        CUarray array;
+        CUmipmappedArray mipmapped;
+    } made[NN_ARRAYS];
+    CUarray a2d, big;
+    CUDA_ARRAY_DESCRIPTOR d2 = {1024, 1024, CU_AD_FORMAT_FLOAT, 4}; /* the 2D entry point: 16 MiB */
+    CHECK_RC(C.cuArrayCreate_v2(&a2d, &d2), CUDA_SUCCESS);
+    uint64_t used = 16 * MIB;
+    CHECK_USED(used);
+    for (size_t i = 0; i < NN_ARRAYS; i++) {
+        if (g_arrays[i].levels == 0)
+            CHECK_RC(C.cuArray3DCreate_v2(&made[i].array, &g_arrays[i].desc), CUDA_SUCCESS);
+        else
+            CHECK_RC(C.cuMipmappedArrayCreate(&made[i].mipmapped, &g_arrays[i].desc, g_arrays[i].levels), CUDA_SUCCESS);
+        used += g_arrays[i].bytes;
+        CHECK_USED(used);
+    }
+    CHECK(used == 92 * MIB);
+    /* over the limit (128 MiB): refused before the driver allocates */
+    CUDA_ARRAY_DESCRIPTOR dbig = {2048, 1024, CU_AD_FORMAT_FLOAT, 4}; /* 32 MiB + 92 fits, twice does not */
+    CHECK_RC(C.cuArrayCreate_v2(&big, &dbig), CUDA_SUCCESS);
+    CHECK_USED(124 * MIB);
+    CUarray refused;
+    CHECK_RC(C.cuArrayCreate_v2(&refused, &dbig), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_USED(124 * MIB);
+    CHECK_RC(C.cuArrayDestroy(big), CUDA_SUCCESS);
+    /* the driver refuses (3 channels): the charge is given back */
+    CUDA_ARRAY_DESCRIPTOR bad = {1024, 1024, CU_AD_FORMAT_FLOAT, 3};
+    CHECK_RC(C.cuArrayCreate_v2(&refused, &bad), CUDA_ERROR_INVALID_VALUE);
+    CHECK_USED(92 * MIB);
+    /* the legacy 32-bit descriptors are refused, never passed through unaccounted */
+    void *legacy = NULL, *legacy3d = NULL;
+    CHECK_RC(C.getProc("cuArrayCreate", &legacy, 2000, 0, NULL), CUDA_SUCCESS);
+    CHECK_RC(C.getProc("cuArray3DCreate", &legacy3d, 2000, 0, NULL), CUDA_SUCCESS);
+    CUDA_ARRAY_DESCRIPTOR_v1 d1v = {4096, 4096, CU_AD_FORMAT_FLOAT, 4};
+    CUDA_ARRAY3D_DESCRIPTOR_v1 d3v = {256, 256, 256, CU_AD_FORMAT_FLOAT, 4, 0};
+    CHECK_RC(((__typeof__(&cuArrayCreate))legacy)(&refused, &d1v), CUDA_ERROR_NOT_SUPPORTED);
+    CHECK_RC(((__typeof__(&cuArray3DCreate))legacy3d)(&refused, &d3v), CUDA_ERROR_NOT_SUPPORTED);
+    CHECK_USED(92 * MIB);
+    CHECK_RC(C.cuArrayDestroy(a2d), CUDA_SUCCESS);
+    for (size_t i = 0; i < NN_ARRAYS; i++) {
+        if (g_arrays[i].levels == 0) CHECK_RC(C.cuArrayDestroy(made[i].array), CUDA_SUCCESS);
+        else CHECK_RC(C.cuMipmappedArrayDestroy(made[i].mipmapped), CUDA_SUCCESS);
+    }
+    CHECK_USED(0);
+    CHECK(C.cuArrayDestroy(a2d) != CUDA_SUCCESS && region_used() == 0);
+}
+
+/* ---- graph memory nodes added explicitly: charged when the graph is launched ------------------------- */
+
+static CUDA_MEM_ALLOC_NODE_PARAMS alloc_node(size_t bytes) {
+    CUDA_MEM_ALLOC_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.poolProps.location.id = 0;
+    p.bytesize = bytes;
+    return p;
+}
+
+static CUgraphExec instantiate(CUgraph g) {
+    CUgraphExec e;
+    CHECK_RC(C.cuGraphInstantiateWithFlags(&e, g, 0), CUDA_SUCCESS);
+    return e;
+}
+
+static void case_graph_nodes(void) {
+    CUstream s = new_stream();
+    CUgraph g, clone;
+    CUgraphNode n;
+    /* over the limit (128 MiB): the launch is refused and allocates nothing */
+    CUDA_MEM_ALLOC_NODE_PARAMS huge = alloc_node(200 * MIB);
+    CHECK_RC(C.cuGraphCreate(&g, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuGraphAddMemAllocNode(&n, g, NULL, 0, &huge), CUDA_SUCCESS);
+    CHECK(huge.dptr != 0);
+    CHECK_RC(C.cuGraphClone(&clone, g), CUDA_ERROR_NOT_SUPPORTED); /* the driver's answer for memory nodes */
+    CUgraphExec e = instantiate(g);
+    CHECK_RC(C.cuGraphLaunch(e, s), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK_USED(0);
+    CHECK_RC(C.cuGraphExecDestroy(e), CUDA_SUCCESS);
+    CHECK_RC(C.cuGraphDestroy(g), CUDA_SUCCESS);
+
+    /* within it: charged at launch, not when added or instantiated; freed inside: until it ends */
+    CUDA_MEM_ALLOC_NODE_PARAMS kept = alloc_node(40 * MIB);
+    CUgraphNodeParams scratch = {.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC}, freed = {.type = CU_GRAPH_NODE_TYPE_MEM_FREE};
+    scratch.alloc.poolProps = kept.poolProps;
+    scratch.alloc.bytesize = 30 * MIB;
+    CHECK_RC(C.cuGraphCreate(&g, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuGraphAddMemAllocNode(&n, g, NULL, 0, &kept), CUDA_SUCCESS);
+    CHECK_RC(C.cuGraphAddNode_v2(&n, g, NULL, NULL, 0, &scratch), CUDA_SUCCESS);
+    CHECK(scratch.alloc.dptr != 0);
+    freed.free.dptr = scratch.alloc.dptr;
+    CHECK_RC(C.cuGraphAddNode_v2(&n, g, &n, NULL, 1, &freed), CUDA_SUCCESS);
+    e = instantiate(g);
+    CHECK_USED(0);
+    CHECK_RC(C.cuGraphLaunch(e, s), CUDA_SUCCESS);
+    CHECK(region_used() == 70 * MIB && oracle()->devices[0].used_bytes == 40 * MIB);
+    CHECK_RC(C.cuStreamSynchronize(s), CUDA_SUCCESS);
+    launch_ns(s, 1); /* a later launch settles finished ones */
+    CHECK_USED(40 * MIB);
+    CHECK_RC(C.cuGraphLaunch(e, s), CUDA_ERROR_INVALID_VALUE); /* its allocation is still live */
+    CHECK_USED(40 * MIB);
+    /* a free node in another graph gives it back when that graph runs */
+    CUgraph g2;
+    CHECK_RC(C.cuGraphCreate(&g2, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuGraphAddMemFreeNode(&n, g2, NULL, 0, kept.dptr), CUDA_SUCCESS);
+    CUgraphExec e2 = instantiate(g2);
+    CHECK_RC(C.cuGraphLaunch(e2, s), CUDA_SUCCESS);
+    CHECK_USED(0);
+
+    /* CUDA 12.2's cuGraphAddNode (no edge data), freed by cuMemFree as the driver allows */
+    void *add12 = NULL;
+    CHECK_RC(C.getProc("cuGraphAddNode", &add12, 12020, 0, NULL), CUDA_SUCCESS);
+    CUgraph g3;
+    CUgraphNodeParams p12 = {.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC};
+    p12.alloc.poolProps = kept.poolProps;
+    p12.alloc.bytesize = 20 * MIB;
+    CHECK_RC(C.cuGraphCreate(&g3, 0), CUDA_SUCCESS);
+    CHECK_RC(((__typeof__(&cuGraphAddNode))add12)(&n, g3, NULL, 0, &p12), CUDA_SUCCESS);
+    CUgraphExec e3 = instantiate(g3);
+    CHECK_RC(C.cuGraphLaunch(e3, s), CUDA_SUCCESS);
+    CHECK_USED(20 * MIB);
+    CHECK_RC(C.cuMemFree_v2(p12.alloc.dptr), CUDA_SUCCESS);
+    CHECK_USED(0);
+
+    /* a child graph moved into its parent: its allocation nodes run with the parent */
+    CUgraph child, parent;
+    CUDA_MEM_ALLOC_NODE_PARAMS inner = alloc_node(50 * MIB);
+    CHECK_RC(C.cuGraphCreate(&child, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuGraphAddMemAllocNode(&n, child, NULL, 0, &inner), CUDA_SUCCESS);
+    CHECK_RC(C.cuGraphCreate(&parent, 0), CUDA_SUCCESS);
+    CUgraphNodeParams move = {.type = CU_GRAPH_NODE_TYPE_GRAPH};
+    move.graph.graph = child;
+    move.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+    CHECK_RC(C.cuGraphAddNode_v2(&n, parent, NULL, NULL, 0, &move), CUDA_SUCCESS);
+    CHECK_RC(C.cuGraphDestroy(child), CUDA_ERROR_INVALID_VALUE); /* the parent's now */
+    CUgraphExec e4 = instantiate(parent);
+    CHECK_RC(C.cuGraphLaunch(e4, s), CUDA_SUCCESS);
+    CHECK_USED(50 * MIB);
+    CHECK_RC(C.cuMemFree_v2(inner.dptr), CUDA_SUCCESS);
+    CHECK_USED(0);
+    CUgraphExec execs[] = {e, e2, e3, e4};
+    CUgraph graphs[] = {g, g2, g3, parent};
+    for (int i = 0; i < 4; i++) {
+        CHECK_RC(C.cuGraphExecDestroy(execs[i]), CUDA_SUCCESS);
+        CHECK_RC(C.cuGraphDestroy(graphs[i]), CUDA_SUCCESS);
+    }
+}
+
+/* ---- context limits that reserve device memory --------------------------------------------------------- */
+
+static size_t get_limit(CUlimit limit) {
+    size_t v = 0;
+    CHECK_RC(C.cuCtxGetLimit(&v, limit), CUDA_SUCCESS);
+    return v;
+}
+
+static void case_limits(void) {
+    const uint64_t threads = 132 * 2048; /* the fake's SMs x threads per SM, as an H100 */
+    const uint64_t fifo = 8650752, heap = 8 * MIB; /* the defaults: context memory, not charged */
+    CHECK(get_limit(CU_LIMIT_STACK_SIZE) == 1024 && get_limit(CU_LIMIT_PRINTF_FIFO_SIZE) == fifo &&
+          get_limit(CU_LIMIT_MALLOC_HEAP_SIZE) == heap);
+    /* the stack is per thread, for every thread the device holds: 256 more bytes = 66 MiB */
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1280), CUDA_SUCCESS);
+    CHECK_USED(256 * threads);
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 2048), CUDA_ERROR_OUT_OF_MEMORY); /* 264 MiB more */
+    CHECK(get_limit(CU_LIMIT_STACK_SIZE) == 1280);
+    CHECK_USED(256 * threads);
+    /* the heap: the increase over the current value; a refused one leaves the limit as it was */
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 40 * MIB), CUDA_SUCCESS);
+    CHECK_USED(256 * threads + 32 * MIB);
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 100000001), CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(get_limit(CU_LIMIT_MALLOC_HEAP_SIZE) == 40 * MIB);
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, 16 * MIB), CUDA_SUCCESS);
+    CHECK_USED(256 * threads + 32 * MIB + 16 * MIB - fifo);
+    /* a decrease gives back what was charged, no more: 1000 is set as 1008, below the default */
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1000), CUDA_SUCCESS);
+    CHECK(get_limit(CU_LIMIT_STACK_SIZE) == 1008);
+    CHECK_USED(32 * MIB + 16 * MIB - fifo);
+    /* now it fits; the driver sets 100007936 (8 KiB steps) and the charge follows it */
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 100000001), CUDA_SUCCESS);
+    CHECK(get_limit(CU_LIMIT_MALLOC_HEAP_SIZE) == 100007936);
+    CHECK_USED(100007936 - heap + 16 * MIB - fifo);
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 0), CUDA_SUCCESS); /* set as 4 MiB */
+    CHECK_USED(16 * MIB - fifo);
+    /* raised from below its default, it is charged again: the default was never charged, so
+     * nothing was given back when it was lowered (the driver's account does not show it) */
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, heap), CUDA_SUCCESS);
+    CHECK(region_used() == 16 * MIB - fifo + 4 * MIB && oracle()->devices[0].used_bytes == 16 * MIB - fifo);
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 0), CUDA_SUCCESS);
+    CHECK_USED(16 * MIB - fifo);
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_PRINTF_FIFO_SIZE, fifo), CUDA_SUCCESS);
+    CHECK_USED(0);
+    /* limits that reserve no memory pass through */
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT, 4096), CUDA_SUCCESS);
+    CHECK_USED(0);
+    /* each context has its own limits */
+    CUcontext primary, other;
+    CHECK_RC(C.cuDevicePrimaryCtxRetain(&primary, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuCtxCreate_v4(&other, NULL, 0, 0), CUDA_SUCCESS);
+    CHECK_RC(C.cuCtxSetCurrent(other), CUDA_SUCCESS);
+    CHECK(get_limit(CU_LIMIT_MALLOC_HEAP_SIZE) == heap);
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 24 * MIB), CUDA_SUCCESS);
+    CHECK_USED(16 * MIB);
+    CHECK_RC(C.cuCtxSetCurrent(primary), CUDA_SUCCESS);
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, 0), CUDA_SUCCESS); /* the primary's: nothing to give */
+    CHECK_USED(16 * MIB);
+    CHECK_RC(C.cuCtxSetCurrent(other), CUDA_SUCCESS);
+    CHECK_RC(C.cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, heap), CUDA_SUCCESS);
+    CHECK_USED(0);
+    CHECK_RC(C.cuCtxDestroy_v2(other), CUDA_SUCCESS);
+    CHECK_RC(C.cuCtxSetCurrent(primary), CUDA_SUCCESS);
+}
+
 /* ---- graphs: a captured cuMemAllocAsync is charged at launch ------------------------------------- */
 
 static void case_graph(void) {
@@ -238,11 +589,6 @@ static void case_graph(void) {
 }
 
 /* ---- compute: capture never sleeps, pause holds, admission waits ----------------------------------- */
-
-static void launch_ns(CUstream s, uint64_t ns) {
-    void *params[] = {&ns};
-    CHECK_RC(C.cuLaunchKernel((CUfunction)1, 1, 1, 1, 1, 1, 1, 0, s, params, NULL), CUDA_SUCCESS);
-}
 
 static void case_capture_never_sleeps(void) {
     CUstream s = new_stream();
@@ -460,6 +806,10 @@ int main(int argc, char **argv) {
     if (strcmp(name, "lookup") == 0) case_lookup();
     else if (strcmp(name, "memory") == 0) case_memory();
     else if (strcmp(name, "vmm") == 0) case_vmm();
+    else if (strcmp(name, "vmm-mapped") == 0) case_vmm_mapped();
+    else if (strcmp(name, "arrays") == 0) case_arrays();
+    else if (strcmp(name, "graph-nodes") == 0) case_graph_nodes();
+    else if (strcmp(name, "limits") == 0) case_limits();
     else if (strcmp(name, "graph") == 0) case_graph();
     else if (strcmp(name, "capture") == 0) case_capture_never_sleeps();
     else if (strcmp(name, "pause") == 0) case_pause();

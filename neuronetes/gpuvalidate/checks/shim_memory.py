@@ -55,7 +55,11 @@ class Runs:
 
 
 def _delta(r: dict[str, Any], key: str, a: str, b: str) -> int | None:
+    """The change of `key` from step `a` to step `b` (None when unknown). NVML not listing the process
+    means it holds nothing: an attributed None is 0."""
     x, y = r.get(a, {}).get(key), r.get(b, {}).get(key)
+    if key == "attributed":
+        x, y = x or 0, y or 0
     return None if x is None or y is None else int(y) - int(x)
 
 

@@ -1196,11 +1196,13 @@ EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgrap
     return add_node(node, graph, params);
 }
 
+#if CUDA_VERSION >= 13040
 EXPORT CUresult cuGraphAddNode_v3(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
                                   const CUgraphEdgeData *edges, size_t ndeps, CUgraphNodeParams *params) {
     (void)deps, (void)edges, (void)ndeps;
     return add_node(node, graph, params);
 }
+#endif
 
 /* The driver does not clone a graph with memory nodes (CUDA_ERROR_NOT_SUPPORTED, measured). */
 EXPORT CUresult cuGraphClone(CUgraph *clone, CUgraph original) {
@@ -1427,7 +1429,10 @@ static const proc_entry g_procs[] = {
     E("cuGraphExecDestroy", 10000, cuGraphExecDestroy), E("cuGraphDestroy", 10000, cuGraphDestroy),
     E("cuGraphCreate", 10000, cuGraphCreate), E("cuGraphClone", 10000, cuGraphClone),
     E("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode), E("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode),
-    E("cuGraphAddNode", 13040, cuGraphAddNode_v3), E("cuGraphAddNode", 12030, cuGraphAddNode_v2),
+#if CUDA_VERSION >= 13040
+    E("cuGraphAddNode", 13040, cuGraphAddNode_v3),
+#endif
+    E("cuGraphAddNode", 12030, cuGraphAddNode_v2),
     E("cuGraphAddNode", 12020, cuGraphAddNode),
     P("cuGraphLaunch", 10000, cuGraphLaunch),
     E("cuCheckpointProcessLock", 12080, cuCheckpointProcessLock),

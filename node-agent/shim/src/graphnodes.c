@@ -78,7 +78,9 @@ NN_EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgrap
     }
 
 NN_ADD_NODE_HOOK(cuGraphAddNode_v2) /* CUDA 12.3: edge data */
+#if CUDA_VERSION >= 13040
 NN_ADD_NODE_HOOK(cuGraphAddNode_v3) /* CUDA 13.4 */
+#endif
 
 NN_EXPORT CUresult cuGraphClone(CUgraph *clone, CUgraph original) {
     NN_REQUIRE(nn_real.cuGraphClone);

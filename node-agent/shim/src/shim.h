@@ -34,6 +34,15 @@
 
 /* ---- the entry points the shim replaces (X(name)) ------------------------------------------ */
 
+/* Entry points newer than the oldest cuda.h the shim is built against (CUDA 13.0, what a GPU machine's
+ * toolkit may have): hooked only when the headers declare them. A shim built without one refuses the
+ * driver's variant (its family is guarded in lookup.c), never hands it out unaccounted. */
+#if CUDA_VERSION >= 13040
+#define NN_CUDA_HOOKS_13040(X) X(cuGraphAddNode_v3)
+#else
+#define NN_CUDA_HOOKS_13040(X)
+#endif
+
 #define NN_CUDA_HOOKS(X)                                                                       \
     X(cuInit) X(cuGetProcAddress) X(cuGetProcAddress_v2)                                         \
     X(cuDevicePrimaryCtxRetain) X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) \
@@ -55,7 +64,7 @@
     X(cuArrayCreate) X(cuArrayCreate_v2) X(cuArray3DCreate) X(cuArray3DCreate_v2)                \
     X(cuMipmappedArrayCreate) X(cuArrayDestroy) X(cuMipmappedArrayDestroy)                       \
     X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphAddNode) X(cuGraphAddNode_v2)    \
-    X(cuGraphAddNode_v3) X(cuGraphClone) X(cuCtxSetLimit)
+    NN_CUDA_HOOKS_13040(X) X(cuGraphClone) X(cuCtxSetLimit)
 
 #define NN_NVML_HOOKS(X) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
 

@@ -77,7 +77,10 @@ static void case_lookup(void) {
         int version;
         const char *hook;
     } versions[] = {{"cuGraphAddNode", 12020, "cuGraphAddNode"},   {"cuGraphAddNode", 12030, "cuGraphAddNode_v2"},
-                    {"cuGraphAddNode", CUDA_VERSION, "cuGraphAddNode_v3"}, {"cuArrayCreate", 2000, "cuArrayCreate"},
+#if CUDA_VERSION >= 13040
+                    {"cuGraphAddNode", CUDA_VERSION, "cuGraphAddNode_v3"},
+#endif
+                    {"cuArrayCreate", 2000, "cuArrayCreate"},
                     {"cuArrayCreate", 3020, "cuArrayCreate_v2"}, {"cuArray3DCreate", 2000, "cuArray3DCreate"},
                     {"cuArray3DCreate", CUDA_VERSION, "cuArray3DCreate_v2"}};
     for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {

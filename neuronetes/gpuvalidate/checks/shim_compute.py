@@ -114,12 +114,20 @@ def pacing(
         results = parse_results(out)
         rate = _rate(results[-1]) if results else None
         share = None if rate is None else 100 * rate / base
+        seconds = float(results[-1].get("seconds", 0)) if results else 0.0
+        used = ctx.region_figures(regions[q])
         shares[f"tenant_{q}"] = {
             "quota": q,
             "achieved_percent": share,
             "started_late_s": results[-1].get("started_late_s") if results else None,
+            # what the shim measured and held: under contention a kernel's measured time includes
+            # the other context's time slices
+            "measured_kernel_percent": 100 * used["kernel_ns"] / 1e9 / seconds if seconds else None,
+            "throttled_percent": 100 * used["throttled_ns"] / 1e9 / seconds if seconds else None,
         }
         ok = ok and share is not None and abs(share - q) <= tenants_pp
+    achieved = [v["achieved_percent"] for v in shares.values() if v["achieved_percent"] is not None]
+    report.figures["two_tenants_sum_percent"] = sum(achieved) if len(achieved) == len(TENANTS) else None
     report.check(
         "two-tenants.30-70",
         ok,

@@ -102,6 +102,10 @@ class Workstation:
             self.proc.wait(5)
         self.proc = None
         self.ctx.append_log("workstation daemon", self.log.read_text(errors="replace")[-20000:], "")
+        for logs in sorted((self.state_dir / "jobs").glob("*/std*.log")):
+            self.ctx.append_log(
+                f"workstation job {logs.parent.name} {logs.name}", logs.read_text(errors="replace"), ""
+            )
 
     # ---- the CLI
 
@@ -155,13 +159,17 @@ class Workstation:
             return ""
 
     def wait_state(self, name: str, states: Iterable[str], timeout: float) -> dict[str, Any]:
+        """Poll the job until it is in one of `states`. A CLI call that fails meanwhile (the daemon is
+        busy, e.g. checkpointing a large job, and does not answer within the CLI's time) is retried."""
         wanted = set(states)
         found: dict[str, Any] = {}
 
         def reached() -> bool:
             nonlocal found
-            found = self.job(name)
-            return found["state"] in wanted
+            job = self.cli("jobs", "describe", name, "-o", "json", check=False)
+            if isinstance(job, dict):
+                found = job
+            return found.get("state") in wanted
 
         try:
             self.wait_for(reached, f"job {name} {'/'.join(sorted(wanted))}", timeout)

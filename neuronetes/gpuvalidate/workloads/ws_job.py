@@ -23,11 +23,22 @@ from .cudadrv import SUCCESS, Driver, out
 GIB = 1 << 30
 
 
+def checksum(x: Any) -> float:
+    """The float64 sum of a tensor, 64 Mi elements at a time: a whole float64 copy of 20 GiB of fp32
+    would be 40 GiB more on the GPU (``torch.sum(x, dtype=float64)`` makes one)."""
+    import torch
+
+    step = 64 << 20
+    total = sum(float(x[i : i + step].double().sum().item()) for i in range(0, x.numel(), step))
+    torch.cuda.empty_cache()  # the chunks' blocks go back to the driver: the job holds its tensors only
+    return total
+
+
 def hold_torch(gib: float, done: str) -> None:
     import torch
 
     x = torch.randn(int(gib * GIB) // 4, device="cuda")
-    before = float(torch.sum(x, dtype=torch.float64).item())
+    before = checksum(x)
     print(f"READY {os.getpid()}", flush=True)
     steps = 0
     while not os.path.exists(done):
@@ -36,7 +47,7 @@ def hold_torch(gib: float, done: str) -> None:
         del y
         steps += 1
         time.sleep(0.2)
-    after = float(torch.sum(x, dtype=torch.float64).item())
+    after = checksum(x)
     out(before=before, after=after, unchanged=before == after, steps=steps, gib=gib)
 
 
@@ -68,7 +79,7 @@ def urgent(gib: float, done: str, fake: bool) -> None:
 
         try:
             held = torch.ones(int(gib * GIB) // 4, device="cuda")
-            r["ok"] = float(torch.sum(held[: 1 << 20], dtype=torch.float64).item()) == float(1 << 20)
+            r["ok"] = float(held[: 1 << 20].sum().item()) == float(1 << 20)
         except torch.cuda.OutOfMemoryError as exc:
             r["ok"] = False
             r["error"] = str(exc)[:200]

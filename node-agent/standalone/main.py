@@ -23,7 +23,7 @@ from .gpus import Gpus, open_backend
 from .launcher import Launcher
 from .recovery import recover
 from .scheduler import Config, Scheduler
-from .server import DaemonServer
+from .server import DaemonServer, check_socket_path
 from .store import Store, StoreError
 
 __all__ = ["DaemonOptions", "run_daemon"]
@@ -74,6 +74,7 @@ def run_daemon(opts: DaemonOptions) -> int:
             raise ValueError("--checkpoint-deadline and the interval must be positive")
         if opts.shim_library is not None and not opts.shim_library.is_file():
             raise ValueError(f"--shim-library {opts.shim_library}: no such file")
+        check_socket_path(opts.state_dir)
         opts.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         locked = _lock(opts.state_dir)
         if isinstance(locked, str):

@@ -18,14 +18,29 @@ from . import protocol as p
 from .handlers import handle
 from .scheduler import Scheduler
 
-__all__ = ["DaemonServer", "socket_path"]
+__all__ = ["MAX_SOCKET_PATH_BYTES", "DaemonServer", "check_socket_path", "socket_path"]
 
 log = logging.getLogger(__name__)
 _READ_TIMEOUT_S: Final = 10.0
 
 
+# sockaddr_un.sun_path holds 108 bytes on Linux, its terminating NUL included
+MAX_SOCKET_PATH_BYTES: Final = 107
+
+
 def socket_path(state_dir: Path) -> Path:
     return state_dir / p.SOCKET_NAME
+
+
+def check_socket_path(state_dir: Path) -> None:
+    """Raise ValueError when the state directory is too deep for its Unix socket."""
+    path = socket_path(state_dir.resolve())
+    size = len(os.fsencode(path))
+    if size > MAX_SOCKET_PATH_BYTES:
+        raise ValueError(
+            f"--state-dir {state_dir}: its socket {path} would be {size} bytes long and a Unix socket "
+            f"path may have at most {MAX_SOCKET_PATH_BYTES}; choose a shorter state directory"
+        )
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -57,6 +72,7 @@ class DaemonServer(socketserver.ThreadingUnixStreamServer):
     def __init__(self, state_dir: Path, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         path = socket_path(state_dir)
+        self.path = path  # before binding: a failed bind calls server_close
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a stale socket of a daemon that was killed (the state lock is ours now)
         old = os.umask(0o177)
@@ -65,7 +81,6 @@ class DaemonServer(socketserver.ThreadingUnixStreamServer):
         finally:
             os.umask(old)
         os.chmod(path, 0o600)
-        self.path = path
 
     def server_close(self) -> None:
         super().server_close()

@@ -49,6 +49,8 @@ def test_fake_run_executes_every_check_and_writes_the_documented_document(tmp_pa
     assert memory["vmm.driver"]["status"] == "pass"  # the fake models the real driver's VMM behaviour
     assert memory["torch"]["reason"] == "skipped: no GPU"
     compute = {s["id"]: s for s in checks["shim-compute"]["subchecks"]}
+    two = compute["two-tenants.30-70"]  # run over the fake, not judged (it does not time-slice)
+    assert two["status"] == "skipped" and two["figures"]["tenant_70"]["achieved_percent"] > 0
     assert compute["launch-overhead"]["figures"]["launches_per_s"]["no_shim"] > 0
     assert checks["workstation-preemption"]["figures"]["checkpoint_seconds"] is not None
     assert (out / "gpu-validate.log").stat().st_size > 0

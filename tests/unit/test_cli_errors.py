@@ -172,6 +172,14 @@ CASES = [
         2,
         "--utilization-cap",
     ),
+    (
+        # deeper than a Unix socket path may be (108 bytes): one line, not the bind's AttributeError
+        "ws-state-dir-too-deep",
+        "neuronetes-agent",
+        ["--standalone", "--simulate-gpus", "1", "--state-dir", "{dir}/" + "d" * 120],
+        1,
+        "choose a shorter state directory",
+    ),
 ]
 
 

@@ -9,7 +9,9 @@ with it on an unpaced device, and with it pacing at 50 %.
 
 Tolerances: ±3 pp of the quota alone, ±5 pp for two tenants, on a GPU. Over the fake driver the GPU
 is a clock shared with the whole (loaded, 2-core CI) machine's scheduler, so its tolerance is ±10 pp:
-there it proves the path works, the GPU run proves the figures.
+there it proves the path works, the GPU run proves the figures. The two-tenant figure is run but
+not judged over the fake: it runs one context's kernels at a time and times them exactly, while a
+real GPU time-slices between contexts, which is what decides that figure.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ QUOTAS: Final = (25, 50, 75)
 TENANTS: Final = (30, 70)
 SECONDS: Final = 2.5
 TOLERANCE_PP: Final = {"gpu": (3.0, 5.0), "fake": (10.0, 10.0)}  # (alone, two tenants)
+FAKE_TWO_TENANTS: Final = (
+    "skipped: the fake driver does not model the GPU's time-slicing between contexts, which decides "
+    "this figure (run, not judged; an H100 misses it: docs/shim.md)"
+)
 START_DELAY_S: Final = {"gpu": 15.0, "fake": 3.0}  # time for both tenants to start and warm up
 
 
@@ -128,12 +134,17 @@ def pacing(
         ok = ok and share is not None and abs(share - q) <= tenants_pp
     achieved = [v["achieved_percent"] for v in shares.values() if v["achieved_percent"] is not None]
     report.figures["two_tenants_sum_percent"] = sum(achieved) if len(achieved) == len(TENANTS) else None
-    report.check(
-        "two-tenants.30-70",
-        ok,
-        f"each within ±{tenants_pp:g} pp of its quota" if ok else "a tenant missed its quota",
-        **shares,
-    )
+    if ctx.fake:
+        # The fake GPU runs one context's kernel at a time and stamps events exactly, so its result
+        # says nothing of a real GPU, whose time-slicing between contexts decides this figure.
+        report.skip("two-tenants.30-70", FAKE_TWO_TENANTS, **shares)
+    else:
+        report.check(
+            "two-tenants.30-70",
+            ok,
+            f"each within ±{tenants_pp:g} pp of its quota" if ok else "a tenant missed its quota",
+            **shares,
+        )
 
     graph_solo = loop(ctx, graph_kind, None, "graph-solo")
     graph = loop(ctx, graph_kind, 50, "graph-50")

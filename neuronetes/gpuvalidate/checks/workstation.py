@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -22,6 +24,7 @@ from ..context import Context
 __all__ = ["Workstation", "WorkstationError"]
 
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
+SOCKET_PATH_LIMIT = 100  # bytes; a Unix socket path may have 107 (the daemon refuses a deeper one)
 
 
 class WorkstationError(RuntimeError):
@@ -45,6 +48,9 @@ class Workstation:
     def __init__(self, ctx: Context, name: str = "ws") -> None:
         self.ctx = ctx
         self.state_dir = ctx.path(f"{name}-state")
+        self._temporary = len(os.fsencode(self.state_dir / "daemon.sock")) > SOCKET_PATH_LIMIT
+        if self._temporary:  # a deep output folder: the daemon's socket would not fit a Unix socket path
+            self.state_dir = Path(tempfile.mkdtemp(prefix=f"nn-{name}-"))
         self.log = ctx.path(f"{name}-daemon.log")
         self.env = dict(ctx.base_env)
         self.env["NEURONETES_STATE_DIR"] = str(self.state_dir)
@@ -106,6 +112,8 @@ class Workstation:
             self.ctx.append_log(
                 f"workstation job {logs.parent.name} {logs.name}", logs.read_text(errors="replace"), ""
             )
+        if self._temporary:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
     # ---- the CLI
 

@@ -138,6 +138,8 @@ METRIC_SLICE_KERNEL_TIME: Final = "neuronetes_slice_kernel_seconds_total"
 METRIC_SLICE_THROTTLED_TIME: Final = "neuronetes_slice_throttled_seconds_total"
 METRIC_SLICE_OOM_REFUSALS: Final = "neuronetes_slice_oom_refusals_total"
 METRIC_SLICE_PAUSED: Final = "neuronetes_slice_paused"
+# per pod (agent, NVML reconciliation of shared GPUs)
+METRIC_SLICE_EVICTIONS: Final = "neuronetes_slice_evictions_total"
 
 
 class MetricType(enum.StrEnum):
@@ -330,6 +332,13 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     ),
     MetricSpec(
         METRIC_SLICE_PAUSED, MetricType.GAUGE, SLICE_LABELS, "1 while the agent holds the slice paused."
+    ),
+    MetricSpec(
+        METRIC_SLICE_EVICTIONS,
+        MetricType.COUNTER,
+        ("Hostname", "namespace", "pod", "reason"),
+        "Pods with a slice that NVML reconciliation found holding GPU memory past the shim, by reason "
+        "(unshimmed, over_limit): evicted, or only reported under --reconcile=report.",
     ),
 )
 """Every metric NeuroNetes exports; docs/contracts.md lists the same table."""

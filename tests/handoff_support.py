@@ -1,6 +1,6 @@
-"""What the agent's hand-off tests share (tests/unit/test_agent_ledger.py, test_agent_containers.py):
-a node, pods bound to it, the container record the NRI plugin writes, a cgroup mount as the kernel
-shows it, and the agent of a node with (simulated) GPUs."""
+"""What the agent's hand-off tests share (tests/unit/test_agent_ledger.py, test_agent_containers.py,
+test_agent_backstop.py): a node, pods bound to it, the container record the NRI plugin writes, a
+cgroup mount as the kernel shows it, and the agent of a node with (simulated) GPUs."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from typing import Any
 
 from pod_builder import node_view
 
+from neuronetes.agent.daemon.backstop import Backstop
 from neuronetes.agent.daemon.containers import RECORDS_DIR, ContainerTender
 from neuronetes.agent.daemon.ledger import LEDGER_FILE, LedgerWriter
 from neuronetes.agent.daemon.node import NodeAgent
 from neuronetes.agent.daemon.pods import PodUse, pod_use
+from neuronetes.agent.daemon.reconcile import Policy
 from neuronetes.agent.daemon.regions import RegionKeeper
 from neuronetes.agent.daemon.simulated import SimulatedGpus
 from neuronetes.devcluster.profiles import PROFILES
@@ -80,17 +82,29 @@ def ledger_doc(tmp_path: Path) -> dict[str, Any]:
 
 
 class QuietKube:
-    """The API server stand-in; Events are kept (the hand-off's warnings become Events)."""
+    """The API server stand-in; Events and evictions are kept (the hand-off's warnings become
+    Events)."""
 
     def __init__(self) -> None:
         self.gpunode: dict[str, Any] = {"metadata": {"name": NODE, "generation": 1}, "spec": {}}
         self.events: list[tuple[str, str]] = []
+        self.pod_events: list[tuple[str, str, str, str, str]] = []  # (namespace, pod, type, reason, message)
+        self.evictions: list[tuple[str, str]] = []
 
     def ensure_gpunode(self, node: str, node_uid: str) -> dict[str, Any]:
         return self.gpunode
 
     def node_event(self, node: str, node_uid: str, kind: str, reason: str, message: str) -> None:
         self.events.append((reason, message))
+
+    def pod_event(
+        self, namespace: str, name: str, uid: str, node: str, kind: str, reason: str, message: str
+    ) -> None:
+        self.pod_events.append((namespace, name, kind, reason, message))
+
+    def evict(self, namespace: str, name: str) -> int:
+        self.evictions.append((namespace, name))
+        return 201
 
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kwargs: 201
@@ -112,9 +126,16 @@ def write_record(state: Path, uid: str, container: str, cgroups_path: str, writt
 
 
 def real_node_agent(
-    state: Path, cgroup_root: Path, proc: Path, wall: Callable[[], float], *, with_ledger: bool
+    state: Path,
+    cgroup_root: Path,
+    proc: Path,
+    wall: Callable[[], float],
+    *,
+    with_ledger: bool,
+    reconcile: tuple[Policy, Callable[[], float]] | None = None,
 ) -> tuple[NodeAgent, SimulatedGpus, QuietKube]:
-    """The agent of a node with (simulated) GPUs, its regions, records and ledger under `state`."""
+    """The agent of a node with (simulated) GPUs, its regions, records and ledger under `state`;
+    with `reconcile` (policy, monotonic clock), NVML reconciliation too."""
     sim = SimulatedGpus(PROFILES["dgx-a100-80gb"], NODE)
     regions = RegionKeeper(state / "containers")
     kube = QuietKube()
@@ -128,6 +149,7 @@ def real_node_agent(
         regions=regions,
         ledger=LedgerWriter(NODE, state, ready=lambda: True, clock=time.monotonic) if with_ledger else None,
         containers=ContainerTender(state, regions, cgroup_root=cgroup_root, proc_root=proc, clock=wall),
+        backstop=Backstop(reconcile[0], regions, clock=reconcile[1]) if reconcile is not None else None,
     )
     agent.start()
     return agent, sim, kube

@@ -106,6 +106,39 @@ def agent() -> None:
     show_default=True,
     help="--node: the host's cgroup mount, where the containers' processes are found",
 )
+@click.option(
+    "--reconcile",
+    type=click.Choice(["enforce", "report", "off"]),
+    default="enforce",
+    show_default=True,
+    help="--node: NVML reconciliation of shared GPUs (docs/gpu-health.md): evict pods with a process "
+    "that bypasses the shim or with memory past their limit (enforce), only record Events and metrics "
+    "(report), or nothing (off)",
+)
+@click.option(
+    "--reconcile-grace",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="--node: seconds a reconciliation finding must last before it is acted on",
+)
+@click.option(
+    "--reconcile-context-allowance",
+    type=click.IntRange(min=0),
+    default=1024,
+    show_default=True,
+    metavar="MIB",
+    help="--node: MiB per process NVML may attribute past a slice's limit (the CUDA context, which the "
+    "shim does not charge)",
+)
+@click.option(
+    "--reconcile-margin",
+    type=click.IntRange(min=0),
+    default=64,
+    show_default=True,
+    metavar="MIB",
+    help="--node: MiB NVML may attribute past a slice's limit and its processes' allowances",
+)
 @STANDALONE_OPTIONS
 @LOG_LEVEL
 @with_version  # `neuronetes-agent --version` (that script is `agent run`)

@@ -102,11 +102,21 @@ class Context:
 
     # ---- regions and environments
 
-    def region(self, name: str, limit_bytes: int, *, share: int = 100, standalone: bool = False) -> Path:
-        """A region for the GPU under test written by the agent's region writer (admitted)."""
+    def region(
+        self,
+        name: str,
+        limit_bytes: int,
+        *,
+        share: int = 100,
+        standalone: bool = False,
+        at: Path | None = None,
+    ) -> Path:
+        """A region for the GPU under test written by the agent's region writer (admitted), at
+        ``regions/NAME`` of the check's folder or at `at`."""
         from neuronetes.agent import region as r
 
-        path = self.path(f"regions/{name}")
+        path = self.path(f"regions/{name}") if at is None else at
+        path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         device = r.DeviceLimit(self.gpu_uuid, limit_bytes, self.gpu_total_bytes, compute_share_percent=share)
@@ -203,6 +213,12 @@ class Context:
 
     def gpu_memory_of(self, pids: Sequence[int]) -> dict[int, int]:
         """NVML's GPU memory of each of `pids` that it lists (bytes)."""
+        wanted = set(pids)
+        return {pid: used for pid, used in self.gpu_processes().items() if pid in wanted}
+
+    def gpu_processes(self) -> dict[int, int]:
+        """NVML's running compute processes of the GPU under test, host PID -> bytes (what the
+        agent reads into `GpuSample.processes`)."""
         import pynvml
 
         pynvml.nvmlInit()
@@ -213,7 +229,10 @@ class Context:
                 else (pynvml.nvmlDeviceGetHandleByIndex(0))
             )
             procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            return {int(p.pid): int(p.usedGpuMemory or 0) for p in procs if int(p.pid) in set(pids)}
+            out: dict[int, int] = {}
+            for p in procs:
+                out[int(p.pid)] = out.get(int(p.pid), 0) + int(p.usedGpuMemory or 0)
+            return out
         finally:
             pynvml.nvmlShutdown()
 

@@ -49,6 +49,7 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
     from .devices import DiscoveryError
     from .fleet import AgentProcess, AgentSettings
     from .inventory import InventoryError, ShimError
+    from .reconcile import Mode, Policy
 
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -64,6 +65,12 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
             shim_library=Path(ns.shim_library) if ns.shim_library else None,
             shim_dir=Path(ns.shim_dir),
             cgroup_root=Path(ns.cgroup_root),
+            reconcile=Policy(
+                mode=Mode(ns.reconcile),
+                grace_s=ns.reconcile_grace,
+                context_allowance_bytes=ns.reconcile_context_allowance << 20,
+                margin_bytes=ns.reconcile_margin << 20,
+            ),
         )
         api = _api(ns.kubeconfig)
     except (ValueError, ConfigException, OSError) as exc:

@@ -13,7 +13,8 @@ v1, and `ContainerTender.tend` then, every round, for each region:
   registered: the agent never guesses),
 - reclaims the slots of dead processes once NVML shows their memory released,
 - reports which pods still have live containers (`TendReport.live`), so the region of a pod
-  already gone from the API server is kept until its last container is gone,
+  already gone from the API server is kept until its last container is gone, and where each
+  container's cgroup is (`TendReport.cgroups`, for NVML reconciliation: `daemon.backstop`),
 - removes the records the plugin could not (it was down at the container's removal): those of
   pods no longer bound here whose cgroup is gone, once older than `RECORD_GRACE_S`.
 """
@@ -170,6 +171,9 @@ class TendReport:
     registered: int = 0  # containers whose cgroup was read this round
     live: frozenset[str] = frozenset()
     warnings: list[str] = field(default_factory=list)
+    # (pod UID, container) -> its cgroup directory, from a record naming the agent's region: where
+    # NVML reconciliation (`daemon.backstop`) finds the container's processes
+    cgroups: dict[tuple[str, str], Path] = field(default_factory=dict)
 
 
 class ContainerTender:
@@ -210,6 +214,7 @@ class ContainerTender:
             live.add(r.pod_uid)
             if str(self.regions.path(r.pod_uid, r.container).parent) == r.region_dir:
                 cgroups[(r.pod_uid, r.container)] = where / "cgroup.procs"
+                report.cgroups[(r.pod_uid, r.container)] = where
             else:
                 report.warnings.append(
                     f"container {r.container_id} ({r.namespace}/{r.pod} {r.container}): its record "

@@ -1,6 +1,7 @@
 """The agent's Prometheus exporter: per-GPU metrics a dcgm-exporter user recognises, health states,
-XID and state-transition counters, discovery duration, per-slice figures from the shim regions
-(names, types and labels: `neuronetes.contracts.METRICS`, docs/contracts.md "Metrics").
+XID and state-transition counters, discovery duration, per-slice figures from the shim regions,
+NVML reconciliation's evictions (names, types and labels: `neuronetes.contracts.METRICS`,
+docs/contracts.md "Metrics").
 
 A collector reads the served nodes at scrape time, so nothing is kept twice; it listens on
 loopback unless configured otherwise. Per-GPU gauges carry dcgm-exporter's ``namespace``, ``pod``
@@ -57,6 +58,7 @@ class AgentCollector(Collector):
         transitions = _counter(c.METRIC_GPU_STATE_TRANSITIONS)
         evictions = _counter(c.METRIC_AGENT_EVICTIONS)
         reclaimed = _counter(c.METRIC_AGENT_SLOTS_RECLAIMED)
+        slice_evictions = _counter(c.METRIC_SLICE_EVICTIONS)
         discovery = _gauge(c.METRIC_AGENT_DISCOVERY)
         for agent in list(self.agents()):
             with agent.lock:
@@ -106,6 +108,8 @@ class AgentCollector(Collector):
                     transitions.add_metric([agent.node, str(g.index), uuid, g.model, before, after], n)
                 for code, n in agent.counters.evictions.items():
                     evictions.add_metric([agent.node, code], n)
+                for (namespace, pod, reason), n in agent.counters.slice_evictions.items():
+                    slice_evictions.add_metric([agent.node, namespace, pod, reason], n)
         yield from (
             util,
             used,
@@ -120,6 +124,7 @@ class AgentCollector(Collector):
             transitions,
             evictions,
             reclaimed,
+            slice_evictions,
             discovery,
         )
         yield from _slices(list(self.agents()))

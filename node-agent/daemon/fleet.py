@@ -25,6 +25,7 @@ from kubernetes.client import ApiClient
 
 from neuronetes.devcluster.profiles import LABEL_PROFILE, PROFILES
 
+from .backstop import Backstop
 from .containers import ContainerTender
 from .devices import Discovery, DiscoveryError
 from .inventory import (
@@ -40,6 +41,7 @@ from .kube import GPUNODES_PATH, Informer, Kube, KubeError
 from .ledger import LedgerWriter
 from .node import NodeAgent
 from .pods import pod_use
+from .reconcile import Policy
 from .regions import RegionKeeper
 from .simulated import SimulatedGpus
 
@@ -73,6 +75,7 @@ class AgentSettings:
         shim_library: Path | None = None,
         shim_dir: Path = DEFAULT_SHIM_DIR,
         cgroup_root: Path = Path("/sys/fs/cgroup"),
+        reconcile: Policy | None = None,
     ) -> None:
         if (node is None) == (simulate_nodes is None):
             raise ValueError("give exactly one of --node (real GPUs) and --simulate-nodes (a fleet)")
@@ -91,6 +94,7 @@ class AgentSettings:
         self.shim_library = shim_library if shim_library is not None else BUILT_SHIM_LIBRARY
         self.shim_dir = shim_dir
         self.cgroup_root = cgroup_root  # --node: the host's cgroup mount (containers' processes)
+        self.reconcile = reconcile if reconcile is not None else Policy()  # --node: NVML reconciliation
 
 
 class AgentProcess:
@@ -272,6 +276,7 @@ class AgentProcess:
                 containers=ContainerTender(s.state_dir, regions, cgroup_root=s.cgroup_root, clock=time.time)
                 if regions is not None
                 else None,
+                backstop=Backstop(s.reconcile, regions) if regions is not None else None,
             )
             with self.lock:
                 pods = [p for p in self._pods.values() if p["spec"].get("nodeName") == name]

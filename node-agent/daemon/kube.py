@@ -124,12 +124,33 @@ class Kube:
 
     def node_event(self, node: str, node_uid: str, kind: str, reason: str, message: str) -> None:
         """A Kubernetes Event on the Node (namespace default, as kubelet records node events)."""
+        involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}
+        self._post_event("default", node, involved, node, kind, reason, message)
+
+    def pod_event(
+        self, namespace: str, name: str, uid: str, node: str, kind: str, reason: str, message: str
+    ) -> None:
+        """A Kubernetes Event on a pod, recorded by the agent of `node` (in the pod's namespace: the
+        API server takes an object's Events only there)."""
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid}
+        self._post_event(namespace, name, involved, node, kind, reason, message)
+
+    def _post_event(
+        self,
+        namespace: str,
+        name: str,
+        involved: Mapping[str, str],
+        node: str,
+        kind: str,
+        reason: str,
+        message: str,
+    ) -> None:
         now = _now()
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{node}.", "namespace": "default"},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid},
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": dict(involved),
             "reason": reason,
             "message": message[:1024],
             "type": kind,
@@ -140,7 +161,7 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
-        self.request("POST", "/api/v1/namespaces/default/events", body, content_type="application/json")
+        self.request("POST", f"/api/v1/namespaces/{namespace}/events", body, content_type="application/json")
 
     def evict(self, namespace: str, name: str) -> int:
         """Ask the Eviction API to evict a pod; returns the HTTP status (201 done, 404 gone, 429 the

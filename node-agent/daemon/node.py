@@ -5,13 +5,13 @@ so a hung NVML only blocks this node's reads and the watchdog can still report i
 lock apply them, derive every GPU's state, record each transition (Event on the Node, GPUNode
 status), publish what changed, evict the pods of GPUs whose fault needs it, start resets, apply
 MIG layouts and keep the containers' shim regions; then hand off to the NRI plugin (the node
-inventory and ledger files) and tend the regions from the plugin's container records (host PIDs,
-dead slots).
+inventory and ledger files), tend the regions from the plugin's container records (host PIDs,
+dead slots) and reconcile shared GPUs' memory with NVML (`backstop`, `reconcile`).
 
 Longer than most modules because `NodeAgent` is one lock-protected unit of state and every step of
 the round reads and writes it; the decisions themselves live in pure modules (`health`,
-`publish`, `miglayout`, `pods`, `regions`, `ledger`, `containers`) and only their sequencing is
-here.
+`publish`, `miglayout`, `pods`, `regions`, `ledger`, `containers`, `reconcile`) and only their
+sequencing is here.
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ from collections.abc import Mapping
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Final
 
 from neuronetes import contracts as c
 from neuronetes.model import GpuHealth
 
+from .backstop import Backstop
 from .containers import ContainerTender
 from .devices import Discovery, DiscoveryError, GpuLost, GpuSample, Inventory, XidEvent
 from .health import GpuHealthState, Recovery, Usage
@@ -40,6 +42,7 @@ from .ledger import LedgerWriter
 from .miglayout import MIG_MANAGER_LABEL, MigTarget, changes, targets_from_spec
 from .pods import PodUse
 from .publish import Allocation, gpu_capacity, gpu_labels, gpunode_status
+from .reconcile import PodRef
 from .regions import RegionKeeper
 
 __all__ = [
@@ -84,6 +87,8 @@ class NodeCounters:
     transitions: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     evictions: Counter[str] = field(default_factory=Counter)
     slots_reclaimed: int = 0  # dead processes' region slots freed after NVML showed the memory released
+    # NVML reconciliation: (namespace, pod, reason) -> episodes acted on (neuronetes_slice_evictions_total)
+    slice_evictions: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
 
 class NodeAgent:
@@ -103,6 +108,7 @@ class NodeAgent:
         inventory_file: InventoryWriter | None = None,
         ledger: LedgerWriter | None = None,
         containers: ContainerTender | None = None,
+        backstop: Backstop | None = None,
     ) -> None:
         self.node = node
         self.node_uid = node_uid
@@ -115,6 +121,7 @@ class NodeAgent:
         self.inventory_file = inventory_file  # --node only: the NRI plugin's device map
         self.ledger = ledger  # --node only: the pods bound here, for the plugin's cross-check
         self.containers = containers  # --node only: host PIDs and dead slots from the plugin's records
+        self.backstop = backstop  # --node only (with `containers`): NVML reconciliation of shared GPUs
         self._live: frozenset[str] = frozenset()  # pods with a running container (their regions stay)
         self._handoff_warnings: set[str] = set()
         self._pods_changed = regions is not None
@@ -281,10 +288,31 @@ class NodeAgent:
                 if report.live != self._live:  # a gone pod's last container stopped: drop its region
                     self._live = report.live
                     self._pods_changed = self.regions is not None
+            if self.backstop is not None:
+                self._reconcile(self.backstop, inventory, report.cgroups)
         for warning in warnings:
             if warning not in self._handoff_warnings:
                 self._event("Warning", "GPUContainerHandoff", warning)
         self._handoff_warnings = set(warnings)
+
+    def _reconcile(
+        self, backstop: Backstop, inventory: Inventory, cgroups: Mapping[tuple[str, str], Path]
+    ) -> None:
+        """Carry out NVML reconciliation's plan (`backstop`): a Warning Event on the pod and on the
+        Node per finding past its grace, the counter, and in enforce mode the pod's eviction."""
+        with self.lock:
+            if not self.nvml_ok:
+                return  # NVML hangs or fails: nothing to judge by
+            pods, samples = dict(self.pods), dict(self.samples)
+        result = backstop.round(pods, inventory, samples, cgroups)
+        with self.lock:
+            for ref, reason, message in backstop.events(result):
+                self._event("Warning", reason, message, pod=ref)
+            for ref, why in result.count:
+                self.counters.slice_evictions[(ref.namespace, ref.name, why.value)] += 1
+            for ref, found in result.evict:
+                if (pod := self.pods.get(ref.uid)) is not None:
+                    self._evict_once(pod, backstop.eviction_reason(found), time.monotonic())
 
     def watchdog(self, limit_s: float) -> bool:
         """Called from another thread: when the backend reads of this node have hung for more than
@@ -403,9 +431,14 @@ class NodeAgent:
     def _evict_users(self, uuid: str, why: str, now: float) -> None:
         """Evict the pods holding GPU `uuid` (each at most once per retry interval)."""
         for pod in list(self.pods.values()):
-            if uuid in pod.allocations and now - self._evicted.get(pod.uid, -1e9) > EVICTION_RETRY_S:
-                self._evict(pod, why)
-                self._evicted[pod.uid] = now
+            if uuid in pod.allocations:
+                self._evict_once(pod, why, now)
+
+    def _evict_once(self, pod: PodUse, why: str, now: float) -> None:
+        """Evict `pod` unless it was asked less than a retry interval ago."""
+        if now - self._evicted.get(pod.uid, -1e9) > EVICTION_RETRY_S:
+            self._evict(pod, why)
+            self._evicted[pod.uid] = now
 
     # ---- MIG layouts ---------------------------------------------------------------------------
 
@@ -594,9 +627,16 @@ class NodeAgent:
             self._conditions_since.pop(other, None)
             cond["lastTransitionTime"] = since
 
-    def _event(self, kind: str, reason: str, message: str) -> None:
+    def _event(self, kind: str, reason: str, message: str, *, pod: PodRef | None = None) -> None:
+        """An Event on the Node, and with `pod` on that pod too."""
         log.info("node %s: %s %s", self.node, reason, message)
         try:
             self.kube.node_event(self.node, self.node_uid, kind, reason, message)
         except KubeError as exc:
             log.warning("node %s: cannot record event %s: %s", self.node, reason, exc)
+        if pod is None:
+            return
+        try:
+            self.kube.pod_event(pod.namespace, pod.name, pod.uid, self.node, kind, reason, message)
+        except KubeError as exc:
+            log.warning("node %s: cannot record event %s on pod %s: %s", self.node, reason, pod.name, exc)

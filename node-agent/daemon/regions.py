@@ -110,6 +110,17 @@ class RegionKeeper:
             for d in list(view.devices)[: view.container.device_count]
         ]
 
+    def registered_host_pids(self, pod_uid: str, container: str) -> set[int]:
+        """The host PIDs the agent registered in the container's ACTIVE slots: its processes that
+        run the shim (NVML reconciliation, `daemon.reconcile`).
+
+        Raises:
+            RegionError, OSError: the container has no valid region.
+        """
+        with shim.open_region(self.path(pod_uid, container), writable=False) as r:
+            view = r.snapshot()
+        return {int(s.host_pid) for s in view.procs if s.state == shim.SLOT_ACTIVE and s.host_pid > 0}
+
     def tend(
         self,
         pod_uid: str,

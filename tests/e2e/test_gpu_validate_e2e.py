@@ -39,7 +39,7 @@ def test_fake_run_executes_every_check_and_writes_the_documented_document(tmp_pa
     assert list(checks) == [s.id for s in load_table()]
     for needs_gpu in ("discovery", "exporter"):
         assert checks[needs_gpu]["status"] == "skipped" and checks[needs_gpu]["reason"] == "skipped: no GPU"
-    for runs in ("shim-memory", "shim-compute", "workstation-preemption"):
+    for runs in ("shim-memory", "shim-compute", "workstation-preemption", "reconciliation"):
         check = checks[runs]
         assert check["status"] == "pass", check
         assert all(set(s) == {"id", "status", "reason", "figures"} for s in check["subchecks"])
@@ -53,6 +53,19 @@ def test_fake_run_executes_every_check_and_writes_the_documented_document(tmp_pa
     assert two["status"] == "skipped" and two["figures"]["tenant_70"]["achieved_percent"] > 0
     assert compute["launch-overhead"]["figures"]["launches_per_s"]["no_shim"] > 0
     assert checks["workstation-preemption"]["figures"]["checkpoint_seconds"] is not None
+    reconciliation = {s["id"]: s["status"] for s in checks["reconciliation"]["subchecks"]}
+    assert reconciliation == dict.fromkeys(
+        [
+            "registered",
+            "nvml.lists",
+            "shimmed.clean",
+            "unshimmed.found",
+            "over-limit.found",
+            "whole-and-mig.ignored",
+            "grace.evicts",
+        ],
+        "pass",
+    )
     assert (out / "gpu-validate.log").stat().st_size > 0
 
 

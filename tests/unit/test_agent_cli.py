@@ -11,6 +11,18 @@ from neuronetes.cli import main
 pytestmark = pytest.mark.unit
 
 
+def unreachable_kubeconfig(tmp_path: Path) -> Path:
+    """A kubeconfig naming an API server nobody listens on (nothing here contacts it)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]\n'
+        "users: [{name: u, user: {token: x}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+    )
+    return kubeconfig
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -46,14 +58,42 @@ def test_agent_on_a_node_without_nvml_exits_with_one_line(
     else:
         pynvml.nvmlShutdown()
         pytest.skip("this machine has NVML")
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\n"
-        'clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]\n'
-        "users: [{name: u, user: {token: x}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
-    )
+    kubeconfig = unreachable_kubeconfig(tmp_path)
     argv = ["agent", "run", "--node", "n1", "--kubeconfig", str(kubeconfig), "--metrics-port", "-1"]
     assert main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: NVML is not available") and "\n" not in err
+
+
+def test_reconciliation_flags_reach_the_agents_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from neuronetes.agent.daemon import fleet
+    from neuronetes.agent.daemon.reconcile import Mode, Policy
+
+    seen: list[Policy] = []
+
+    class Recorder:
+        def __init__(self, api: object, settings: fleet.AgentSettings, **kwargs: object) -> None:
+            seen.append(settings.reconcile)
+            self.agents: dict[str, object] = {}
+
+        def run(self) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(fleet, "AgentProcess", Recorder)
+    kubeconfig = unreachable_kubeconfig(tmp_path)
+    base = ["agent", "run", "--node", "n1", "--kubeconfig", str(kubeconfig), "--metrics-port", "-1"]
+    assert main(base) == 0
+    assert (
+        main([*base, "--reconcile=report", "--reconcile-grace=5", "--reconcile-context-allowance=768"]) == 0
+    )
+    assert seen == [
+        Policy(),
+        Policy(mode=Mode.REPORT, grace_s=5.0, context_allowance_bytes=768 << 20, margin_bytes=64 << 20),
+    ]
+    assert seen[0] == Policy(mode=Mode.ENFORCE, grace_s=30.0, context_allowance_bytes=1 << 30)
+    assert main([*base, "--reconcile=evict"]) == 2  # not a mode

@@ -347,6 +347,10 @@ def test_agent_serves_its_own_node_not_a_fleet() -> None:
     (cgroup,) = [m for m in agent["volumeMounts"] if m["name"] == "cgroup"]
     assert cgroup["readOnly"] and f"--cgroup-root={cgroup['mountPath']}" in agent["args"]
     assert volumes["cgroup"]["hostPath"]["path"] == cgroup["mountPath"]
+    # NVML reconciliation enforces by default, with the documented grace and tolerance.
+    assert {"--reconcile=enforce", "--reconcile-grace=30", "--reconcile-context-allowance=1024"} <= set(
+        agent["args"]
+    ) and "--reconcile-margin=64" in agent["args"]
     # The NRI plugin writes only its container records (and the runtime's socket).
     plugin = containers(ds)["nri-plugin"]
     writable = {m["mountPath"] for m in plugin["volumeMounts"] if not m.get("readOnly")}

@@ -39,12 +39,14 @@ def test_the_check_table_loads_with_every_check_the_issue_names() -> None:
         "shim-memory",
         "shim-compute",
         "workstation-preemption",
+        "reconciliation",
     ]
     assert all(s.goal and s.title and ":" in s.run for s in specs)
     assert {s.id for s in specs if "fake" in s.modes} == {
         "shim-memory",
         "shim-compute",
         "workstation-preemption",
+        "reconciliation",
     }
 
 

@@ -10,8 +10,9 @@ refuses the container.
 
 The state file is the container's: every reading of it (`read`, `registered_host_pids`, `tend`)
 is a bounded copy validated field by field, and a region whose state is not usable yields nothing
-for that container (an empty reading, no host PID) and a message from `tend` — it never raises
-anything else, blocks, or touches another container's region.
+for that container — an empty reading, and `RegionError` from `registered_host_pids` and `tend`
+(which the callers report) — never another exception, a wait, or a write outside that container's
+control file.
 """
 
 from __future__ import annotations

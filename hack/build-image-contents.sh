@@ -101,7 +101,7 @@ print(" ".join(e.name for e in distribution("neuronetes").entry_points if e.grou
     work="$(mktemp -d)"
     # shellcheck disable=SC2064  # expand now: `work` is local
     trap "rm -rf '$work'" RETURN
-    (cd / && NEURONETES_REGION_PATH="$work/region" FAKE_CUDA_STATE="$work/gpu" \
+    (cd / && NEURONETES_REGION_DIR="$work/region" FAKE_CUDA_STATE="$work/gpu" \
         LD_LIBRARY_PATH="$SHIM_BUILD/release/fake" LD_PRELOAD="$root/$SHIM_LIBRARY" \
         "$bin/python" "$REPO_ROOT/hack/shim-smoke.py") || die "smoke: the shim over the fake driver failed"
     echo "image contents OK: $found entry points, neuronetes-nri, the shim ($root)" >&2

@@ -29,7 +29,7 @@ def main() -> None:
     if "libneuronetes-cuda.so" not in os.environ.get("LD_PRELOAD", ""):
         sys.exit("shim smoke: run with the shim in LD_PRELOAD")
     r.create_region(
-        os.environ["NEURONETES_REGION_PATH"], [r.DeviceLimit(FAKE_GPU0, 64 * MIB, 80 << 30)], admitted=True
+        os.environ["NEURONETES_REGION_DIR"], [r.DeviceLimit(FAKE_GPU0, 64 * MIB, 80 << 30)], admitted=True
     )
     cuda = ctypes.CDLL("libcuda.so.1")
     check("cuInit", cuda.cuInit(0))

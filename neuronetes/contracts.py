@@ -87,7 +87,11 @@ TENANT_FORBIDDEN_ENV_NAMES: Final = ("LD_PRELOAD", "LD_AUDIT")
 TENANT_FORBIDDEN_ANNOTATION_PREFIXES: Final = (f"{GROUP}/", "cdi.k8s.io/")
 
 # ---- node-side paths (agent <-> NRI plugin <-> shim) ------------------------------------------
-SHIM_REGION_PATH: Final = "/run/neuronetes/region"  # inside the container; = NN_REGION_PATH in the header
+# The shim's region inside the container (= NN_REGION_DIR, NN_CONTROL_PATH, NN_STATE_PATH in the header):
+# the directory and the agent's control file read-only, the container's state file writable.
+SHIM_REGION_DIR: Final = "/run/neuronetes"
+SHIM_CONTROL_PATH: Final = f"{SHIM_REGION_DIR}/control"
+SHIM_STATE_PATH: Final = f"{SHIM_REGION_DIR}/state"
 SHIM_LIBRARY_PATH: Final = "/usr/lib/neuronetes/libneuronetes-cuda.so"  # inside the container
 SHIM_PRELOAD_FILE: Final = "/etc/ld.so.preload"  # injected read-only, lists SHIM_LIBRARY_PATH
 

@@ -1,31 +1,48 @@
 """Python mirror of the CUDA shim's shared region (``node-agent/shim/include/neuronetes_region.h``).
 
-The agent creates one region per container with a GPU assignment, before the container's first
-process starts, and keeps it mapped to read usage, register host PIDs, reclaim dead processes and
-send control orders (admit, pause, drain). The shim in every process of the container maps the
-same file. The layout, the locking scheme and the versioning rule are documented in the header
-and in docs/contracts.md; ``tests/unit/test_region_layout.py`` compiles the header and checks
-that these ctypes structures agree with it byte for byte.
+A region is two files in one directory per container with a GPU assignment (docs/contracts.md
+"The shim's shared region"):
 
-Every reader validates before it trusts anything: magic, major version, every recorded size.
-A mismatch raises `RegionError` — the caller must fail closed (the agent refuses to start the
-container), never fall back to running unlimited.
+- ``control`` — the agent's file: limits, compute shares, the control word (admit, pause, drain),
+  priority, QoS, device entries, and per process slot the host PID and the reclaim order. The
+  agent keeps it mapped read-write (`Region`); containers map it read-only.
+- ``state`` — the container's file: the shim processes' robust mutex, their process slots and
+  per-device usage and counters. The agent initialises it once (`create_region`) and afterwards
+  only reads it: `read_state` takes a bounded ``pread`` into a private copy and validates the
+  header, `state_problems` every value the agent uses. It never maps it, never locks its mutex and
+  never follows or trusts a pointer or a size found in it, so what a tenant writes there can make
+  the agent misreport (or evict) that one container and nothing else.
+
+``tests/unit/test_region_layout.py`` compiles the header and checks that these ctypes structures
+agree with it byte for byte.
+
+This module is over 400 lines because it is the one mirror of the header: the layout test checks
+every structure, constant and validation rule here against the C side, so they stay in one file.
+
+Every reader validates before it trusts anything: magic, major version, every recorded size, the
+pair id shared by both files. A mismatch raises `RegionError` — the caller must fail closed (the
+agent reports the container, the shim refuses CUDA), never fall back to running unlimited.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import mmap
 import os
+import secrets
+import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 __all__ = [
+    "CONTROL_MAGIC",
+    "CONTROL_NAME",
+    "CONTROL_PATH",
+    "CONTROL_SIZE",
     "CTL_ADMITTED",
     "CTL_DRAINING",
     "CTL_PAUSED",
@@ -41,35 +58,45 @@ __all__ = [
     "QOS_BEST_EFFORT",
     "QOS_BURSTABLE",
     "QOS_GUARANTEED",
+    "REGION_DIR",
     "REGION_F_READY",
     "REGION_F_STANDALONE",
-    "REGION_MAGIC",
-    "REGION_PATH",
-    "REGION_SIZE",
     "REGION_VERSION_MAJOR",
     "REGION_VERSION_MINOR",
     "SLOT_ACTIVE",
     "SLOT_DEAD",
     "SLOT_FREE",
+    "STATE_MAGIC",
+    "STATE_NAME",
+    "STATE_PATH",
+    "STATE_SIZE",
     "UUID_BYTES",
     "DeviceLimit",
     "NnContainer",
-    "NnDeviceEntry",
+    "NnControl",
+    "NnDeviceControl",
+    "NnDeviceUsage",
+    "NnFileHeader",
     "NnLock",
+    "NnProcControl",
     "NnProcSlot",
-    "NnRegion",
-    "NnRegionHeader",
+    "NnState",
+    "NnUsage",
     "Region",
     "RegionError",
     "create_region",
     "open_region",
-    "validate_region",
+    "read_state",
+    "state_problems",
+    "validate_control",
+    "validate_state",
 ]
 
 # ---- constants (the header's #defines, NN_ prefix dropped) ------------------------------------
 
-REGION_MAGIC: Final = 0x4E4F494745524E4E  # b"NNREGION" little-endian
-REGION_VERSION_MAJOR: Final = 1
+CONTROL_MAGIC: Final = 0x4C52544E4F434E4E  # b"NNCONTRL" little-endian
+STATE_MAGIC: Final = 0x5345544154534E4E  # b"NNSTATES" little-endian
+REGION_VERSION_MAJOR: Final = 2
 REGION_VERSION_MINOR: Final = 0
 MAX_DEVICES: Final = 16
 MAX_PROCS: Final = 128
@@ -77,9 +104,14 @@ UUID_BYTES: Final = 64
 LOCK_STORAGE_BYTES: Final = 64
 POD_UID_BYTES: Final = 40
 NAME_BYTES: Final = 64
-REGION_SIZE: Final = 65536
+CONTROL_SIZE: Final = 16384
+STATE_SIZE: Final = 65536
 DEFAULT_PACING_WINDOW_NS: Final = 10_000_000
-REGION_PATH: Final = "/run/neuronetes/region"
+REGION_DIR: Final = "/run/neuronetes"
+CONTROL_NAME: Final = "control"
+STATE_NAME: Final = "state"
+CONTROL_PATH: Final = f"{REGION_DIR}/{CONTROL_NAME}"
+STATE_PATH: Final = f"{REGION_DIR}/{STATE_NAME}"
 
 REGION_F_READY: Final = 1 << 0
 REGION_F_STANDALONE: Final = 1 << 1
@@ -97,11 +129,13 @@ PROC_F_ADMITTED: Final = 1 << 0
 PROC_F_CAPTURING: Final = 1 << 1
 
 _MIB: Final = 1 << 20
+_U63: Final = (1 << 63) - 1  # the largest value a byte count or counter may hold
+_PID_MAX: Final = 1 << 22  # the kernel's PID_MAX_LIMIT
 
 
 class RegionError(RuntimeError):
-    """A region that must not be used: wrong magic, version or sizes, truncated, not ready, or a
-    lock that cannot be taken. Fail closed."""
+    """A region that must not be used: wrong magic, version, sizes or pair, truncated, not ready,
+    or (state file) a value out of range. Fail closed."""
 
 
 # ---- the layout --------------------------------------------------------------------------------
@@ -109,14 +143,14 @@ class RegionError(RuntimeError):
 # program from these lists, so every field here is checked against the header.
 
 
-class NnRegionHeader(ctypes.Structure):
-    _c_name_ = "nn_region_header"
+class NnFileHeader(ctypes.Structure):
+    _c_name_ = "nn_file_header"
     _fields_ = [
         ("magic", ctypes.c_uint64),
         ("version_major", ctypes.c_uint16),
         ("version_minor", ctypes.c_uint16),
         ("header_size", ctypes.c_uint32),
-        ("region_size", ctypes.c_uint64),
+        ("file_size", ctypes.c_uint64),
         ("device_entry_size", ctypes.c_uint32),
         ("proc_slot_size", ctypes.c_uint32),
         ("max_devices", ctypes.c_uint32),
@@ -124,14 +158,15 @@ class NnRegionHeader(ctypes.Structure):
         ("flags", ctypes.c_uint32),
         ("creator_pid", ctypes.c_uint32),
         ("created_realtime_ns", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint8 * 72),
+        ("pair_id", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint8 * 64),
     ]
     if TYPE_CHECKING:
         magic: int
         version_major: int
         version_minor: int
         header_size: int
-        region_size: int
+        file_size: int
         device_entry_size: int
         proc_slot_size: int
         max_devices: int
@@ -139,6 +174,89 @@ class NnRegionHeader(ctypes.Structure):
         flags: int
         creator_pid: int
         created_realtime_ns: int
+        pair_id: int
+
+
+class NnContainer(ctypes.Structure):
+    _c_name_ = "nn_container"
+    _fields_ = [
+        ("memory_limit_bytes", ctypes.c_uint64),
+        ("pacing_window_ns", ctypes.c_uint64),
+        ("priority", ctypes.c_int32),
+        ("qos", ctypes.c_uint32),
+        ("control", ctypes.c_uint32),
+        ("device_count", ctypes.c_uint32),
+        ("reclaim_generation", ctypes.c_uint64),
+        ("pod_uid", ctypes.c_char * POD_UID_BYTES),
+        ("namespace_", ctypes.c_char * NAME_BYTES),
+        ("container_name", ctypes.c_char * NAME_BYTES),
+        ("reserved", ctypes.c_uint8 * 48),
+    ]
+    if TYPE_CHECKING:
+        memory_limit_bytes: int
+        pacing_window_ns: int
+        priority: int
+        qos: int
+        control: int
+        device_count: int
+        reclaim_generation: int
+        pod_uid: bytes
+        namespace_: bytes
+        container_name: bytes
+
+
+class NnDeviceControl(ctypes.Structure):
+    _c_name_ = "nn_device_control"
+    _fields_ = [
+        ("uuid", ctypes.c_char * UUID_BYTES),
+        ("memory_limit_bytes", ctypes.c_uint64),
+        ("memory_total_bytes", ctypes.c_uint64),
+        ("compute_share_percent", ctypes.c_uint32),
+        ("host_index", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("mig_start", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint8 * 32),
+    ]
+    if TYPE_CHECKING:
+        uuid: bytes
+        memory_limit_bytes: int
+        memory_total_bytes: int
+        compute_share_percent: int
+        host_index: int
+        flags: int
+        mig_start: int
+
+
+class NnProcControl(ctypes.Structure):
+    _c_name_ = "nn_proc_control"
+    _fields_ = [
+        ("host_pid", ctypes.c_int32),
+        ("reserved0", ctypes.c_uint32),
+        ("claim_seq", ctypes.c_uint64),
+        ("start_time_ticks", ctypes.c_uint64),
+        ("reclaim_claim_seq", ctypes.c_uint64),
+    ]
+    if TYPE_CHECKING:
+        host_pid: int
+        claim_seq: int
+        start_time_ticks: int
+        reclaim_claim_seq: int
+
+
+class NnControl(ctypes.Structure):
+    _c_name_ = "nn_control"
+    _fields_ = [
+        ("header", NnFileHeader),
+        ("container", NnContainer),
+        ("devices", NnDeviceControl * MAX_DEVICES),
+        ("procs", NnProcControl * MAX_PROCS),
+        ("reserved", ctypes.c_uint8 * 9856),
+    ]
+    if TYPE_CHECKING:
+        header: NnFileHeader
+        container: NnContainer
+        devices: ctypes.Array[NnDeviceControl]
+        procs: ctypes.Array[NnProcControl]
 
 
 class NnLock(ctypes.Structure):
@@ -152,64 +270,34 @@ class NnLock(ctypes.Structure):
         owner_died_total: int
 
 
-class NnContainer(ctypes.Structure):
-    _c_name_ = "nn_container"
+class NnUsage(ctypes.Structure):
+    _c_name_ = "nn_usage"
     _fields_ = [
-        ("memory_limit_bytes", ctypes.c_uint64),
-        ("pacing_window_ns", ctypes.c_uint64),
-        ("priority", ctypes.c_int32),
-        ("qos", ctypes.c_uint32),
-        ("control", ctypes.c_uint32),
-        ("device_count", ctypes.c_uint32),
         ("memory_used_bytes", ctypes.c_uint64),
-        ("pod_uid", ctypes.c_char * POD_UID_BYTES),
-        ("namespace_", ctypes.c_char * NAME_BYTES),
-        ("container_name", ctypes.c_char * NAME_BYTES),
+        ("reclaim_generation_seen", ctypes.c_uint64),
         ("reserved", ctypes.c_uint8 * 48),
     ]
     if TYPE_CHECKING:
-        memory_limit_bytes: int
-        pacing_window_ns: int
-        priority: int
-        qos: int
-        control: int
-        device_count: int
         memory_used_bytes: int
-        pod_uid: bytes
-        namespace_: bytes
-        container_name: bytes
+        reclaim_generation_seen: int
 
 
-class NnDeviceEntry(ctypes.Structure):
-    _c_name_ = "nn_device_entry"
+class NnDeviceUsage(ctypes.Structure):
+    _c_name_ = "nn_device_usage"
     _fields_ = [
-        ("uuid", ctypes.c_char * UUID_BYTES),
-        ("memory_limit_bytes", ctypes.c_uint64),
         ("memory_used_bytes", ctypes.c_uint64),
-        ("memory_total_bytes", ctypes.c_uint64),
-        ("compute_share_percent", ctypes.c_uint32),
-        ("host_index", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
-        ("mig_start", ctypes.c_uint32),
+        ("memory_peak_bytes", ctypes.c_uint64),
         ("kernel_ns_total", ctypes.c_uint64),
         ("throttled_ns_total", ctypes.c_uint64),
         ("oom_refusals_total", ctypes.c_uint64),
-        ("memory_peak_bytes", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint8 * 120),
+        ("reserved", ctypes.c_uint8 * 24),
     ]
     if TYPE_CHECKING:
-        uuid: bytes
-        memory_limit_bytes: int
         memory_used_bytes: int
-        memory_total_bytes: int
-        compute_share_percent: int
-        host_index: int
-        flags: int
-        mig_start: int
+        memory_peak_bytes: int
         kernel_ns_total: int
         throttled_ns_total: int
         oom_refusals_total: int
-        memory_peak_bytes: int
 
 
 class NnProcSlot(ctypes.Structure):
@@ -217,8 +305,8 @@ class NnProcSlot(ctypes.Structure):
     _fields_ = [
         ("state", ctypes.c_uint32),
         ("container_pid", ctypes.c_int32),
-        ("host_pid", ctypes.c_int32),
         ("flags", ctypes.c_uint32),
+        ("reserved_u32", ctypes.c_uint32),
         ("start_time_ticks", ctypes.c_uint64),
         ("claim_seq", ctypes.c_uint64),
         ("heartbeat_ns", ctypes.c_uint64),
@@ -231,7 +319,6 @@ class NnProcSlot(ctypes.Structure):
     if TYPE_CHECKING:
         state: int
         container_pid: int
-        host_pid: int
         flags: int
         start_time_ticks: int
         claim_seq: int
@@ -241,60 +328,71 @@ class NnProcSlot(ctypes.Structure):
         kernel_ns: ctypes.Array[ctypes.c_uint64]
 
 
-class NnRegion(ctypes.Structure):
-    _c_name_ = "nn_region"
+class NnState(ctypes.Structure):
+    _c_name_ = "nn_state"
     _fields_ = [
-        ("header", NnRegionHeader),
+        ("header", NnFileHeader),
         ("lock", NnLock),
-        ("container", NnContainer),
-        ("devices", NnDeviceEntry * MAX_DEVICES),
+        ("usage", NnUsage),
+        ("devices", NnDeviceUsage * MAX_DEVICES),
         ("procs", NnProcSlot * MAX_PROCS),
-        ("reserved", ctypes.c_uint8 * 11776),
+        ("reserved", ctypes.c_uint8 * 15040),
     ]
     if TYPE_CHECKING:
-        header: NnRegionHeader
+        header: NnFileHeader
         lock: NnLock
-        container: NnContainer
-        devices: ctypes.Array[NnDeviceEntry]
+        usage: NnUsage
+        devices: ctypes.Array[NnDeviceUsage]
         procs: ctypes.Array[NnProcSlot]
 
 
 STRUCTURES: Final[tuple[type[ctypes.Structure], ...]] = (
-    NnRegionHeader,
-    NnLock,
+    NnFileHeader,
     NnContainer,
-    NnDeviceEntry,
+    NnDeviceControl,
+    NnProcControl,
+    NnControl,
+    NnLock,
+    NnUsage,
+    NnDeviceUsage,
     NnProcSlot,
-    NnRegion,
+    NnState,
 )
 """Every mirrored structure, for the layout test."""
 
-if ctypes.sizeof(NnRegion) != REGION_SIZE:  # pragma: no cover - caught by the layout test too
-    raise ImportError(f"region mirror is {ctypes.sizeof(NnRegion)} bytes, expected {REGION_SIZE}")
+if ctypes.sizeof(NnControl) != CONTROL_SIZE or ctypes.sizeof(NnState) != STATE_SIZE:  # pragma: no cover
+    raise ImportError("region mirror sizes differ from CONTROL_SIZE / STATE_SIZE")
 
 # ---- validation ------------------------------------------------------------------------------
 
+# Per file: magic, the structure (its size is the file size), device entry and slot structures.
+_FILES: Final = {
+    CONTROL_NAME: (CONTROL_MAGIC, NnControl, NnDeviceControl, NnProcControl),
+    STATE_NAME: (STATE_MAGIC, NnState, NnDeviceUsage, NnProcSlot),
+}
 
-def validate_region(buf: bytes | bytearray | memoryview | mmap.mmap, *, require_ready: bool = True) -> None:
-    """Check that `buf` holds a region this code can use; raise `RegionError` naming what is wrong."""
+
+def _validate_header(buf: bytes | bytearray | memoryview | mmap.mmap, name: str, require_ready: bool) -> None:
+    magic, whole, entry, slot = _FILES[name]
     size = len(buf)
-    if size < ctypes.sizeof(NnRegionHeader):
-        raise RegionError(f"region is {size} bytes, smaller than its header")
-    header = NnRegionHeader.from_buffer_copy(bytes(buf[: ctypes.sizeof(NnRegionHeader)]))
-    if header.magic != REGION_MAGIC:
+    if size < ctypes.sizeof(NnFileHeader):
+        raise RegionError(f"{name} file is {size} bytes, smaller than its header")
+    header = NnFileHeader.from_buffer_copy(bytes(buf[: ctypes.sizeof(NnFileHeader)]))
+    if header.magic != magic:
         raise RegionError(
-            f"bad magic {header.magic:#018x} (expected {REGION_MAGIC:#018x}): not a NeuroNetes region"
+            f"{name} file: bad magic {header.magic:#018x} (expected {magic:#018x}): "
+            f"not a NeuroNetes {name} file"
         )
     if header.version_major != REGION_VERSION_MAJOR:
         raise RegionError(
-            f"region version {header.version_major}.{header.version_minor} is not readable by this code "
-            f"(major {REGION_VERSION_MAJOR}); agent and shim must come from compatible releases"
+            f"{name} file: region version {header.version_major}.{header.version_minor} is not readable by "
+            f"this code (major {REGION_VERSION_MAJOR}); agent and shim must come from compatible releases"
         )
     expected = {
-        "header_size": ctypes.sizeof(NnRegionHeader),
-        "region_size": ctypes.sizeof(NnRegion),
-        "device_entry_size": ctypes.sizeof(NnDeviceEntry),
-        "proc_slot_size": ctypes.sizeof(NnProcSlot),
+        "header_size": ctypes.sizeof(NnFileHeader),
+        "file_size": ctypes.sizeof(whole),
+        "device_entry_size": ctypes.sizeof(entry),
+        "proc_slot_size": ctypes.sizeof(slot),
         "max_devices": MAX_DEVICES,
         "max_procs": MAX_PROCS,
     }
@@ -302,18 +400,103 @@ def validate_region(buf: bytes | bytearray | memoryview | mmap.mmap, *, require_
         f"{k}={getattr(header, k)} (expected {v})" for k, v in expected.items() if getattr(header, k) != v
     ]
     if wrong:
-        raise RegionError("region layout mismatch: " + ", ".join(wrong))
-    if size != REGION_SIZE:
-        raise RegionError(f"region is {size} bytes, expected {REGION_SIZE} (truncated or padded file)")
+        raise RegionError(f"{name} file: region layout mismatch: " + ", ".join(wrong))
+    if size != ctypes.sizeof(whole):
+        raise RegionError(
+            f"{name} file is {size} bytes, expected {ctypes.sizeof(whole)} (truncated or padded file)"
+        )
     if require_ready and not header.flags & REGION_F_READY:
-        raise RegionError("region is not ready (the agent has not finished writing it)")
+        raise RegionError(f"{name} file: region is not ready (the agent has not finished writing it)")
 
 
-# ---- the robust mutex (glibc, through ctypes) ---------------------------------------------------
+def validate_control(buf: bytes | bytearray | memoryview | mmap.mmap, *, require_ready: bool = True) -> None:
+    """Check that `buf` holds a control file this code can use; raise `RegionError` naming what is
+    wrong (as the shim checks it: header, a QoS class, 1..MAX_DEVICES devices)."""
+    _validate_header(buf, CONTROL_NAME, require_ready)
+    container = NnContainer.from_buffer_copy(
+        bytes(buf[NnControl.container.offset : NnControl.container.offset + ctypes.sizeof(NnContainer)])
+    )
+    if container.qos not in (QOS_GUARANTEED, QOS_BURSTABLE, QOS_BEST_EFFORT):
+        raise RegionError(f"control file: region has no QoS class ({container.qos})")
+    if not 1 <= container.device_count <= MAX_DEVICES:
+        raise RegionError(f"control file: region lists {container.device_count} devices (1..{MAX_DEVICES})")
 
 
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+def validate_state(buf: bytes | bytearray | memoryview | mmap.mmap, *, require_ready: bool = True) -> None:
+    """Check that `buf` holds a state file this code can use (header only); raise `RegionError`."""
+    _validate_header(buf, STATE_NAME, require_ready)
+
+
+def state_problems(state: NnState, control: NnControl) -> list[str]:
+    """What is out of range in a private copy of a state file, judged against the agent's own
+    control file: the pair id, and every value the agent reads — device totals and counters of the
+    control file's devices (byte counts at most the device's memory or limit, whichever is larger;
+    counters below 2⁶³), slot states, and of live slots the container PID, claim number and
+    per-device bytes. Empty when
+    the copy is usable. Only single fields are checked: the shim updates fields one at a time, so a
+    copy taken while it runs may be inconsistent across fields, never within one."""
+    problems: list[str] = []
+    if state.header.pair_id != control.header.pair_id:
+        return ["the state file belongs to another region than the control file (pair id)"]
+    count = min(int(control.container.device_count), MAX_DEVICES)  # the agent's own value
+    caps = [
+        max(int(control.devices[d].memory_total_bytes), int(control.devices[d].memory_limit_bytes))
+        for d in range(count)
+    ]
+    if state.usage.memory_used_bytes > _U63:
+        problems.append(f"usage.memory_used_bytes {state.usage.memory_used_bytes} out of range")
+    for d in range(count):
+        dev = state.devices[d]
+        for name in ("memory_used_bytes", "memory_peak_bytes"):
+            if getattr(dev, name) > caps[d]:
+                problems.append(f"devices[{d}].{name} {getattr(dev, name)} above the device's {caps[d]}")
+        for name in ("kernel_ns_total", "throttled_ns_total", "oom_refusals_total"):
+            if getattr(dev, name) > _U63:
+                problems.append(f"devices[{d}].{name} {getattr(dev, name)} out of range")
+    for i in range(MAX_PROCS):
+        slot = state.procs[i]
+        if slot.state not in (SLOT_FREE, SLOT_ACTIVE, SLOT_DEAD):
+            problems.append(f"procs[{i}].state {slot.state} is not a slot state")
+            continue
+        if slot.state == SLOT_FREE:
+            continue
+        if not 0 < slot.container_pid <= _PID_MAX:
+            problems.append(f"procs[{i}].container_pid {slot.container_pid} out of range")
+        if not 0 < slot.claim_seq <= _U63:
+            problems.append(f"procs[{i}].claim_seq {slot.claim_seq} out of range")
+        used = slot.used_bytes
+        problems.extend(
+            f"procs[{i}].used_bytes[{d}] {used[d]} above the device's {caps[d]}"
+            for d in range(count)
+            if used[d] > caps[d]
+        )
+    return problems
+
+
+def read_state(path: str | os.PathLike[str]) -> NnState:
+    """A private copy of the state file at `path`, its header validated: one bounded ``pread``
+    (never a mapping — a tenant can truncate the file under a reader, which would be SIGBUS), of a
+    regular file opened without following a symlink.
+
+    Raises:
+        RegionError: not a state file this code can use (size, magic, version, layout, not ready).
+        OSError: the file cannot be opened or read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RegionError(f"{path}: not a regular file")
+        data = os.pread(fd, STATE_SIZE + 1, 0)  # one byte more: a longer file is caught too
+    finally:
+        os.close(fd)
+    try:
+        validate_state(data)
+    except RegionError as exc:
+        raise RegionError(f"{path}: {exc}") from None
+    return NnState.from_buffer_copy(data)
+
+
+# ---- the state file's robust mutex (initialised once, by the agent, before publication) ---------
 
 
 _PTHREAD_PROCESS_SHARED: Final = 1
@@ -331,9 +514,6 @@ def _libc() -> ctypes.CDLL:
             "pthread_mutexattr_setrobust",
             "pthread_mutexattr_destroy",
             "pthread_mutex_init",
-            "pthread_mutex_timedlock",
-            "pthread_mutex_unlock",
-            "pthread_mutex_consistent",
         ):
             try:
                 getattr(lib, fn).restype = ctypes.c_int
@@ -402,120 +582,87 @@ def _fixed(value: str, size: int, what: str) -> bytes:
 
 
 class Region:
-    """A mapped region. Use as a context manager, or call `close()` (drop views of it first)."""
+    """The agent's handle on one container's region: its control file mapped (read-write for the
+    agent, read-only for a reader) and the path of the state file, which is only ever read into
+    private copies (`read_state`). Use as a context manager, or call `close()`."""
 
-    def __init__(self, path: Path, mm: mmap.mmap, *, writable: bool) -> None:
-        self.path = path
+    def __init__(self, directory: Path, mm: mmap.mmap, *, writable: bool) -> None:
+        self.directory = directory
+        self.control_path = directory / CONTROL_NAME
+        self.state_path = directory / STATE_NAME
         self.writable = writable
         self._mm: mmap.mmap | None = mm
-        self._view: NnRegion | None = NnRegion.from_buffer(mm) if writable else None
+        self._control: NnControl | None = NnControl.from_buffer(mm) if writable else None
 
-    # -- access
+    # -- the control file
 
     @property
-    def view(self) -> NnRegion:
-        """The live, writable structure over the mapping (writable regions only)."""
-        if self._view is None:
+    def control(self) -> NnControl:
+        """The live, writable control file (writable handles only): single aligned stores."""
+        if self._control is None:
             raise RegionError("region is closed or read-only")
-        return self._view
+        return self._control
 
-    def snapshot(self) -> NnRegion:
-        """A copy of the region as it is now (works on read-only mappings)."""
+    def snapshot_control(self) -> NnControl:
+        """A copy of the control file as it is now (works on read-only handles)."""
         if self._mm is None:
             raise RegionError("region is closed")
-        return NnRegion.from_buffer_copy(self._mm)
+        return NnControl.from_buffer_copy(self._mm)
 
     @property
-    def devices(self) -> list[NnDeviceEntry]:
+    def devices(self) -> list[NnDeviceControl]:
         """The live device entries in use (`container.device_count` of them)."""
-        view = self.view
-        return [view.devices[i] for i in range(min(view.container.device_count, MAX_DEVICES))]
-
-    # -- control (single aligned stores; the shim polls them)
+        control = self.control
+        return [control.devices[i] for i in range(min(control.container.device_count, MAX_DEVICES))]
 
     def set_control(self, flag: int, on: bool) -> None:
-        container = self.view.container
+        container = self.control.container
         container.control = (container.control | flag) if on else (container.control & ~flag)
 
-    def set_host_pid(self, slot: int, host_pid: int) -> None:
-        """Record the host PID of the process in `slot` (the agent found it through NSpid)."""
-        self.view.procs[slot].host_pid = host_pid
+    def set_host_pid(self, slot: int, host_pid: int, claim_seq: int, start_time_ticks: int) -> None:
+        """Record the host PID of the process holding claim `claim_seq` of `slot` (the agent found it
+        through NSpid and start time). Stores in the order the header gives: host_pid = 0, the claim,
+        its start time, then host_pid — a reader never pairs a PID with another claim."""
+        proc = self.control.procs[slot]
+        proc.host_pid = 0
+        proc.claim_seq = claim_seq
+        proc.start_time_ticks = start_time_ticks
+        proc.host_pid = host_pid
 
-    # -- the lock
+    def order_reclaim(self, slot: int, claim_seq: int) -> None:
+        """Order the shim to free `slot` while its claim is `claim_seq` (its process is gone and the
+        driver released its memory), then announce it (`reclaim_generation`)."""
+        if not 0 < claim_seq <= _U63:
+            raise ValueError(f"claim_seq {claim_seq} cannot be ordered")
+        control = self.control
+        control.procs[slot].reclaim_claim_seq = claim_seq
+        control.container.reclaim_generation += 1
 
-    @contextlib.contextmanager
-    def lock(self, timeout: float = 1.0) -> Iterator[bool]:
-        """Hold the region's robust mutex; yields True when it recovered a dead holder's lock.
+    # -- the state file
 
-        On recovery the usage totals are recomputed from the per-process values before the body
-        runs, so the body always sees a consistent region. Never blocks longer than `timeout`.
+    def read_state(self) -> NnState:
+        """A validated private copy of the state file: header (`read_state`), pair and every value
+        the agent reads (`state_problems`).
 
         Raises:
-            RegionError: not taken within `timeout` (a tenant process holds it: treat the
-                container as misbehaving), or the mutex is unrecoverable.
+            RegionError: not usable; the message names the first problems.
+            OSError: it cannot be read.
         """
-        view = self.view
-        libc = _libc()
-        address = ctypes.c_void_p(ctypes.addressof(view.lock))
-        deadline = time.clock_gettime_ns(time.CLOCK_REALTIME) + int(timeout * 1e9)
-        abstime = _Timespec(deadline // 1_000_000_000, deadline % 1_000_000_000)
-        rc = libc.pthread_mutex_timedlock(address, ctypes.byref(abstime))
-        recovered = False
-        if rc == errno.EOWNERDEAD:
-            recovered = True
-            if libc.pthread_mutex_consistent(address) != 0:  # pragma: no cover - cannot fail here
-                raise RegionError("pthread_mutex_consistent failed")
-            view.lock.owner_died_total += 1
-            self._recompute(view)
-        elif rc == errno.ETIMEDOUT:
-            raise RegionError(
-                f"region lock not taken within {timeout} s: a process of the container holds it"
-            )
-        elif rc != 0:
-            raise RegionError(f"region lock: {os.strerror(rc)}")
-        try:
-            yield recovered
-        finally:
-            libc.pthread_mutex_unlock(address)
-
-    @staticmethod
-    def _recompute(view: NnRegion) -> None:
-        total = 0
-        for i in range(MAX_DEVICES):
-            used = sum(int(s.used_bytes[i]) for s in view.procs if s.state != SLOT_FREE)
-            device = view.devices[i]
-            device.memory_used_bytes = used
-            device.memory_peak_bytes = max(device.memory_peak_bytes, used)
-            total += used
-        view.container.memory_used_bytes = total
-
-    def recompute_usage(self, timeout: float = 1.0) -> None:
-        """Rebuild the device and container totals from the per-process values (under the lock)."""
-        with self.lock(timeout) as recovered:
-            if not recovered:
-                self._recompute(self.view)
-
-    def reclaim_slot(self, slot: int, timeout: float = 1.0, *, claim_seq: int | None = None) -> bool:
-        """Free `slot` and drop its memory from the totals (its process is gone and NVML shows its
-        memory released). With `claim_seq`, only while the slot is still that claim and DEAD (a
-        process may have claimed it since the caller looked); True when it was freed."""
-        with self.lock(timeout):
-            view = self.view
-            proc = view.procs[slot]
-            if claim_seq is not None and (proc.claim_seq != claim_seq or proc.state != SLOT_DEAD):
-                return False
-            ctypes.memset(ctypes.addressof(proc), 0, ctypes.sizeof(NnProcSlot))
-            proc.state = SLOT_FREE
-            self._recompute(view)
-        return True
+        state = read_state(self.state_path)
+        problems = state_problems(state, self.snapshot_control())
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            raise RegionError(f"{self.state_path}: " + "; ".join(problems[:3]) + more)
+        return state
 
     # -- lifetime
 
     def close(self) -> None:
-        self._view = None
+        self._control = None
         if self._mm is not None:
-            self._mm.close()  # BufferError if a caller still holds a structure from `view`
-            self._mm = None
+            mm, self._mm = self._mm, None
+            with contextlib.suppress(BufferError):  # a caller still holds a structure of it: the
+                mm.close()  # mapping goes with that structure, it never fails the caller
 
     def __enter__(self) -> Region:
         return self
@@ -524,8 +671,36 @@ class Region:
         self.close()
 
 
+def _new_file(directory: Path, name: str, size: int) -> tuple[Path, int, mmap.mmap]:
+    tmp = directory / f".{name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        return tmp, fd, mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+
+
+def _fill_header(h: NnFileHeader, name: str, pair_id: int, created_ns: int) -> None:
+    magic, whole, entry, slot = _FILES[name]
+    h.magic = magic
+    h.version_major = REGION_VERSION_MAJOR
+    h.version_minor = REGION_VERSION_MINOR
+    h.header_size = ctypes.sizeof(NnFileHeader)
+    h.file_size = ctypes.sizeof(whole)
+    h.device_entry_size = ctypes.sizeof(entry)
+    h.proc_slot_size = ctypes.sizeof(slot)
+    h.max_devices = MAX_DEVICES
+    h.max_procs = MAX_PROCS
+    h.creator_pid = os.getpid()
+    h.created_realtime_ns = created_ns
+    h.pair_id = pair_id
+
+
 def create_region(
-    path: str | os.PathLike[str],
+    directory: str | os.PathLike[str],
     devices: Sequence[DeviceLimit],
     *,
     memory_limit_bytes: int | None = None,
@@ -538,21 +713,25 @@ def create_region(
     admitted: bool = False,
     standalone: bool = False,
     mode: int = 0o666,
+    control_mode: int = 0o644,
 ) -> Region:
-    """Write a new region at `path` and return it mapped.
+    """Write a new region — ``control`` and ``state`` in `directory` (created if missing) — and
+    return it with the control file mapped read-write.
 
-    The file is filled under a temporary name in the same directory, its mutex initialised
-    (robust, process-shared), `REGION_F_READY` set, and only then renamed to `path`, so no
-    process ever maps a half-written region. `mode` defaults to world-writable because the
-    container's processes may run as any UID; the directory the NRI plugin mounts is read-only,
-    so they can write the region but not replace it.
+    Each file is filled under a temporary name in the directory and renamed into place: the state
+    file first (its robust mutex initialised, `REGION_F_READY` set), the control file last, so the
+    control file's presence means the pair is complete and no process maps a half-written one.
+    `mode` (the state file) defaults to world-writable because the container's processes may run
+    as any UID; `control_mode` to readable by all, writable by the agent only. The NRI plugin
+    mounts the directory and the control file read-only, so the container writes the state file
+    and nothing else.
 
     Raises:
         ValueError: bad arguments (no device, too many, a string too long, a bad QoS).
         RegionError: the mutex cannot be initialised (not glibc).
-        OSError: the file cannot be written.
+        OSError: a file cannot be written.
     """
-    target = Path(path)
+    target = Path(directory)
     if not 1 <= len(devices) <= MAX_DEVICES:
         raise ValueError(f"a region holds 1..{MAX_DEVICES} devices, got {len(devices)}")
     if qos not in (QOS_GUARANTEED, QOS_BURSTABLE, QOS_BEST_EFFORT):
@@ -572,52 +751,56 @@ def create_region(
         _fixed(namespace, NAME_BYTES, "namespace"),
         _fixed(container_name, NAME_BYTES, "container_name"),
     )
+    target.mkdir(parents=True, exist_ok=True)
+    pair_id = secrets.randbits(64) or 1
+    created = time.time_ns()
 
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    tmp, fd, mm = _new_file(target, STATE_NAME, STATE_SIZE)
     try:
-        os.ftruncate(fd, REGION_SIZE)
-        mm = mmap.mmap(fd, REGION_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        region = Region(target, mm, writable=True)
-        try:
-            view = region.view
-            h = view.header
-            h.magic = REGION_MAGIC
-            h.version_major = REGION_VERSION_MAJOR
-            h.version_minor = REGION_VERSION_MINOR
-            h.header_size = ctypes.sizeof(NnRegionHeader)
-            h.region_size = ctypes.sizeof(NnRegion)
-            h.device_entry_size = ctypes.sizeof(NnDeviceEntry)
-            h.proc_slot_size = ctypes.sizeof(NnProcSlot)
-            h.max_devices = MAX_DEVICES
-            h.max_procs = MAX_PROCS
-            h.creator_pid = os.getpid()
-            h.created_realtime_ns = time.time_ns()
-            _init_mutex(ctypes.addressof(view.lock))
-            ct = view.container
-            ct.memory_limit_bytes = limit
-            ct.pacing_window_ns = pacing_window_ns
-            ct.priority = priority
-            ct.qos = qos
-            ct.control = CTL_ADMITTED if admitted else 0
-            ct.device_count = len(devices)
-            ct.pod_uid, ct.namespace_, ct.container_name = identity
-            for entry, dev in zip(view.devices, devices, strict=False):
-                entry.uuid = dev.uuid.encode()
-                entry.memory_limit_bytes = dev.memory_limit_bytes
-                entry.memory_total_bytes = dev.memory_total_bytes
-                entry.compute_share_percent = dev.compute_share_percent
-                entry.host_index = dev.host_index
-                entry.flags = DEV_F_MIG if dev.mig_start is not None else 0
-                entry.mig_start = dev.mig_start or 0
-            h.flags = REGION_F_READY | (REGION_F_STANDALONE if standalone else 0)
-            mm.flush()
-            os.fchmod(fd, mode)
-            os.rename(tmp, target)
-        except BaseException:
-            region.close()
-            raise
+        state = NnState.from_buffer(mm)
+        _fill_header(state.header, STATE_NAME, pair_id, created)
+        _init_mutex(ctypes.addressof(state.lock))
+        state.header.flags = REGION_F_READY
+        del state
+        mm.flush()
+        mm.close()
+        os.fchmod(fd, mode)
+        os.rename(tmp, target / STATE_NAME)
     except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    finally:
+        os.close(fd)
+
+    tmp, fd, mm = _new_file(target, CONTROL_NAME, CONTROL_SIZE)
+    region = Region(target, mm, writable=True)
+    try:
+        control = region.control
+        _fill_header(control.header, CONTROL_NAME, pair_id, created)
+        ct = control.container
+        ct.memory_limit_bytes = limit
+        ct.pacing_window_ns = pacing_window_ns
+        ct.priority = priority
+        ct.qos = qos
+        ct.control = CTL_ADMITTED if admitted else 0
+        ct.device_count = len(devices)
+        ct.pod_uid, ct.namespace_, ct.container_name = identity
+        for entry, dev in zip(control.devices, devices, strict=False):
+            entry.uuid = dev.uuid.encode()
+            entry.memory_limit_bytes = dev.memory_limit_bytes
+            entry.memory_total_bytes = dev.memory_total_bytes
+            entry.compute_share_percent = dev.compute_share_percent
+            entry.host_index = dev.host_index
+            entry.flags = DEV_F_MIG if dev.mig_start is not None else 0
+            entry.mig_start = dev.mig_start or 0
+        control.header.flags = REGION_F_READY | (REGION_F_STANDALONE if standalone else 0)
+        del control, ct, entry
+        mm.flush()
+        os.fchmod(fd, control_mode)
+        os.rename(tmp, target / CONTROL_NAME)
+    except BaseException:
+        region.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
@@ -626,27 +809,37 @@ def create_region(
     return region
 
 
-def open_region(path: str | os.PathLike[str], *, writable: bool = True) -> Region:
-    """Map an existing region and validate it (magic, major version, sizes, ready flag).
+def open_region(directory: str | os.PathLike[str], *, writable: bool = True) -> Region:
+    """Map an existing region's control file and validate it (magic, major version, sizes, ready,
+    QoS, device count); the state file is read later, on demand (`Region.read_state`).
 
     Raises:
-        RegionError: the file is not a region this code can use. Fail closed.
-        OSError: the file cannot be opened.
+        RegionError: the control file is not one this code can use. Fail closed.
+        OSError: it cannot be opened.
     """
-    target = Path(path)
-    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
-    fd = os.open(target, flags)
+    target = Path(directory)
+    path = target / CONTROL_NAME
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        if (target / "region").exists():
+            raise RegionError(
+                f"{target}: holds a region of major version 1 (one file, 'region'), which this agent "
+                f"(major {REGION_VERSION_MAJOR}) does not read"
+            ) from None
+        raise
     try:
         size = os.fstat(fd).st_size
-        if size != REGION_SIZE:  # check before mapping: touching past EOF would SIGBUS
-            raise RegionError(f"{target}: {size} bytes, expected {REGION_SIZE}")
+        if size != CONTROL_SIZE:  # check before mapping: touching past EOF would SIGBUS
+            raise RegionError(f"{path}: {size} bytes, expected {CONTROL_SIZE}")
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        mm = mmap.mmap(fd, REGION_SIZE, mmap.MAP_SHARED, prot)
+        mm = mmap.mmap(fd, CONTROL_SIZE, mmap.MAP_SHARED, prot)
     finally:
         os.close(fd)
     try:
-        validate_region(mm)
+        validate_control(mm)
     except RegionError as exc:
         mm.close()
-        raise RegionError(f"{target}: {exc}") from None
+        raise RegionError(f"{path}: {exc}") from None
     return Region(target, mm, writable=writable)

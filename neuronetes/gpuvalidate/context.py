@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -21,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["GIB", "MIB", "Context", "WorkloadRun", "used_offset"]
+__all__ = ["GIB", "MIB", "Context", "WorkloadRun", "offset_arg", "used_offset"]
 
 MIB: Final = 1 << 20
 GIB: Final = 1 << 30
@@ -29,12 +30,19 @@ WORKLOADS: Final = f"{__package__}.workloads"  # run as modules: python -m WORKL
 REFUSED_MARK: Final = "does not wrap: refused"
 
 
-def used_offset() -> int:
-    """Byte offset of ``devices[0].memory_used_bytes`` in a region: a workload reads the shim's
-    account there at the moment it reports (the region is the container's own file)."""
+def used_offset() -> tuple[str, int]:
+    """Where ``devices[0].memory_used_bytes`` lives: the file of the region directory (the
+    container's state file) and the byte offset in it. A workload reads the shim's account there at
+    the moment it reports (``--offset FILE:OFFSET``; the directory is ``NEURONETES_REGION_DIR``)."""
     from neuronetes.agent import region as r
 
-    return int(r.NnRegion.devices.offset) + int(r.NnDeviceEntry.memory_used_bytes.offset)
+    return r.STATE_NAME, int(r.NnState.devices.offset) + int(r.NnDeviceUsage.memory_used_bytes.offset)
+
+
+def offset_arg() -> list[str]:
+    """The workloads' ``--offset FILE:OFFSET`` argument for `used_offset()`."""
+    name, at = used_offset()
+    return ["--offset", f"{name}:{at}"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,24 +119,24 @@ class Context:
         standalone: bool = False,
         at: Path | None = None,
     ) -> Path:
-        """A region for the GPU under test written by the agent's region writer (admitted), at
-        ``regions/NAME`` of the check's folder or at `at`."""
+        """A region (its directory: control and state files) for the GPU under test, written by the
+        agent's region writer (admitted), at ``regions/NAME`` of the check's folder or at `at`."""
         from neuronetes.agent import region as r
 
         path = self.path(f"regions/{name}") if at is None else at
         path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        if path.exists():
+            shutil.rmtree(path)
         device = r.DeviceLimit(self.gpu_uuid, limit_bytes, self.gpu_total_bytes, compute_share_percent=share)
         r.create_region(path, [device], admitted=True, standalone=standalone).close()
         return path
 
     def region_figures(self, path: Path) -> dict[str, int]:
-        """The device entry's account as the shim left it."""
+        """The device's account as the shim left it (the state file, read as the agent reads it)."""
         from neuronetes.agent import region as r
 
         with r.open_region(path, writable=False) as reg:
-            snap = reg.snapshot()
+            snap = reg.read_state()
         d = snap.devices[0]
         return {
             "used_bytes": int(d.memory_used_bytes),
@@ -143,7 +151,7 @@ class Context:
         env = dict(self.base_env)
         if region is not None:
             env["LD_PRELOAD"] = self.shim
-            env["NEURONETES_REGION_PATH"] = str(region)
+            env["NEURONETES_REGION_DIR"] = str(region)
         env.update(extra)
         return env
 
@@ -265,4 +273,4 @@ def refusals(stderr: str) -> list[str]:
 
 def python_env() -> dict[str, str]:
     """This process's environment minus what would leak the runner's shim or region into a check."""
-    return {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "NEURONETES_REGION_PATH")}
+    return {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "NEURONETES_REGION_DIR")}

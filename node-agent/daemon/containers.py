@@ -11,7 +11,8 @@ v1, and `ContainerTender.tend` then, every round, for each region:
 - registers the host PIDs of the container's processes (`RegionKeeper.tend` with its
   ``cgroup.procs``; without a record, or with a cgroup that does not resolve, nothing is
   registered: the agent never guesses),
-- reclaims the slots of dead processes once NVML shows their memory released,
+- orders the reclaim of the slots of dead processes once NVML shows their memory released (the
+  shim frees them at its next lock),
 - reports which pods still have live containers (`TendReport.live`), so the region of a pod
   already gone from the API server is kept until its last container is gone, and where each
   container's cgroup is (`TendReport.cgroups`, for NVML reconciliation: `daemon.backstop`),
@@ -165,9 +166,9 @@ def cgroup_dir(cgroups_path: str, root: Path) -> Path | None:
 
 @dataclass(slots=True)
 class TendReport:
-    """One round: freed slots, pods with a live container, and what went wrong."""
+    """One round: slots ordered reclaimed, pods with a live container, and what went wrong."""
 
-    freed: int = 0
+    freed: int = 0  # slots of dead processes ordered reclaimed (the shim frees each at its next lock)
     registered: int = 0  # containers whose cgroup was read this round
     live: frozenset[str] = frozenset()
     warnings: list[str] = field(default_factory=list)
@@ -212,7 +213,7 @@ class ContainerTender:
                     self._remove(r)
                 continue
             live.add(r.pod_uid)
-            if str(self.regions.path(r.pod_uid, r.container).parent) == r.region_dir:
+            if str(self.regions.directory(r.pod_uid, r.container)) == r.region_dir:
                 cgroups[(r.pod_uid, r.container)] = where / "cgroup.procs"
                 report.cgroups[(r.pod_uid, r.container)] = where
             else:
@@ -225,12 +226,12 @@ class ContainerTender:
         wanted = {(uid, name) for uid, use in pods.items() for name in use.assignment.containers}
         driver_holds = driver_holds_in(processes)
         for uid, name in sorted(wanted | {(r.pod_uid, r.container) for r in records}):
-            if not self.regions.path(uid, name).is_file():
+            if not self.regions.control_path(uid, name).is_file():
                 continue
             procs = cgroups.get((uid, name))
             try:
                 report.freed += len(self.regions.tend(uid, name, procs, driver_holds, self.proc_root))
-            except (OSError, shim.RegionError) as exc:
+            except (OSError, ValueError, shim.RegionError) as exc:  # this container's region only
                 report.warnings.append(f"region of pod {uid} container {name}: {exc}")
                 continue
             report.registered += procs is not None

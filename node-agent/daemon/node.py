@@ -86,7 +86,7 @@ class NodeCounters:
     xids: Counter[tuple[str, int]] = field(default_factory=Counter)
     transitions: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     evictions: Counter[str] = field(default_factory=Counter)
-    slots_reclaimed: int = 0  # dead processes' region slots freed after NVML showed the memory released
+    slots_reclaimed: int = 0  # dead processes' slots ordered freed after NVML showed the memory released
     # NVML reconciliation: (namespace, pod, reason) -> episodes acted on (neuronetes_slice_evictions_total)
     slice_evictions: Counter[tuple[str, str, str]] = field(default_factory=Counter)
 
@@ -282,7 +282,7 @@ class NodeAgent:
             report = self.containers.tend(pods, processes)
             warnings += report.warnings
             if report.freed:
-                log.info("node %s: freed %d region slots of dead processes", self.node, report.freed)
+                log.info("node %s: ordered %d region slots of dead processes freed", self.node, report.freed)
             with self.lock:
                 self.counters.slots_reclaimed += report.freed
                 if report.live != self._live:  # a gone pod's last container stopped: drop its region

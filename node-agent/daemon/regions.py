@@ -1,11 +1,18 @@
 """Per-container shim regions for the pods assigned GPUs on this node.
 
 For every container of a pod bound here with an assignment, the agent writes the container's
-region (`neuronetes.agent.region.create_region`: limits, compute shares, priority, QoS, pod and
-container names) at ``<root>/<pod-uid>/<container>/region`` before the container starts, so the
-NRI plugin can mount it (docs/contracts.md "The shim's shared region"); regions of pods that are
-gone are removed. A region that cannot be written is reported, never replaced by a weaker one:
-the NRI plugin then refuses the container.
+region (`neuronetes.agent.region.create_region`: the control file with limits, compute shares,
+priority, QoS, pod and container names, and the container's state file) in
+``<root>/<pod-uid>/<container>/`` before the container starts, so the NRI plugin can mount it
+(docs/contracts.md "The shim's shared region"); regions of pods that are gone are removed. A
+region that cannot be written is reported, never replaced by a weaker one: the NRI plugin then
+refuses the container.
+
+The state file is the container's: every reading of it (`read`, `registered_host_pids`, `tend`)
+is a bounded copy validated field by field, and a region whose state is not usable yields nothing
+for that container — an empty reading, and `RegionError` from `registered_host_pids` and `tend`
+(which the callers report) — never another exception, a wait, or a write outside that container's
+control file.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import shutil
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from neuronetes import contracts as c
 from neuronetes.agent import region as shim
@@ -22,6 +30,9 @@ from . import hostpids
 from .devices import Inventory
 
 __all__ = ["RegionKeeper", "SliceReading"]
+
+_CONTROL: Final[str] = shim.CONTROL_NAME
+_STATE: Final[str] = shim.STATE_NAME
 
 _QOS = {
     c.QoS.GUARANTEED: shim.QOS_GUARANTEED,
@@ -50,8 +61,15 @@ class RegionKeeper:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def path(self, pod_uid: str, container: str) -> Path:
-        return self.root / pod_uid / container / "region"
+    def directory(self, pod_uid: str, container: str) -> Path:
+        """The container's region directory (its ``control`` and ``state`` files)."""
+        return self.root / pod_uid / container
+
+    def control_path(self, pod_uid: str, container: str) -> Path:
+        return self.directory(pod_uid, container) / _CONTROL
+
+    def state_path(self, pod_uid: str, container: str) -> Path:
+        return self.directory(pod_uid, container) / _STATE
 
     def sync(
         self,
@@ -65,12 +83,11 @@ class RegionKeeper:
         errors: list[str] = []
         for uid, (namespace, name, assignment) in pods.items():
             for container, grant in assignment.containers.items():
-                target = self.path(uid, container)
-                if target.exists():
+                target = self.directory(uid, container)
+                if (target / _CONTROL).exists():  # written last: the pair is complete
                     continue
                 try:
                     devices = [self._device(g, inventory) for g in grant.gpus]
-                    target.parent.mkdir(parents=True, exist_ok=True)
                     shim.create_region(
                         target,
                         devices,
@@ -88,38 +105,51 @@ class RegionKeeper:
                     shutil.rmtree(stale, ignore_errors=True)
         return errors
 
-    def read(self, pod_uid: str, container: str) -> list[SliceReading]:
-        """The container's devices from its region (empty when there is none or it is invalid)."""
+    def _snapshot(self, pod_uid: str, container: str) -> tuple[shim.NnControl, shim.NnState] | None:
+        """The agent's control file and a validated copy of the container's state file, or None
+        when either is missing or not usable (`Region.read_state`)."""
         try:
-            with shim.open_region(self.path(pod_uid, container), writable=False) as r:
-                view = r.snapshot()
+            with shim.open_region(self.directory(pod_uid, container), writable=False) as r:
+                return r.snapshot_control(), r.read_state()
         except (OSError, shim.RegionError):
+            return None
+
+    def read(self, pod_uid: str, container: str) -> list[SliceReading]:
+        """The container's devices from its region (empty when there is none or it is invalid):
+        limits and shares from the agent's control file, usage and counters from a validated copy
+        of the container's state file."""
+        pair = self._snapshot(pod_uid, container)
+        if pair is None:
             return []
-        paused = bool(view.container.control & shim.CTL_PAUSED)
+        control, state = pair
+        paused = bool(control.container.control & shim.CTL_PAUSED)
         return [
             SliceReading(
-                uuid=d.uuid.decode(errors="replace"),
-                memory_limit_bytes=d.memory_limit_bytes,
-                memory_used_bytes=d.memory_used_bytes,
-                compute_share_percent=d.compute_share_percent,
-                kernel_ns_total=d.kernel_ns_total,
-                throttled_ns_total=d.throttled_ns_total,
-                oom_refusals_total=d.oom_refusals_total,
+                uuid=control.devices[i].uuid.decode(errors="replace"),
+                memory_limit_bytes=control.devices[i].memory_limit_bytes,
+                memory_used_bytes=state.devices[i].memory_used_bytes,
+                compute_share_percent=control.devices[i].compute_share_percent,
+                kernel_ns_total=state.devices[i].kernel_ns_total,
+                throttled_ns_total=state.devices[i].throttled_ns_total,
+                oom_refusals_total=state.devices[i].oom_refusals_total,
                 paused=paused,
             )
-            for d in list(view.devices)[: view.container.device_count]
+            for i in range(min(control.container.device_count, shim.MAX_DEVICES))
         ]
 
     def registered_host_pids(self, pod_uid: str, container: str) -> set[int]:
-        """The host PIDs the agent registered in the container's ACTIVE slots: its processes that
-        run the shim (NVML reconciliation, `daemon.reconcile`).
+        """The host PIDs of the container's ACTIVE slots: its processes that run the shim (NVML
+        reconciliation, `daemon.reconcile`). Each one the agent itself found in the container's
+        cgroup and registered in its control file for the slot's current claim; a PID in the state
+        file is never taken.
 
         Raises:
-            RegionError, OSError: the container has no valid region.
+            RegionError, OSError: the container has no valid region — either file missing or failing
+                validation (a state file its tenant corrupted registers nobody).
         """
-        with shim.open_region(self.path(pod_uid, container), writable=False) as r:
-            view = r.snapshot()
-        return {int(s.host_pid) for s in view.procs if s.state == shim.SLOT_ACTIVE and s.host_pid > 0}
+        with shim.open_region(self.directory(pod_uid, container), writable=False) as r:
+            control, state = r.snapshot_control(), r.read_state()
+        return hostpids.registered(control, state)
 
     def tend(
         self,
@@ -130,15 +160,20 @@ class RegionKeeper:
         proc_root: Path = Path("/proc"),
     ) -> list[int]:
         """Register the container's host PIDs (only when its cgroup's `cgroup.procs` is known:
-        the agent never guesses it) and reclaim its dead processes' slots; returns the freed slots.
+        the agent never guesses it) and order the reclaim of its dead processes' slots; returns the
+        slots ordered reclaimed this round (the shim frees them at its next lock).
+
+        Takes no lock and reads the state file once, into a validated private copy: nothing the
+        container writes can make it wait, or act outside this container's control file.
 
         Raises:
-            RegionError, OSError: no valid region, or its lock was not taken in time.
+            RegionError, OSError: no valid region, or its state file is not usable.
         """
-        with shim.open_region(self.path(pod_uid, container)) as region:
+        with shim.open_region(self.directory(pod_uid, container)) as region:
+            state = region.read_state()
             if cgroup_procs is not None:
-                hostpids.register_host_pids(region, cgroup_procs, proc_root)
-            return hostpids.reclaim_dead(region, hostpids.process_alive(proc_root), driver_holds)
+                hostpids.register_host_pids(region, state, cgroup_procs, proc_root)
+            return hostpids.reclaim_dead(region, state, hostpids.process_alive(proc_root), driver_holds)
 
     @staticmethod
     def _device(g: c.GpuAssignment, inventory: Inventory) -> shim.DeviceLimit:

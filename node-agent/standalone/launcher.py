@@ -4,8 +4,10 @@ Each attempt runs under a shepherd (`shepherd`) in a new session, so the job is 
 whose leader's PID and ``/proc`` start time identify it across daemon restarts. stdout and stderr
 go to ``<state>/jobs/<id>/stdout.log`` / ``stderr.log``. The job gets its GPUs through
 ``CUDA_VISIBLE_DEVICES`` (UUIDs) and its limits through the shim's workstation-mode contract
-(docs/shim.md): a standalone region at ``NEURONETES_REGION_PATH`` plus ``CUDA_DEVICE_MEMORY_LIMIT``
-and ``CUDA_DEVICE_SM_LIMIT``; with ``--shim-library`` the shim is preloaded (``LD_PRELOAD``).
+(docs/shim.md): a standalone region (its control and state files) in ``NEURONETES_REGION_DIR`` plus
+``CUDA_DEVICE_MEMORY_LIMIT`` and ``CUDA_DEVICE_SM_LIMIT``; with ``--shim-library`` the shim is
+preloaded (``LD_PRELOAD``). The shim takes the directory from the environment only where no region
+exists at its default path, as on a workstation (it never does in a container).
 The job's own variables are in docs/workstation.md ("Job environment").
 """
 
@@ -121,7 +123,7 @@ class Launcher:
             NEURONETES_JOB_TOKEN=token,
             NEURONETES_RESUME="1" if job.resume else "0",
             NEURONETES_CHECKPOINT_DIR=str(d / "checkpoint"),
-            NEURONETES_REGION_PATH=str(d / "region"),
+            NEURONETES_REGION_DIR=str(self.region_dir(job)),
         )
         if not job.spec.whole:
             env["CUDA_DEVICE_MEMORY_LIMIT"] = str(job.spec.memory_bytes)
@@ -130,8 +132,12 @@ class Launcher:
             env["LD_PRELOAD"] = " ".join(p for p in (str(self.shim_library), env.get("LD_PRELOAD", "")) if p)
         return env
 
+    def region_dir(self, job: Job) -> Path:
+        return self.job_dir(job.id) / "region"
+
     def write_region(self, job: Job, gpus: Sequence[GpuView]) -> None:
-        """The job's standalone region: its devices with their memory limit and compute share."""
+        """The job's standalone region: its devices with their memory limit and compute share (both
+        files written anew for every attempt)."""
         spec = job.spec
         devices = [
             shim.DeviceLimit(
@@ -143,8 +149,8 @@ class Launcher:
             )
             for g in gpus
         ]
-        path = self.job_dir(job.id) / "region"
-        with contextlib.suppress(FileNotFoundError):
+        path = self.region_dir(job)
+        if path.is_file() or path.is_symlink():  # a region of major version 1 (one file)
             path.unlink()
         shim.create_region(
             path,
@@ -152,6 +158,7 @@ class Launcher:
             admitted=True,
             standalone=True,
             mode=0o600,
+            control_mode=0o600,
             container_name=job.id,
             priority=spec.priority,
         ).close()

@@ -70,9 +70,9 @@ def test_an_unshimmed_process_on_a_shared_gpu_gets_its_pod_evicted_a_whole_gpu_p
         cgroup_tree(cg, 2, cgroups_path(uid, cid).lstrip("/"), *pids)
         for pid in pids:
             fake_process(proc, pid, (pid, pid - 4000), 9000 + pid)
-    with shim.open_region(regions.path(UID_A, "trainer")) as region:
+    with shim.open_region(regions.directory(UID_A, "trainer")) as region:
         claim(region, 0, 242, 13242, used_mib=300)  # 4242 runs the shim; 4300 does not
-    with shim.open_region(regions.path(UID_C, "main")) as region:
+    with shim.open_region(regions.directory(UID_C, "main")) as region:
         claim(region, 0, 2000, 15000, used_mib=1024)
     sim.set_process(shared.uuid, 4242, 300 * MIB)
     sim.set_process(shared.uuid, 4300, 3 * GIB)  # a static binary: NVML sees it, the region does not
@@ -108,7 +108,8 @@ def test_an_unshimmed_process_on_a_shared_gpu_gets_its_pod_evicted_a_whole_gpu_p
 
 
 def test_over_the_limit_with_the_shim_in_every_process_is_found(tmp_path: Path) -> None:
-    """A tenant that raised the limit in its own region: the shim lets it allocate, NVML shows it."""
+    """A tenant that resets its usage in its own state file (its limit is in the agent's read-only
+    control file): the shim lets it allocate, NVML shows it."""
     state, cg, proc = tmp_path / "state", tmp_path / "cg", tmp_path / "proc"
     wall, mono = Clock(), Clock()
     wall.now = time.time()
@@ -122,7 +123,7 @@ def test_over_the_limit_with_the_shim_in_every_process_is_found(tmp_path: Path) 
     cgroup_tree(cg, 1, cgroups_path(UID_A, "a" * 64).lstrip("/"), 4242)  # cgroup v1 this time
     fake_process(proc, 4242, (4242, 1), 5000)
     assert agent.regions is not None
-    with shim.open_region(agent.regions.path(UID_A, "main")) as region:
+    with shim.open_region(agent.regions.directory(UID_A, "main")) as region:
         claim(region, 0, 1, 5000, used_mib=100)
     sim.set_process(gpu.uuid, 4242, 4096 * MIB + GIB + 64 * MIB)  # exactly the tolerance: not over
     agent.tick()

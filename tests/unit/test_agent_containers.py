@@ -2,7 +2,7 @@
 (docs/contracts.md "The container records", docs/gpu-health.md "Shim regions"): the record's format
 (pinned by `tests/fixtures/container-record.json`, which the Go writer's test produces), both
 cgroup path forms on cgroup v1 and v2, and the whole poll loop on a fake cgroup tree, a fake
-``/proc`` and the simulated NVML backend — host PIDs registered, dead slots reclaimed once NVML
+``/proc`` and the simulated NVML backend — host PIDs registered, dead slots ordered reclaimed once NVML
 shows the memory released, regions removed when the last container is gone — and once on this
 machine's real cgroup tree and ``/proc``."""
 
@@ -33,7 +33,7 @@ from handoff_support import (
     write_record,
 )
 from prometheus_client import CollectorRegistry, generate_latest
-from region_fakes import MIB, claim, fake_process
+from region_fakes import MIB, apply_orders, claim, fake_process
 
 from neuronetes import contracts as c
 from neuronetes.agent import region as shim
@@ -167,8 +167,9 @@ def test_the_poll_loop_registers_host_pids_reclaims_and_removes_regions(
     gpu = sim.scan().gpus[0]
     agent.set_pod(UID_A, use(pod(UID_A, "trainer-0", [(gpu.uuid, 0, 81920, 100)], container="trainer")))
     agent.tick()
-    region_path = regions.path(UID_A, "trainer")
-    assert region_path.is_file()  # the region, and the ledger the plugin checks it against
+    region_path = regions.directory(UID_A, "trainer")
+    assert regions.control_path(UID_A, "trainer").is_file()  # the region, and the ledger the plugin checks
+    assert regions.state_path(UID_A, "trainer").is_file()
     assert [p["uid"] for p in ledger_doc(state)["pods"]] == [UID_A]
 
     # the container starts: the plugin's record, its cgroup with two processes, the shim's slots
@@ -185,21 +186,35 @@ def test_the_poll_loop_registers_host_pids_reclaims_and_removes_regions(
     sim.set_process(gpu.uuid, 4300, 100 * MIB)
     agent.tick()
 
-    def slots() -> list[tuple[int, int]]:
+    def slots() -> list[tuple[int, int, int]]:
+        """(state the shim wrote, host PID and reclaim order the agent wrote) of the first slots."""
         with shim.open_region(region_path, writable=False) as r:
-            view = r.snapshot()
-        return [(int(view.procs[i].state), int(view.procs[i].host_pid)) for i in range(3)]
+            control, state = r.snapshot_control(), r.read_state()
+        return [
+            (
+                int(state.procs[i].state),
+                int(control.procs[i].host_pid),
+                int(control.procs[i].reclaim_claim_seq),
+            )
+            for i in range(3)
+        ]
 
-    assert slots() == [(shim.SLOT_ACTIVE, 4242), (shim.SLOT_ACTIVE, 4300), (shim.SLOT_ACTIVE, 0)]
+    assert slots() == [(shim.SLOT_ACTIVE, 4242, 0), (shim.SLOT_ACTIVE, 4300, 0), (shim.SLOT_ACTIVE, 0, 0)]
+    assert regions.registered_host_pids(UID_A, "trainer") == {4242, 4300}
 
-    # process 4300 dies: its slot stays charged while NVML shows its memory, then is freed
+    # process 4300 dies: its slot stays charged while NVML shows its memory, then is ordered freed
     shutil.rmtree(proc / "4300")
     (cgroup / "cgroup.procs").write_text("4242\n")
     agent.tick()
-    assert slots()[1] == (shim.SLOT_DEAD, 4300)
+    assert slots()[1] == (shim.SLOT_ACTIVE, 4300, 0)  # no order: the driver still holds its memory
     sim.set_process(gpu.uuid, 4300, 0)
     agent.tick()
-    assert slots()[1][0] == shim.SLOT_FREE and agent.counters.slots_reclaimed == 1
+    assert slots()[1] == (shim.SLOT_ACTIVE, 4300, 2) and agent.counters.slots_reclaimed == 1
+    agent.tick()
+    assert agent.counters.slots_reclaimed == 1  # ordered once
+    with shim.open_region(region_path) as r:
+        assert apply_orders(r) == [1]  # the shim's next lock frees it
+    assert slots()[1][0] == shim.SLOT_FREE
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector(lambda: [agent]))
     exported = generate_latest(registry).decode()
@@ -209,13 +224,13 @@ def test_the_poll_loop_registers_host_pids_reclaims_and_removes_regions(
     agent.set_pod(UID_A, None)
     agent.tick()
     agent.tick()
-    assert region_path.is_file()
+    assert regions.control_path(UID_A, "trainer").is_file()
     assert ledger_doc(state)["pods"] == []
     # the container is gone (cgroup removed; the plugin did not remove the record: it was down)
     shutil.rmtree(cg)
     agent.tick()
     agent.tick()
-    assert not region_path.parent.parent.exists()
+    assert not region_path.parent.exists()
     assert (state / RECORDS_DIR / f"{UID_A}.trainer.json").exists()  # within the grace time
     wall.now += 61
     agent.tick()
@@ -280,8 +295,7 @@ def test_the_host_pid_of_a_real_process_is_found_through_its_real_cgroup(tmp_pat
     assert where is not None, path
     state = tmp_path / "state"
     regions = RegionKeeper(state / "containers")
-    region_path = regions.path(UID_A, "main")
-    region_path.parent.mkdir(parents=True)
+    region_path = regions.directory(UID_A, "main")
     me = os.getpid()
     status = Path(f"/proc/{me}/status").read_text().splitlines()
     pid_in_container = int(next(line for line in status if line.startswith("NSpid:")).split()[-1])
@@ -294,4 +308,5 @@ def test_the_host_pid_of_a_real_process_is_found_through_its_real_cgroup(tmp_pat
     report = tender.tend({}, [])
     assert report.live == {UID_A} and report.registered == 1 and report.warnings == []
     with shim.open_region(region_path, writable=False) as region:
-        assert region.snapshot().procs[0].host_pid == me
+        assert region.snapshot_control().procs[0].host_pid == me
+    assert regions.registered_host_pids(UID_A, "main") == {me}

@@ -17,6 +17,7 @@ import pytest
 from pod_builder import node_view
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from region_fakes import state_file
 
 from neuronetes import contracts as c
 from neuronetes.agent import region
@@ -274,8 +275,8 @@ def test_shared_slice_and_whole_gpu_regions(tmp_path: Path) -> None:
     )
     a.set_pod(POD_UID, pod_use(p))
     a.tick()
-    with region.open_region(tmp_path / POD_UID / "main" / "region", writable=False) as r:
-        view = r.snapshot()
+    with region.open_region(tmp_path / POD_UID / "main", writable=False) as r:
+        view = r.snapshot_control()
         dev = view.devices[0]
         assert (
             dev.uuid.decode() == u1
@@ -284,10 +285,11 @@ def test_shared_slice_and_whole_gpu_regions(tmp_path: Path) -> None:
         )
         assert view.container.priority == 7 and view.container.qos == region.QOS_BURSTABLE
         assert view.container.pod_uid.decode() == POD_UID and view.container.container_name.decode() == "main"
-    assert (tmp_path / POD_UID / "side" / "region").exists()
-    with region.open_region(tmp_path / POD_UID / "main" / "region") as r:
-        r.view.devices[0].memory_used_bytes = 3 << 30  # what the shim would account
-        r.view.devices[0].kernel_ns_total = 2_500_000_000
+    assert (tmp_path / POD_UID / "side" / region.CONTROL_NAME).exists()
+    assert (tmp_path / POD_UID / "side" / region.STATE_NAME).exists()
+    with state_file(tmp_path / POD_UID / "main" / region.STATE_NAME) as st:
+        st.devices[0].memory_used_bytes = 3 << 30  # what the shim would account
+        st.devices[0].kernel_ns_total = 2_500_000_000
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector(lambda: [a]))
     text = generate_latest(registry).decode()
@@ -339,8 +341,8 @@ def test_mig_instance_region_uses_the_mig_uuid(tmp_path: Path) -> None:
     )
     a.set_pod(POD_UID, pod_use(p))
     a.tick()
-    with region.open_region(tmp_path / POD_UID / "main" / "region", writable=False) as r:
-        dev = r.snapshot().devices[0]
+    with region.open_region(tmp_path / POD_UID / "main", writable=False) as r:
+        dev = r.snapshot_control().devices[0]
         assert dev.uuid.decode() == inst.uuid and dev.flags & region.DEV_F_MIG
     sim.close()
 
@@ -362,7 +364,7 @@ def test_refused_assignments_get_no_region(tmp_path: Path) -> None:
     )
     a.set_pod(POD_UID, pod_use(unknown))
     a.tick()
-    assert not (tmp_path / POD_UID / "main" / "region").exists()
+    assert not (tmp_path / POD_UID / "main").exists()
     assert any(k == "event" and v[0] == "GPURegionFailed" for k, v in a.kube.calls)  # type: ignore[attr-defined]
     sim.close()
 

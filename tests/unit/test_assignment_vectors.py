@@ -38,7 +38,8 @@ def test_contract_constants_match() -> None:
         "forbiddenEnvNames": list(c.TENANT_FORBIDDEN_ENV_NAMES),
         "shimLibraryPath": c.SHIM_LIBRARY_PATH,
         "shimPreloadFile": c.SHIM_PRELOAD_FILE,
-        "shimRegionPath": c.SHIM_REGION_PATH,
+        "shimControlPath": c.SHIM_CONTROL_PATH,
+        "shimStatePath": c.SHIM_STATE_PATH,
     }
 
 

@@ -1,11 +1,13 @@
-"""The shim's shared region: the C header and its ctypes mirror agree byte for byte.
+"""The shim's shared region: the C header and its ctypes mirror agree byte for byte, for both files
+(the agent's control file and the container's state file).
 
 A C program generated from the Python structures is compiled against
 node-agent/shim/include/neuronetes_region.h (gcc -std=c11 -Wall -Wextra -Wpadded -Werror) and
 prints the offset and size of every field, every structure's size and alignment and every
-constant; the ctypes layout must match exactly. The same program then reads regions Python
-wrote, writes regions Python reads, and dies holding the robust lock, so the cross-language
-behaviour is checked too, not only the numbers.
+constant; the ctypes layout must match exactly. The same program then maps regions as a container
+does (control read-only, state read-write), reads what Python wrote, writes what Python reads, and
+dies holding (or holds) the state file's robust lock, which the agent never takes, so the
+cross-language behaviour is checked too, not only the numbers.
 
 Without gcc the C half is skipped locally but FAILS under CI=true: the layout check must
 never silently stop running.
@@ -14,10 +16,12 @@ never silently stop running.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import shutil
 import struct
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,17 +37,16 @@ INCLUDE = REPO / "node-agent" / "shim" / "include"
 HEADER = INCLUDE / "neuronetes_region.h"
 CFLAGS = ["-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Wpadded", "-Werror", "-O1"]
 
-INT_CONSTANTS = [
-    name
-    for name in r.__all__
-    if isinstance(getattr(r, name), int) and name.isupper() and name not in ("REGION_PATH",)
-]
+INT_CONSTANTS = [name for name in r.__all__ if isinstance(getattr(r, name), int) and name.isupper()]
 
 UUIDS = [contracts.simulated_gpu_uuid("n", i) for i in range(3)]
 
 
 def c_field_list() -> list[tuple[str, str]]:
     return [(cls._c_name_, name) for cls in r.STRUCTURES for name, *_ in cls._fields_]  # type: ignore[attr-defined]
+
+
+STRINGS = ["REGION_DIR", "CONTROL_NAME", "STATE_NAME", "CONTROL_PATH", "STATE_PATH"]
 
 
 def c_source() -> str:
@@ -55,7 +58,7 @@ def c_source() -> str:
         layout.append(f'    printf("field {t} {f} %zu %zu\\n", offsetof({t}, {f}), sizeof((({t} *)0)->{f}));')
     for name in INT_CONSTANTS:
         layout.append(f'    printf("const {name} %llu\\n", (unsigned long long)(NN_{name}));')
-    layout.append('    printf("str REGION_PATH %s\\n", NN_REGION_PATH);')
+    layout.extend(f'    printf("str {name} %s\\n", NN_{name});' for name in STRINGS)
     layout.append(
         '    printf("size pthread_mutex_t %zu %zu\\n", sizeof(pthread_mutex_t), _Alignof(pthread_mutex_t));'
     )
@@ -73,19 +76,20 @@ def c_source() -> str:
 #include <time.h>
 #include <unistd.h>
 
-static nn_region *map_region(const char *path) {{
-    int fd = open(path, O_RDWR);
+static void *map_file(const char *dir, const char *name, size_t size, int writable) {{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, writable ? O_RDWR : O_RDONLY);
     if (fd < 0) {{ perror("open"); exit(2); }}
-    void *p = mmap(NULL, sizeof(nn_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *p = mmap(NULL, size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {{ perror("mmap"); exit(2); }}
     close(fd);
-    nn_region *r = (nn_region *)p;
-    if (r->header.magic != NN_REGION_MAGIC || r->header.version_major != NN_REGION_VERSION_MAJOR ||
-        r->header.region_size != sizeof(nn_region) || !(r->header.flags & NN_REGION_F_READY)) {{
-        fprintf(stderr, "bad region\\n");
-        exit(3);
-    }}
-    return r;
+    return p;
+}}
+
+static int valid(const nn_file_header *h, uint64_t magic, size_t size) {{
+    return h->magic == magic && h->version_major == NN_REGION_VERSION_MAJOR && h->file_size == size &&
+           (h->flags & NN_REGION_F_READY);
 }}
 
 int main(int argc, char **argv) {{
@@ -94,59 +98,79 @@ int main(int argc, char **argv) {{
         return 0;
     }}
     if (argc != 3) return 64;
-    nn_region *r = map_region(argv[2]);
+    /* as a container maps them: the control file read-only, the state file read-write */
+    const nn_control *c = map_file(argv[2], NN_CONTROL_NAME, sizeof(nn_control), 0);
+    nn_state *s = map_file(argv[2], NN_STATE_NAME, sizeof(nn_state), 1);
+    if (!valid(&c->header, NN_CONTROL_MAGIC, sizeof(nn_control)) ||
+        !valid(&s->header, NN_STATE_MAGIC, sizeof(nn_state)) || c->header.pair_id != s->header.pair_id) {{
+        fprintf(stderr, "bad region\\n");
+        exit(3);
+    }}
     if (strcmp(argv[1], "dump") == 0) {{
-        printf("version %u.%u flags %u creator %u\\n", r->header.version_major, r->header.version_minor,
-               r->header.flags, r->header.creator_pid);
+        printf("version %u.%u flags %u creator %u\\n", c->header.version_major, c->header.version_minor,
+               c->header.flags, c->header.creator_pid);
         printf("container %llu %llu %d %u %u %u %s %s %s\\n",
-               (unsigned long long)r->container.memory_limit_bytes,
-               (unsigned long long)r->container.pacing_window_ns, r->container.priority, r->container.qos,
-               r->container.control, r->container.device_count, r->container.pod_uid,
-               r->container.namespace_, r->container.container_name);
-        for (uint32_t i = 0; i < r->container.device_count; i++) {{
-            const nn_device_entry *d = &r->devices[i];
+               (unsigned long long)c->container.memory_limit_bytes,
+               (unsigned long long)c->container.pacing_window_ns, c->container.priority, c->container.qos,
+               c->container.control, c->container.device_count, c->container.pod_uid,
+               c->container.namespace_, c->container.container_name);
+        for (uint32_t i = 0; i < c->container.device_count; i++) {{
+            const nn_device_control *d = &c->devices[i];
             printf("device %u %s %llu %llu %u %u %u %u\\n", i, d->uuid,
                    (unsigned long long)d->memory_limit_bytes, (unsigned long long)d->memory_total_bytes,
                    d->compute_share_percent, d->host_index, d->flags, d->mig_start);
         }}
+        printf("state flags %u lock %u\\n", s->header.flags, s->lock.storage[0]);
+        return 0;
+    }}
+    if (strcmp(argv[1], "agent") == 0) {{
+        /* what the agent wrote for slot 3: its host PID registration and reclaim order */
+        const nn_proc_control *p = &c->procs[3];
+        printf("slot3 %d %llu %llu %llu generation %llu\\n", p->host_pid, (unsigned long long)p->claim_seq,
+               (unsigned long long)p->start_time_ticks, (unsigned long long)p->reclaim_claim_seq,
+               (unsigned long long)c->container.reclaim_generation);
         return 0;
     }}
     if (strcmp(argv[1], "write") == 0) {{
-        if (pthread_mutex_lock(&r->lock.mutex) != 0) return 4;
-        nn_proc_slot *s = &r->procs[3];
-        s->state = NN_SLOT_ACTIVE;
-        s->container_pid = 42;
-        s->start_time_ticks = 123456789ULL;
-        s->claim_seq = 1;
-        s->used_bytes[1] = 12345;
-        s->kernel_ns[0] = 999;
-        r->devices[1].memory_used_bytes += 12345;
-        r->container.memory_used_bytes += 12345;
-        pthread_mutex_unlock(&r->lock.mutex);
-        __atomic_fetch_add(&r->devices[1].oom_refusals_total, 7, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&r->devices[0].kernel_ns_total, 5000, __ATOMIC_RELAXED);
+        if (pthread_mutex_lock(&s->lock.mutex) != 0) return 4;
+        nn_proc_slot *p = &s->procs[3];
+        p->state = NN_SLOT_ACTIVE;
+        p->container_pid = 42;
+        p->start_time_ticks = 123456789ULL;
+        p->claim_seq = 1;
+        p->used_bytes[1] = 12345;
+        p->kernel_ns[0] = 999;
+        s->devices[1].memory_used_bytes += 12345;
+        s->devices[1].memory_peak_bytes = 12345;
+        s->usage.memory_used_bytes += 12345;
+        pthread_mutex_unlock(&s->lock.mutex);
+        __atomic_fetch_add(&s->devices[1].oom_refusals_total, 7, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&s->devices[0].kernel_ns_total, 5000, __ATOMIC_RELAXED);
         return 0;
     }}
     if (strcmp(argv[1], "lockdie") == 0) {{
         /* take the lock, half-update the accounting, die: the next locker must recover */
-        if (pthread_mutex_lock(&r->lock.mutex) != 0) return 4;
-        r->procs[5].state = NN_SLOT_ACTIVE;
-        r->procs[5].used_bytes[0] = 777;
+        if (pthread_mutex_lock(&s->lock.mutex) != 0) return 4;
+        s->procs[5].state = NN_SLOT_ACTIVE;
+        s->procs[5].container_pid = 55;
+        s->procs[5].claim_seq = 1;
+        s->procs[5].used_bytes[0] = 777;
         _exit(0);
     }}
     if (strcmp(argv[1], "lock") == 0) {{
-        int rc = pthread_mutex_lock(&r->lock.mutex);
+        int rc = pthread_mutex_lock(&s->lock.mutex);
         printf("lock %d\\n", rc);
-        if (rc == 0 || rc == EOWNERDEAD) pthread_mutex_unlock(&r->lock.mutex);
+        if (rc == EOWNERDEAD) pthread_mutex_consistent(&s->lock.mutex);
+        if (rc == 0 || rc == EOWNERDEAD) pthread_mutex_unlock(&s->lock.mutex);
         return 0;
     }}
     if (strcmp(argv[1], "hold") == 0) {{
-        if (pthread_mutex_lock(&r->lock.mutex) != 0) return 4;
+        if (pthread_mutex_lock(&s->lock.mutex) != 0) return 4;
         printf("held\\n");
         fflush(stdout);
         char buf[8];
         if (read(0, buf, sizeof buf) < 0) return 5; /* until stdin closes */
-        pthread_mutex_unlock(&r->lock.mutex);
+        pthread_mutex_unlock(&s->lock.mutex);
         return 0;
     }}
     return 64;
@@ -221,7 +245,7 @@ def make_region(path: Path, **kw: object) -> r.Region:
 
 
 @pytest.fixture
-def region_file(tmp_path: Path) -> Iterator[Path]:
+def region_dir(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "region"
     make_region(path).close()
     yield path
@@ -238,6 +262,7 @@ def test_every_structure_has_the_c_size_and_alignment(c_layout) -> None:
         assert ctypes.alignment(cls) == align, name
     mutex_size, _ = c_layout["size"]["pthread_mutex_t"]
     assert mutex_size <= r.LOCK_STORAGE_BYTES
+    assert ctypes.sizeof(r.NnControl) == r.CONTROL_SIZE and ctypes.sizeof(r.NnState) == r.STATE_SIZE
 
 
 def test_every_field_has_the_c_offset_and_size(c_layout) -> None:
@@ -264,8 +289,12 @@ def test_constants_match_the_header(c_layout) -> None:
     assert INT_CONSTANTS, "no constants found"
     for name in INT_CONSTANTS:
         assert c_layout["const"][name] == (getattr(r, name),), name
-    assert c_layout["str"]["REGION_PATH"] == r.REGION_PATH == contracts.SHIM_REGION_PATH
-    assert r.REGION_MAGIC.to_bytes(8, "little") == b"NNREGION"
+    for name in STRINGS:
+        assert c_layout["str"][name] == getattr(r, name), name
+    assert r.REGION_DIR == contracts.SHIM_REGION_DIR
+    assert (r.CONTROL_PATH, r.STATE_PATH) == (contracts.SHIM_CONTROL_PATH, contracts.SHIM_STATE_PATH)
+    assert r.CONTROL_MAGIC.to_bytes(8, "little") == b"NNCONTRL"
+    assert r.STATE_MAGIC.to_bytes(8, "little") == b"NNSTATES"
 
 
 def test_header_compiles_as_cxx_too(tmp_path: Path) -> None:
@@ -274,7 +303,8 @@ def test_header_compiles_as_cxx_too(tmp_path: Path) -> None:
         pytest.skip("g++ not installed (optional: C++ users of the header)")
     src = tmp_path / "t.cc"
     src.write_text(
-        '#include "neuronetes_region.h"\nint main() { return sizeof(nn_region) == 65536 ? 0 : 1; }\n'
+        '#include "neuronetes_region.h"\n'
+        "int main() { return sizeof(nn_control) == 16384 && sizeof(nn_state) == 65536 ? 0 : 1; }\n"
     )
     proc = subprocess.run(
         [
@@ -299,74 +329,101 @@ def test_header_compiles_as_cxx_too(tmp_path: Path) -> None:
 
 # ---- byte-level round trips ----------------------------------------------------------------
 
+ARRAYS = {
+    "nn_device_control": "devices",
+    "nn_proc_control": "procs",
+    "nn_device_usage": "devices",
+    "nn_proc_slot": "procs",
+}
+FILE_OF = {
+    "nn_container": "nn_control",
+    "nn_device_control": "nn_control",
+    "nn_proc_control": "nn_control",
+    "nn_lock": "nn_state",
+    "nn_usage": "nn_state",
+    "nn_device_usage": "nn_state",
+    "nn_proc_slot": "nn_state",
+}
+MEMBER = {"nn_container": "container", "nn_lock": "lock", "nn_usage": "usage"}
 
-def offset(c_layout, path: str, index: int = 0) -> int:
-    """Byte offset of `struct.field` inside nn_region, from the C layout only."""
+
+def offset(c_layout, path: str, index: int = 0, whole: str = "") -> int:
+    """Byte offset of `struct.field` inside its file, from the C layout only (`whole` names the file
+    for the header, which both have)."""
     t = path.split(".")[0]
-    top = {"nn_region_header": "header", "nn_lock": "lock", "nn_container": "container"}
-    if t in top:
-        base = c_layout["field"][f"nn_region.{top[t]}"][0]
-    elif t == "nn_device_entry":
-        base = c_layout["field"]["nn_region.devices"][0] + index * c_layout["size"][t][0]
+    if t == "nn_file_header":
+        base = c_layout["field"][f"{whole}.header"][0]
+    elif t in ARRAYS:
+        base = c_layout["field"][f"{FILE_OF[t]}.{ARRAYS[t]}"][0] + index * c_layout["size"][t][0]
     else:
-        base = c_layout["field"]["nn_region.procs"][0] + index * c_layout["size"][t][0]
+        base = c_layout["field"][f"{FILE_OF[t]}.{MEMBER[t]}"][0]
     return base + c_layout["field"][path][0]
 
 
 def test_ctypes_writes_land_where_c_reads_them(c_layout, tmp_path: Path) -> None:
     path = tmp_path / "region"
     with make_region(path) as region:
-        view = region.view
-        view.procs[7].state = r.SLOT_ACTIVE
-        view.procs[7].host_pid = 31337
-        view.procs[7].used_bytes[2] = 0x0102030405060708
-        view.devices[1].throttled_ns_total = 2**63 + 5
+        region.set_host_pid(7, 31337, claim_seq=5, start_time_ticks=0x0102030405060708)
+        region.order_reclaim(7, 5)
         region.set_control(r.CTL_PAUSED, True)
-        del view
-    raw = path.read_bytes()
-    assert len(raw) == r.REGION_SIZE
+    raw = (path / r.CONTROL_NAME).read_bytes()
+    state = (path / r.STATE_NAME).read_bytes()
+    assert (len(raw), len(state)) == (r.CONTROL_SIZE, r.STATE_SIZE)
 
-    def u64(p: str, i: int = 0, extra: int = 0) -> int:
-        return struct.unpack_from("<Q", raw, offset(c_layout, p, i) + extra)[0]
+    def u64(p: str, i: int = 0, buf: bytes = raw, whole: str = "nn_control") -> int:
+        return struct.unpack_from("<Q", buf, offset(c_layout, p, i, whole))[0]
 
-    def u32(p: str, i: int = 0) -> int:
-        return struct.unpack_from("<I", raw, offset(c_layout, p, i))[0]
+    def u32(p: str, i: int = 0, buf: bytes = raw, whole: str = "nn_control") -> int:
+        return struct.unpack_from("<I", buf, offset(c_layout, p, i, whole))[0]
 
-    assert raw[offset(c_layout, "nn_region_header.magic") :][:8] == b"NNREGION"
-    assert struct.unpack_from("<HH", raw, offset(c_layout, "nn_region_header.version_major")) == (1, 0)
-    assert u32("nn_region_header.header_size") == 128
-    assert u64("nn_region_header.region_size") == r.REGION_SIZE
-    assert u32("nn_region_header.flags") == r.REGION_F_READY
+    assert raw[:8] == b"NNCONTRL" and state[:8] == b"NNSTATES"
+    h = "nn_file_header."
+    assert struct.unpack_from("<HH", raw, offset(c_layout, h + "version_major", whole="nn_control")) == (2, 0)
+    assert struct.unpack_from("<HH", state, offset(c_layout, h + "version_major", whole="nn_state")) == (2, 0)
+    assert u32(h + "header_size") == 128
+    assert u64(h + "file_size") == r.CONTROL_SIZE
+    assert u64(h + "file_size", buf=state, whole="nn_state") == r.STATE_SIZE
+    assert u32(h + "device_entry_size") == 128 and u32(h + "proc_slot_size") == 32
+    assert u32(h + "proc_slot_size", buf=state, whole="nn_state") == 384
+    assert u32(h + "flags") == r.REGION_F_READY == u32(h + "flags", buf=state, whole="nn_state")
+    assert u64(h + "pair_id") == u64(h + "pair_id", buf=state, whole="nn_state") != 0
     assert u64("nn_container.memory_limit_bytes") == (10240 + 20480 + 4864) << 20
     assert u64("nn_container.pacing_window_ns") == 10_000_000
     assert struct.unpack_from("<i", raw, offset(c_layout, "nn_container.priority"))[0] == -7
     assert u32("nn_container.qos") == r.QOS_BURSTABLE
     assert u32("nn_container.control") == r.CTL_ADMITTED | r.CTL_PAUSED
     assert u32("nn_container.device_count") == 3
+    assert u64("nn_container.reclaim_generation") == 1
     pod_uid = offset(c_layout, "nn_container.pod_uid")
     assert raw[pod_uid : pod_uid + 40] == b"0b6f3c8e-4c1d-4f57-9a1e-2f0c4a1b9d77" + b"\0" * 4
-    uuid = offset(c_layout, "nn_device_entry.uuid", 2)
+    uuid = offset(c_layout, "nn_device_control.uuid", 2)
     assert raw[uuid : uuid + 64].rstrip(b"\0") == ("MIG-" + UUIDS[2][4:]).encode()
-    assert u64("nn_device_entry.memory_limit_bytes", 0) == 10240 << 20
-    assert u32("nn_device_entry.compute_share_percent", 0) == 30
-    assert u32("nn_device_entry.host_index", 1) == 5
-    assert u32("nn_device_entry.flags", 2) == r.DEV_F_MIG
-    assert u32("nn_device_entry.mig_start", 2) == 6
-    assert u64("nn_device_entry.throttled_ns_total", 1) == 2**63 + 5
-    assert u32("nn_proc_slot.state", 7) == r.SLOT_ACTIVE
-    assert struct.unpack_from("<i", raw, offset(c_layout, "nn_proc_slot.host_pid", 7))[0] == 31337
-    assert u64("nn_proc_slot.used_bytes", 7, extra=2 * 8) == 0x0102030405060708
-    # everything unused is zero: nothing leaks into reserved areas
-    for p in ("nn_region_header.reserved", "nn_lock.reserved", "nn_container.reserved"):
+    assert u64("nn_device_control.memory_limit_bytes", 0) == 10240 << 20
+    assert u32("nn_device_control.compute_share_percent", 0) == 30
+    assert u32("nn_device_control.host_index", 1) == 5
+    assert u32("nn_device_control.flags", 2) == r.DEV_F_MIG
+    assert u32("nn_device_control.mig_start", 2) == 6
+    assert struct.unpack_from("<i", raw, offset(c_layout, "nn_proc_control.host_pid", 7))[0] == 31337
+    assert u64("nn_proc_control.claim_seq", 7) == 5
+    assert u64("nn_proc_control.start_time_ticks", 7) == 0x0102030405060708
+    assert u64("nn_proc_control.reclaim_claim_seq", 7) == 5
+    # everything unused is zero: nothing leaks into reserved areas (the state file holds only its
+    # header and the initialised mutex)
+    for p in ("nn_container.reserved",):
         start = offset(c_layout, p)
         assert not any(raw[start : start + c_layout["field"][p][1]])
-    reserved = c_layout["field"]["nn_region.reserved"]
-    assert not any(raw[reserved[0] : reserved[0] + reserved[1]])
+    for whole, buf in (("nn_control", raw), ("nn_state", state)):
+        reserved = c_layout["field"][f"{whole}.reserved"]
+        assert not any(buf[reserved[0] : reserved[0] + reserved[1]])
+        start = offset(c_layout, h + "reserved", whole=whole)
+        assert not any(buf[start : start + c_layout["field"][h + "reserved"][1]])
+    body = c_layout["field"]["nn_state.usage"][0]
+    assert not any(state[body:])
 
 
-def test_c_reads_what_python_wrote(region_tool: Path, region_file: Path) -> None:
-    lines = run_tool(region_tool, "dump", str(region_file)).splitlines()
-    assert lines[0] == f"version 1.0 flags {r.REGION_F_READY} creator {os.getpid()}"
+def test_c_reads_what_python_wrote(region_tool: Path, region_dir: Path) -> None:
+    lines = run_tool(region_tool, "dump", str(region_dir)).splitlines()
+    assert lines[0] == f"version 2.0 flags {r.REGION_F_READY} creator {os.getpid()}"
     limit = (10240 + 20480 + 4864) << 20
     assert lines[1] == (
         f"container {limit} 10000000 -7 {r.QOS_BURSTABLE} {r.CTL_ADMITTED} 3 "
@@ -375,58 +432,58 @@ def test_c_reads_what_python_wrote(region_tool: Path, region_file: Path) -> None
     assert lines[2] == f"device 0 {UUIDS[0]} {10240 << 20} {81920 << 20} 30 2 0 0"
     assert lines[3] == f"device 1 {UUIDS[1]} {20480 << 20} {81920 << 20} 100 5 0 0"
     assert lines[4] == f"device 2 MIG-{UUIDS[2][4:]} {4864 << 20} {4864 << 20} 100 0 {r.DEV_F_MIG} 6"
+    assert lines[5].startswith(f"state flags {r.REGION_F_READY} ")
+    with r.open_region(region_dir) as region:
+        region.set_host_pid(3, 4242, claim_seq=9, start_time_ticks=1234)
+        region.order_reclaim(3, 9)
+    assert run_tool(region_tool, "agent", str(region_dir)).strip() == "slot3 4242 9 1234 9 generation 1"
 
 
-def test_python_reads_what_c_wrote(region_tool: Path, region_file: Path) -> None:
-    run_tool(region_tool, "write", str(region_file))
-    with r.open_region(region_file, writable=False) as region:
-        snap = region.snapshot()
+def test_python_reads_what_c_wrote(region_tool: Path, region_dir: Path) -> None:
+    run_tool(region_tool, "write", str(region_dir))
+    with r.open_region(region_dir, writable=False) as region:
+        snap = region.read_state()
     slot = snap.procs[3]
     assert (slot.state, slot.container_pid, slot.start_time_ticks) == (r.SLOT_ACTIVE, 42, 123456789)
     assert (slot.used_bytes[1], slot.kernel_ns[0]) == (12345, 999)
-    assert snap.devices[1].memory_used_bytes == 12345 and snap.container.memory_used_bytes == 12345
+    assert snap.devices[1].memory_used_bytes == 12345 and snap.usage.memory_used_bytes == 12345
+    assert snap.devices[1].memory_peak_bytes == 12345
     assert (snap.devices[1].oom_refusals_total, snap.devices[0].kernel_ns_total) == (7, 5000)
-    with r.open_region(region_file) as region:
-        region.recompute_usage()
-        assert region.view.devices[1].memory_used_bytes == 12345
-        assert region.view.devices[1].memory_peak_bytes == 12345
-        region.reclaim_slot(3)
-        assert region.view.procs[3].state == r.SLOT_FREE
-        assert region.view.devices[1].memory_used_bytes == 0
-        assert region.view.container.memory_used_bytes == 0
+    # the agent's reclaim order for that claim is what the C side sees (test_shim_region.py runs
+    # the shim applying it)
+    with r.open_region(region_dir) as region:
+        region.set_host_pid(3, 4242, claim_seq=slot.claim_seq, start_time_ticks=77)
+        region.order_reclaim(3, slot.claim_seq)
+    assert run_tool(region_tool, "agent", str(region_dir)).strip() == "slot3 4242 1 77 1 generation 1"
 
 
-# ---- the robust lock across processes and languages -------------------------------------------
+# ---- the robust lock is the containers' own ---------------------------------------------------
 
 
-def test_a_dead_holder_does_not_deadlock_the_region(region_tool: Path, region_file: Path) -> None:
-    run_tool(region_tool, "lockdie", str(region_file))  # exits holding the lock
-    with r.open_region(region_file) as region:
-        with region.lock(timeout=2.0) as recovered:
-            assert recovered
-            # the half-done update was folded into consistent totals before we got the lock
-            assert region.view.devices[0].memory_used_bytes == 777
-            assert region.view.container.memory_used_bytes == 777
-        assert region.view.lock.owner_died_total == 1
-        with region.lock(timeout=2.0) as recovered:
-            assert not recovered
-    assert run_tool(region_tool, "lock", str(region_file)).strip() == "lock 0"
+def test_a_dead_holder_does_not_deadlock_the_region(region_tool: Path, region_dir: Path) -> None:
+    run_tool(region_tool, "lockdie", str(region_dir))  # exits holding the lock
+    # the next locker (a shim process) recovers it; the agent's reads never take it
+    with r.open_region(region_dir, writable=False) as region:
+        assert region.read_state().procs[5].used_bytes[0] == 777
+    assert run_tool(region_tool, "lock", str(region_dir)).strip() == f"lock {errno.EOWNERDEAD}"
+    assert run_tool(region_tool, "lock", str(region_dir)).strip() == "lock 0"
 
 
-def test_a_held_lock_times_out_instead_of_hanging(region_tool: Path, region_file: Path) -> None:
+def test_a_held_lock_costs_the_agent_nothing(region_tool: Path, region_dir: Path) -> None:
     holder = subprocess.Popen(
-        [str(region_tool), "hold", str(region_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [str(region_tool), "hold", str(region_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        with r.open_region(region_file) as region:
-            with pytest.raises(r.RegionError, match="not taken within"), region.lock(timeout=0.2):
-                pass
-            assert holder.stdin is not None
-            holder.stdin.close()  # let it go
-            assert holder.wait(timeout=10) == 0
-            with region.lock(timeout=2.0) as recovered:
-                assert not recovered
+        started = time.monotonic()
+        with r.open_region(region_dir) as region:
+            region.read_state()
+            region.set_host_pid(0, 99, claim_seq=1, start_time_ticks=1)
+            region.set_control(r.CTL_PAUSED, True)
+        assert time.monotonic() - started < 0.2  # no lock is taken: nothing waits on the holder
+        assert holder.stdin is not None
+        holder.stdin.close()  # let it go
+        assert holder.wait(timeout=10) == 0
     finally:
         if holder.poll() is None:
             holder.kill()
@@ -442,58 +499,90 @@ def patch(path: Path, at: int, fmt: str, value: int) -> None:
     path.write_bytes(bytes(data))
 
 
-HEADER_OFF = {name: getattr(r.NnRegionHeader, name).offset for name, *_ in r.NnRegionHeader._fields_}
+HEADER_OFF = {name: getattr(r.NnFileHeader, name).offset for name, *_ in r.NnFileHeader._fields_}
 
 
+def open_and_read(directory: Path) -> None:
+    with r.open_region(directory) as region:
+        region.read_state()
+
+
+@pytest.mark.parametrize("name", [r.CONTROL_NAME, r.STATE_NAME])
 @pytest.mark.parametrize(
     ("field", "fmt", "value", "message"),
     [
         ("magic", "<Q", 0x1122334455667788, "bad magic"),
-        ("magic", ">Q", r.REGION_MAGIC, "bad magic"),  # the other byte order
-        ("version_major", "<H", 2, "version 2.0 is not readable"),
+        ("version_major", "<H", 1, "version 1.0 is not readable"),
+        ("version_major", "<H", 3, "version 3.0 is not readable"),
         ("version_major", "<H", 0, "version 0.0 is not readable"),
         ("header_size", "<I", 64, "header_size=64"),
-        ("region_size", "<Q", 4096, "region_size=4096"),
-        ("device_entry_size", "<I", 128, "device_entry_size=128"),
+        ("file_size", "<Q", 4096, "file_size=4096"),
+        ("device_entry_size", "<I", 256, "device_entry_size=256"),
         ("proc_slot_size", "<I", 256, "proc_slot_size=256"),
         ("max_devices", "<I", 8, "max_devices=8"),
         ("max_procs", "<I", 64, "max_procs=64"),
         ("flags", "<I", 0, "not ready"),
+        ("pair_id", "<Q", 12345, "another region"),
     ],
 )
-def test_mismatches_fail_hard(region_file: Path, field: str, fmt: str, value: int, message: str) -> None:
-    patch(region_file, HEADER_OFF[field], fmt, value)
+def test_mismatches_fail_hard(
+    region_dir: Path, name: str, field: str, fmt: str, value: int, message: str
+) -> None:
+    if field == "pair_id" and name == r.CONTROL_NAME:
+        name = r.STATE_NAME  # the pair is checked from the control file's side
+    patch(region_dir / name, HEADER_OFF[field], fmt, value)
     with pytest.raises(r.RegionError, match=message):
-        r.open_region(region_file)
+        open_and_read(region_dir)
 
 
-def test_a_newer_minor_version_is_accepted(region_file: Path) -> None:
-    patch(region_file, HEADER_OFF["version_minor"], "<H", 7)
-    with r.open_region(region_file, writable=False) as region:
-        assert region.snapshot().header.version_minor == 7
+def test_the_other_byte_order_and_the_other_file_are_refused(region_dir: Path) -> None:
+    patch(region_dir / r.CONTROL_NAME, HEADER_OFF["magic"], ">Q", r.CONTROL_MAGIC)
+    with pytest.raises(r.RegionError, match="bad magic"):
+        open_and_read(region_dir)
+    patch(region_dir / r.CONTROL_NAME, HEADER_OFF["magic"], "<Q", r.STATE_MAGIC)  # a state file
+    with pytest.raises(r.RegionError, match="not a NeuroNetes control file"):
+        open_and_read(region_dir)
 
 
-@pytest.mark.parametrize("size", [0, 100, r.REGION_SIZE - 1, r.REGION_SIZE + 4096])
-def test_wrong_file_sizes_fail_hard(region_file: Path, size: int) -> None:
-    with region_file.open("r+b") as f:
-        f.truncate(size)
-    with pytest.raises(r.RegionError, match="bytes, expected"):
-        r.open_region(region_file)
+def test_a_newer_minor_version_is_accepted(region_dir: Path) -> None:
+    patch(region_dir / r.CONTROL_NAME, HEADER_OFF["version_minor"], "<H", 7)
+    patch(region_dir / r.STATE_NAME, HEADER_OFF["version_minor"], "<H", 3)
+    with r.open_region(region_dir, writable=False) as region:
+        assert region.snapshot_control().header.version_minor == 7
+        assert region.read_state().header.version_minor == 3
+
+
+@pytest.mark.parametrize("name", [r.CONTROL_NAME, r.STATE_NAME])
+@pytest.mark.parametrize("size", [0, 100, -1, 4096])
+def test_wrong_file_sizes_fail_hard(region_dir: Path, name: str, size: int) -> None:
+    path = region_dir / name
+    full = path.stat().st_size
+    with path.open("r+b") as f:
+        f.truncate(full + size if size in (-1, 4096) else size)
+    with pytest.raises(r.RegionError, match=r"bytes, expected|smaller than its header"):
+        open_and_read(region_dir)
     with pytest.raises(r.RegionError):
-        r.validate_region(region_file.read_bytes())
+        (r.validate_control if name == r.CONTROL_NAME else r.validate_state)(path.read_bytes())
+
+
+def test_a_major_1_region_is_named_as_such(tmp_path: Path) -> None:
+    (tmp_path / "region").write_bytes(b"\0" * 65536)  # what an agent of major 1 left
+    with pytest.raises(r.RegionError, match="major version 1"):
+        r.open_region(tmp_path)
 
 
 def test_create_publishes_atomically_and_validates_arguments(tmp_path: Path) -> None:
     path = tmp_path / "region"
     with make_region(path, standalone=True, mode=0o640) as region:
-        assert region.view.header.flags == r.REGION_F_READY | r.REGION_F_STANDALONE
-        assert region.view.container.control == r.CTL_ADMITTED
+        assert region.control.header.flags == r.REGION_F_READY | r.REGION_F_STANDALONE
+        assert region.control.container.control == r.CTL_ADMITTED
         assert [d.uuid.decode() for d in region.devices] == [UUIDS[0], UUIDS[1], "MIG-" + UUIDS[2][4:]]
         region.set_control(r.CTL_ADMITTED, False)
-        region.set_host_pid(0, 99)
-        assert (region.view.container.control, region.view.procs[0].host_pid) == (0, 99)
-    assert (path.stat().st_mode & 0o777) == 0o640
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["region"]  # no temporary file left
+        region.set_host_pid(0, 99, claim_seq=3, start_time_ticks=4)
+        assert (region.control.container.control, region.control.procs[0].host_pid) == (0, 99)
+    assert (path / r.STATE_NAME).stat().st_mode & 0o777 == 0o640
+    assert (path / r.CONTROL_NAME).stat().st_mode & 0o777 == 0o644  # the agent's: nobody else writes it
+    assert sorted(p.name for p in path.iterdir()) == [r.CONTROL_NAME, r.STATE_NAME]  # no temporary file
     dev = r.DeviceLimit.from_mib(UUIDS[0], 1, 1)
     for kwargs, message in [
         ({"devices": []}, "1..16 devices"),
@@ -520,8 +609,8 @@ def test_create_publishes_atomically_and_validates_arguments(tmp_path: Path) -> 
             bad()
 
 
-def test_read_only_regions_cannot_be_locked(region_file: Path) -> None:
-    with r.open_region(region_file, writable=False) as region:
+def test_read_only_regions_cannot_be_written(region_dir: Path) -> None:
+    with r.open_region(region_dir, writable=False) as region:
         with pytest.raises(r.RegionError, match="read-only"):
-            _ = region.view
-        assert region.snapshot().header.magic == r.REGION_MAGIC
+            _ = region.control
+        assert region.snapshot_control().header.magic == r.CONTROL_MAGIC

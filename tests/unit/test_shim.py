@@ -36,6 +36,8 @@ CASES = [
     "unassigned",
     "refused-missing",
     "refused-version",
+    "refused-legacy",
+    "region-container",
     "race",
 ]
 
@@ -58,8 +60,11 @@ def test_shim_case(asan_build: Path, case: str) -> None:
 def test_refusals_say_why(asan_build: Path) -> None:
     # fail closed, loudly: the process learns which region and what is wrong with it
     proc = run(str(SHIM / "tests" / "run_case.sh"), str(asan_build), "refused-version")
-    assert "region version 2.0 is not readable by this shim" in proc.stderr
+    assert "control file: region version 1.0 is not readable by this shim (major 2)" in proc.stderr
     assert "CUDA is refused" in proc.stderr
+    # what an agent of major 1 left (one file, "region") is named as such
+    proc = run(str(SHIM / "tests" / "run_case.sh"), str(asan_build), "refused-legacy")
+    assert "is a region of major version 1, which this shim (major 2) does not read" in proc.stderr
 
 
 def test_region_logic_under_asan(asan_build: Path) -> None:

@@ -32,15 +32,25 @@ def test_a_share_gets_its_limits_through_env_and_a_standalone_region(tmp_path: P
     assert env["CUDA_DEVICE_MEMORY_LIMIT"] == str(8 * GIB) and env["CUDA_DEVICE_SM_LIMIT"] == "40"
     assert env["LD_PRELOAD"].startswith(str(tmp_path / "libneuronetes-cuda.so"))
     assert env["NEURONETES_JOB_TOKEN"] == "tok" and env["NEURONETES_RESUME"] == "0"
+    assert "NEURONETES_REGION_PATH" not in env  # the shim reads NEURONETES_REGION_DIR
     launcher.write_region(job, [_gpu(1)])
-    with shim.open_region(env["NEURONETES_REGION_PATH"], writable=False) as region:
-        view = region.snapshot()
+    with shim.open_region(env["NEURONETES_REGION_DIR"], writable=False) as region:
+        view = region.snapshot_control()
         assert view.header.flags & shim.REGION_F_STANDALONE and view.container.control & shim.CTL_ADMITTED
         device = view.devices[0]
         assert view.container.device_count == 1
         assert device.uuid == b"GPU-1" and device.memory_limit_bytes == 8 * GIB
         assert device.compute_share_percent == 40 and device.host_index == 1
-    assert (tmp_path / "jobs" / "j1" / "region").stat().st_mode & 0o777 == 0o600
+        assert region.read_state().usage.memory_used_bytes == 0
+    for name in (shim.CONTROL_NAME, shim.STATE_NAME):
+        assert (tmp_path / "jobs" / "j1" / "region" / name).stat().st_mode & 0o777 == 0o600
+    # the next attempt gets a fresh region; one of major version 1 (a file) is replaced
+    launcher.write_region(job, [_gpu(1)])
+    (tmp_path / "jobs" / "j2").mkdir()
+    old = Job("j2", JobSpec("x", 3), JobState.QUEUED, 0, 0)
+    (tmp_path / "jobs" / "j2" / "region").write_bytes(b"\0" * 65536)
+    launcher.write_region(old, [_gpu(0)])
+    assert (tmp_path / "jobs" / "j2" / "region" / shim.CONTROL_NAME).is_file()
 
 
 def test_whole_gpus_set_no_share_variables(tmp_path: Path) -> None:

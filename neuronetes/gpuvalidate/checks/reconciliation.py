@@ -3,13 +3,14 @@ docs/gpu-health.md "Reconciliation") decides on the real NVML's process list (th
 fake mode) with real processes holding GPU memory.
 
 Three containers share the GPU under test, each with a 1 GiB slice in its assignment, a region the
-agent's region writer wrote at the path the agent keeps it (`RegionKeeper.path`), and one process
+agent's region writer wrote where the agent keeps it (`RegionKeeper.directory`), and one process
 (``hold_memory``) holding memory on the GPU:
 
 - ``shimmed``: the shim preloaded over its region; holds 256 MiB;
 - ``unshimmed``: no shim (what a static binary or a musl loader amounts to); holds 256 MiB;
-- ``raised``: the shim preloaded over a region whose limit the tenant raised to 8 GiB (a container
-  can write its own region): the shim lets it hold 3 GiB, while its assignment says 1 GiB.
+- ``raised``: the shim preloaded over a region whose limit says 8 GiB while its assignment says
+  1 GiB (what a tenant that keeps resetting its usage in its own state file amounts to: the shim
+  lets it hold 3 GiB).
 
 There is no Kubernetes here, so the per-container data is built directly: a container's processes
 are its workload's PID, written into a ``cgroup.procs`` file, and the agent's own
@@ -32,7 +33,7 @@ from ..model import Report
 
 LIMIT: Final = 1 * GIB  # each container's slice, as the assignment gives it
 HOLD: Final = {"shimmed": 256 * MIB, "unshimmed": 256 * MIB, "raised": 3 * GIB}
-RAISED_LIMIT: Final = 8 * GIB  # what the "raised" tenant wrote into its own region
+RAISED_LIMIT: Final = 8 * GIB  # the "raised" tenant's region limit (its assignment says LIMIT)
 
 
 def _first_result(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any] | None:
@@ -74,7 +75,7 @@ def run(ctx: Context) -> Report:
     pids: dict[str, int] = {}
     with contextlib.ExitStack() as stack:
         for name, held in HOLD.items():
-            at = keeper.path(uids[name], "main")
+            at = keeper.directory(uids[name], "main")
             ctx.region(name, RAISED_LIMIT if name == "raised" else LIMIT, at=at)
             env = ctx.env(None if name == "unshimmed" else at)
             proc = stack.enter_context(
@@ -91,8 +92,8 @@ def run(ctx: Context) -> Report:
         for name, pid in pids.items():
             procs = ctx.path(f"cgroups/{name}/cgroup.procs")
             procs.write_text(f"{pid}\n")
-            with shim.open_region(keeper.path(uids[name], "main")) as region:
-                register_host_pids(region, procs)
+            with shim.open_region(keeper.directory(uids[name], "main")) as region:
+                register_host_pids(region, region.read_state(), procs)
             registered[name] = frozenset(keeper.registered_host_pids(uids[name], "main"))
         want = {"shimmed": {pids["shimmed"]}, "unshimmed": set(), "raised": {pids["raised"]}}
         ok = all(registered[n] == want[n] for n in HOLD)

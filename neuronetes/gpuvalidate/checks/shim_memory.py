@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Final
 
-from ..context import GIB, MIB, Context, WorkloadRun, parse_results, used_offset
+from ..context import GIB, MIB, Context, WorkloadRun, offset_arg, parse_results
 from ..model import Report
 from .workstation import Workstation, WorkstationError
 
@@ -42,7 +42,7 @@ class Runs:
         env: dict[str, str] | None = None,
     ) -> WorkloadRun:
         region = self.ctx.region(name or script, LIMIT) if shim else None
-        extra = ["--offset", str(used_offset())] if shim else []
+        extra = offset_arg() if shim else []
         run = self.ctx.workload(
             script,
             [*args, "--limit", str(LIMIT), *extra],
@@ -338,8 +338,7 @@ def workstation_subcheck(ctx: Context, report: Report) -> None:
         *([] if script == "torch_memory" else ["oom"]),
         "--limit",
         str(LIMIT),
-        "--offset",
-        str(used_offset()),
+        *offset_arg(),
     ]
     try:
         with Workstation(ctx, "ws-memory") as ws:

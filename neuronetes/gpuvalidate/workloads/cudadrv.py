@@ -1,9 +1,10 @@
 """The CUDA driver API through ctypes, for the validation's workloads (a plain application: it loads
 ``libcuda.so.1`` itself, so with the shim preloaded every call goes through the shim's ``dlsym``).
 
-Also the two readings every workload reports: the shim's account (8 bytes of the container's region
-file at the offset the runner passes) and NVML's per-process memory of this process (the process
-list is never the shim's). Works the same over a real driver and over the fake one.
+Also the two readings every workload reports: the shim's account (8 bytes of the container's state
+file at the file name and offset the runner passes, ``--offset state:320``, in the region directory
+``NEURONETES_REGION_DIR``) and NVML's per-process memory of this process (the process list is never
+the shim's). Works the same over a real driver and over the fake one.
 """
 
 from __future__ import annotations
@@ -102,14 +103,31 @@ def out(**figures: Any) -> None:
     print("RESULT " + json.dumps(figures, default=str), flush=True)
 
 
-def region_used(offset: int | None) -> int | None:
+Account = tuple[str, int]
+"""Where the shim's account of device 0 lives: a file of the region directory and a byte offset."""
+
+
+def account(text: str) -> Account:
+    """``--offset``'s value, ``FILE:OFFSET`` (what the runner's ``used_offset()`` names)."""
+    name, _, at = text.rpartition(":")
+    if not name or "/" in name or not at.isdigit():
+        raise ValueError(f"{text!r} is not FILE:OFFSET")
+    return name, int(at)
+
+
+def account_arg(where: Account | None) -> list[str]:
+    """The ``--offset`` argument that passes `where` on (none without one)."""
+    return [] if where is None else ["--offset", f"{where[0]}:{where[1]}"]
+
+
+def region_used(offset: Account | None) -> int | None:
     """The shim's account of this container on device 0 (None without a region)."""
-    path = os.environ.get("NEURONETES_REGION_PATH")
-    if offset is None or not path:
+    directory = os.environ.get("NEURONETES_REGION_DIR")
+    if offset is None or not directory:
         return None
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(os.path.join(directory, offset[0]), os.O_RDONLY)
     try:
-        return int.from_bytes(os.pread(fd, 8, offset), sys.byteorder)
+        return int.from_bytes(os.pread(fd, 8, offset[1]), sys.byteorder)
     finally:
         os.close(fd)
 

@@ -1,6 +1,6 @@
 """CuPy under a memory limit (with the shim preloaded over a region):
 
-    cupy_memory.py --limit BYTES [--offset N]
+    cupy_memory.py --limit BYTES [--offset FILE:N]
 
 One RESULT object: what ``cupy.cuda.runtime.memGetInfo`` and in-process NVML say while a quarter of
 the limit is held, allocating past the limit (the exception's type), and that the process then frees
@@ -14,13 +14,13 @@ from typing import Any
 
 import cupy
 
-from .cudadrv import nvml_attributed, nvml_memory_info, out, region_used
+from .cudadrv import account, nvml_attributed, nvml_memory_info, out, region_used
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--limit", type=int, required=True)
-    p.add_argument("--offset", type=int, default=None)
+    p.add_argument("--offset", type=account, default=None)
     args = p.parse_args()
     limit, offset = args.limit, args.offset
     pool = cupy.get_default_memory_pool()

@@ -1,13 +1,13 @@
 """Memory through the CUDA driver API, run with or without the shim (real driver or the fake):
 
-    driver_memory.py MODE --limit BYTES [--offset N]
+    driver_memory.py MODE --limit BYTES [--offset FILE:N]
 
 MODE: ``report`` (what cuMemGetInfo and in-process NVML say while a quarter is held), ``oom``
 (allocate until refused, then recover), ``vmm`` (cuMemCreate → cuMemMap → cuMemRelease while mapped
 → cuMemUnmap, and a retained handle), ``paths`` (CUDA arrays, mipmapped arrays, a graph memory
 node, the device malloc heap: each within and past the limit), ``exec1``/``exec2`` (allocate, exec
 itself, allocate again), ``spawn`` (a multiprocessing child shares the container's limit). Each step
-records the shim's account (``--offset`` into the region) and NVML's memory of this process.
+records the shim's account (``--offset FILE:N`` in the region directory) and NVML's memory of this process.
 """
 
 from __future__ import annotations
@@ -18,23 +18,33 @@ import os
 import sys
 from typing import Any
 
-from .cudadrv import SUCCESS, Driver, nvml_attributed, nvml_memory_info, out, region_used
+from .cudadrv import (
+    SUCCESS,
+    Account,
+    Driver,
+    account,
+    account_arg,
+    nvml_attributed,
+    nvml_memory_info,
+    out,
+    region_used,
+)
 
 MIB = 1 << 20
 
 
-def reading(offset: int | None) -> dict[str, int | None]:
+def reading(offset: Account | None) -> dict[str, int | None]:
     return {"charged": region_used(offset), "attributed": nvml_attributed()}
 
 
-def report(d: Driver, limit: int, offset: int | None) -> None:
+def report(d: Driver, limit: int, offset: Account | None) -> None:
     rc, _ = d.alloc(limit // 4)
     charged = region_used(offset)
     free, total = d.mem_get_info()
     out(alloc_rc=rc, charged=charged, free=free, total=total, nvml=nvml_memory_info())
 
 
-def oom(d: Driver, limit: int, offset: int | None) -> None:
+def oom(d: Driver, limit: int, offset: Account | None) -> None:
     chunk = limit // 8
     ptrs: list[int] = []
     rc = SUCCESS
@@ -61,7 +71,7 @@ def oom(d: Driver, limit: int, offset: int | None) -> None:
     )
 
 
-def vmm(d: Driver, limit: int, offset: int | None) -> None:
+def vmm(d: Driver, limit: int, offset: Account | None) -> None:
     g = d.granularity()
     size = (256 * MIB + g - 1) // g * g
     steps: dict[str, Any] = {"before": reading(offset)}
@@ -96,7 +106,7 @@ def vmm(d: Driver, limit: int, offset: int | None) -> None:
     out(size=size, over_limit_rc=over_rc, **steps)
 
 
-def _path(d: Driver, offset: int | None, make: Any, undo: Any) -> dict[str, Any]:
+def _path(d: Driver, offset: Account | None, make: Any, undo: Any) -> dict[str, Any]:
     before = reading(offset)
     try:
         rc, handle = make()
@@ -108,7 +118,7 @@ def _path(d: Driver, offset: int | None, make: Any, undo: Any) -> dict[str, Any]
     return {"rc": rc, "before": before, "held": held, "after": after, "undo_rc": undo_rc}
 
 
-def paths(d: Driver, limit: int, offset: int | None) -> None:
+def paths(d: Driver, limit: int, offset: Account | None) -> None:
     fit, big = 256 * MIB, 2 * limit
     result: dict[str, Any] = {}
     # float4 (16 bytes) elements; 8192 x 2048 = 256 MiB
@@ -138,7 +148,7 @@ def paths(d: Driver, limit: int, offset: int | None) -> None:
     out(fit=fit, big=big, default_heap=default_heap, **result)
 
 
-def exec1(d: Driver, limit: int, offset: int | None) -> None:
+def exec1(d: Driver, limit: int, offset: Account | None) -> None:
     rc, _ = d.alloc(limit * 3 // 4)
     out(phase=1, pid=os.getpid(), alloc_rc=rc, charged=region_used(offset))
     sys.stdout.flush()
@@ -151,23 +161,23 @@ def exec1(d: Driver, limit: int, offset: int | None) -> None:
         "--limit",
         str(limit),
     ]
-    os.execv(sys.executable, argv + (["--offset", str(offset)] if offset is not None else []))
+    os.execv(sys.executable, argv + account_arg(offset))
 
 
-def exec2(d: Driver, limit: int, offset: int | None) -> None:
+def exec2(d: Driver, limit: int, offset: Account | None) -> None:
     rc, _ = d.alloc(limit * 3 // 4)
     over_rc, _ = d.alloc(limit // 2)
     out(phase=2, pid=os.getpid(), alloc_rc=rc, over_rc=over_rc, charged=region_used(offset))
 
 
-def _child(queue: Any, limit: int, offset: int | None) -> None:
+def _child(queue: Any, limit: int, offset: Account | None) -> None:
     d = Driver()
     over_rc, _ = d.alloc(limit * 3 // 5)
     fit_rc, _ = d.alloc(limit // 5)
     queue.put({"over_rc": over_rc, "fit_rc": fit_rc, "charged": region_used(offset)})
 
 
-def spawn(d: Driver, limit: int, offset: int | None) -> None:
+def spawn(d: Driver, limit: int, offset: Account | None) -> None:
     rc, _ = d.alloc(limit * 3 // 5)
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
@@ -193,7 +203,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=sorted(MODES))
     p.add_argument("--limit", type=int, required=True)
-    p.add_argument("--offset", type=int, default=None)
+    p.add_argument("--offset", type=account, default=None)
     args = p.parse_args()
     MODES[args.mode](Driver(), args.limit, args.offset)
 

@@ -1,6 +1,6 @@
 """PyTorch under a memory limit (run with the shim preloaded over a region, as a container would be):
 
-    torch_memory.py --limit BYTES [--offset N] [--spawn]
+    torch_memory.py --limit BYTES [--offset FILE:N] [--spawn]
 
 Reports, as one RESULT object: the context's own cost (NVML's memory of this process minus what the
 shim charged, after cuBLAS is loaded), what ``torch.cuda.mem_get_info`` and in-process NVML say
@@ -19,14 +19,14 @@ from typing import Any
 
 import torch
 
-from .cudadrv import nvml_attributed, nvml_memory_info, out, region_used
+from .cudadrv import Account, account, nvml_attributed, nvml_memory_info, out, region_used
 
 
 def _alloc(nbytes: int) -> Any:
     return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
 
-def _child(queue: Any, limit: int, offset: int | None) -> None:
+def _child(queue: Any, limit: int, offset: Account | None) -> None:
     got: dict[str, Any] = {}
     try:
         _alloc(limit * 3 // 5)
@@ -47,7 +47,7 @@ def _child(queue: Any, limit: int, offset: int | None) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--limit", type=int, required=True)
-    p.add_argument("--offset", type=int, default=None)
+    p.add_argument("--offset", type=account, default=None)
     p.add_argument("--spawn", action="store_true")
     args = p.parse_args()
     limit, offset = args.limit, args.offset

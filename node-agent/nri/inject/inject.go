@@ -23,11 +23,19 @@ import (
 const (
 	ShimLibraryPath = "/usr/lib/neuronetes/libneuronetes-cuda.so"
 	ShimPreloadFile = "/etc/ld.so.preload"
-	ShimRegionPath  = "/run/neuronetes/region"
-	// RegionSize is the size of a shim region file (node-agent/shim/include/neuronetes_region.h).
-	RegionSize = 64 * 1024
+	// The shim's region in the container (node-agent/shim/include/neuronetes_region.h): the
+	// directory and the agent's control file read-only, the container's state file writable.
+	ShimRegionDir   = "/run/neuronetes"
+	ShimControlPath = ShimRegionDir + "/" + ControlFile
+	ShimStatePath   = ShimRegionDir + "/" + StateFile
+	ControlFile     = "control"
+	StateFile       = "state"
+	// ControlSize and StateSize are the sizes of the two region files (NN_CONTROL_SIZE,
+	// NN_STATE_SIZE of major version 2).
+	ControlSize = 16 * 1024
+	StateSize   = 64 * 1024
 	// ContainersDir is, under the state directory, where the agent creates the regions:
-	// <state>/containers/<pod-uid>/<container>/region.
+	// <state>/containers/<pod-uid>/<container>/{control,state}.
 	ContainersDir = "containers"
 )
 
@@ -262,9 +270,9 @@ func resolve(g assignment.GPU, inv *inventory.Inventory) ([]inventory.Device, st
 	return append([]inventory.Device{gpu.Device}, mig.Caps...), mig.UUID, ""
 }
 
-// shimMounts: the shim library, the preload file naming it, and the container's region, each
-// checked on the host first; ld.so only warns about a preload it cannot load, so a missing
-// library would silently run the container unshimmed.
+// shimMounts: the shim library, the preload file naming it, and the container's region (both its
+// files), each checked on the host first; ld.so only warns about a preload it cannot load, so a
+// missing library would silently run the container unshimmed.
 func shimMounts(pod Pod, ctr Container, inv *inventory.Inventory, host Host) ([]Mount, string) {
 	if err := regularFile(inv.ShimLibrary, -1); err != nil {
 		return nil, fmt.Sprintf("shim library: %v", err)
@@ -277,24 +285,33 @@ func shimMounts(pod Pod, ctr Container, inv *inventory.Inventory, host Host) ([]
 		return nil, fmt.Sprintf("shim preload file %s must name exactly %s", inv.ShimPreloadFile, ShimLibraryPath)
 	}
 	regionDir := filepath.Join(host.StateDir, ContainersDir, pod.UID, ctr.Name)
-	region := filepath.Join(regionDir, filepath.Base(ShimRegionPath))
-	if err := regularFile(region, RegionSize); err != nil {
-		return nil, fmt.Sprintf("shim region (the node agent creates it before the container starts): %v", err)
+	control := filepath.Join(regionDir, ControlFile)
+	state := filepath.Join(regionDir, StateFile)
+	for _, f := range []struct {
+		path string
+		size int64
+	}{{control, ControlSize}, {state, StateSize}} {
+		if err := regularFile(f.path, f.size); err != nil {
+			return nil, fmt.Sprintf("shim region (the node agent creates it before the container starts): %v", err)
+		}
 	}
 	ro := []string{"rbind", "ro", "nosuid", "nodev"}
 	return []Mount{
 		{inv.ShimLibrary, ShimLibraryPath, ro},
 		{inv.ShimPreloadFile, ShimPreloadFile, ro},
-		// the directory read-only, the region file in it writable (the shim maps it shared)
-		{regionDir, filepath.Dir(ShimRegionPath), []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
-		{region, ShimRegionPath, []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
+		// the directory and the agent's control file read-only: nothing the container does can
+		// change what the agent wrote; the container's state file writable (its processes map it
+		// shared). The agent only ever reads copies of the state file.
+		{regionDir, ShimRegionDir, []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
+		{control, ShimControlPath, []string{"bind", "ro", "nosuid", "nodev", "noexec"}},
+		{state, ShimStatePath, []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 	}, ""
 }
 
 // shadowedBy names the path of ours (or the kernel's) that a driver mount at dest would cover or
 // sit inside, or "".
 func shadowedBy(dest string) string {
-	for _, reserved := range []string{ShimLibraryPath, ShimPreloadFile, filepath.Dir(ShimRegionPath), "/dev", "/proc", "/sys"} {
+	for _, reserved := range []string{ShimLibraryPath, ShimPreloadFile, ShimRegionDir, "/dev", "/proc", "/sys"} {
 		if dest == reserved || strings.HasPrefix(dest, reserved+"/") || strings.HasPrefix(reserved, dest+"/") {
 			return reserved
 		}

@@ -137,8 +137,9 @@ func TestWholeGPUs(t *testing.T) {
 	}{
 		{ShimLibraryPath, filepath.Join(h.ShimDir, "libneuronetes-cuda.so"), "ro"},
 		{ShimPreloadFile, filepath.Join(h.ShimDir, "ld.so.preload"), "ro"},
-		{"/run/neuronetes", filepath.Dir(region), "ro"},
-		{ShimRegionPath, region, "rw"},
+		{"/run/neuronetes", region, "ro"},
+		{ShimControlPath, filepath.Join(region, "control"), "ro"},
+		{ShimStatePath, filepath.Join(region, "state"), "rw"},
 		{"/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", "ro"},
 	}
 	for _, c := range checks {
@@ -348,8 +349,18 @@ func TestMissingShimOrRegionIsRefused(t *testing.T) {
 	h := nodetest.New(t)
 	refused(t, h, pod, ctr, "shim region") // the agent has not created it yet
 	region := h.Region(nodetest.PodUID, "trainer")
-	nodetest.Must(t, os.Truncate(region, 100))
-	refused(t, h, pod, ctr, "has 100 bytes, not 65536")
+	nodetest.Must(t, os.Truncate(filepath.Join(region, "state"), 100))
+	refused(t, h, pod, ctr, "state has 100 bytes, not 65536")
+	region = h.Region(nodetest.PodUID, "trainer")
+	nodetest.Must(t, os.Truncate(filepath.Join(region, "control"), 65536)) // a major-1 size
+	refused(t, h, pod, ctr, "control has 65536 bytes, not 16384")
+	region = h.Region(nodetest.PodUID, "trainer")
+	nodetest.Must(t, os.Remove(filepath.Join(region, "state")))
+	refused(t, h, pod, ctr, "shim region")
+	// a directory holding only a major-1 region (one file) is no region
+	nodetest.Must(t, os.Remove(filepath.Join(region, "control")))
+	nodetest.Must(t, os.WriteFile(filepath.Join(region, "region"), make([]byte, 65536), 0o666))
+	refused(t, h, pod, ctr, "shim region")
 
 	h = nodetest.New(t)
 	h.Region(nodetest.PodUID, "trainer")
@@ -364,7 +375,7 @@ func TestMissingShimOrRegionIsRefused(t *testing.T) {
 
 func TestDriverMountCannotCoverTheShim(t *testing.T) {
 	pod := annotated(map[string]any{"trainer": entry(gpu(nodetest.UUID0, 0, 81920, 100))})
-	for _, dest := range []string{"/etc/ld.so.preload", "/run", "/run/neuronetes/region", "/usr/lib/neuronetes", "/dev/nvidia1"} {
+	for _, dest := range []string{"/etc/ld.so.preload", "/run", "/run/neuronetes/state", "/run/neuronetes/control", "/usr/lib/neuronetes", "/dev/nvidia1"} {
 		h := nodetest.New(t)
 		h.Region(nodetest.PodUID, "trainer")
 		doc := nodetest.InventoryDoc(nodetest.Node, h.Now, h.ShimDir)
@@ -462,7 +473,8 @@ func TestContractConstantsMatchPython(t *testing.T) {
 			ForbiddenEnvNames    []string `json:"forbiddenEnvNames"`
 			ShimLibraryPath      string   `json:"shimLibraryPath"`
 			ShimPreloadFile      string   `json:"shimPreloadFile"`
-			ShimRegionPath       string   `json:"shimRegionPath"`
+			ShimControlPath      string   `json:"shimControlPath"`
+			ShimStatePath        string   `json:"shimStatePath"`
 		} `json:"contract"`
 	}
 	nodetest.Must(t, json.Unmarshal(raw, &doc))
@@ -470,7 +482,8 @@ func TestContractConstantsMatchPython(t *testing.T) {
 	if !slices.Equal(c.ForbiddenEnvPrefixes, ForbiddenEnvPrefixes) || !slices.Equal(c.ForbiddenEnvNames, ForbiddenEnvNames) {
 		t.Fatalf("forbidden env drifted: %+v", c)
 	}
-	if c.ShimLibraryPath != ShimLibraryPath || c.ShimPreloadFile != ShimPreloadFile || c.ShimRegionPath != ShimRegionPath {
+	if c.ShimLibraryPath != ShimLibraryPath || c.ShimPreloadFile != ShimPreloadFile ||
+		c.ShimControlPath != ShimControlPath || c.ShimStatePath != ShimStatePath {
 		t.Fatalf("shim paths drifted: %+v", c)
 	}
 }

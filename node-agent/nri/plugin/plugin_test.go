@@ -141,8 +141,14 @@ func TestThroughNRIAdaptation(t *testing.T) {
 	for _, m := range adjust.GetMounts() {
 		mounts[m.Destination] = m
 	}
-	if m := mounts[inject.ShimRegionPath]; m == nil || m.Source != region || !slices.Contains(m.Options, "rw") {
-		t.Fatalf("region mount %v", m)
+	if m := mounts[inject.ShimStatePath]; m == nil || m.Source != filepath.Join(region, "state") || !slices.Contains(m.Options, "rw") {
+		t.Fatalf("state mount %v", m)
+	}
+	// the agent's control file and the directory: read-only, never rw
+	for dest, source := range map[string]string{inject.ShimControlPath: filepath.Join(region, "control"), inject.ShimRegionDir: region} {
+		if m := mounts[dest]; m == nil || m.Source != source || !slices.Contains(m.Options, "ro") || slices.Contains(m.Options, "rw") {
+			t.Fatalf("mount %s: %v", dest, m)
+		}
 	}
 	if m := mounts[inject.ShimPreloadFile]; m == nil || !slices.Contains(m.Options, "ro") {
 		t.Fatalf("preload mount %v", m)
@@ -153,7 +159,7 @@ func TestThroughNRIAdaptation(t *testing.T) {
 	// the agent learns where the container's processes are
 	dir := records.In(h.StateDir)
 	rec, err := dir.Read(nodetest.PodUID, "trainer")
-	if err != nil || rec.ContainerID != "ctr-1" || rec.CgroupsPath != cgroup || rec.RegionDir != filepath.Dir(region) ||
+	if err != nil || rec.ContainerID != "ctr-1" || rec.CgroupsPath != cgroup || rec.RegionDir != region ||
 		rec.Namespace != "team-a" || rec.Pod != "trainer-0" || rec.Version != records.SchemaVersion {
 		t.Fatalf("container record %+v (%v)", rec, err)
 	}

@@ -137,7 +137,7 @@ static child spawn(char *const argv[], const char *region, const char *gpu) {
         char preload[4096];
         snprintf(preload, sizeof preload, "%s/lib/libneuronetes-cuda.so", g_build);
         setenv("LD_PRELOAD", preload, 1);
-        setenv("NEURONETES_REGION_PATH", region, 1);
+        setenv("NEURONETES_REGION_DIR", region, 1);
         setenv("FAKE_CUDA_STATE", gpu, 1);
         execv(argv[0], argv);
         _exit(127);
@@ -201,7 +201,7 @@ static double pause_probe(void) {
     char region_path[512], gpu[512];
     path(region_path, sizeof region_path, "pause");
     path(gpu, sizeof gpu, "pause.gpu");
-    nn_region *r = nn_test_region_one(region_path, 1 * GIB, 100, 0);
+    nn_test_region region = nn_test_region_one(region_path, 1 * GIB, 100, 0), *r = &region;
     char *argv[] = {(char *)g_self, (char *)g_build, "spin", NULL};
     child c = spawn(argv, region_path, gpu);
     nn_test_sleep_ms(300);
@@ -211,7 +211,7 @@ static double pause_probe(void) {
     for (int round = 0; round < 5; round++) {
         uint64_t t0 = nn_test_now(), last_change = t0;
         uint64_t seen = __atomic_load_n(&oracle->procs[0].launches, __ATOMIC_ACQUIRE);
-        __atomic_fetch_or(&r->container.control, NN_CTL_PAUSED, __ATOMIC_RELEASE);
+        __atomic_fetch_or(&r->control->container.control, NN_CTL_PAUSED, __ATOMIC_RELEASE);
         while (nn_test_now() < t0 + 200000000u) { /* watch 200 ms: any launch after the order? */
             uint64_t now_seen = __atomic_load_n(&oracle->procs[0].launches, __ATOMIC_ACQUIRE);
             if (now_seen != seen) {
@@ -222,7 +222,7 @@ static double pause_probe(void) {
         }
         double paused_ms = (double)(last_change - t0) / 1e6;
         uint64_t t1 = nn_test_now();
-        __atomic_fetch_and(&r->container.control, ~NN_CTL_PAUSED, __ATOMIC_RELEASE);
+        __atomic_fetch_and(&r->control->container.control, ~NN_CTL_PAUSED, __ATOMIC_RELEASE);
         while (__atomic_load_n(&oracle->procs[0].launches, __ATOMIC_ACQUIRE) == seen &&
                nn_test_now() < t1 + 1000000000u)
             nn_test_sleep_ms(0.02);

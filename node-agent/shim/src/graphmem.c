@@ -47,7 +47,7 @@ static void capture_flag(int delta) {
     int now = __atomic_add_fetch(&g_captures, delta, __ATOMIC_ACQ_REL);
     if (now < 0) __atomic_store_n(&g_captures, 0, __ATOMIC_RELEASE);
     if (nn_g.region != NULL && nn_g.slot >= 0) {
-        nn_proc_slot *s = &nn_g.region->procs[nn_g.slot];
+        nn_proc_slot *s = &nn_g.region->state->procs[nn_g.slot];
         if (now > 0) __atomic_fetch_or(&s->flags, NN_PROC_F_CAPTURING, __ATOMIC_RELEASE);
         else __atomic_fetch_and(&s->flags, ~NN_PROC_F_CAPTURING, __ATOMIC_RELEASE);
     }

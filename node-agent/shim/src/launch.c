@@ -85,10 +85,10 @@ static void event_put(CUevent e) {
     else if (nn_real.cuEventDestroy_v2 != NULL) nn_real.cuEventDestroy_v2(e);
 }
 
-static nn_proc_slot *my_slot(void) { return &nn_g.region->procs[nn_g.slot]; }
+static nn_proc_slot *my_slot(void) { return &nn_g.region->state->procs[nn_g.slot]; }
 
 static uint64_t window_ns(void) {
-    uint64_t w = __atomic_load_n(&nn_g.region->container.pacing_window_ns, __ATOMIC_RELAXED);
+    uint64_t w = __atomic_load_n(&nn_g.region->control->container.pacing_window_ns, __ATOMIC_RELAXED);
     return w != 0 ? w : NN_DEFAULT_PACING_WINDOW_NS;
 }
 
@@ -102,7 +102,7 @@ static int slot_live(const nn_proc_slot *s) {
 static uint64_t window_usage(int dev, uint64_t w) {
     uint64_t sum = 0;
     for (unsigned i = 0; i < g_slot_high; i++) {
-        const nn_proc_slot *s = &nn_g.region->procs[i];
+        const nn_proc_slot *s = &nn_g.region->state->procs[i];
         if (slot_live(s) && __atomic_load_n(&s->window_index, __ATOMIC_ACQUIRE) == w)
             sum += __atomic_load_n(&s->kernel_ns[dev], __ATOMIC_RELAXED);
     }
@@ -116,7 +116,7 @@ static void roll_window(uint64_t w, uint64_t window) {
     if (old == w) return;
     unsigned high = 0;
     for (unsigned i = 0; i < NN_MAX_PROCS; i++)
-        if (__atomic_load_n(&nn_g.region->procs[i].state, __ATOMIC_RELAXED) != NN_SLOT_FREE) high = i + 1;
+        if (__atomic_load_n(&nn_g.region->state->procs[i].state, __ATOMIC_RELAXED) != NN_SLOT_FREE) high = i + 1;
     g_slot_high = high;
     for (int d = 0; d < (int)NN_MAX_DEVICES; d++) {
         uint64_t mine = __atomic_load_n(&me->kernel_ns[d], __ATOMIC_RELAXED);
@@ -178,14 +178,14 @@ static void harvest(void) {
     for (int d = 0; d < (int)NN_MAX_DEVICES; d++) {
         if (!any[d]) continue;
         __atomic_store_n(&me->kernel_ns[d], me->kernel_ns[d] + measured[d], __ATOMIC_RELEASE);
-        __atomic_fetch_add(&nn_g.region->devices[d].kernel_ns_total, measured[d], __ATOMIC_RELAXED);
+        __atomic_fetch_add(&nn_g.region->state->devices[d].kernel_ns_total, measured[d], __ATOMIC_RELAXED);
     }
 }
 
 /* ---- holding launches -------------------------------------------------------------------------------- */
 
 static int paused(void) {
-    return (__atomic_load_n(&nn_g.region->container.control, __ATOMIC_ACQUIRE) & NN_CTL_PAUSED) != 0;
+    return (__atomic_load_n(&nn_g.region->control->container.control, __ATOMIC_ACQUIRE) & NN_CTL_PAUSED) != 0;
 }
 
 static void hold_while_paused(int dev) {
@@ -195,7 +195,7 @@ static void hold_while_paused(int dev) {
         sleep_ns(NN_POLL_NS);
     }
     if (start != 0 && dev >= 0)
-        __atomic_fetch_add(&nn_g.region->devices[dev].throttled_ns_total, nn_now_ns() - start, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&nn_g.region->state->devices[dev].throttled_ns_total, nn_now_ns() - start, __ATOMIC_RELAXED);
 }
 
 /* Wait until the container may launch on `dev`. Caller holds g_pace_lock (released while sleeping). */
@@ -222,7 +222,7 @@ static void wait_for_allowance(int dev) {
         pace_unlock();
         if (paused()) hold_while_paused(dev);
         else sleep_ns(nap);
-        __atomic_fetch_add(&nn_g.region->devices[dev].throttled_ns_total, nap, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&nn_g.region->state->devices[dev].throttled_ns_total, nap, __ATOMIC_RELAXED);
         pace_lock();
     }
 }
@@ -239,6 +239,7 @@ static CUresult launch(CUstream stream, int ptds, nn_launch_call call, void *ctx
         free(transient);
         return rc;
     }
+    (void)nn_region_poll_orders(nn_g.region); /* one load unless the agent ordered a reclaim */
     if (NN_UNLIKELY(nn_capturing(stream, ptds))) return call(ctx); /* a graph node: runs nothing now */
     int dev = nn_current_entry();
     if (NN_UNLIKELY(paused())) hold_while_paused(dev);

@@ -38,7 +38,7 @@ static int driver_has_pid(int32_t host_pid) {
         __atomic_store_n(&nvml_started, 1, __ATOMIC_RELEASE);
     if (!__atomic_load_n(&nvml_started, __ATOMIC_ACQUIRE) || nn_real.nvmlDeviceGetCount_v2 == NULL || nn_real.nvmlDeviceGetHandleByIndex_v2 == NULL ||
         nn_real.nvmlDeviceGetComputeRunningProcesses_v3 == NULL)
-        return 1; /* cannot tell: keep it charged (the agent reclaims) */
+        return 1; /* cannot tell: keep it charged (the agent orders the reclaim) */
     unsigned count = 0;
     if (nn_real.nvmlDeviceGetCount_v2(&count) != NVML_SUCCESS) return 1;
     for (unsigned d = 0; d < count; d++) {
@@ -73,7 +73,7 @@ CUresult nn_charge(int dev, uint64_t size) {
     if (ok == 0 && reap() > 0) ok = nn_region_charge(nn_g.region, nn_g.slot, dev, size, nn_device_limit(dev));
     if (ok == 1) return CUDA_SUCCESS;
     if (ok < 0) nn_log("region lock not taken in time: allocation refused");
-    __atomic_fetch_add(&nn_g.region->devices[dev].oom_refusals_total, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&nn_g.region->state->devices[dev].oom_refusals_total, 1, __ATOMIC_RELAXED);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -300,11 +300,11 @@ static void report(int entry, size_t *free_bytes, size_t *total) {
         return;
     }
     uint64_t limit = nn_device_limit(entry);
-    uint64_t container = __atomic_load_n(&nn_g.region->container.memory_limit_bytes, __ATOMIC_ACQUIRE);
+    uint64_t container = __atomic_load_n(&nn_g.region->control->container.memory_limit_bytes, __ATOMIC_ACQUIRE);
     uint64_t t = total != NULL ? (uint64_t)*total : UINT64_MAX;
     if (limit < t) t = limit;
     if (container < t) t = container;
-    uint64_t used = __atomic_load_n(&nn_g.region->devices[entry].memory_used_bytes, __ATOMIC_ACQUIRE);
+    uint64_t used = __atomic_load_n(&nn_g.region->state->devices[entry].memory_used_bytes, __ATOMIC_ACQUIRE);
     if (total != NULL) *total = (size_t)t;
     if (free_bytes != NULL) *free_bytes = (size_t)(t > used ? t - used : 0);
 }

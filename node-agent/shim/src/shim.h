@@ -96,10 +96,17 @@ void nn_resolve_nvml(void); /* idempotent; NVML is optional */
 
 /* ---- process state (state.c) ------------------------------------------------------------------ */
 
+/* One container's region as a process maps it: the agent's control file read-only, the container's
+ * state file read-write (neuronetes_region.h). */
+typedef struct nn_region {
+    const nn_control *control;
+    nn_state *state;
+} nn_region;
+
 typedef struct nn_shim {
     int status;           /* NN_ST_*: written once under g_init_lock, then read with acquire */
     CUresult refusal;     /* what every hook returns when status is NN_ST_REFUSED */
-    nn_region *region;    /* the container's region, mapped MAP_SHARED */
+    nn_region *region;    /* the container's region (both files mapped MAP_SHARED) */
     int slot;             /* our process slot, -1 before the claim */
     pid_t pid;            /* the process the slot belongs to (fork detection) */
     int admitted;         /* the agent admitted this process's first context */
@@ -129,13 +136,23 @@ uint64_t nn_now_ns(void);
 
 /* ---- the region (region.c: pure region logic, no CUDA; tested on its own) --------------------- */
 
-/* Validate a mapped region: 0, or -1 with a reason in `why`. */
-int nn_region_validate(const nn_region *r, size_t file_size, char *why, size_t why_len);
-/* Map the region at `path` read-write and validate it: NULL with a reason in `why` on failure. */
-nn_region *nn_region_map(const char *path, char *why, size_t why_len);
-/* The robust lock, never waiting forever: 0 = held, -1 = not taken in time. */
+/* Validate a mapped control / state file: 0, or -1 with a reason in `why`. */
+int nn_control_validate(const nn_control *c, size_t file_size, char *why, size_t why_len);
+int nn_state_validate(const nn_state *s, size_t file_size, char *why, size_t why_len);
+/* The directory the region is read from: NN_REGION_DIR whenever something exists at
+ * `default_control` (a container: the environment is ignored), else `env_dir` when set (tests, the
+ * workstation daemon's jobs), else NN_REGION_DIR. */
+const char *nn_region_dir(const char *default_control, const char *env_dir);
+/* Map `dir`/control read-only and `dir`/state read-write and validate both (and that they are one
+ * pair): 0, or -1 with a reason in `why` (which names the file). */
+int nn_region_map(const char *dir, nn_region *out, char *why, size_t why_len);
+/* The robust lock, never waiting forever: 0 = held (pending reclaim orders applied), -1 = not taken
+ * in time. */
 int nn_region_lock(nn_region *r);
 void nn_region_unlock(nn_region *r);
+/* Apply the agent's pending reclaim orders if the lock can be taken at once (launch path): the
+ * number of slots freed. */
+int nn_region_poll_orders(nn_region *r);
 /* Recompute device and container totals from the slots (under the lock). */
 void nn_region_recompute(nn_region *r);
 /* Claim a free slot for (pid, start_ticks), reaping dead ones if full: slot index or -1. */
@@ -145,6 +162,8 @@ int nn_region_claim(nn_region *r, pid_t pid, uint64_t start_ticks);
 int nn_region_charge(nn_region *r, int slot, int dev, uint64_t size, uint64_t dev_limit);
 /* Give back bytes charged earlier (clamped at zero). */
 void nn_region_uncharge(nn_region *r, int slot, int dev, uint64_t size);
+/* The host PID the agent registered for slot `i`'s current claim, or 0 (neuronetes_region.h). */
+int32_t nn_region_host_pid(const nn_region *r, int i);
 /* Mark slots of processes that are gone DEAD; free DEAD slots whose host PID the driver no longer
  * lists (`driver_has_pid` says whether NVML still shows it; NULL = keep DEAD ones). Under the lock.
  * Returns how many slots were freed. */

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 nn_shim nn_g = {.slot = -1};
+static nn_region g_region; /* both mappings, once mapped */
 static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_dev_entry[64]; /* CUdevice -> region entry + 2 (0 = not looked up yet, 1 = none) */
 
@@ -61,7 +62,7 @@ static uint32_t parse_share(const char *v) {
 /* Workstation mode only: the user owns the machine, so their env may narrow the region's limits.
  * In a cluster these variables would let a tenant choose its own limit and are ignored. */
 static void read_workstation_env(const nn_region *r) {
-    if (!(r->header.flags & NN_REGION_F_STANDALONE)) return;
+    if (!(r->control->header.flags & NN_REGION_F_STANDALONE)) return;
     uint64_t all_mem = parse_size(getenv("CUDA_DEVICE_MEMORY_LIMIT"));
     uint32_t all_share = parse_share(getenv("CUDA_DEVICE_SM_LIMIT"));
     for (unsigned i = 0; i < NN_MAX_DEVICES; i++) {
@@ -76,13 +77,13 @@ static void read_workstation_env(const nn_region *r) {
 }
 
 uint64_t nn_device_limit(int i) {
-    uint64_t limit = __atomic_load_n(&nn_g.region->devices[i].memory_limit_bytes, __ATOMIC_ACQUIRE);
+    uint64_t limit = __atomic_load_n(&nn_g.region->control->devices[i].memory_limit_bytes, __ATOMIC_ACQUIRE);
     uint64_t env = nn_g.env_limit[i];
     return (env != 0 && env < limit) ? env : limit;
 }
 
 uint32_t nn_device_share(int i) {
-    const nn_device_entry *e = &nn_g.region->devices[i];
+    const nn_device_control *e = &nn_g.region->control->devices[i];
     if (__atomic_load_n(&e->flags, __ATOMIC_RELAXED) & NN_DEV_F_MIG) return 100; /* hardware-isolated */
     uint32_t share = __atomic_load_n(&e->compute_share_percent, __ATOMIC_RELAXED);
     uint32_t env = nn_g.env_share[i];
@@ -134,15 +135,14 @@ CUresult nn_ready(void) {
         if (nn_real.cuInit == NULL) {
             rc = refuse(CUDA_ERROR_NO_DEVICE, "libcuda.so.1", "the driver library cannot be loaded");
         } else {
-            const char *path = getenv("NEURONETES_REGION_PATH");
-            if (path == NULL || *path == '\0') path = NN_REGION_PATH;
-            char why[256];
-            nn_region *r = nn_region_map(path, why, sizeof why);
-            if (r == NULL) {
-                rc = refuse(CUDA_ERROR_NOT_PERMITTED, path, why);
+            /* In a container (something at the default path) the environment cannot move it. */
+            const char *dir = nn_region_dir(NN_CONTROL_PATH, getenv("NEURONETES_REGION_DIR"));
+            char why[512];
+            if (nn_region_map(dir, &g_region, why, sizeof why) != 0) {
+                rc = refuse(CUDA_ERROR_NOT_PERMITTED, dir, why);
             } else {
-                nn_g.region = r;
-                read_workstation_env(r);
+                nn_g.region = &g_region;
+                read_workstation_env(&g_region);
                 pthread_atfork(NULL, NULL, after_fork_child);
                 __atomic_store_n(&nn_g.status, NN_ST_READY, __ATOMIC_RELEASE);
             }
@@ -163,11 +163,11 @@ static void format_uuid(const CUuuid *u, char out[37]) {
 
 /* "GPU-<uuid>" / "MIG-<uuid>": the 36 characters after the prefix identify the device. */
 static int match_entry(const char *uuid36) {
-    uint32_t count = __atomic_load_n(&nn_g.region->container.device_count, __ATOMIC_RELAXED);
+    uint32_t count = __atomic_load_n(&nn_g.region->control->container.device_count, __ATOMIC_RELAXED);
     if (count > NN_MAX_DEVICES) count = NN_MAX_DEVICES;
     for (uint32_t i = 0; i < count; i++) {
         char entry[NN_UUID_BYTES + 1];
-        memcpy(entry, nn_g.region->devices[i].uuid, NN_UUID_BYTES);
+        memcpy(entry, nn_g.region->control->devices[i].uuid, NN_UUID_BYTES);
         entry[NN_UUID_BYTES] = '\0';
         if (strlen(entry) == 40 && strcmp(entry + 4, uuid36) == 0) return (int)i;
     }
@@ -206,7 +206,7 @@ CUresult nn_admit(void) {
     CUresult rc = nn_ready();
     if (rc != CUDA_SUCCESS) return rc;
     if (__atomic_load_n(&nn_g.admitted, __ATOMIC_ACQUIRE)) return CUDA_SUCCESS;
-    nn_container *c = &nn_g.region->container;
+    const nn_container *c = &nn_g.region->control->container;
     int logged = 0;
     for (;;) {
         uint32_t control = __atomic_load_n(&c->control, __ATOMIC_ACQUIRE);
@@ -219,7 +219,7 @@ CUresult nn_admit(void) {
         struct timespec ts = {0, 1000000}; /* 1 ms: admission is rare and not latency-critical */
         nanosleep(&ts, NULL);
     }
-    nn_proc_slot *s = &nn_g.region->procs[nn_g.slot];
+    nn_proc_slot *s = &nn_g.region->state->procs[nn_g.slot];
     __atomic_fetch_or(&s->flags, NN_PROC_F_ADMITTED, __ATOMIC_RELEASE);
     __atomic_store_n(&nn_g.admitted, 1, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;

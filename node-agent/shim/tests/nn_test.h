@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -66,70 +67,142 @@ typedef struct nn_test_region_spec {
     uint32_t share[NN_MAX_DEVICES];       /* 0 = 100 */
     unsigned devices;
     uint32_t control; /* NN_CTL_* */
-    uint32_t flags;   /* NN_REGION_F_* besides READY */
+    uint32_t flags;   /* NN_REGION_F_* besides READY (control file) */
 } nn_test_region_spec;
 
-static inline nn_region *nn_test_region_create(const char *path, const nn_test_region_spec *spec) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+/* Both files of a region, mapped read-write: the test plays the agent (control) and the tenant
+ * (state) at once. */
+typedef struct nn_test_region {
+    nn_control *control;
+    nn_state *state;
+} nn_test_region;
+
+/* `dir`/`name` filled under a temporary name; renamed into place by nn_test_publish. */
+static inline void *nn_test_new_file(const char *dir, const char *name, size_t size, char *tmp, size_t tmp_len) {
+    snprintf(tmp, tmp_len, "%s/.%s.tmp%d", dir, name, (int)getpid());
     int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     CHECK(fd >= 0);
-    CHECK(ftruncate(fd, sizeof(nn_region)) == 0);
-    nn_region *r = mmap(NULL, sizeof(nn_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    CHECK(r != MAP_FAILED);
+    CHECK(ftruncate(fd, (off_t)size) == 0);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(p != MAP_FAILED);
     close(fd);
-    r->header.magic = NN_REGION_MAGIC;
-    r->header.version_major = NN_REGION_VERSION_MAJOR;
-    r->header.version_minor = NN_REGION_VERSION_MINOR;
-    r->header.header_size = sizeof(nn_region_header);
-    r->header.region_size = sizeof(nn_region);
-    r->header.device_entry_size = sizeof(nn_device_entry);
-    r->header.proc_slot_size = sizeof(nn_proc_slot);
-    r->header.max_devices = NN_MAX_DEVICES;
-    r->header.max_procs = NN_MAX_PROCS;
-    r->header.creator_pid = (uint32_t)getpid();
+    return p;
+}
+
+static inline void nn_test_publish(const char *dir, const char *name, const char *tmp) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    CHECK(rename(tmp, path) == 0);
+}
+
+static inline void nn_test_header(nn_file_header *h, uint64_t magic, size_t size, uint32_t entry, uint32_t slot,
+                                  uint64_t pair_id) {
+    h->magic = magic;
+    h->version_major = NN_REGION_VERSION_MAJOR;
+    h->version_minor = NN_REGION_VERSION_MINOR;
+    h->header_size = sizeof(nn_file_header);
+    h->file_size = size;
+    h->device_entry_size = entry;
+    h->proc_slot_size = slot;
+    h->max_devices = NN_MAX_DEVICES;
+    h->max_procs = NN_MAX_PROCS;
+    h->creator_pid = (uint32_t)getpid();
+    h->pair_id = pair_id;
+}
+
+/* Write the region's two files into the directory `dir` (created if missing): the state file
+ * first, the control file last (its presence means the pair is complete). */
+static inline nn_test_region nn_test_region_create(const char *dir, const nn_test_region_spec *spec) {
+    CHECK(mkdir(dir, 0777) == 0 || errno == EEXIST);
+    uint64_t pair_id = nn_test_now() ^ ((uint64_t)getpid() << 32);
+    char tmp_state[4096], tmp_control[4096];
+    nn_test_region t;
+    t.state = nn_test_new_file(dir, NN_STATE_NAME, sizeof(nn_state), tmp_state, sizeof tmp_state);
+    nn_test_header(&t.state->header, NN_STATE_MAGIC, sizeof(nn_state), sizeof(nn_device_usage), sizeof(nn_proc_slot),
+                   pair_id);
     pthread_mutexattr_t attr;
     pthread_mutexattr_init(&attr);
     pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
     pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-    CHECK(pthread_mutex_init(&r->lock.mutex, &attr) == 0);
+    CHECK(pthread_mutex_init(&t.state->lock.mutex, &attr) == 0);
     pthread_mutexattr_destroy(&attr);
+    __atomic_store_n(&t.state->header.flags, NN_REGION_F_READY, __ATOMIC_RELEASE);
+    nn_test_publish(dir, NN_STATE_NAME, tmp_state);
+
+    t.control = nn_test_new_file(dir, NN_CONTROL_NAME, sizeof(nn_control), tmp_control, sizeof tmp_control);
+    nn_test_header(&t.control->header, NN_CONTROL_MAGIC, sizeof(nn_control), sizeof(nn_device_control),
+                   sizeof(nn_proc_control), pair_id);
     uint64_t total = 0;
     for (unsigned i = 0; i < spec->devices; i++) {
         char uuid[41];
         fake_device_uuid(i, uuid);
-        memcpy(r->devices[i].uuid, uuid, sizeof uuid);
-        r->devices[i].memory_limit_bytes = spec->limit_bytes[i];
-        r->devices[i].memory_total_bytes = FAKE_DEFAULT_MEM_BYTES;
-        r->devices[i].compute_share_percent = spec->share[i] ? spec->share[i] : 100;
-        r->devices[i].host_index = i;
+        nn_device_control *d = &t.control->devices[i];
+        memcpy(d->uuid, uuid, sizeof uuid);
+        d->memory_limit_bytes = spec->limit_bytes[i];
+        d->memory_total_bytes = FAKE_DEFAULT_MEM_BYTES;
+        d->compute_share_percent = spec->share[i] ? spec->share[i] : 100;
+        d->host_index = i;
         total += spec->limit_bytes[i];
     }
-    r->container.memory_limit_bytes = total;
-    r->container.pacing_window_ns = NN_DEFAULT_PACING_WINDOW_NS;
-    r->container.qos = NN_QOS_GUARANTEED;
-    r->container.control = spec->control;
-    r->container.device_count = spec->devices;
-    __atomic_store_n(&r->header.flags, NN_REGION_F_READY | spec->flags, __ATOMIC_RELEASE);
-    CHECK(rename(tmp, path) == 0);
-    return r;
+    nn_container *c = &t.control->container;
+    c->memory_limit_bytes = total;
+    c->pacing_window_ns = NN_DEFAULT_PACING_WINDOW_NS;
+    c->qos = NN_QOS_GUARANTEED;
+    c->control = spec->control;
+    c->device_count = spec->devices;
+    __atomic_store_n(&t.control->header.flags, NN_REGION_F_READY | spec->flags, __ATOMIC_RELEASE);
+    nn_test_publish(dir, NN_CONTROL_NAME, tmp_control);
+    return t;
 }
 
-static inline nn_region *nn_test_region_one(const char *path, uint64_t limit, uint32_t share, uint32_t flags) {
+static inline nn_test_region nn_test_region_one(const char *dir, uint64_t limit, uint32_t share, uint32_t flags) {
     nn_test_region_spec spec = {.devices = 1, .control = NN_CTL_ADMITTED, .flags = flags};
     spec.limit_bytes[0] = limit;
     spec.share[0] = share;
-    return nn_test_region_create(path, &spec);
+    return nn_test_region_create(dir, &spec);
 }
 
-/* The agent's part in tests: it finds host PIDs itself (here one PID namespace: the same). */
-static inline void nn_test_agent_register_host_pids(nn_region *r) {
+/* Both files of an existing region, mapped read-write (a test program looking at what the shim
+ * in it wrote, and acting as the agent). */
+static inline nn_test_region nn_test_region_open(const char *dir) {
+    nn_test_region t;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, NN_CONTROL_NAME);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    CHECK(fd >= 0);
+    t.control = mmap(NULL, sizeof(nn_control), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(t.control != MAP_FAILED);
+    close(fd);
+    snprintf(path, sizeof path, "%s/%s", dir, NN_STATE_NAME);
+    fd = open(path, O_RDWR | O_CLOEXEC);
+    CHECK(fd >= 0);
+    t.state = mmap(NULL, sizeof(nn_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(t.state != MAP_FAILED);
+    close(fd);
+    return t;
+}
+
+/* The agent's part in tests: it finds host PIDs itself (here one PID namespace: the same) and
+ * registers them in the control file for the slot's current claim (neuronetes_region.h). */
+static inline void nn_test_agent_register_host_pids(nn_test_region *t) {
     for (unsigned i = 0; i < NN_MAX_PROCS; i++) {
-        nn_proc_slot *s = &r->procs[i];
-        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != NN_SLOT_FREE &&
-            __atomic_load_n(&s->host_pid, __ATOMIC_ACQUIRE) == 0)
-            __atomic_store_n(&s->host_pid, s->container_pid, __ATOMIC_RELEASE);
+        const nn_proc_slot *s = &t->state->procs[i];
+        nn_proc_control *pc = &t->control->procs[i];
+        if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == NN_SLOT_FREE) continue;
+        uint64_t seq = __atomic_load_n(&s->claim_seq, __ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&pc->host_pid, __ATOMIC_ACQUIRE) != 0 && __atomic_load_n(&pc->claim_seq, __ATOMIC_ACQUIRE) == seq)
+            continue;
+        __atomic_store_n(&pc->host_pid, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&pc->claim_seq, seq, __ATOMIC_RELEASE);
+        __atomic_store_n(&pc->start_time_ticks, s->start_time_ticks, __ATOMIC_RELEASE);
+        __atomic_store_n(&pc->host_pid, s->container_pid, __ATOMIC_RELEASE);
     }
+}
+
+/* The agent's reclaim order for slot `i`'s current claim. */
+static inline void nn_test_agent_order_reclaim(nn_test_region *t, unsigned i) {
+    __atomic_store_n(&t->control->procs[i].reclaim_claim_seq, t->state->procs[i].claim_seq, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&t->control->container.reclaim_generation, 1, __ATOMIC_RELEASE);
 }
 
 static inline fake_state *nn_test_oracle(void) {

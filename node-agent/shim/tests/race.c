@@ -122,9 +122,9 @@ int main(int argc, char **argv) {
     g_limit = strtoull(argv[4], NULL, 10);
     int do_kill = atoi(argv[5]);
     CHECK(procs >= 1 && procs <= 64 && threads >= 1 && threads <= 64 && g_limit >= 16 * MIB);
-    const char *region_path = getenv("NEURONETES_REGION_PATH");
-    CHECK(region_path != NULL);
-    nn_region *r = nn_test_region_one(region_path, g_limit, 100, 0);
+    const char *region_dir = getenv("NEURONETES_REGION_DIR");
+    CHECK(region_dir != NULL);
+    nn_test_region region = nn_test_region_one(region_dir, g_limit, 100, 0), *r = &region;
     g_deadline = nn_test_now() + (uint64_t)(ms * 1e6);
     pid_t pids[64];
     for (int i = 0; i < procs; i++) {
@@ -140,8 +140,8 @@ int main(int argc, char **argv) {
         if (oracle == NULL && access(getenv("FAKE_CUDA_STATE"), F_OK) == 0) oracle = nn_test_oracle();
         if (do_kill && victim_slot < 0 && nn_test_now() >= kill_at) {
             for (unsigned i = 0; i < NN_MAX_PROCS && victim_slot < 0; i++)
-                if (r->procs[i].state == NN_SLOT_ACTIVE && r->procs[i].container_pid == pids[0] &&
-                    r->procs[i].used_bytes[0] > 0)
+                if (r->state->procs[i].state == NN_SLOT_ACTIVE && r->state->procs[i].container_pid == pids[0] &&
+                    r->state->procs[i].used_bytes[0] > 0)
                     victim_slot = (int)i;
             if (victim_slot >= 0) {
                 uint64_t t0 = nn_test_now();
@@ -150,7 +150,7 @@ int main(int argc, char **argv) {
                 pids[0] = 0;
                 while (nn_test_now() < g_deadline + 2000000000u) {
                     nn_test_agent_register_host_pids(r);
-                    const nn_proc_slot *s = &r->procs[victim_slot];
+                    const nn_proc_slot *s = &r->state->procs[victim_slot];
                     if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == NN_SLOT_FREE ||
                         s->used_bytes[0] == 0) {
                         reclaim_ms = (double)(nn_test_now() - t0) / 1e6;
@@ -176,9 +176,9 @@ int main(int argc, char **argv) {
     uint64_t observed = oracle->devices[0].peak_bytes;
     printf("{\"limit_bytes\": %llu, \"max_observed_bytes\": %llu, \"reclaim_ms\": %.3f}\n",
            (unsigned long long)g_limit, (unsigned long long)observed, reclaim_ms);
-    if (observed > g_limit || r->devices[0].memory_peak_bytes > g_limit) {
+    if (observed > g_limit || r->state->devices[0].memory_peak_bytes > g_limit) {
         fprintf(stderr, "race: usage passed the limit (oracle %llu, region %llu)\n", (unsigned long long)observed,
-                (unsigned long long)r->devices[0].memory_peak_bytes);
+                (unsigned long long)r->state->devices[0].memory_peak_bytes);
         failed = 1;
     }
     if (observed < g_limit / 2) {

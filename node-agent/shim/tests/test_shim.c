@@ -3,7 +3,7 @@
  * resolves the driver as the runtime does), run with LD_PRELOAD=libneuronetes-cuda.so over the
  * fake libcuda.so.1 / libnvidia-ml.so.1. The fake's own account (FAKE_CUDA_STATE) is the oracle.
  *
- *   test_shim <case> <region path>      (FAKE_CUDA_STATE must name a fresh state file)
+ *   test_shim <case> <region dir>       (FAKE_CUDA_STATE must name a fresh state file)
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -13,7 +13,7 @@
 #include "nn_test.h"
 
 static nn_cuda C;
-static nn_region *R;
+static nn_test_region R; /* both files, read-write: this program is also the agent */
 static const char *REGION;
 
 static fake_state *oracle(void) { return nn_test_oracle(); }
@@ -40,7 +40,7 @@ static int in_library(const void *fn, const char *needle) {
     return dladdr(fn, &info) != 0 && info.dli_fname != NULL && strstr(info.dli_fname, needle) != NULL;
 }
 
-static uint64_t region_used(void) { return __atomic_load_n(&R->devices[0].memory_used_bytes, __ATOMIC_ACQUIRE); }
+static uint64_t region_used(void) { return __atomic_load_n(&R.state->devices[0].memory_used_bytes, __ATOMIC_ACQUIRE); }
 
 /* ---- lookup ---------------------------------------------------------------------------------- */
 
@@ -163,7 +163,7 @@ static void case_memory(void) {
     CHECK_RC(C.cuMemAllocFromPoolAsync(&e, 16 * MIB, pool, s), CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_RC(C.cuMemAllocPitch_v2(&e, &pitch, 4096, 4096, 4), CUDA_ERROR_OUT_OF_MEMORY);
     CHECK_RC(C.cuMemAlloc_v2(&e, UINT64_MAX - 5), CUDA_ERROR_OUT_OF_MEMORY); /* no overflow */
-    CHECK(R->devices[0].oom_refusals_total == 6);
+    CHECK(R.state->devices[0].oom_refusals_total == 6);
     CHECK_RC(C.cuMemAlloc_v2(&e, 15 * MIB), CUDA_SUCCESS); /* exactly up to the limit */
     CHECK(region_used() == limit && oracle()->devices[0].used_bytes == limit);
     check_reports(limit);
@@ -176,15 +176,15 @@ static void case_memory(void) {
     CHECK_RC(C.cuMemFree_v2(e), CUDA_SUCCESS);
     CHECK(C.cuMemFree_v2(e) != CUDA_SUCCESS); /* a double free is the driver's error, not a second credit */
     CHECK(region_used() == 0 && oracle()->devices[0].used_bytes == 0);
-    CHECK(R->devices[0].memory_peak_bytes == limit && R->container.memory_used_bytes == 0);
+    CHECK(R.state->devices[0].memory_peak_bytes == limit && R.state->usage.memory_used_bytes == 0);
     CHECK_RC(C.cuMemPoolDestroy(pool), CUDA_SUCCESS);
     check_reports(limit);
     /* the agent lowers the limit in one store: new allocations see it at once */
-    __atomic_store_n(&R->devices[0].memory_limit_bytes, 8 * MIB, __ATOMIC_RELEASE);
+    __atomic_store_n(&R.control->devices[0].memory_limit_bytes, 8 * MIB, __ATOMIC_RELEASE);
     CHECK_RC(C.cuMemAlloc_v2(&a, 9 * MIB), CUDA_ERROR_OUT_OF_MEMORY);
     check_reports(8 * MIB);
     /* draining refuses everything new */
-    __atomic_fetch_or(&R->container.control, NN_CTL_DRAINING, __ATOMIC_RELEASE);
+    __atomic_fetch_or(&R.control->container.control, NN_CTL_DRAINING, __ATOMIC_RELEASE);
     CHECK_RC(C.cuMemAlloc_v2(&a, 1 * MIB), CUDA_ERROR_OUT_OF_MEMORY);
 }
 
@@ -556,7 +556,7 @@ static void case_graph(void) {
     CHECK_RC(C.cuMemFreeAsync(outside, s), CUDA_SUCCESS); /* freed when the graph runs */
     CUgraph g;
     CHECK_RC(C.cuStreamEndCapture(s, &g), CUDA_SUCCESS);
-    CHECK(region_used() == 10 * MIB && (R->procs[0].flags & NN_PROC_F_CAPTURING) == 0);
+    CHECK(region_used() == 10 * MIB && (R.state->procs[0].flags & NN_PROC_F_CAPTURING) == 0);
     CUgraphExec exec;
     CHECK_RC(C.cuGraphInstantiateWithFlags(&exec, g, 0), CUDA_SUCCESS);
     CHECK(region_used() == 10 * MIB); /* nothing allocated yet */
@@ -597,23 +597,23 @@ static void case_capture_never_sleeps(void) {
     CUstream s = new_stream();
     launch_ns(s, 2000000); /* 2 ms at a 10 % share: two windows of debt */
     CHECK_RC(C.cuStreamSynchronize(s), CUDA_SUCCESS);
-    uint64_t throttled = R->devices[0].throttled_ns_total;
+    uint64_t throttled = R.state->devices[0].throttled_ns_total;
     CHECK_RC(C.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-    CHECK(R->procs[0].flags & NN_PROC_F_CAPTURING);
-    __atomic_fetch_or(&R->container.control, NN_CTL_PAUSED, __ATOMIC_RELEASE); /* not even a pause */
+    CHECK(R.state->procs[0].flags & NN_PROC_F_CAPTURING);
+    __atomic_fetch_or(&R.control->container.control, NN_CTL_PAUSED, __ATOMIC_RELEASE); /* not even a pause */
     for (int i = 0; i < 100; i++) launch_ns(s, 100000);
     CUgraph g;
     CHECK_RC(C.cuStreamEndCapture(s, &g), CUDA_SUCCESS);
-    CHECK(R->devices[0].throttled_ns_total == throttled); /* nothing was held while capturing */
-    __atomic_fetch_and(&R->container.control, ~NN_CTL_PAUSED, __ATOMIC_RELEASE);
+    CHECK(R.state->devices[0].throttled_ns_total == throttled); /* nothing was held while capturing */
+    __atomic_fetch_and(&R.control->container.control, ~NN_CTL_PAUSED, __ATOMIC_RELEASE);
     /* the graph itself is paced: the next launch after it waits out its debt */
     CUgraphExec exec;
     CHECK_RC(C.cuGraphInstantiateWithFlags(&exec, g, 0), CUDA_SUCCESS);
     CHECK_RC(C.cuGraphLaunch(exec, s), CUDA_SUCCESS);
     CHECK_RC(C.cuStreamSynchronize(s), CUDA_SUCCESS);
     launch_ns(s, 1000);
-    CHECK(R->devices[0].throttled_ns_total > throttled);
-    CHECK(R->devices[0].kernel_ns_total >= 12000000u); /* the kernel's 2 ms and the graph's 10 ms */
+    CHECK(R.state->devices[0].throttled_ns_total > throttled);
+    CHECK(R.state->devices[0].kernel_ns_total >= 12000000u); /* the kernel's 2 ms and the graph's 10 ms */
     CHECK_RC(C.cuGraphExecDestroy(exec), CUDA_SUCCESS);
     CHECK_RC(C.cuGraphDestroy(g), CUDA_SUCCESS);
 }
@@ -624,8 +624,8 @@ static void *release_later(void *arg) {
     uint32_t flag = (uint32_t)(uintptr_t)arg;
     nn_test_sleep_ms(50);
     g_released = 1;
-    if (flag == NN_CTL_PAUSED) __atomic_fetch_and(&R->container.control, ~flag, __ATOMIC_RELEASE);
-    else __atomic_fetch_or(&R->container.control, flag, __ATOMIC_RELEASE);
+    if (flag == NN_CTL_PAUSED) __atomic_fetch_and(&R.control->container.control, ~flag, __ATOMIC_RELEASE);
+    else __atomic_fetch_or(&R.control->container.control, flag, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -633,7 +633,7 @@ static void case_pause(void) {
     CUstream s = new_stream();
     launch_ns(s, 1000);
     uint64_t launches = oracle()->procs[0].launches;
-    __atomic_fetch_or(&R->container.control, NN_CTL_PAUSED, __ATOMIC_RELEASE);
+    __atomic_fetch_or(&R.control->container.control, NN_CTL_PAUSED, __ATOMIC_RELEASE);
     pthread_t t;
     pthread_create(&t, NULL, release_later, (void *)(uintptr_t)NN_CTL_PAUSED);
     launch_ns(s, 1000); /* held until the agent resumes */
@@ -648,7 +648,7 @@ static void case_admission(void) {
     pthread_create(&t, NULL, release_later, (void *)(uintptr_t)NN_CTL_ADMITTED);
     CUcontext ctx;
     CHECK_RC(C.cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
-    CHECK(g_released && (R->procs[0].flags & NN_PROC_F_ADMITTED));
+    CHECK(g_released && (R.state->procs[0].flags & NN_PROC_F_ADMITTED));
     pthread_join(t, NULL);
 }
 
@@ -666,7 +666,7 @@ static void case_refused(void) {
 
 static void case_env_limit(void) {
     /* CUDA_DEVICE_MEMORY_LIMIT=64m in the environment; honoured only in a STANDALONE region */
-    int standalone = (R->header.flags & NN_REGION_F_STANDALONE) != 0;
+    int standalone = (R.control->header.flags & NN_REGION_F_STANDALONE) != 0;
     uint64_t want = standalone ? 64 * MIB : 128 * MIB;
     size_t free_b, total;
     CHECK_RC(C.cuMemGetInfo_v2(&free_b, &total), CUDA_SUCCESS);
@@ -702,7 +702,7 @@ static void case_child_exec(void) {
     CHECK_RC(C.cuMemAlloc_v2(&q, 60 * MIB), CUDA_SUCCESS);
     CHECK_RC(C.cuMemAlloc_v2(&q, 9 * MIB), CUDA_ERROR_OUT_OF_MEMORY);
     int slots = 0;
-    for (unsigned i = 0; i < NN_MAX_PROCS; i++) slots += R->procs[i].state == NN_SLOT_ACTIVE;
+    for (unsigned i = 0; i < NN_MAX_PROCS; i++) slots += R.state->procs[i].state == NN_SLOT_ACTIVE;
     CHECK(slots == 2); /* the parent's and ours (fork and exec keep the PID: one slot, reclaimed) */
 }
 
@@ -785,7 +785,7 @@ static void case_agent(void) {
 
 int main(int argc, char **argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s <case> <region>\n", argv[0]);
+        fprintf(stderr, "usage: %s <case> <region dir>\n", argv[0]);
         return 64;
     }
     const char *name = argv[1];
@@ -796,11 +796,7 @@ int main(int argc, char **argv) {
         case_refused();
         return 0;
     }
-    int fd = open(REGION, O_RDWR);
-    CHECK(fd >= 0);
-    R = mmap(NULL, sizeof(nn_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    CHECK(R != MAP_FAILED);
-    close(fd);
+    R = nn_test_region_open(REGION);
     if (strcmp(name, "admission") == 0) {
         case_admission();
         return 0;

@@ -36,7 +36,7 @@ func main() {
 func run() error {
 	var (
 		node      = flag.String("node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-		stateDir  = flag.String("state-dir", "/run/neuronetes", "the node agent's state directory (inventory.json, ledger.json, containers/<pod-uid>/<container>/region; this plugin writes containers.d/)")
+		stateDir  = flag.String("state-dir", "/run/neuronetes", "the node agent's state directory (inventory.json, ledger.json, containers/<pod-uid>/<container>/{control,state}; this plugin writes containers.d/)")
 		maxAge    = flag.Duration("inventory-max-age", inventory.DefaultMaxAge, "refuse GPU containers when the inventory file is older than this")
 		ledgerAge = flag.Duration("ledger-max-age", ledger.DefaultMaxAge, "refuse GPU containers when the node ledger file is older than this")
 		socket    = flag.String("nri-socket", "", "NRI socket of the runtime (default: NRI's default, /var/run/nri/nri.sock)")

@@ -154,13 +154,14 @@ func (h *Host) WriteInventory(doc map[string]any) {
 	h.WriteJSON(h.InvPath, doc)
 }
 
-// Region creates the region file the agent would create for a container.
+// Region creates the region the agent would create for a container (its control and state
+// files) and returns its directory.
 func (h *Host) Region(pod, container string) string {
 	dir := filepath.Join(h.StateDir, inject.ContainersDir, pod, container)
 	Must(h.t, os.MkdirAll(dir, 0o755))
-	path := filepath.Join(dir, "region")
-	Must(h.t, os.WriteFile(path, make([]byte, inject.RegionSize), 0o600))
-	return path
+	Must(h.t, os.WriteFile(filepath.Join(dir, inject.ControlFile), make([]byte, inject.ControlSize), 0o644))
+	Must(h.t, os.WriteFile(filepath.Join(dir, inject.StateFile), make([]byte, inject.StateSize), 0o666))
+	return dir
 }
 
 // Host is the decision's view of this node (inventory and ledger read through Sources on the

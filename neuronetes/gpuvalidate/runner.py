@@ -67,6 +67,14 @@ def _command(argv: Sequence[str]) -> str:
     return out.stdout.strip()
 
 
+def source(repo: Path) -> dict[str, Any]:
+    """The checkout that ran: its commit and whether the working tree differs from it (None where
+    no git history came along, as on a machine that got a copy of the tree)."""
+    commit = _command(["git", "-C", str(repo), "rev-parse", "HEAD"]) or None
+    dirty = bool(_command(["git", "-C", str(repo), "status", "--porcelain"])) if commit else None
+    return {"commit": commit, "dirty": dirty}
+
+
 def machine(gpu: dict[str, Any]) -> dict[str, Any]:
     """What ran the validation: host, GPU, driver, toolchain and framework versions."""
     nvcc = _command(["nvcc", "--version"]).splitlines()
@@ -288,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "started": started.isoformat(timespec="seconds"),
         "finished": None,  # None while it runs: a run killed midway leaves the checks done so far
         "machine": machine(gpu),
+        "source": source(Path(template.repo)),
         "summary": summary(results),
         "checks": [],
     }

@@ -1,7 +1,7 @@
 """Reading one object for an admission decision, with the webhook's own API credentials.
 
 The webhook reads the GPUSlice a pod names (`slice_admission`) and the pod a node agent's Eviction
-names (`eviction_admission`): in-cluster credentials (its ServiceAccount), else ``$KUBECONFIG`` (a
+or Event names (`agent_admission`): in-cluster credentials (its ServiceAccount), else ``$KUBECONFIG`` (a
 local cluster). A missing object reads as None; any other failure raises the caller's error type.
 """
 

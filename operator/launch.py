@@ -22,6 +22,7 @@ __all__ = [
     "AGENT_USERNAME",
     "EVICTION_MATCH_CONDITION",
     "MUTATING_WEBHOOK_NAME",
+    "POD_EVENT_MATCH_CONDITION",
     "POD_MATCH_CONDITION",
     "VALIDATING_WEBHOOK_NAME",
     "dev_operator_settings",
@@ -53,12 +54,14 @@ evictions the webhook checks, as the policy manifests/policies/agent-node.yaml n
 
 
 def eviction_match_condition(agent_user: str = AGENT_USERNAME) -> str:
-    """CEL: the eviction is the node agent's. Only its evictions reach the webhook (which lets it
-    evict only pods of its own node); every other eviction is admitted even with no replica up."""
+    """CEL: the request is the node agent's. Only its evictions and pod Events reach the webhook
+    (which holds them to pods of its own node); every other one is admitted with no replica up."""
     return f"request.userInfo.username == '{agent_user}'"
 
 
 EVICTION_MATCH_CONDITION: Final = eviction_match_condition()
+POD_EVENT_MATCH_CONDITION: Final = "has(object.involvedObject.kind) && object.involvedObject.kind == 'Pod'"
+"""CEL: a core Event about a Pod (the admission policy decides every other Event of the agent)."""
 
 
 def operator_argv(kubeconfig: Path, settings: Path) -> list[str]:
@@ -115,8 +118,8 @@ def dev_operator_settings() -> dict[str, Any]:
 
 
 def webhook_configurations(ca_pem: bytes, url: str, agent_user: str = AGENT_USERNAME) -> list[dict[str, Any]]:
-    """The Mutating (pods; the node agent's evictions, of `agent_user`) and Validating (AgentPool,
-    GPUSlice) webhook configurations for `url`."""
+    """The Mutating (pods; the node agent's evictions) and Validating (AgentPool, GPUSlice; the node
+    agent's Events about pods) webhook configurations for `url` (the agent: `agent_user`)."""
     import base64
 
     bundle = base64.b64encode(ca_pem).decode()
@@ -155,6 +158,13 @@ def webhook_configurations(ca_pem: bytes, url: str, agent_user: str = AGENT_USER
         ],
     }
     objects = hook("objects", c.GROUP, c.VERSION, ["CREATE", "UPDATE"], ["agentpools", "gpuslices"])
+    events = {
+        **hook("events", "", "v1", ["CREATE", "UPDATE"], ["events"]),
+        "matchConditions": [
+            {"name": "by-the-node-agent", "expression": eviction_match_condition(agent_user)},
+            {"name": "about-a-pod", "expression": POD_EVENT_MATCH_CONDITION},
+        ],
+    }
     return [
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
@@ -166,7 +176,7 @@ def webhook_configurations(ca_pem: bytes, url: str, agent_user: str = AGENT_USER
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": VALIDATING_WEBHOOK_NAME},
-            "webhooks": [objects],
+            "webhooks": [objects, events],
         },
     ]
 

@@ -47,7 +47,7 @@ def operator_run(ns: argparse.Namespace) -> int:
 
 def webhook_serve(ns: argparse.Namespace) -> int:
     _logging(ns.log_level)
-    from .eviction_admission import api_pod_reader
+    from .agent_admission import api_pod_reader
     from .slice_admission import api_slice_reader
     from .webhook import WebhookServer
 

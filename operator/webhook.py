@@ -1,8 +1,8 @@
 """The admission webhook's HTTPS server: AdmissionReview in, verdict out, and its dev certificate.
 
-Three routes: ``/pods`` (mutating: sets the scheduler name, refuses what `admission.review_pod`
-refuses), ``/evictions`` (mutating: the node agent evicts only pods of its own node,
-`eviction_admission.review_eviction`) and ``/objects`` (validating: `validation.review_object` for
+Four routes: ``/pods`` (mutating: sets the scheduler name, refuses what `admission.review_pod`
+refuses), ``/evictions`` and ``/events`` (the node agent evicts, and records Events about, only pods
+of its own node: `agent_admission`) and ``/objects`` (validating: `validation.review_object` for
 AgentPool and GPUSlice); ``/healthz`` answers 200. A malformed request gets a 4xx, never a 5xx.
 Replicas on one host may listen on the same port (SO_REUSEPORT): the kernel spreads connections
 over the live ones, so one replica dying leaves admission working, and with none left the API
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .admission import ANNOTATION_SLICE, annotation_changes, asks_for_gpus, review_pod
-from .eviction_admission import PodReader, review_eviction
+from .agent_admission import PodReader, review_eviction, review_pod_event
 from .slice_admission import SliceReader, review_slice_pod
 from .validation import review_object
 
@@ -39,7 +39,7 @@ CERT_FILE: Final = "tls.crt"
 KEY_FILE: Final = "tls.key"
 CA_FILE: Final = "ca.crt"
 MAX_BODY: Final = 3 * 1024 * 1024  # the API server caps objects at 1.5 MiB; a review holds two
-ROUTES: Final = ("/pods", "/evictions", "/objects")
+ROUTES: Final = ("/pods", "/evictions", "/events", "/objects")
 
 
 def _respond(uid: str, refusals: Sequence[str], patch: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
@@ -64,8 +64,8 @@ def admission_response(
     `trusted`: user names (``request.userInfo.username``) allowed to change NeuroNetes annotations
     of existing pods (the extender's and the agent's service accounts). `slices` reads the
     GPUSlice a pod names (`slice_admission.review_slice_pod`); without it such pods are refused.
-    `pods` reads the pod an Eviction names (`eviction_admission.review_eviction`); without it
-    the evictions sent to ``/evictions`` are refused.
+    `pods` reads the pod an Eviction or an Event names (`agent_admission`); without it the
+    evictions and pod Events sent to ``/evictions`` and ``/events`` are refused.
 
     Raises:
         ValueError: not an AdmissionReview request (the server answers 400).
@@ -78,6 +78,8 @@ def admission_response(
         return _respond(request["uid"], [])  # DELETE and CONNECT carry no object: nothing to check
     if route == "/evictions":
         return _respond(request["uid"], *review_eviction(request, pods))
+    if route == "/events":
+        return _respond(request["uid"], review_pod_event(request, pods))
     if route == "/pods":
         operation = request.get("operation")
         if operation == "UPDATE":

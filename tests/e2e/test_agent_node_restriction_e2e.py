@@ -4,9 +4,10 @@ A cluster of its own in chart mode (``helm install`` of the chart, its pods run 
 runner, as in test_helm_e2e.py) with two simulated GPU nodes, A and B, and an agent pod on each.
 The agent of node A acts with exactly the credentials its pod has: the token the chart runner
 requested for it, bound to the pod (and so to node A) as the kubelet's projected token is. With
-them it may write node A's labels and capacity, its GPUNode, Events about it and evict a pod bound
-to it; the same writes for node B are refused by the policy ``neuronetes.io-agent-writes-only-its-node``
-(or, for the eviction, the webhook ``evictions.neuronetes.io``) with a message naming both nodes.
+them it may write node A's labels and capacity, its GPUNode, Events about it and about a pod bound to
+it, and evict such a pod; the same writes for node B are refused by the policy
+``neuronetes.io-agent-writes-only-its-node`` (or, for a pod's eviction and Events, the webhooks
+``evictions.neuronetes.io`` and ``events.neuronetes.io``) with a message naming both nodes.
 The agent fleet that serves both nodes runs as a ServiceAccount of its own and is not restricted.
 """
 
@@ -64,6 +65,8 @@ def nodes(dev: DevCluster, ops: ChartOps) -> tuple[str, str]:
     dev.kubectl("create", "namespace", VICTIMS)
     for name, node in (("on-a", a), ("on-b", b)):
         dev.kubectl("create", "-f", "-", input=json.dumps(manifest(name, namespace=VICTIMS, node=node)))
+        # Pods in `default`, the one namespace the agent's Role lets it record Events in.
+        dev.kubectl("create", "-f", "-", input=json.dumps(manifest(name, node=node)))
     return a, b
 
 
@@ -194,6 +197,25 @@ def test_the_agent_of_node_a_evicts_pods_of_node_a_only(
             return exc.status == 404
 
     wait_until(deleted, timeout=10, what="the evicted pod to be deleted")
+
+
+def test_the_agent_of_node_a_records_events_about_pods_of_node_a_only(
+    dev: DevCluster, agent: Api, nodes: tuple[str, str]
+) -> None:
+    a, b = nodes
+
+    def pod_event(name: str) -> dict[str, Any]:
+        uid = get(dev, f"/api/v1/namespaces/default/pods/{name}")["metadata"]["uid"]
+        about = {"apiVersion": "v1", "kind": "Pod", "namespace": "default", "name": name, "uid": uid}
+        return {**node_event(a), "metadata": {"generateName": f"{name}.", "namespace": "default"},
+                "involvedObject": about}  # fmt: skip
+
+    events = "/api/v1/namespaces/default/events"
+    message = refused(lambda: agent.request("POST", events, pod_event("on-b")))
+    assert 'admission webhook "events.neuronetes.io" denied the request' in message
+    assert f"agent of node {a} ({AGENT}) may record Events about only pods bound to node {a}" in message
+    assert f"pod default/on-b is bound to node {b}" in message
+    agent.request("POST", events, pod_event("on-a"))  # a pod of its own node
 
 
 def test_on_its_own_node_the_agent_changes_only_what_it_owns(

@@ -169,11 +169,14 @@ def test_the_node_restriction_names_the_agents_service_account() -> None:
         o["spec"]["policyName"] == policy["metadata"]["name"]
         for o in find(objects, "ValidatingAdmissionPolicyBinding")
     )
-    hooks = next(iter(find(objects, "MutatingWebhookConfiguration")))["webhooks"]
+    hooks = [h for kind in ("Mutating", "Validating") for o in find(objects, f"{kind}WebhookConfiguration")
+             for h in o["webhooks"]]  # fmt: skip
     (evictions,) = [h for h in hooks if h["name"] == "evictions.neuronetes.io"]
     assert evictions["matchConditions"] == [
         {"name": "by-the-node-agent", "expression": condition["expression"]}
     ]
+    (events,) = [h for h in hooks if h["name"] == "events.neuronetes.io"]
+    assert events["matchConditions"][0] == evictions["matchConditions"][0]
     assert agent == launch.AGENT_USERNAME
     # The webhook may read the pod an Eviction names.
     webhook = rbac_source()["components"]["webhook"]["clusterRole"]

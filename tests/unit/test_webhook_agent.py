@@ -1,6 +1,6 @@
-"""The webhook's eviction route: the node agent evicts only pods bound to the node its credentials
-name, and an allowed Eviction is pinned to the pod's UID (operator/eviction_admission.py,
-docs/rbac.md)."""
+"""The webhook's routes for the node agent: it evicts, and records Events about, only pods bound to
+the node its credentials name, and an allowed Eviction is pinned to the pod's UID
+(operator/agent_admission.py, docs/rbac.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ from typing import Any
 
 import pytest
 
-from neuronetes.operator.eviction_admission import NODE_NAME_EXTRA, PodReadError, review_eviction
+from neuronetes.operator.agent_admission import (
+    NODE_NAME_EXTRA,
+    PodReadError,
+    review_eviction,
+    review_pod_event,
+)
 from neuronetes.operator.launch import AGENT_USERNAME
 from neuronetes.operator.webhook import admission_response
 
@@ -112,3 +117,34 @@ def test_the_evictions_route_answers_with_the_verdict_and_the_patch() -> None:
     assert "bound to node node-b" in refused["status"]["message"]
     # Without a pod reader (no credentials) nothing is evicted.
     assert not admission_response("/evictions", {"request": request("on-a")})["response"]["allowed"]
+
+
+def event_request(about: dict[str, Any], node: str | None = "node-a") -> dict[str, Any]:
+    req = request("x", node)
+    req["subResource"], req["name"] = "", ""
+    req["object"] = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"namespace": "team"},
+        "involvedObject": about,
+    }
+    return req
+
+
+def test_the_agent_records_events_only_about_pods_of_its_node() -> None:
+    on_a = {"kind": "Pod", "namespace": "team", "name": "on-a", "uid": "uid-a"}
+    assert review_pod_event(event_request(on_a), read) == []
+    assert review_pod_event(event_request({**on_a, "uid": ""}), read) == []
+    (refusal,) = review_pod_event(event_request({"kind": "Pod", "namespace": "team", "name": "on-b"}), read)
+    assert (
+        f"the NeuroNetes agent of node node-a ({AGENT_USERNAME}) may record Events about only pods" in refusal
+    )
+    assert "pod team/on-b is bound to node node-b" in refusal
+    (refusal,) = review_pod_event(event_request({**on_a, "uid": "uid-b"}), read)
+    assert "names UID uid-b, not pod team/on-a's (uid-a)" in refusal
+    (refusal,) = review_pod_event(event_request(on_a, node=None), read)
+    assert "these name none" in refusal
+    # Events about anything else are the admission policy's.
+    assert review_pod_event(event_request({"kind": "Node", "name": "node-b"}), read) == []
+    response = admission_response("/events", {"request": event_request(on_a)}, pods=read)["response"]
+    assert response["allowed"] and "patch" not in response

@@ -19,7 +19,10 @@ from neuronetes import contracts as c
 from .admission import ANNOTATION_SLICE
 
 __all__ = [
+    "AGENT_USERNAME",
+    "EVICTION_MATCH_CONDITION",
     "MUTATING_WEBHOOK_NAME",
+    "POD_EVENT_MATCH_CONDITION",
     "POD_MATCH_CONDITION",
     "VALIDATING_WEBHOOK_NAME",
     "dev_operator_settings",
@@ -44,6 +47,21 @@ POD_MATCH_CONDITION: Final = (
 )
 """CEL: the pod asks for a NeuroNetes resource or names a GPUSlice. Other pods never reach the
 webhook, so they are admitted even when no replica is up."""
+
+AGENT_USERNAME: Final = "system:serviceaccount:neuronetes-system:neuronetes-agent"
+"""The node agent's ServiceAccount (the chart's, in namespace neuronetes-system): the user whose
+evictions the webhook checks, as the policy manifests/policies/agent-node.yaml names it."""
+
+
+def eviction_match_condition(agent_user: str = AGENT_USERNAME) -> str:
+    """CEL: the request is the node agent's. Only its evictions and pod Events reach the webhook
+    (which holds them to pods of its own node); every other one is admitted with no replica up."""
+    return f"request.userInfo.username == '{agent_user}'"
+
+
+EVICTION_MATCH_CONDITION: Final = eviction_match_condition()
+POD_EVENT_MATCH_CONDITION: Final = "has(object.involvedObject.kind) && object.involvedObject.kind == 'Pod'"
+"""CEL: a core Event about a Pod (the admission policy decides every other Event of the agent)."""
 
 
 def operator_argv(kubeconfig: Path, settings: Path) -> list[str]:
@@ -99,45 +117,52 @@ def dev_operator_settings() -> dict[str, Any]:
     return {"podTolerations": [dict(KWOK_TAINT, operator="Equal")]}
 
 
-def webhook_configurations(ca_pem: bytes, url: str) -> list[dict[str, Any]]:
-    """The Mutating (pods) and Validating (AgentPool, GPUSlice) webhook configurations for `url`."""
+def webhook_configurations(ca_pem: bytes, url: str, agent_user: str = AGENT_USERNAME) -> list[dict[str, Any]]:
+    """The Mutating (pods; the node agent's evictions) and Validating (AgentPool, GPUSlice; the node
+    agent's Events about pods) webhook configurations for `url` (the agent: `agent_user`)."""
     import base64
 
     bundle = base64.b64encode(ca_pem).decode()
-    common = {
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": "Fail",
-        "timeoutSeconds": 5,
-    }
+
+    def hook(
+        name: str, group: str, version: str, operations: list[str], resources: list[str]
+    ) -> dict[str, Any]:
+        """A webhook of `name` (path ``/<name>``), failing closed, for `operations` on `resources`."""
+        return {
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 5,
+            "name": f"{name}.{c.GROUP}",
+            "clientConfig": {"url": f"{url}/{name}", "caBundle": bundle},
+            "rules": [
+                {
+                    "apiGroups": [group],
+                    "apiVersions": [version],
+                    "operations": operations,
+                    "resources": resources,
+                    "scope": "Namespaced",
+                }
+            ],
+        }
+
     pods = {
-        **common,
-        "name": f"pods.{c.GROUP}",
-        "clientConfig": {"url": f"{url}/pods", "caBundle": bundle},
-        "rules": [
-            {
-                "apiGroups": [""],
-                "apiVersions": ["v1"],
-                "operations": ["CREATE", "UPDATE"],
-                "resources": ["pods"],
-                "scope": "Namespaced",
-            }
-        ],
+        **hook("pods", "", "v1", ["CREATE", "UPDATE"], ["pods"]),
         "matchConditions": [{"name": "asks-for-neuronetes-gpus", "expression": POD_MATCH_CONDITION}],
         "reinvocationPolicy": "IfNeeded",
     }
-    objects = {
-        **common,
-        "name": f"objects.{c.GROUP}",
-        "clientConfig": {"url": f"{url}/objects", "caBundle": bundle},
-        "rules": [
-            {
-                "apiGroups": [c.GROUP],
-                "apiVersions": [c.VERSION],
-                "operations": ["CREATE", "UPDATE"],
-                "resources": ["agentpools", "gpuslices"],
-                "scope": "Namespaced",
-            }
+    evictions = {
+        **hook("evictions", "", "v1", ["CREATE"], ["pods/eviction"]),
+        "matchConditions": [
+            {"name": "by-the-node-agent", "expression": eviction_match_condition(agent_user)}
+        ],
+    }
+    objects = hook("objects", c.GROUP, c.VERSION, ["CREATE", "UPDATE"], ["agentpools", "gpuslices"])
+    events = {
+        **hook("events", "", "v1", ["CREATE", "UPDATE"], ["events"]),
+        "matchConditions": [
+            {"name": "by-the-node-agent", "expression": eviction_match_condition(agent_user)},
+            {"name": "about-a-pod", "expression": POD_EVENT_MATCH_CONDITION},
         ],
     }
     return [
@@ -145,13 +170,13 @@ def webhook_configurations(ca_pem: bytes, url: str) -> list[dict[str, Any]]:
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "MutatingWebhookConfiguration",
             "metadata": {"name": MUTATING_WEBHOOK_NAME},
-            "webhooks": [pods],
+            "webhooks": [pods, evictions],
         },
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": VALIDATING_WEBHOOK_NAME},
-            "webhooks": [objects],
+            "webhooks": [objects, events],
         },
     ]
 

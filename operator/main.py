@@ -47,19 +47,24 @@ def operator_run(ns: argparse.Namespace) -> int:
 
 def webhook_serve(ns: argparse.Namespace) -> int:
     _logging(ns.log_level)
+    from .agent_admission import api_pod_reader
     from .slice_admission import api_slice_reader
     from .webhook import WebhookServer
 
     slices = api_slice_reader()
+    pods = api_pod_reader()
     try:
-        server = WebhookServer(ns.host, ns.port, Path(ns.cert_dir), frozenset(ns.trusted_user or ()), slices)
+        server = WebhookServer(
+            ns.host, ns.port, Path(ns.cert_dir), frozenset(ns.trusted_user or ()), slices, pods
+        )
     except (OSError, ValueError) as exc:
         print(f"error: cannot serve on {ns.host}:{ns.port} with {ns.cert_dir}: {exc}", file=sys.stderr)
         return 1
     if slices is None:
         # Warned once the server is up, so a refused start stays one error line.
         logging.getLogger("neuronetes.webhook").warning(
-            "no API credentials (in-cluster or $KUBECONFIG): pods naming a GPUSlice are refused"
+            "no API credentials (in-cluster or $KUBECONFIG): pods naming a GPUSlice and the node "
+            "agent's evictions are refused"
         )
 
     def stop(signum: int, frame: FrameType | None) -> None:

@@ -23,6 +23,8 @@ from neuronetes.assignment import GpuKind, ResourceRequestError, pod_gpu_request
 from neuronetes.model import MILLI_PER_GPU
 from neuronetes.quantity import QuantityError
 
+from .apiread import api_reader
+
 __all__ = [
     "SliceReadError",
     "SliceReader",
@@ -152,30 +154,11 @@ def review_slice_pod(pod: Mapping[str, Any], namespace: str, read: SliceReader |
 def api_slice_reader(timeout_s: float = 3.0) -> SliceReader | None:
     """A `SliceReader` over the API server: in-cluster credentials, else ``$KUBECONFIG`` (None:
     neither is available; pods naming a slice are then refused)."""
-    from kubernetes import client, config
-    from kubernetes.client.rest import ApiException
-    from kubernetes.config import ConfigException
+    from kubernetes import client
 
-    try:
-        config.load_incluster_config()
-    except ConfigException:
-        try:
-            config.load_kube_config()
-        except (ConfigException, OSError, TypeError):
-            return None
-    custom = client.CustomObjectsApi()
+    def get(api: Any, namespace: str, name: str, timeout: float) -> Any:
+        return client.CustomObjectsApi(api).get_namespaced_custom_object(
+            c.GROUP, c.VERSION, namespace, "gpuslices", name, _request_timeout=timeout
+        )
 
-    def read(namespace: str, name: str) -> Mapping[str, Any] | None:
-        try:
-            obj: Mapping[str, Any] = custom.get_namespaced_custom_object(
-                c.GROUP, c.VERSION, namespace, "gpuslices", name, _request_timeout=timeout_s
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise SliceReadError(f"HTTP {exc.status} {exc.reason}") from None
-        except OSError as exc:  # urllib3's connection errors are OSErrors too
-            raise SliceReadError(str(exc)) from None
-        return obj
-
-    return read
+    return api_reader(get, SliceReadError, timeout_s)

@@ -1,11 +1,13 @@
 """The admission webhook's HTTPS server: AdmissionReview in, verdict out, and its dev certificate.
 
-Two routes: ``/pods`` (mutating: sets the scheduler name, refuses what `admission.review_pod`
-refuses) and ``/objects`` (validating: `validation.review_object` for AgentPool and GPUSlice);
-``/healthz`` answers 200. A malformed request gets a 4xx, never a 5xx. Replicas on one host may
-listen on the same port (SO_REUSEPORT): the kernel spreads connections over the live ones, so
-one replica dying leaves admission working, and with none left the API server's
-``failurePolicy: Fail`` refuses NeuroNetes pods (docs/webhook.md).
+Four routes: ``/pods`` (mutating: sets the scheduler name, refuses what `admission.review_pod`
+refuses), ``/evictions`` and ``/events`` (the node agent evicts, and records Events about, only pods
+of its own node: `agent_admission`) and ``/objects`` (validating: `validation.review_object` for
+AgentPool and GPUSlice); ``/healthz`` answers 200. A malformed request gets a 4xx, never a 5xx.
+Replicas on one host may listen on the same port (SO_REUSEPORT): the kernel spreads connections
+over the live ones, so one replica dying leaves admission working, and with none left the API
+server's ``failurePolicy: Fail`` refuses NeuroNetes pods and the node agent's evictions
+(docs/webhook.md).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .admission import ANNOTATION_SLICE, annotation_changes, asks_for_gpus, review_pod
+from .agent_admission import PodReader, review_eviction, review_pod_event
 from .slice_admission import SliceReader, review_slice_pod
 from .validation import review_object
 
@@ -36,6 +39,7 @@ CERT_FILE: Final = "tls.crt"
 KEY_FILE: Final = "tls.key"
 CA_FILE: Final = "ca.crt"
 MAX_BODY: Final = 3 * 1024 * 1024  # the API server caps objects at 1.5 MiB; a review holds two
+ROUTES: Final = ("/pods", "/evictions", "/events", "/objects")
 
 
 def _respond(uid: str, refusals: Sequence[str], patch: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
@@ -53,12 +57,15 @@ def admission_response(
     review: Mapping[str, Any],
     trusted: frozenset[str] = frozenset(),
     slices: SliceReader | None = None,
+    pods: PodReader | None = None,
 ) -> dict[str, Any]:
-    """The AdmissionReview answer for `review` on `route` (``/pods`` or ``/objects``).
+    """The AdmissionReview answer for `review` on `route` (one of `ROUTES`).
 
     `trusted`: user names (``request.userInfo.username``) allowed to change NeuroNetes annotations
     of existing pods (the extender's and the agent's service accounts). `slices` reads the
     GPUSlice a pod names (`slice_admission.review_slice_pod`); without it such pods are refused.
+    `pods` reads the pod an Eviction or an Event names (`agent_admission`); without it the
+    evictions and pod Events sent to ``/evictions`` and ``/events`` are refused.
 
     Raises:
         ValueError: not an AdmissionReview request (the server answers 400).
@@ -69,6 +76,10 @@ def admission_response(
     obj = request.get("object")
     if not isinstance(obj, Mapping):
         return _respond(request["uid"], [])  # DELETE and CONNECT carry no object: nothing to check
+    if route == "/evictions":
+        return _respond(request["uid"], *review_eviction(request, pods))
+    if route == "/events":
+        return _respond(request["uid"], review_pod_event(request, pods))
     if route == "/pods":
         operation = request.get("operation")
         if operation == "UPDATE":
@@ -117,7 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, "not found")
 
     def do_POST(self) -> None:
-        if self.route not in ("/pods", "/objects"):
+        if self.route not in ROUTES:
             self._send(404, "not found")
             return
         try:
@@ -138,7 +149,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(review, Mapping):
                 raise ValueError("the body is not a JSON object")
             server: Any = self.server
-            answer = admission_response(self.route, review, server.trusted, server.slices)
+            answer = admission_response(self.route, review, server.trusted, server.slices, server.pods)
         except (ValueError, UnicodeDecodeError) as exc:
             self._send(400, f"bad request: {exc}")
             return
@@ -167,6 +178,7 @@ class WebhookServer:
         cert_dir: Path,
         trusted: frozenset[str] = frozenset(),
         slices: SliceReader | None = None,
+        pods: PodReader | None = None,
     ) -> None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -174,6 +186,7 @@ class WebhookServer:
         self.httpd = _ReusePortServer((host, port), _Handler)
         self.httpd.trusted = trusted  # type: ignore[attr-defined]
         self.httpd.slices = slices  # type: ignore[attr-defined]
+        self.httpd.pods = pods  # type: ignore[attr-defined]
         self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self.port = int(self.httpd.server_address[1])
         self._thread: threading.Thread | None = None

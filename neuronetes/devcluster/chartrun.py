@@ -13,14 +13,16 @@ Deviations: containers whose entry point this host cannot run are skipped with t
 plugin: no container runtime), and the node agent's pods (``neuronetes agent run --node NODE``,
 one per GPU node) are served by one process in fleet mode (``--simulate-nodes
 'kubernetes.io/hostname in (...)'`` over exactly the nodes that have a Running agent pod, the
-first pod's arguments and identity otherwise), restarted when that set of nodes changes: simulated
-nodes have no NVML, and one Python process per node would not fit a workstation.
+first pod's arguments otherwise), restarted when that set of nodes changes: simulated nodes have
+no NVML, and one Python process per node would not fit a workstation. The fleet runs as a
+ServiceAccount of its own with the agent's roles (`neuronetes.devcluster.fleetauth`): an agent
+pod's token names the pod's node, and the chart's policy holds such a token to that node.
 
 It also serves the API server's egress proxy (`neuronetes.devcluster.egress`), resolving Service
 and pod addresses to the processes it runs. ``runner.json`` in its root lists what runs (pods,
 processes, argv, skipped containers and why); each container logs to ``logs/<ns>_<pod>_<container>.log``.
 Its children share its process group, so stopping the runner's group stops them all.
-(A little over 400 lines: the one loop a kubelet would run — pods, fleet, resolver, state — kept
+(Under 500 lines: the one loop a kubelet would run — pods, fleet, resolver, state — kept
 together; processes and files are in `neuronetes.devcluster.hostprocs`.)
 
 Run as ``python -m neuronetes.devcluster.chartrun`` (`neuronetes.devcluster.chartmode` starts it).
@@ -44,7 +46,9 @@ from typing import Any, Final
 from neuronetes.devcluster.api import Api, ApiError
 from neuronetes.devcluster.components import NODE_IP
 from neuronetes.devcluster.egress import EgressProxy
+from neuronetes.devcluster.fleetauth import fleet_credentials, fleet_service_account
 from neuronetes.devcluster.hostprocs import Proc, declared_ports, listens, stop_procs, write_files
+from neuronetes.devcluster.podfiles import kubeconfig_text
 from neuronetes.devcluster.podlogs import LogServer
 from neuronetes.devcluster.podplan import (
     ContainerLaunch,
@@ -76,8 +80,11 @@ def is_node_agent(launch: ContainerLaunch) -> bool:
     return has_node and any(argv[i : i + 2] == ["agent", "run"] for i in range(len(argv)))
 
 
-def fleet_launch(first: ContainerLaunch, nodes: Sequence[str]) -> ContainerLaunch:
-    """`first`'s agent, serving `nodes` (simulated) instead of its own node."""
+def fleet_launch(
+    first: ContainerLaunch, nodes: Sequence[str], kubeconfig: Path | None = None
+) -> ContainerLaunch:
+    """`first`'s agent, serving `nodes` (simulated) instead of its own node, with the credentials
+    of `kubeconfig` (the fleet's own identity) when given."""
     selector = f"kubernetes.io/hostname in ({','.join(sorted(nodes))})"
     argv: list[str] = []
     skip = False
@@ -92,7 +99,8 @@ def fleet_launch(first: ContainerLaunch, nodes: Sequence[str]) -> ContainerLaunc
             argv += ["--simulate-nodes", selector]
         else:
             argv.append(a)
-    return replace(first, name=FLEET, argv=tuple(argv))
+    env = dict(first.env) if kubeconfig is None else {**first.env, "KUBECONFIG": str(kubeconfig)}
+    return replace(first, name=FLEET, argv=tuple(argv), env=env)
 
 
 # ---- the pods ------------------------------------------------------------------------------------
@@ -140,6 +148,7 @@ class Runner:
         self.errors: dict[str, str] = {}
         self.fleet: Proc | None = None
         self._fleet_nodes: tuple[str, ...] = ()
+        self._fleet_account: str | None = None
         self._fleet_seen: tuple[tuple[str, ...], float] = ((), 0.0)
         self._services: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -306,14 +315,24 @@ class Runner:
                 log.info("agent fleet: node set changed, restarting")
                 stop_procs([self.fleet])
                 self.fleet = None
-            self._fleet_nodes = nodes
             if nodes:
                 _, first, run = agents[0]
-                launch = fleet_launch(first, nodes)
+                kubeconfig = self._fleet_kubeconfig(run) if run.credentials is not None else None
+                launch = fleet_launch(first, nodes, kubeconfig)
                 self.fleet = Proc(launch, run.plan.root, self.root / "logs" / f"{FLEET}.log", 10.0)
                 log.info("agent fleet for %d node(s)", len(nodes))
+            self._fleet_nodes = nodes
         if self.fleet is not None:
             self.fleet.tend(now)
+
+    def _fleet_kubeconfig(self, run: PodRun) -> Path:
+        """The fleet's own identity (`fleetauth`): its kubeconfig, written under the runner's root."""
+        meta, account = run.pod["metadata"], run.pod["spec"].get("serviceAccountName") or "default"
+        creds = fleet_credentials(self.api, self.ca_pem, meta["namespace"], account, TOKEN_SECONDS)
+        path = self.root / "fleet" / "kubeconfig"
+        write_files([HostFile(path, kubeconfig_text(creds).encode(), 0o600)], [path.parent])
+        self._fleet_account = f"{meta['namespace']}/{fleet_service_account(account)}"
+        return path
 
     # ---- the egress proxy's resolver -------------------------------------------------------------
     def resolve(self, host: str, port: int) -> tuple[str, int] | None:
@@ -381,7 +400,11 @@ class Runner:
             },
             "fleet": None
             if self.fleet is None
-            else {**self.fleet.to_json(), "nodes": list(self._fleet_nodes)},
+            else {
+                **self.fleet.to_json(),
+                "nodes": list(self._fleet_nodes),
+                "serviceAccount": self._fleet_account,
+            },
             "errors": self.errors,
         }
         write_files([HostFile(self.root / "runner.json", (json.dumps(doc, indent=2) + "\n").encode())], [])

@@ -230,8 +230,9 @@ def test_webhook_configurations_are_the_ones_the_webhook_registers_locally() -> 
     ]
     expected = launch.webhook_configurations(b"ca", "https://127.0.0.1:9443")
     assert _webhooks_without_client_config(rendered) == _webhooks_without_client_config(expected)
-    for obj, path in zip(rendered, ["/pods", "/objects"], strict=True):
-        service = obj["webhooks"][0]["clientConfig"]["service"]
+    hooks = [hook for obj in rendered for hook in obj["webhooks"]]
+    for hook, path in zip(hooks, ["/pods", "/evictions", "/objects", "/events"], strict=True):
+        service = hook["clientConfig"]["service"]
         assert service == {"name": "neuronetes-webhook", "namespace": NAMESPACE, "path": path, "port": 443}
 
 

@@ -197,16 +197,21 @@ def _policies(objects: Any) -> list[Any]:
 
 @pytest.mark.parametrize("namespace", [NAMESPACE, "gpu-platform"])
 def test_admission_policies_are_manifests_policies_naming_the_releases_extender(namespace: str) -> None:
+    """... and the release's node agent (the policy that holds each agent to its own node)."""
     expected = []
     user = f"system:serviceaccount:{namespace}:neuronetes-scheduler"
+    agent = f"system:serviceaccount:{namespace}:neuronetes-agent"
     for path in sorted((REPO_ROOT / "manifests" / "policies").glob("*.yaml")):
-        text = path.read_text().replace(
-            "'system:serviceaccount:neuronetes-system:neuronetes-scheduler'", f"'{user}'"
+        text = (
+            path.read_text()
+            .replace("'system:serviceaccount:neuronetes-system:neuronetes-scheduler'", f"'{user}'")
+            .replace("'system:serviceaccount:neuronetes-system:neuronetes-agent'", f"'{agent}'")
         )
         expected += [d for d in yaml.safe_load_all(text) if d]
     key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
     assert sorted(_policies(render(namespace=namespace)), key=key) == sorted(expected, key=key)
     assert any(f"'{user}'" in json.dumps(p) for p in expected)
+    assert any(f"'{agent}'" in json.dumps(p) for p in expected)
 
 
 def test_the_scheduler_gets_the_api_priority_kube_scheduler_has(tmp_path: Path) -> None:

@@ -157,6 +157,32 @@ def test_the_webhook_trusts_the_extender_and_the_policies_name_it() -> None:
     assert var["expression"] == f"'{user}'"
 
 
+def test_the_node_restriction_names_the_agents_service_account() -> None:
+    """The policy and the eviction webhook that hold each agent to its own node match exactly the
+    release's agent ServiceAccount (the DaemonSet's)."""
+    objects = default_objects()
+    agent = f"system:serviceaccount:{NAMESPACE}:{rbac_source()['components']['agent']['serviceAccount']}"
+    (policy,) = [o for o in find(objects, "ValidatingAdmissionPolicy") if "agent" in o["metadata"]["name"]]
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == '{agent}'"
+    assert any(
+        o["spec"]["policyName"] == policy["metadata"]["name"]
+        for o in find(objects, "ValidatingAdmissionPolicyBinding")
+    )
+    hooks = [h for kind in ("Mutating", "Validating") for o in find(objects, f"{kind}WebhookConfiguration")
+             for h in o["webhooks"]]  # fmt: skip
+    (evictions,) = [h for h in hooks if h["name"] == "evictions.neuronetes.io"]
+    assert evictions["matchConditions"] == [
+        {"name": "by-the-node-agent", "expression": condition["expression"]}
+    ]
+    (events,) = [h for h in hooks if h["name"] == "events.neuronetes.io"]
+    assert events["matchConditions"][0] == evictions["matchConditions"][0]
+    assert agent == launch.AGENT_USERNAME
+    # The webhook may read the pod an Eviction names.
+    webhook = rbac_source()["components"]["webhook"]["clusterRole"]
+    assert ("", "pods", "<any>", "get") in _rule_set(webhook)
+
+
 def test_the_lease_role_names_the_scheduler_configurations_lease() -> None:
     (role,) = [
         o for o in default_objects() if o["kind"] == "Role" and o["metadata"]["namespace"] == NAMESPACE

@@ -10,6 +10,7 @@ import base64
 import socket
 import subprocess
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from neuronetes.devcluster.chartmode import CHART_DIR, LOCAL_VALUES, system_node_manifest
 from neuronetes.devcluster.chartrun import FLEET, fleet_launch, is_node_agent
 from neuronetes.devcluster.egress import EgressProxy, egress_selector_config, parse_connect
+from neuronetes.devcluster.fleetauth import fleet_identity, fleet_service_account
 from neuronetes.devcluster.podlogs import log_lines
 from neuronetes.devcluster.podplan import (
     SERVICE_ACCOUNT_DIR,
@@ -229,6 +231,65 @@ def test_the_agent_fleet_serves_the_nodes_in_place_of_one() -> None:
         "py", "-m", "neuronetes.cli", "agent", "run", "--simulate-nodes", "kubernetes.io/hostname in (n1,n2)",
         "--interval=1",
     )  # fmt: skip
+    # With an identity of its own: its kubeconfig, not the first agent pod's.
+    own = fleet_launch(replace(agent, env={"KUBECONFIG": "/pod/kubeconfig", "A": "1"}), ["n1"], Path("/f/kc"))
+    assert own.env == {"KUBECONFIG": "/f/kc", "A": "1"} and own.argv[-2:] == (
+        "kubernetes.io/hostname in (n1)",
+        "--interval=1",
+    )
+
+
+def _binding(kind: str, name: str, subject: str, namespace: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}"}
+    if namespace:
+        meta["namespace"] = namespace
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": kind,
+        "metadata": meta,
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": kind.replace("Binding", ""),
+            "name": name,
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": subject, "namespace": "nn"}],
+    }
+
+
+def test_the_fleet_identity_is_the_agents_bindings_for_an_account_of_its_own() -> None:
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "agent", "namespace": "nn", "uid": "u"},
+    }
+    objects = fleet_identity(
+        account,
+        [
+            _binding("ClusterRoleBinding", "nn:agent", "agent"),
+            _binding("ClusterRoleBinding", "nn:other", "other"),
+        ],
+        [_binding("RoleBinding", "nn:agent", "agent", "default")],
+    )
+    sa, crb, rb = objects
+    assert (
+        sa["kind"] == "ServiceAccount"
+        and sa["metadata"]["name"] == fleet_service_account("agent") == "agent-fleet"
+    )
+    assert sa["metadata"]["ownerReferences"][0]["uid"] == "u"
+    for obj, source in ((crb, "ClusterRoleBinding"), (rb, "RoleBinding")):
+        assert obj["kind"] == source and obj["metadata"]["name"] == "nn:agent:fleet"
+        assert obj["roleRef"]["name"] == "nn:agent"
+        assert obj["subjects"] == [{"kind": "ServiceAccount", "name": "agent-fleet", "namespace": "nn"}]
+        # Owned by the binding it copies: gone with the release.
+        assert obj["metadata"]["ownerReferences"] == [
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": source,
+                "name": "nn:agent",
+                "uid": "uid-nn:agent",
+            }
+        ]
+    assert rb["metadata"]["namespace"] == "default" and "namespace" not in crb["metadata"]
 
 
 def test_parse_connect_reads_only_connect_requests() -> None:

@@ -173,7 +173,7 @@ def test_admission_policies_parse_and_each_is_bound_to_deny() -> None:
     for d in docs:
         by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
     pols, binds = by_kind["ValidatingAdmissionPolicy"], by_kind["ValidatingAdmissionPolicyBinding"]
-    assert len(pols) == 2 and {b["spec"]["policyName"] for b in binds.values()} == set(pols)
+    assert len(pols) == 3 and {b["spec"]["policyName"] for b in binds.values()} == set(pols)
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in binds.values())
     for pol in pols.values():
         spec = pol["spec"]
@@ -191,6 +191,29 @@ def test_the_assignment_policy_trusts_exactly_the_extender_identity() -> None:
     (rule,) = pol["spec"]["matchConstraints"]["resourceRules"]
     assert set(rule["operations"]) == {"CREATE", "UPDATE"}
     assert set(rule["resources"]) == {"pods", "pods/*", "bindings"}
+
+
+def test_the_agent_policy_matches_the_agent_and_lets_it_change_only_its_own_labels() -> None:
+    """neuronetes.io-agent-writes-only-its-node: the agent's user (the webhook's eviction check
+    names the same), the writes RBAC grants it, and exactly the labels the agent publishes."""
+    from neuronetes.agent.daemon.publish import GPU_LABEL_KEYS
+    from neuronetes.operator.launch import AGENT_USERNAME
+
+    (pol,) = [d for d in policies() if d["metadata"]["name"].endswith("agent-writes-only-its-node")
+              and d["kind"] == "ValidatingAdmissionPolicy"]  # fmt: skip
+    (condition,) = pol["spec"]["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == {AGENT_USERNAME!r}"
+    variables = {v["name"]: v["expression"] for v in pol["spec"]["variables"]}
+    assert yaml.safe_load(variables["agentLabels"]) == list(GPU_LABEL_KEYS)
+    assert variables["nodeKey"] == repr("authentication.kubernetes.io/node-name")
+    covered = {
+        (g, r) for rule in pol["spec"]["matchConstraints"]["resourceRules"]
+        for g in rule["apiGroups"] for r in rule["resources"]
+    }  # fmt: skip
+    assert covered == {
+        ("", "nodes"), ("", "nodes/status"), ("", "events"), ("events.k8s.io", "events"),
+        ("neuronetes.io", "gpunodes"), ("neuronetes.io", "gpunodes/status"),
+    }  # fmt: skip
 
 
 def test_state_records_the_shape_of_the_cluster() -> None:

@@ -9,7 +9,14 @@ import pytest
 from apitools import CRD_DIR
 
 from neuronetes.api.units import MAX_GPU_MEMORY_GB
-from neuronetes.operator.launch import POD_MATCH_CONDITION, operator_rbac, webhook_configurations
+from neuronetes.operator.launch import (
+    AGENT_USERNAME,
+    EVICTION_MATCH_CONDITION,
+    POD_EVENT_MATCH_CONDITION,
+    POD_MATCH_CONDITION,
+    operator_rbac,
+    webhook_configurations,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -24,12 +31,27 @@ def test_crd_memory_bound_is_the_largest_gpu(crd: str) -> None:
 
 def test_webhook_configurations_fail_closed_and_are_scoped() -> None:
     mutating, validating = webhook_configurations(b"PEM", "https://127.0.0.1:9443")
-    (pods,) = mutating["webhooks"]
-    (objects,) = validating["webhooks"]
-    for hook in (pods, objects):
+    pods, evictions = mutating["webhooks"]
+    objects, events = validating["webhooks"]
+    for hook in (pods, evictions, objects, events):
         assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
         assert base64.b64decode(hook["clientConfig"]["caBundle"]) == b"PEM"
     assert pods["clientConfig"]["url"] == "https://127.0.0.1:9443/pods"
+    # Only the node agent's evictions reach the webhook (which holds them to the agent's node).
+    assert evictions["clientConfig"]["url"] == "https://127.0.0.1:9443/evictions"
+    assert evictions["rules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods/eviction"],
+         "scope": "Namespaced"}
+    ]  # fmt: skip
+    assert evictions["matchConditions"][0]["expression"] == EVICTION_MATCH_CONDITION
+    assert f"request.userInfo.username == '{AGENT_USERNAME}'" == EVICTION_MATCH_CONDITION
+    # ... and only its Events about pods (the admission policy decides its others).
+    assert events["clientConfig"]["url"] == "https://127.0.0.1:9443/events"
+    assert events["rules"][0]["resources"] == ["events"] and events["rules"][0]["apiGroups"] == [""]
+    assert [m["expression"] for m in events["matchConditions"]] == [
+        EVICTION_MATCH_CONDITION,
+        POD_EVENT_MATCH_CONDITION,
+    ]
     assert pods["matchConditions"][0]["expression"] == POD_MATCH_CONDITION
     assert set(pods["rules"][0]["operations"]) == {"CREATE", "UPDATE"}
     assert objects["rules"][0]["resources"] == ["agentpools", "gpuslices"]

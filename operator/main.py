@@ -47,10 +47,12 @@ def operator_run(ns: argparse.Namespace) -> int:
 
 def webhook_serve(ns: argparse.Namespace) -> int:
     _logging(ns.log_level)
+    from .admission import protect_host_paths
     from .agent_admission import api_pod_reader
     from .slice_admission import api_slice_reader
     from .webhook import WebhookServer
 
+    protect_host_paths(getattr(ns, "protected_host_path", None) or ())
     slices = api_slice_reader()
     pods = api_pod_reader()
     try:

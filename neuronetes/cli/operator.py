@@ -53,6 +53,12 @@ def webhook() -> None:
     multiple=True,
     help="user allowed to change neuronetes.io/* annotations of existing pods (repeatable)",
 )
+@click.option(
+    "--protected-host-path",
+    multiple=True,
+    help="a host directory GPU pods may not mount, beyond the built-in ones (repeatable; the chart "
+    "passes the agent's host paths)",
+)
 @LOG_LEVEL
 def webhook_serve(**opts: Any) -> int:
     return int(_main_module().webhook_serve(argparse.Namespace(**opts)))

@@ -135,3 +135,16 @@ class StateDir:
             os.close(fd)
             raise StateDirError(f"{path} is not a regular file of yours: refusing to use it")
         return fd
+
+    def make_private(self, names: Sequence[str], *, create: str = "") -> None:
+        """Files of the state directory, where they exist (`create` is created), as regular files
+        of the user's with mode 0600."""
+        for name in names:
+            try:
+                fd = self.open([name], os.O_RDWR | (os.O_CREAT if name == create else 0))
+            except FileNotFoundError:
+                continue
+            try:
+                os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)

@@ -127,10 +127,15 @@ class Store:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / DB_NAME
         self.problems: dict[str, str] = {}  # rows not loaded: job id (or row number) → why
+        state = None
         try:
-            _private_files(StateDir(state_dir))
+            state = StateDir(state_dir)
+            state.make_private(DB_FILES, create=DB_NAME)
         except OSError as exc:
             raise StoreError(str(exc)) from None
+        finally:
+            if state is not None:
+                state.close()
         old = os.umask(0o077)  # SQLite creates -wal and -shm (with the database's mode, 0600)
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -320,21 +325,6 @@ class Store:
                 (uuid,),
             ).fetchall()
         return [(float(a), str(f), str(t), str(r)) for a, f, t, r in rows]
-
-
-def _private_files(state: StateDir) -> None:
-    """The database and its companions: regular files of the user's, mode 0600 (created so)."""
-    try:
-        for name in DB_FILES:
-            flags = os.O_RDWR | (os.O_CREAT if name == DB_NAME else 0)
-            try:
-                fd = state.open([name], flags)
-            except FileNotFoundError:
-                continue
-            os.fchmod(fd, 0o600)
-            os.close(fd)
-    finally:
-        state.close()
 
 
 _INTS: Final = (

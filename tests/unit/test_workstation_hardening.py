@@ -18,16 +18,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from workstation_support import workstation_scheduler
 
 from neuronetes.agent.standalone import logtail
-from neuronetes.agent.standalone.checkpoint import CudaCheckpoint
 from neuronetes.agent.standalone.client import call
 from neuronetes.agent.standalone.gpus import Gpus, open_backend
 from neuronetes.agent.standalone.jobs import Job, JobSpec, JobState, SpecError, parse_size
 from neuronetes.agent.standalone.launcher import Launcher
 from neuronetes.agent.standalone.main import _lock
 from neuronetes.agent.standalone.protocol import Err, Ping
-from neuronetes.agent.standalone.scheduler import Config, Scheduler
+from neuronetes.agent.standalone.scheduler import Scheduler
 from neuronetes.agent.standalone.statedir import StateDir, StateDirError
 from neuronetes.agent.standalone.store import Store
 
@@ -117,13 +117,8 @@ def test_the_shepherd_leaves_nothing_of_the_job_behind(tmp_path: Path, log_max: 
 
 @pytest.fixture
 def sched(tmp_path: Path) -> Iterator[Scheduler]:
-    store = Store(tmp_path)
-    backend, _ = open_backend(1)
-    yield Scheduler(
-        store, Gpus(backend, store), Launcher(tmp_path), CudaCheckpoint(str(tmp_path / "none")), Config()
-    )
-    backend.close()
-    store.close()
+    with workstation_scheduler(tmp_path) as scheduler:
+        yield scheduler
 
 
 def test_the_gpu_waits_until_every_process_of_an_ended_attempt_is_gone(

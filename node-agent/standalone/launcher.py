@@ -59,6 +59,7 @@ __all__ = [
 _PROC: Final = Path("/proc")
 SHEPHERD: Final = "neuronetes.agent.standalone.shepherd"
 DEFAULT_LOG_MAX_BYTES: Final = 64 << 20
+_WHOLE_ATTEMPT: Final = frozenset({signal.SIGTERM, signal.SIGSTOP, signal.SIGCONT})
 _SHELL_SYNTAX: Final = frozenset("|&;<>()$`\\*?[]#~{}\n")
 
 
@@ -361,13 +362,20 @@ class Launcher:
             return -1 if rc is None else (128 - rc if rc < 0 else rc)
 
     def signal(self, job: Job, sig: int) -> bool:
-        """Send `sig` to the job's process group (only if its leader is still the same process)."""
+        """Send `sig` to the job's process group (only if its leader is still the same process).
+        SIGTERM, SIGSTOP and SIGCONT also reach the attempt's processes outside the group (its
+        cgroup, the shepherd's descendants); SIGUSR1, the job's own contract, only the group."""
         if not alive(job.pid, job.pid_start) and job.pid not in self._children:
             return False
         try:
             os.killpg(job.pid, sig)
         except ProcessLookupError:
             return False
+        if sig in _WHOLE_ATTEMPT:
+            table = ProcTable()
+            for pid in self.processes(job, table, by_token=False) - table.in_group(job.pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
         return True
 
     def stop_all_children(self) -> None:

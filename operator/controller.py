@@ -24,11 +24,12 @@ from neuronetes.api.models import AgentPool, AgentPoolStatus, ToolBinding, decod
 
 from . import CONVERT_LOCK
 from .gang_retry import GangRetries, failed_reservations
-from .pods import LABEL_POOL, DesiredPod, desired_pods, gang_name, priority_class
+from .pods import LABEL_POOL, DesiredPod, desired_pods, gang_name
 from .policy import resolve
 from .reconcile import Action, is_terminating, plan
 from .settings import OperatorSettings
 from .status import pool_status
+from .tiers import DEFAULT_TIERS, PriorityTier, TierError, with_tier
 from .toolbindings import binding_status
 
 __all__ = ["PoolController", "patch_status", "post_event"]
@@ -53,15 +54,19 @@ def _names(names: list[str], shown: int = 10) -> str:
 class PoolController:
     """Reconciles AgentPools; thread-safe (one reconcile per pool at a time is the caller's job)."""
 
-    def __init__(self, api: client.ApiClient, settings: OperatorSettings) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        settings: OperatorSettings,
+        tiers: tuple[PriorityTier, ...] = DEFAULT_TIERS,
+    ) -> None:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.policy = client.PolicyV1Api(api)
-        self.scheduling = client.SchedulingV1Api(api)
         self.api = api
         self.settings = settings
+        self.tiers = tiers
         self.nodes: dict[str, Mapping[str, Any]] = {}
-        self._priority_classes: set[str] = set()
         self._lock = threading.Lock()
         self.retries = GangRetries(settings.gang_retry_seconds, settings.gang_retry_max_seconds)
         self._calls = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
@@ -96,8 +101,12 @@ class PoolController:
             return
         with _CONVERT:
             resolved = resolve(spec)
-        if resolved.priority or resolved.preemption:
-            self._ensure_priority_class(resolved.priority, resolved.preemption)
+        try:
+            resolved = with_tier(resolved, spec.scheduling, self.tiers)
+        except TierError as exc:  # e.g. a tier the admin removed since the pool was admitted
+            self._event(pool, "Warning", "InvalidSpec", f"the pool's priority cannot be used: {exc}")
+            self._write_status(pool, AgentPoolStatus(phase="Failed"))
+            return
         self._ensure_budget(pool, resolved.desired, resolved.gang_size, spec.min_replicas)
         with _CONVERT:
             want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations)
@@ -211,18 +220,6 @@ class PoolController:
                 return False
             raise
         return True
-
-    def _ensure_priority_class(self, priority: int, preemption: bool) -> None:
-        body = priority_class(priority, preemption)
-        name = body["metadata"]["name"]
-        if name in self._priority_classes:
-            return
-        try:
-            self.scheduling.create_priority_class(body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-        self._priority_classes.add(name)
 
     def _ensure_budget(
         self, pool: Mapping[str, Any], desired: int, gang_size: int, min_replicas: int

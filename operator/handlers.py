@@ -30,6 +30,7 @@ from .gang_retry import pool_of_gang
 from .pods import LABEL_POOL
 from .settings import OperatorSettings
 from .slice_controller import SliceController
+from .tiers import DEFAULT_TIERS, PriorityTier
 
 __all__ = ["WorkQueue", "build_registry", "run"]
 
@@ -200,8 +201,15 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
     return registry
 
 
-def run(settings: OperatorSettings, *, kubeconfig: str | None, stop: threading.Event | None = None) -> None:
-    """Run the operator until `stop` is set or the process is signalled (SIGTERM/SIGINT)."""
+def run(
+    settings: OperatorSettings,
+    *,
+    kubeconfig: str | None,
+    stop: threading.Event | None = None,
+    tiers: tuple[PriorityTier, ...] = DEFAULT_TIERS,
+) -> None:
+    """Run the operator until `stop` is set or the process is signalled (SIGTERM/SIGINT); pools'
+    priorities map onto `tiers` (`tiers.pool_priority`)."""
     from kubernetes import client, config
 
     if kubeconfig:
@@ -212,7 +220,7 @@ def run(settings: OperatorSettings, *, kubeconfig: str | None, stop: threading.E
             api = client.ApiClient()
         except config.ConfigException:  # not in a pod: $KUBECONFIG, else ~/.kube/config (as the others)
             api = config.new_client_from_config()
-    registry = build_registry(settings, api, lambda: PoolController(api, settings))
+    registry = build_registry(settings, api, lambda: PoolController(api, settings, tiers))
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one INFO line per watch event
     kopf.run(
         registry=registry,

@@ -3,8 +3,9 @@
 `neuronetes dev cluster up` (and the e2e tests) start both as host processes with these: the
 operator with `operator_argv` and a settings file from `dev_operator_settings`, two webhook
 replicas with `webhook_argv` on one port, and the API objects from `webhook_configurations`
-(pointing at ``https://127.0.0.1:<port>``) and `operator_rbac` (what the operator may do, for
-a deployment under its own service account). The chart renders the same objects.
+(pointing at ``https://127.0.0.1:<port>``), `priority_classes` (the priority tiers' PriorityClasses)
+and `operator_rbac` (what the operator may do, for a deployment under its own service account).
+The chart renders the same objects.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Final
 from neuronetes import contracts as c
 
 from .admission import ANNOTATION_SLICE
+from .tiers import CLASS_PREFIX, PriorityTier, priority_classes
 
 __all__ = [
     "AGENT_USERNAME",
@@ -28,6 +30,8 @@ __all__ = [
     "dev_operator_settings",
     "operator_argv",
     "operator_rbac",
+    "priority_classes",
+    "tiers_file",
     "webhook_argv",
     "webhook_configurations",
 ]
@@ -43,10 +47,12 @@ _ASKS = (
 POD_MATCH_CONDITION: Final = (
     f"object.spec.containers.exists(c, {_ASKS}) || "
     f"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, {_ASKS})) || "
-    f"(has(object.metadata.annotations) && '{ANNOTATION_SLICE}' in object.metadata.annotations)"
+    f"(has(object.metadata.annotations) && '{ANNOTATION_SLICE}' in object.metadata.annotations) || "
+    f"(has(object.spec.priorityClassName) && object.spec.priorityClassName.startsWith('{CLASS_PREFIX}'))"
 )
-"""CEL: the pod asks for a NeuroNetes resource or names a GPUSlice. Other pods never reach the
-webhook, so they are admitted even when no replica is up."""
+"""CEL: the pod asks for a NeuroNetes resource, names a GPUSlice, or names a ``neuronetes-*``
+PriorityClass (a priority tier's, which only namespaces granted the tier may use). Other pods never
+reach the webhook, so they are admitted even when no replica is up."""
 
 AGENT_USERNAME: Final = "system:serviceaccount:neuronetes-system:neuronetes-agent"
 """The node agent's ServiceAccount (the chart's, in namespace neuronetes-system): the user whose
@@ -64,7 +70,8 @@ POD_EVENT_MATCH_CONDITION: Final = "has(object.involvedObject.kind) && object.in
 """CEL: a core Event about a Pod (the admission policy decides every other Event of the agent)."""
 
 
-def operator_argv(kubeconfig: Path, settings: Path) -> list[str]:
+def operator_argv(kubeconfig: Path, settings: Path, tiers: Path | None = None) -> list[str]:
+    """`tiers`: the priority tiers file (default: `tiers.DEFAULT_TIERS`)."""
     return [
         sys.executable,
         "-m",
@@ -75,7 +82,16 @@ def operator_argv(kubeconfig: Path, settings: Path) -> list[str]:
         str(kubeconfig),
         "--config",
         str(settings),
+        *(["--priority-tiers", str(tiers)] if tiers is not None else []),
     ]
+
+
+def tiers_file(path: Path, tiers: Sequence[PriorityTier]) -> Path:
+    """Write `tiers` to `path` as the operator and the webhook read them (``--priority-tiers``)."""
+    import msgspec
+
+    path.write_bytes(msgspec.json.encode(list(tiers)))
+    return path
 
 
 def webhook_argv(
@@ -84,10 +100,12 @@ def webhook_argv(
     host: str = "127.0.0.1",
     kubeconfig: Path | None = None,
     trusted: Sequence[str] | None = None,
+    tiers: Path | None = None,
 ) -> list[str]:
-    """`kubeconfig`: what the replica reads GPUSlices with (``$KUBECONFIG``; in a cluster, its
-    service account). `trusted`: users that may change NeuroNetes annotations of existing pods
-    (default: a local cluster's extender, whose nudge touches pending pods)."""
+    """`kubeconfig`: what the replica reads GPUSlices, Namespaces, ResourceQuotas and pods with
+    (``$KUBECONFIG``; in a cluster, its service account). `trusted`: users that may change
+    NeuroNetes annotations of existing pods (default: a local cluster's extender, whose nudge
+    touches pending pods). `tiers`: the priority tiers file (default: `tiers.DEFAULT_TIERS`)."""
     if trusted is None:
         from neuronetes.devcluster.access import EXTENDER_USERNAME
 
@@ -107,6 +125,7 @@ def webhook_argv(
         "--cert-dir",
         str(cert_dir),
         *(arg for user in trusted for arg in ("--trusted-user", user)),
+        *(["--priority-tiers", str(tiers)] if tiers is not None else []),
     ]
 
 
@@ -182,7 +201,9 @@ def webhook_configurations(ca_pem: bytes, url: str, agent_user: str = AGENT_USER
 
 
 def operator_rbac(namespace: str, service_account: str = "neuronetes-operator") -> list[dict[str, Any]]:
-    """Least privilege for the operator: its objects, the pods and budgets it owns, events, nodes."""
+    """Least privilege for the operator: its objects, the pods and budgets it owns, events, nodes,
+    and the ResourceQuotas its slices count against. No PriorityClass: the admin's tiers are the
+    chart's (`priority_classes`)."""
     rules = [
         {
             "apiGroups": [c.GROUP],
@@ -199,7 +220,7 @@ def operator_rbac(namespace: str, service_account: str = "neuronetes-operator") 
         {"apiGroups": [c.GROUP], "resources": ["gangreservations"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch"]},
-        {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"], "verbs": ["get", "create"]},
+        {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["list"]},
         {
             "apiGroups": ["apiextensions.k8s.io"],
             "resources": ["customresourcedefinitions"],

@@ -1,4 +1,4 @@
-"""The pods an AgentPool wants: names, manifests and the PriorityClass of its priority. Pure.
+"""The pods an AgentPool wants: names and manifests. Pure.
 
 Pods have deterministic names, so a restarted operator (or two reconciles racing) finds the pods
 it made instead of making more: ``<pool>-<i>`` without gang scheduling, ``<pool>-<g>-<m>`` (gang
@@ -28,8 +28,6 @@ __all__ = [
     "DesiredPod",
     "desired_pods",
     "gang_name",
-    "priority_class",
-    "priority_class_name",
 ]
 
 LABEL_POOL: Final = f"{c.GROUP}/pool"
@@ -52,27 +50,6 @@ class DesiredPod:
 def gang_name(pool: str, index: int) -> str:
     """The ``neuronetes.io/gang`` value of a pool's gang ``index``."""
     return f"{pool}-{index}"
-
-
-def priority_class_name(priority: int, preemption: bool) -> str:
-    """The PriorityClass the operator keeps for a priority level (one per level and preemption)."""
-    return f"neuronetes-p{priority}" + ("" if preemption else "-nopreempt")
-
-
-def priority_class(priority: int, preemption: bool) -> dict[str, Any]:
-    """The cluster-scoped PriorityClass object of `priority_class_name`."""
-    return {
-        "apiVersion": "scheduling.k8s.io/v1",
-        "kind": "PriorityClass",
-        "metadata": {
-            "name": priority_class_name(priority, preemption),
-            "labels": {"app.kubernetes.io/managed-by": "neuronetes-operator"},
-        },
-        "value": priority,
-        "globalDefault": False,
-        "preemptionPolicy": "PreemptLowerPriority" if preemption else "Never",
-        "description": "NeuroNetes AgentPool spec.scheduling.priority level.",
-    }
 
 
 def _resources(spec: AgentPoolSpec) -> dict[str, str]:
@@ -133,8 +110,8 @@ def _pod_spec(
     limits = resources.setdefault("limits", {})
     limits.update(_resources(spec))
     pod["schedulerName"] = c.SCHEDULER_NAME
-    if resolved.priority or resolved.preemption:
-        pod["priorityClassName"] = priority_class_name(resolved.priority, resolved.preemption)
+    if resolved.priority_class is not None:  # a tier's, chosen by the operator (tiers.pool_priority)
+        pod["priorityClassName"] = resolved.priority_class
     _with_node_requirements(pod, _node_requirements(spec, resolved))
     if tolerations:
         pod["tolerations"] = [*pod.get("tolerations", []), *copy.deepcopy(tolerations)]

@@ -31,6 +31,9 @@ class ResolvedPool:
     priority: int
     preemption: bool
     policies: tuple[PolicyState, ...]
+    priority_class: str | None = None
+    """The pods' PriorityClass: set by the operator from the pool's priority tier
+    (`neuronetes.operator.tiers.pool_priority`), never minted from the spec."""
 
     @property
     def gangs(self) -> int:

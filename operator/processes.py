@@ -4,7 +4,8 @@
 (whose ``operator/`` folder would shadow the standard library's module), logs to a file, and is
 stopped with SIGTERM (then SIGKILL) or killed outright; nothing of its session is left.
 `LocalStack` is what a local cluster runs: the operator and two webhook replicas sharing one port,
-registered with the API server (`launch.webhook_configurations`).
+registered with the API server (`launch.webhook_configurations`), and the priority tiers'
+PriorityClasses (`launch.priority_classes`), which in a cluster the chart creates.
 """
 
 from __future__ import annotations
@@ -23,7 +24,15 @@ from pathlib import Path
 
 from neuronetes.devcluster import procs
 
-from .launch import dev_operator_settings, operator_argv, webhook_argv, webhook_configurations
+from .launch import (
+    dev_operator_settings,
+    operator_argv,
+    priority_classes,
+    tiers_file,
+    webhook_argv,
+    webhook_configurations,
+)
+from .tiers import DEFAULT_TIERS, PriorityTier
 from .webhook import CA_FILE, ensure_certificate
 
 __all__ = ["HostProcess", "LocalStack", "free_port"]
@@ -88,7 +97,8 @@ class HostProcess:
 
 
 class LocalStack:
-    """The operator and `replicas` webhook replicas for a cluster reachable with `kubeconfig`."""
+    """The operator and `replicas` webhook replicas for a cluster reachable with `kubeconfig`,
+    enforcing the priority `tiers` (default: `tiers.DEFAULT_TIERS`)."""
 
     def __init__(
         self,
@@ -99,19 +109,19 @@ class LocalStack:
         replicas: int = 2,
         port: int | None = None,
         settings: dict[str, object] | None = None,
+        tiers: Sequence[PriorityTier] = DEFAULT_TIERS,
     ) -> None:
         self.kubeconfig, self.workdir, self.kubectl = kubeconfig, workdir, kubectl
         self.port = port or free_port()
         self.cert_dir = workdir / "webhook-certs"
         self.settings_file = workdir / "operator.json"
+        self.tiers, self.tiers_file = tuple(tiers), workdir / "priority-tiers.json"
         self.settings = dev_operator_settings() if settings is None else settings
-        self.operator = HostProcess("operator", operator_argv(kubeconfig, self.settings_file), workdir)
-        self.webhooks = [
-            HostProcess(
-                f"webhook-{i}", webhook_argv(self.port, self.cert_dir, kubeconfig=kubeconfig), workdir
-            )
-            for i in range(replicas)
-        ]
+        self.operator = HostProcess(
+            "operator", operator_argv(kubeconfig, self.settings_file, self.tiers_file), workdir
+        )
+        argv = webhook_argv(self.port, self.cert_dir, kubeconfig=kubeconfig, tiers=self.tiers_file)
+        self.webhooks = [HostProcess(f"webhook-{i}", argv, workdir) for i in range(replicas)]
 
     @property
     def url(self) -> str:
@@ -132,6 +142,13 @@ class LocalStack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         ca = ensure_certificate(self.cert_dir)
         self.settings_file.write_text(json.dumps(self.settings))
+        tiers_file(self.tiers_file, self.tiers)
+        for obj in priority_classes(self.tiers):
+            text = json.dumps(obj)
+            if self.kubectl("apply", "-f", "-", input=text, check=False).returncode != 0:
+                # A PriorityClass's value and policy are immutable: replace one that differs.
+                self.kubectl("delete", "priorityclass", obj["metadata"]["name"], check=False)
+                self.kubectl("create", "-f", "-", input=text)
         for i in range(len(self.webhooks)):
             self.start_webhook(i)
         for obj in webhook_configurations(ca, self.url):

@@ -1,9 +1,13 @@
 """GPUSlice reconcile: finalizer, bind a Pending slice to a GPU, release a deleted one when unused.
 
 Slices are reconciled one at a time (one lock), reading every Bound slice and bound pod before
-choosing, so concurrent slices never oversubscribe a GPU. The choice is `slices.choose_gpu`; the
-node inventory is the extender's reading of Node objects (`neuronetes.extender.nodes`), refined by
-the agents' GPUNode objects, so both see the same GPUs and UUIDs.
+choosing, so concurrent slices never oversubscribe a GPU. Before binding, the slice's namespace
+quota is checked again (`quota`, counting Bound slices and pods outside a slice): two slices the
+webhook admitted at the same instant cannot both bind past a ResourceQuota; the one that does not
+fit stays Pending with condition ``Bound=False``, reason ``QuotaExceeded``. The choice is
+`slices.choose_gpu`; the node inventory is the extender's reading of Node objects
+(`neuronetes.extender.nodes`), refined by the agents' GPUNode objects, so both see the same GPUs
+and UUIDs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from neuronetes.model import NodeSpec
 
 from . import CONVERT_LOCK
 from .controller import patch_status
+from .quota import excesses, quota_relevant, slice_demand, usage
 from .slices import FINALIZER, choose_gpu, gpu_use, pods_using, reserved
 
 __all__ = ["SliceController"]
@@ -103,6 +108,13 @@ class SliceController:
                 "MIG slices are bound by the MIG planner (policy controller)",
             )
             return
+        over = self._over_quota(obj)
+        if over:
+            previous = {cd.get("type"): cd for cd in status.get("conditions") or []}.get("Bound") or {}
+            self._status(obj, {"phase": "Pending"}, "Bound", False, "QuotaExceeded", over)
+            if previous.get("reason") != "QuotaExceeded":
+                self.event(obj, "Warning", "QuotaExceeded", over)
+            return
         slices, pods, nodes = self._inventory()
         choice = choose_gpu(sl.spec, nodes, gpu_use(slices, pods))
         if choice is None:
@@ -124,6 +136,23 @@ class SliceController:
             f"reserved on {choice.node} GPU {choice.index} ({choice.uuid})",
         )
         self.event(obj, "Normal", "Bound", f"reserved on node {choice.node}, GPU {choice.index}")
+
+    def _over_quota(self, obj: Mapping[str, Any]) -> str:
+        """Why binding `obj` would exceed a ResourceQuota of its namespace (empty: it would not)."""
+        namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        listed = self.core.list_namespaced_resource_quota(namespace).items
+        quotas = quota_relevant(self.api.sanitize_for_serialization(listed))
+        if not quotas:
+            return ""
+        slices = self.custom.list_namespaced_custom_object(c.GROUP, c.VERSION, namespace, PLURAL)["items"]
+        pods = self.api.sanitize_for_serialization(self.core.list_namespaced_pod(namespace).items)
+        others = [s for s in slices if s["metadata"]["name"] != name]
+        used = usage([*others, obj], pods, bound_only=True)
+        found = excesses(quotas, used, slice_demand(obj))
+        if not found:
+            return ""
+        why = "; ".join(e.describe() for e in found)
+        return f"binding the slice: {why}; it stays Pending until the namespace has room"
 
     def _inventory(self) -> tuple[list[GPUSlice], list[dict[str, Any]], list[NodeSpec]]:
         raw_slices = self.custom.list_cluster_custom_object(c.GROUP, c.VERSION, PLURAL)["items"]

@@ -135,8 +135,8 @@ def check_pool_template(spec: AgentPoolSpec) -> list[str]:
     for key, what in (
         ("nodeName", "the NeuroNetes scheduler places the pool's pods (use a nodeSelector)"),
         ("schedulerName", "the operator sets neuronetes-scheduler"),
-        ("priority", "use spec.scheduling.priority"),
-        ("priorityClassName", "use spec.scheduling.priority"),
+        ("priority", "use spec.scheduling.priorityTier (the cluster admin's tiers)"),
+        ("priorityClassName", "use spec.scheduling.priorityTier (the cluster admin's tiers)"),
     ):
         if key in tspec:
             out.append(f"spec.template.spec.{key}: must not be set; {what}")

@@ -1,9 +1,11 @@
 """The admission webhook's HTTPS server: AdmissionReview in, verdict out, and its dev certificate.
 
 Four routes: ``/pods`` (mutating: sets the scheduler name, refuses what `admission.review_pod`
-refuses), ``/evictions`` and ``/events`` (the node agent evicts, and records Events about, only pods
-of its own node: `agent_admission`) and ``/objects`` (validating: `validation.review_object` for
-AgentPool and GPUSlice); ``/healthz`` answers 200. A malformed request gets a 4xx, never a 5xx.
+refuses, a ``neuronetes-*`` PriorityClass the namespace may not use (`tier_admission`) and what
+would exceed the namespace's GPU quota (`quota_admission`)), ``/evictions`` and ``/events`` (the
+node agent evicts, and records Events about, only pods of its own node: `agent_admission`) and
+``/objects`` (validating: `validation.review_object` for AgentPool and GPUSlice, an AgentPool's
+priority tier, a new GPUSlice's quota); ``/healthz`` answers 200. A malformed request gets a 4xx, never a 5xx.
 Replicas on one host may listen on the same port (SO_REUSEPORT): the kernel spreads connections
 over the live ones, so one replica dying leaves admission working, and with none left the API
 server's ``failurePolicy: Fail`` refuses NeuroNetes pods and the node agent's evictions
@@ -22,6 +24,7 @@ import ssl
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -29,10 +32,21 @@ from typing import Any, Final
 
 from .admission import ANNOTATION_SLICE, annotation_changes, asks_for_gpus, review_pod
 from .agent_admission import PodReader, review_eviction, review_pod_event
+from .apiread import ObjectLister
+from .quota_admission import review_pod_quota, review_slice_quota
 from .slice_admission import SliceReader, review_slice_pod
+from .tier_admission import NamespaceReader, review_pod_priority, review_pool_priority
+from .tiers import DEFAULT_TIERS, PriorityTier
 from .validation import review_object
 
-__all__ = ["CERT_FILE", "KEY_FILE", "WebhookServer", "admission_response", "ensure_certificate"]
+__all__ = [
+    "CERT_FILE",
+    "KEY_FILE",
+    "ClusterReads",
+    "WebhookServer",
+    "admission_response",
+    "ensure_certificate",
+]
 
 log = logging.getLogger("neuronetes.webhook")
 CERT_FILE: Final = "tls.crt"
@@ -52,54 +66,89 @@ def _respond(uid: str, refusals: Sequence[str], patch: Sequence[Mapping[str, Any
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
+@dataclass(frozen=True)
+class ClusterReads:
+    """What a replica reads besides the review, and the tiers it enforces (docs/webhook.md).
+
+    `slices` reads the GPUSlice a pod names (`slice_admission.review_slice_pod`); `pods` the pod an
+    Eviction or an Event names (`agent_admission`); `namespaces` a Namespace whose labels grant a
+    priority tier (`tier_admission`); `quotas` lists a namespace's ResourceQuotas, GPUSlices and
+    pods (`quota_admission`). Each missing one refuses what needs it (fail closed).
+    """
+
+    slices: SliceReader | None = None
+    pods: PodReader | None = None
+    namespaces: NamespaceReader | None = None
+    quotas: ObjectLister | None = None
+    tiers: tuple[PriorityTier, ...] = DEFAULT_TIERS
+
+
 def admission_response(
     route: str,
     review: Mapping[str, Any],
     trusted: frozenset[str] = frozenset(),
     slices: SliceReader | None = None,
     pods: PodReader | None = None,
+    reads: ClusterReads | None = None,
 ) -> dict[str, Any]:
     """The AdmissionReview answer for `review` on `route` (one of `ROUTES`).
 
     `trusted`: user names (``request.userInfo.username``) allowed to change NeuroNetes annotations
-    of existing pods (the extender's and the agent's service accounts). `slices` reads the
-    GPUSlice a pod names (`slice_admission.review_slice_pod`); without it such pods are refused.
-    `pods` reads the pod an Eviction or an Event names (`agent_admission`); without it the
-    evictions and pod Events sent to ``/evictions`` and ``/events`` are refused.
+    of existing pods (the extender's and the agent's service accounts). `reads`: what the replica
+    reads (`ClusterReads`); `slices` and `pods`, when given, stand for its readers of the same name.
 
     Raises:
         ValueError: not an AdmissionReview request (the server answers 400).
     """
+    reads = reads or ClusterReads()
+    if slices is not None or pods is not None:
+        reads = replace(reads, slices=slices or reads.slices, pods=pods or reads.pods)
     request = review.get("request")
     if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
         raise ValueError("not an admission.k8s.io/v1 AdmissionReview request (request.uid missing)")
     obj = request.get("object")
     if not isinstance(obj, Mapping):
         return _respond(request["uid"], [])  # DELETE and CONNECT carry no object: nothing to check
+    namespace = str(request.get("namespace") or (obj.get("metadata") or {}).get("namespace") or "")
     if route == "/evictions":
-        return _respond(request["uid"], *review_eviction(request, pods))
+        return _respond(request["uid"], *review_eviction(request, reads.pods))
     if route == "/events":
-        return _respond(request["uid"], review_pod_event(request, pods))
+        return _respond(request["uid"], review_pod_event(request, reads.pods))
     if route == "/pods":
-        operation = request.get("operation")
-        if operation == "UPDATE":
-            old = request.get("oldObject")
-            user = (request.get("userInfo") or {}).get("username")
-            if not isinstance(old, Mapping) or user in trusted:
-                return _respond(request["uid"], [])
-            return _respond(request["uid"], annotation_changes(old, obj))
-        if operation != "CREATE" or not asks_for_gpus(obj):
+        return _review_pod(request, obj, namespace, trusted, reads)
+    refusals = review_object(obj)
+    if not refusals and obj.get("kind") == "AgentPool":
+        refusals = review_pool_priority(obj, namespace, reads.tiers, reads.namespaces)
+    elif not refusals and obj.get("kind") == "GPUSlice" and request.get("operation") == "CREATE":
+        refusals = review_slice_quota(obj, namespace, reads.quotas)
+    return _respond(request["uid"], refusals)
+
+
+def _review_pod(
+    request: Mapping[str, Any], obj: Mapping[str, Any], namespace: str, trusted: frozenset[str],
+    reads: ClusterReads,
+) -> dict[str, Any]:  # fmt: skip
+    operation = request.get("operation")
+    if operation == "UPDATE":
+        old = request.get("oldObject")
+        user = (request.get("userInfo") or {}).get("username")
+        if not isinstance(old, Mapping) or user in trusted:
             return _respond(request["uid"], [])
-        patch: list[dict[str, Any]] = []
-        if ANNOTATION_SLICE in ((obj.get("metadata") or {}).get("annotations") or {}):
-            namespace = str(request.get("namespace") or (obj.get("metadata") or {}).get("namespace") or "")
-            inside = review_slice_pod(obj, namespace, slices)
-            if inside.refusals:
-                return _respond(request["uid"], inside.refusals)
-            obj, patch = inside.pod, inside.patch
-        verdict = review_pod(obj)
-        return _respond(request["uid"], verdict.refusals, [*patch, *verdict.patch])
-    return _respond(request["uid"], review_object(obj))
+        return _respond(request["uid"], annotation_changes(old, obj))
+    if operation != "CREATE":
+        return _respond(request["uid"], [])
+    refusals = review_pod_priority(obj, namespace, reads.tiers, reads.namespaces)
+    if refusals or not asks_for_gpus(obj):
+        return _respond(request["uid"], refusals)
+    patch: list[dict[str, Any]] = []
+    if ANNOTATION_SLICE in ((obj.get("metadata") or {}).get("annotations") or {}):
+        inside = review_slice_pod(obj, namespace, reads.slices)
+        if inside.refusals:
+            return _respond(request["uid"], inside.refusals)
+        obj, patch = inside.pod, inside.patch
+    verdict = review_pod(obj)
+    refusals = verdict.refusals or review_pod_quota(obj, namespace, reads.quotas)
+    return _respond(request["uid"], refusals, [*patch, *verdict.patch])
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -149,7 +198,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(review, Mapping):
                 raise ValueError("the body is not a JSON object")
             server: Any = self.server
-            answer = admission_response(self.route, review, server.trusted, server.slices, server.pods)
+            answer = admission_response(self.route, review, server.trusted, reads=server.reads)
         except (ValueError, UnicodeDecodeError) as exc:
             self._send(400, f"bad request: {exc}")
             return
@@ -177,16 +226,14 @@ class WebhookServer:
         port: int,
         cert_dir: Path,
         trusted: frozenset[str] = frozenset(),
-        slices: SliceReader | None = None,
-        pods: PodReader | None = None,
+        reads: ClusterReads | None = None,
     ) -> None:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(cert_dir / CERT_FILE, cert_dir / KEY_FILE)
         self.httpd = _ReusePortServer((host, port), _Handler)
         self.httpd.trusted = trusted  # type: ignore[attr-defined]
-        self.httpd.slices = slices  # type: ignore[attr-defined]
-        self.httpd.pods = pods  # type: ignore[attr-defined]
+        self.httpd.reads = reads or ClusterReads()  # type: ignore[attr-defined]
         self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self.port = int(self.httpd.server_address[1])
         self._thread: threading.Thread | None = None

@@ -220,6 +220,9 @@ class FastScheduling(_Object):
 
 class Scheduling(_Object):
     priority: Priority = 0
+    priority_tier: (
+        Annotated[str, Meta(max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")] | None
+    ) = None
     gang_scheduling: GangScheduling | None = None
     preemption: Preemption | None = None
     cost_optimization: CostOptimization | None = None

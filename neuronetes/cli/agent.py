@@ -152,8 +152,8 @@ def agent_run(**opts: Any) -> int:
         raise click.UsageError("give exactly one of --node and --simulate-nodes (or --standalone)")
     if any(v is not None for v in standalone.values()):
         raise click.UsageError(
-            "--simulate-gpus, --utilization-cap, --headroom, --aging-seconds, "
-            "--checkpoint-deadline and --cuda-driver need --standalone"
+            "--simulate-gpus, --utilization-cap, --headroom, --aging-seconds, --checkpoint-deadline, "
+            "--cuda-driver, --containment, --log-max-size and --max-clients need --standalone"
         )
     opts["state_dir"] = opts["state_dir"] or "/run/neuronetes"
     return int(agent_commands().cmd_agent_run(argparse.Namespace(**opts)))

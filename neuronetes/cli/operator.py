@@ -13,6 +13,12 @@ from .root import group
 
 __all__ = ["operator", "webhook"]
 
+PRIORITY_TIERS = click.option(
+    "--priority-tiers",
+    help="the priority tiers, a YAML or JSON list (the chart's priorityTiers; default: built-in tiers "
+    "default, high, critical, only default granted to every namespace)",
+)
+
 
 def _main_module() -> Any:
     # Through importlib: operator/ is installed as neuronetes.operator, which mypy cannot follow.
@@ -30,6 +36,7 @@ def operator() -> None:
 )
 @click.option("--kubeconfig", help="kubeconfig (default: in-cluster)")
 @click.option("--config", help="settings file, YAML or JSON (default: built-in settings)")
+@PRIORITY_TIERS
 @LOG_LEVEL
 def operator_run(**opts: Any) -> int:
     return int(_main_module().operator_run(argparse.Namespace(**opts)))
@@ -59,6 +66,7 @@ def webhook() -> None:
     help="a host directory GPU pods may not mount, beyond the built-in ones (repeatable; the chart "
     "passes the agent's host paths)",
 )
+@PRIORITY_TIERS
 @LOG_LEVEL
 def webhook_serve(**opts: Any) -> int:
     return int(_main_module().webhook_serve(argparse.Namespace(**opts)))

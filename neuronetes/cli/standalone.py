@@ -89,6 +89,21 @@ _STANDALONE: Final = (
     click.option(
         "--cuda-driver", metavar="PATH", help="--standalone: the CUDA driver library (libcuda.so.1)"
     ),
+    click.option(
+        "--containment",
+        type=click.Choice(["auto", "cgroup2", "cgroup1", "subreaper"]),
+        help="--standalone: how each attempt is contained (auto: the first usable cgroup, else subreaper)",
+    ),
+    click.option(
+        "--log-max-size",
+        metavar="SIZE",
+        help="--standalone: each job log is rotated to one .1 file at this size (64Mi; at least 1Mi)",
+    ),
+    click.option(
+        "--max-clients",
+        type=click.IntRange(1, 1024),
+        help="--standalone: connections served at once; one more gets a busy reply (16)",
+    ),
 )
 STANDALONE_KEYS: Final = (
     "simulate_gpus",
@@ -97,6 +112,9 @@ STANDALONE_KEYS: Final = (
     "aging_seconds",
     "checkpoint_deadline",
     "cuda_driver",
+    "containment",
+    "log_max_size",
+    "max_clients",
 )
 
 

@@ -79,9 +79,13 @@ def _gpu_rows(gpus: list[dict[str, Any]]) -> list[list[Any]]:
 @click.command("submit", help="Queue a job on the workstation (docs/workstation.md).")
 @click.option("--cmd", "command", required=True, help="the command line (run by /bin/sh)")
 @click.option("--priority", required=True, type=int, help="0-1000; higher runs first and may preempt lower")
-@click.option("--name", default="", help="a name to refer to the job by (lower-case, digits, . _ -)")
+@click.option(
+    "--name", default="", help="a name to refer to the job by (lower-case, digits, . _ -; not j<number>)"
+)
 @click.option("--gpus", type=int, default=None, help="whole GPUs, exclusively (default 1)")
-@click.option("--gpu-memory", default="", metavar="SIZE", help="a GPU share: memory (8Gi, 512Mi)")
+@click.option(
+    "--gpu-memory", default="", metavar="SIZE", help="a GPU share: memory (8Gi, 512Mi; at least 1Mi)"
+)
 @click.option(
     "--gpu-compute", type=int, default=None, metavar="PCT", help="a GPU share: compute percent (1-100)"
 )
@@ -108,8 +112,8 @@ def submit(
         raise click.UsageError("--gpu-compute needs --gpu-memory (a share names both)")
     compute = 100 if gpu_compute is None else gpu_compute
     try:  # the daemon's own rules, checked before anything is sent
-        memory = jobs.parse_size(gpu_memory) if gpu_memory else 0
-        jobs.JobSpec(command, priority, name, gpus or 1, memory, compute, checkpointable)
+        memory = jobs.parse_size(gpu_memory, "--gpu-memory") if gpu_memory else 0
+        jobs.JobSpec(command, priority, name, gpus or 1, memory, compute, checkpointable).check_new()
     except jobs.SpecError as exc:
         raise CliError(str(exc)) from None
     request = standalone("protocol").Submit(

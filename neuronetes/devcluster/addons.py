@@ -87,6 +87,10 @@ def start_addons(
         sup.wait(state, f"webhook-{i}", probe, deadline)
     for obj in launch.webhook_configurations(ca_pem, url):
         kubectl("apply", "-f", "-", input=json.dumps(obj))
+    # The default priority tiers' PriorityClasses (the chart creates them in a cluster).
+    tiers: Any = importlib.import_module("neuronetes.operator.tiers")
+    for obj in launch.priority_classes(tiers.DEFAULT_TIERS):
+        kubectl("apply", "-f", "-", input=json.dumps(obj))
     settings = at.state_dir / "operator.json"
     settings.write_text(json.dumps(launch.dev_operator_settings()) + "\n")
     log(f"{OPERATOR} and {WEBHOOK_REPLICAS} webhook replicas on {url}")

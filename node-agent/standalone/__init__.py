@@ -11,6 +11,8 @@ checkpoint, stop/continue) and survives its own restart. One module per job (doc
 - `preemption`: choosing victims and the preemption ladder;
 - `checkpoint`: the CUDA driver's checkpoint API through ctypes;
 - `launcher` / `shepherd`: starting jobs as process groups and recording their exit;
+- `containment`: a cgroup per attempt, else the shepherd as subreaper (nothing outlives it);
+- `statedir`: the state directory's checks and link-free file access; `logtail`: bounded tails;
 - `scheduler`: the loop tying these together; `recovery`: re-adoption after a restart;
 - `protocol` / `server` / `client`: the local socket and its JSON protocol;
 - `main`: the daemon's entry point; `commands`: the CLI verbs.

@@ -98,11 +98,14 @@ def job_memory(job: Job, view: GpuView) -> int:
     return job.spec.memory_bytes or view.memory_total_bytes
 
 
-def loads(jobs: Iterable[Job], views: Mapping[str, GpuView]) -> dict[str, GpuLoad]:
-    """Per GPU, what running jobs and stopped (SIGSTOP) preempted jobs hold."""
+def loads(
+    jobs: Iterable[Job], views: Mapping[str, GpuView], ending: Iterable[Job] = ()
+) -> dict[str, GpuLoad]:
+    """Per GPU, what running jobs and stopped (SIGSTOP) preempted jobs hold, and the attempts that
+    ended but whose processes are not all gone yet (`ending`: they hold what they held running)."""
     out = {u: GpuLoad() for u in views}
-    for job in jobs:
-        running = job.state is JobState.RUNNING
+    for job, over in [(j, False) for j in jobs] + [(j, True) for j in ending]:
+        running = over or job.state is JobState.RUNNING
         stopped = job.state is JobState.PREEMPTED and job.suspended == "stopped"
         if not (running or stopped):
             continue
@@ -110,7 +113,7 @@ def loads(jobs: Iterable[Job], views: Mapping[str, GpuView]) -> dict[str, GpuLoa
             if uuid not in out:
                 continue
             load = out[uuid]
-            load.holders.append(job.id)
+            load.holders.append(f"{job.id} (its processes are exiting)" if over else job.id)
             load.memory += job_memory(job, views[uuid])
             if running:
                 load.compute += job.spec.compute_percent

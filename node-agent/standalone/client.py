@@ -2,7 +2,9 @@
 
 The state directory is ``--state-dir``, else ``$NEURONETES_STATE_DIR``, else
 ``$XDG_STATE_HOME/neuronetes`` (``~/.local/state/neuronetes``). No socket, or nobody listening,
-is the typed reply ``no_daemon``, which the CLI prints as one line.
+is the typed reply ``no_daemon``, which the CLI prints as one line. The client talks only to a
+socket of its own user in a state directory nobody else may write (``unsafe`` otherwise): another
+local user cannot put a daemon of theirs in its way.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Final
 import msgspec
 
 from . import protocol as p
+from .statedir import StateDirError, check_socket
 
 __all__ = ["ENV_STATE_DIR", "call", "daemon_live", "default_state_dir", "state_dir_from"]
 
@@ -49,6 +52,12 @@ def call(state_dir: Path, request: p.Request, timeout_s: float = _TIMEOUT_S) -> 
     path = state_dir / p.SOCKET_NAME
     if not path.exists():
         return _no_daemon(state_dir, "no socket")
+    try:
+        check_socket(state_dir, path)
+    except StateDirError as exc:
+        return p.Err("unsafe", str(exc))
+    except OSError as exc:
+        return _no_daemon(state_dir, exc.strerror or str(exc))
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         try:

@@ -14,12 +14,13 @@ from . import admission as adm
 from . import protocol as p
 from .gpus import GpuView
 from .jobs import ACTIVE, FINAL, Job, JobSpec, JobState, SpecError, parse_size
+from .logtail import MAX_LINES, tail_rotated
 from .scheduler import Scheduler
 
 __all__ = ["HANDLERS", "handle", "job_json"]
 
 S = JobState
-_MAX_TAIL: Final = 10_000
+_MAX_TAIL: Final = MAX_LINES
 
 
 def job_json(sched: Scheduler, job: Job, *, history: bool = False) -> dict[str, Any]:
@@ -105,11 +106,11 @@ def submit(sched: Scheduler, req: p.Submit) -> p.Reply:
             priority=req.priority,
             name=req.name,
             gpus=req.gpus,
-            memory_bytes=parse_size(req.gpu_memory) if req.gpu_memory else 0,
+            memory_bytes=parse_size(req.gpu_memory, "--gpu-memory") if req.gpu_memory else 0,
             compute_percent=req.gpu_compute,
             checkpointable=req.checkpointable,
             workdir=req.workdir,
-        )
+        ).check_new()
     except SpecError as exc:
         return p.Err("invalid", str(exc))
     if spec.whole and spec.gpus > len(sched.gpus.devices):
@@ -153,6 +154,9 @@ def status(sched: Scheduler, req: p.Status) -> p.Reply:
                     "headroomPercent": settings.headroom_percent,
                     "agingSeconds": settings.aging_s,
                     "lastPreemptionSeconds": dict(sched.last_preemption),
+                    "containment": sched.launcher.containment.describe(),
+                    "logMaxBytes": sched.launcher.log_max_bytes,
+                    "problems": sorted(sched.store.problems.values()),
                 },
                 "gpus": gpus,
                 "jobs": jobs,
@@ -185,10 +189,15 @@ def logs(sched: Scheduler, req: p.Logs) -> p.Reply:
         if isinstance(job, p.Err):
             return job
         path = sched.log_paths(job)[0 if req.stream == "stdout" else 1]
+    state, job_id = sched.launcher.state, job.id
+
+    def open_log(name: str) -> int:
+        return state.open(["jobs", job_id, name], os.O_RDONLY)
+
     try:
-        lines = path.read_text(errors="replace").splitlines()[-req.tail :]
-    except FileNotFoundError:
-        lines = []
+        lines = tail_rotated(open_log, path.name, req.tail)
+    except OSError as exc:  # a link or no regular file in its place: refused, never followed
+        return p.Err("conflict", str(exc))
     return p.Ok({"path": str(path), "lines": lines})
 
 

@@ -3,6 +3,9 @@
 The state machine is one table (`TRANSITIONS`): a move it does not list is refused with a typed
 `Refused` status, never applied. PENDING → QUEUED happens once the spec is stored; PREEMPTED jobs
 go back through QUEUED when the scheduler picks them again (docs/workstation.md, "Job states").
+
+Names and ids are separate namespaces: ids are ``j<number>``, and a new job may not be named so
+(`JobSpec.check_new`), so a name never shadows another job's id. Sizes are at least 1 MiB.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ __all__ = [
     "ACTIVE",
     "FINAL",
     "MAX_PRIORITY",
+    "MIN_SIZE",
     "TRANSITIONS",
     "Job",
     "JobSpec",
@@ -78,19 +82,26 @@ class SpecError(ValueError):
 
 
 _NAME_RE: Final = re.compile(r"[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?")
+_ID_RE: Final = re.compile(r"j[0-9]+")
+MIN_SIZE: Final = 1 << 20
 
 
-def parse_size(text: str) -> int:
-    """Bytes from ``8Gi``, ``512Mi``, ``4G`` or ``8GiB`` (a trailing ``B`` is tolerated)."""
+def parse_size(text: str, option: str = "--gpu-memory") -> int:
+    """Bytes from ``8Gi``, ``512Mi``, ``4G`` or ``8GiB`` (a trailing ``B`` is tolerated), at least
+    1 MiB; errors name `option`."""
     raw = text.strip()
     if raw.endswith("iB"):
         raw = raw[:-1]
     try:
         value = to_bytes(raw)
     except QuantityError:
-        raise SpecError(f"bad size {text!r}: use a number with Ki, Mi, Gi, Ti (or k, M, G, T)") from None
+        raise SpecError(
+            f"{option}: bad size {text!r}: use a number with Ki, Mi, Gi, Ti (or k, M, G, T)"
+        ) from None
     if value <= 0:
-        raise SpecError(f"bad size {text!r}: must be positive")
+        raise SpecError(f"{option}: bad size {text!r}: must be positive")
+    if value < MIN_SIZE:
+        raise SpecError(f"{option}: bad size {text!r}: at least 1Mi ({MIN_SIZE} bytes)")
     return value
 
 
@@ -131,6 +142,15 @@ class JobSpec:
     @property
     def whole(self) -> bool:
         return self.memory_bytes == 0
+
+    def check_new(self) -> JobSpec:
+        """The rules only a new submission must pass (stored jobs predating them still load)."""
+        if _ID_RE.fullmatch(self.name):
+            raise SpecError(
+                f"bad name {self.name!r}: j<number> is the form of job ids; names and ids are kept"
+                " apart, choose another name"
+            )
+        return self
 
 
 @dataclass(slots=True)

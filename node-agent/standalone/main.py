@@ -1,9 +1,10 @@
 """The workstation daemon: ``neuronetes agent run --standalone`` (``neuronetes-agent --standalone``).
 
 One daemon per state directory (an exclusive ``flock`` on ``daemon.lock``, released by the kernel
-even on SIGKILL). Start: open the store, the GPU backend and the checkpoint API, reconcile the
-processes with the store (`recovery`), then serve the socket and run the scheduler loop until
-SIGTERM/SIGINT. Stopping the daemon does not stop its jobs: the next daemon re-adopts them.
+even on SIGKILL). Start: check the state directory (`statedir`), open the store, the GPU backend,
+the checkpoint API and the containment of attempts (`containment`), reconcile the processes with
+the store (`recovery`), then serve the socket and run the scheduler loop until SIGTERM/SIGINT.
+Stopping the daemon does not stop its jobs: the next daemon re-adopts them.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from pathlib import Path
 
 from .admission import Settings
 from .checkpoint import CudaCheckpoint
+from .containment import detect
 from .gpus import Gpus, open_backend
+from .jobs import parse_size
 from .launcher import Launcher
 from .recovery import recover
 from .scheduler import Config, Scheduler
-from .server import DaemonServer, check_socket_path
+from .server import DEFAULT_MAX_CLIENTS, DaemonServer, check_socket_path
+from .statedir import StateDir
 from .store import Store, StoreError
 
 __all__ = ["DaemonOptions", "run_daemon"]
@@ -41,6 +45,9 @@ class DaemonOptions:
     checkpoint_deadline: float = 30.0
     cuda_driver: str = "libcuda.so.1"
     shim_library: Path | None = None
+    containment: str = "auto"
+    log_max_size: str = "64Mi"
+    max_clients: int = DEFAULT_MAX_CLIENTS
     interval: float = 0.2
     log_level: str = "info"
 
@@ -50,15 +57,16 @@ def _error(message: str) -> int:
     return 1
 
 
-def _lock(state_dir: Path) -> int | str:
-    """An exclusive lock on the state directory: its fd, or why not."""
-    fd = os.open(state_dir / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+def _lock(state: StateDir) -> int | str:
+    """An exclusive lock on the state directory: its fd, or why not. The lock file is opened with
+    O_NOFOLLOW in the checked directory, and truncated only once the lock is ours."""
+    fd = state.open(["daemon.lock"], os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         owner = os.read(fd, 32).decode(errors="replace").strip() or "?"
         os.close(fd)
-        return f"a workstation daemon (pid {owner}) already runs for {state_dir}"
+        return f"a workstation daemon (pid {owner}) already runs for {state.path}"
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
@@ -74,15 +82,23 @@ def run_daemon(opts: DaemonOptions) -> int:
             raise ValueError("--checkpoint-deadline and the interval must be positive")
         if opts.shim_library is not None and not opts.shim_library.is_file():
             raise ValueError(f"--shim-library {opts.shim_library}: no such file")
+        if opts.max_clients < 1:
+            raise ValueError(f"--max-clients {opts.max_clients}: at least 1")
+        log_max_bytes = parse_size(opts.log_max_size, "--log-max-size")
         check_socket_path(opts.state_dir)
-        opts.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        locked = _lock(opts.state_dir)
+        state = StateDir(opts.state_dir)
+        locked = _lock(state)
         if isinstance(locked, str):
             return _error(locked)
         store = Store(opts.state_dir)
+        containment = detect(opts.containment, opts.state_dir)
+        launcher = Launcher(
+            opts.state_dir, opts.shim_library, containment=containment, log_max_bytes=log_max_bytes
+        )
         backend, description = open_backend(opts.simulate_gpus)
     except (ValueError, OSError, StoreError) as exc:
         return _error(str(exc))
+    log.info("attempts contained by %s", containment.describe())
     ckpt = CudaCheckpoint(opts.cuda_driver)
     if not ckpt.available:
         log.warning(
@@ -94,14 +110,14 @@ def run_daemon(opts: DaemonOptions) -> int:
     sched = Scheduler(
         store,
         Gpus(backend, store),
-        Launcher(opts.state_dir, opts.shim_library),
+        launcher,
         ckpt,
         config,
         gpus_description=description,
     )
     recover(sched)
     sched.tick()  # GPUs read and the queue looked at before the first request is answered
-    server = DaemonServer(opts.state_dir, sched)
+    server = DaemonServer(opts.state_dir, sched, max_clients=opts.max_clients)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -127,5 +143,7 @@ def run_daemon(opts: DaemonOptions) -> int:
         server.server_close()
         store.close()
         backend.close()
+        containment.cleanup()  # the empty cgroups; those of jobs still running stay theirs
         os.close(locked)
+        state.close()
     return 0

@@ -54,8 +54,10 @@ def plan(
     external_of: Mapping[str, int],
     settings: Settings,
     rung_of: Callable[[Job], Rung],
+    ending: Sequence[Job] = (),
 ) -> Plan | None:
-    """The cheapest set of victims that lets `job` start, or None when preemption cannot help."""
+    """The cheapest set of victims that lets `job` start, or None when preemption cannot help.
+    `ending`: attempts whose processes are still exiting (they hold their GPUs; never victims)."""
     want = job.spec.gpus if not job.suspended else len(job.gpus)
     running = [j for j in jobs if j.state is JobState.RUNNING]
     options: list[tuple[tuple[int, int], GpuView, list[tuple[Job, Rung]]]] = []
@@ -65,7 +67,11 @@ def plan(
         on_gpu = [j for j in running if view.uuid in j.gpus]
         if (
             check_gpu(
-                job, view, loads(jobs, {view.uuid: view})[view.uuid], external_of.get(view.uuid, 0), settings
+                job,
+                view,
+                loads(jobs, {view.uuid: view}, ending)[view.uuid],
+                external_of.get(view.uuid, 0),
+                settings,
             )
             is None
         ):
@@ -79,7 +85,7 @@ def plan(
             chosen.append((victim, rung_of(victim)))
             suspended = {v.id: _after(v, r) for v, r in chosen}
             after = [suspended.get(j.id, j) for j in jobs]
-            load: GpuLoad = loads(after, {view.uuid: view})[view.uuid]
+            load: GpuLoad = loads(after, {view.uuid: view}, ending)[view.uuid]
             if check_gpu(job, view, load, external_of.get(view.uuid, 0), settings) is None:
                 cost = (len(chosen), max(v.spec.priority for v, _ in chosen))
                 options.append((cost, view, list(chosen)))

@@ -110,7 +110,17 @@ Request = Ping | Submit | ListJobs | Status | Describe | Cancel | Logs | Health 
 _DECODER: Final = msgspec.json.Decoder(Request)
 _ENCODER: Final = msgspec.json.Encoder()
 
-ErrorCode = Literal["bad_request", "not_found", "invalid", "conflict", "unsupported", "internal", "no_daemon"]
+ErrorCode = Literal[
+    "bad_request",
+    "not_found",
+    "invalid",
+    "conflict",
+    "unsupported",
+    "busy",
+    "internal",
+    "no_daemon",
+    "unsafe",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,10 @@
 Every change goes through the store first (`Store.transition`), then acts on processes, so a daemon
 killed at any point restarts from a recorded state (`recovery`). All methods run under one lock:
 the socket handlers and the loop never interleave.
+
+An attempt that ended — of itself, cancelled, killed, evicted, saved after SIGUSR1 — stays in
+`ending` until none of its processes is left (`Launcher.settle`: what outlived the command is
+killed); until then it holds the GPUs it ran on, so they go to no other job meanwhile.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from neuronetes.agent.daemon.health import Usage
 
 from . import admission as adm
 from .checkpoint import STATE_RUNNING, CudaCheckpoint
+from .containment import ProcTable
 from .gpus import Gpus, GpuView
 from .jobs import ACTIVE, FINAL, Job, JobState
-from .launcher import Launcher, group_members, kill_group
+from .launcher import Launcher
 from .preemption import Plan, Rung, plan
 from .store import Store
 
@@ -36,6 +41,7 @@ class Config:
     settings: adm.Settings = field(default_factory=adm.Settings)
     cooperative_deadline_s: float = 30.0  # SIGUSR1 → exit, before SIGKILL
     cancel_grace_s: float = 5.0  # SIGTERM → SIGKILL
+    shepherd_grace_s: float = 5.0  # SIGKILL of the job → SIGKILL of a shepherd that lingers
     interval_s: float = 0.2
 
 
@@ -60,7 +66,8 @@ class Scheduler:
         self.lock = threading.RLock()
         self.wake = threading.Event()
         self.coop_deadline: dict[str, float] = {}  # job id → when SIGKILL follows SIGUSR1
-        self.kill_after: dict[str, tuple[Job, float]] = {}  # cancelled jobs still exiting
+        # attempts that ended but may have processes left: job id → (the attempt, when to kill it)
+        self.ending: dict[str, tuple[Job, float]] = {}
         self.last_preemption: dict[str, float] = {}  # rung → seconds it took (status)
         self.checkpoint_failed: set[str] = set()  # jobs the driver could not checkpoint
 
@@ -75,14 +82,15 @@ class Scheduler:
                     self.reap(job, now)
                 elif job.state is S.PREEMPTED and job.suspended:
                     self.check_suspended(job, now)
-            self._finish_cancelled(now)
+            self._settle_ending(now)
             jobs = [j for j in jobs if j.state not in FINAL]
-            views = self.gpus.refresh(_usage(jobs), now)
-            self._admit(jobs, views, now)
+            ending = [attempt for attempt, _ in self.ending.values()]
+            views = self.gpus.refresh(_usage(jobs, ending), now)
+            self._admit(jobs, views, now, ending)
 
     def reap(self, job: Job, now: float) -> None:
         deadline = self.coop_deadline.get(job.id)
-        if deadline is not None and now >= deadline and self.launcher.signal(job, signal.SIGKILL):
+        if deadline is not None and now >= deadline and self.launcher.kill(job):
             log.warning(
                 "job %s did not exit within %.0fs of SIGUSR1: killed",
                 job.id,
@@ -92,6 +100,7 @@ class Scheduler:
         code = self.launcher.exit_status(job)
         if code is None:
             return
+        self._ended(job, now)
         if job.suspended == "signalled":  # cooperative preemption
             self.coop_deadline.pop(job.id, None)
             saved = code == 0
@@ -117,24 +126,37 @@ class Scheduler:
         """A preempted job's held process must still exist; if it ended, the job failed."""
         code = self.launcher.exit_status(job)
         if code is not None:
+            self._ended(job, now)
             why = f"its process ended while preempted (status {code})" if code >= 0 else "its process is gone"
             self.store.transition(job, S.FAILED, why, now, exit_code=code, suspended="")
 
-    def _finish_cancelled(self, now: float) -> None:
-        for job_id, (job, when) in list(self.kill_after.items()):
-            if self.launcher.exit_status(job) is not None:
-                del self.kill_after[job_id]
-            elif now >= when:
-                kill_group(self.launcher, job)
+    def _ended(self, job: Job, now: float, kill_at: float | None = None) -> None:
+        """The attempt's command is over (or is being ended): it holds its GPUs until none of its
+        processes is left."""
+        attempt = replace(job, history=[])
+        if kill_at is not None or not self.launcher.settle(attempt):
+            self.ending[job.id] = (attempt, now if kill_at is None else kill_at)
+
+    def _settle_ending(self, now: float) -> None:
+        for job_id, (attempt, when) in list(self.ending.items()):
+            self.launcher.exit_status(attempt)  # reaps our own shepherd once it exited
+            if self.launcher.settle(attempt):
+                del self.ending[job_id]
+                continue
+            if now >= when:
+                self.launcher.kill(attempt)
+            if now >= when + self.config.shepherd_grace_s:
+                log.warning("job %s: its shepherd did not end the attempt: killed", job_id)
+                self.launcher.kill(attempt, spare_shepherd=False)
 
     # ---- admission and preemption ---------------------------------------------------------------
 
-    def _admit(self, jobs: list[Job], views: dict[str, GpuView], now: float) -> None:
+    def _admit(self, jobs: list[Job], views: dict[str, GpuView], now: float, ending: list[Job]) -> None:
         settings = self.config.settings
         view_list = sorted(views.values(), key=lambda v: v.index)
-        external = self._external(jobs, view_list)
+        external = self._external(jobs + ending, view_list)
         for job in adm.queue_order(jobs, now, settings.aging_s):
-            decision = adm.place(job, view_list, adm.loads(jobs, views), external, settings)
+            decision = adm.place(job, view_list, adm.loads(jobs, views, ending), external, settings)
             if isinstance(decision, adm.Admit):
                 self._start(job, decision.gpus, now)
                 continue
@@ -145,7 +167,7 @@ class Scheduler:
                 continue
             if self.coop_deadline:
                 return  # a preemption is under way: nothing starts behind the job it is for
-            chosen = plan(job, view_list, jobs, external, settings, self._rung)
+            chosen = plan(job, view_list, jobs, external, settings, self._rung, ending)
             if chosen is not None:
                 self._preempt(chosen, now)
                 self.wake.set()  # the next round starts the urgent job without waiting
@@ -155,9 +177,10 @@ class Scheduler:
         if not any(v.processes for v in views):
             return {}
         own: set[int] = set()
+        table = ProcTable()
         for job in jobs:
-            if job.state in ACTIVE and job.pid:
-                own.update(group_members(job.pid))
+            if job.pid:  # running, held, or an attempt still ending
+                own.update(self.launcher.processes(job, table, by_token=False))
         return {v.uuid: adm.external_memory(v, frozenset(own)) for v in views}
 
     def _rung(self, job: Job) -> Rung:
@@ -168,7 +191,9 @@ class Scheduler:
     def cuda_pids(self, job: Job) -> list[int]:
         if not self.ckpt.available or not job.pid:
             return []
-        return [p for p in group_members(job.pid) if self.ckpt.state(p) is not None]
+        return [
+            p for p in sorted(self.launcher.processes(job, by_token=False)) if self.ckpt.state(p) is not None
+        ]
 
     def _preempt(self, chosen: Plan, now: float) -> None:
         urgent = chosen.job
@@ -266,7 +291,7 @@ class Scheduler:
         if how == "stopped":
             self.launcher.signal(job, signal.SIGCONT)
         else:
-            for pid in group_members(job.pid):
+            for pid in sorted(self.launcher.processes(job, by_token=False)):
                 if self.ckpt.state(pid) not in (None, STATE_RUNNING):
                     failed = self.ckpt.resume(pid)
                     if failed is not None:  # still checkpointed: it waits for room
@@ -293,20 +318,20 @@ class Scheduler:
         self.coop_deadline.pop(job.id, None)
         if live:
             if force:
-                kill_group(self.launcher, job)
+                self.launcher.kill(job)
             else:
                 self.launcher.signal(job, signal.SIGTERM)
                 self.launcher.signal(job, signal.SIGCONT)  # a stopped or checkpointed job must run to die
-            self.kill_after[job.id] = (job, now if force else now + self.config.cancel_grace_s)
+            self._ended(job, now, now if force else now + self.config.cancel_grace_s)
         self.wake.set()
         return ""
 
     def evict(self, job: Job, why: str) -> None:
         """Take a job off its GPU for good (GPU forced offline): killed and requeued to start afresh."""
         now = self.clock()
-        kill_group(self.launcher, job)
+        self.launcher.kill(job)
         self.coop_deadline.pop(job.id, None)
-        self.kill_after[job.id] = (replace(job), now)  # reaped there once it is gone
+        self._ended(job, now, now)  # its GPUs wait until every process of it is gone
         if job.state is S.RUNNING:
             self.store.transition(
                 job,
@@ -336,10 +361,10 @@ class Scheduler:
             self.wake.clear()
 
 
-def _usage(jobs: list[Job]) -> dict[str, Usage]:
+def _usage(jobs: list[Job], ending: list[Job]) -> dict[str, Usage]:
     assigned: dict[str, int] = {}
     running: dict[str, int] = {}
-    for job in jobs:
+    for job in jobs + [replace(j, state=S.RUNNING) for j in ending]:
         if job.state in ACTIVE:
             for uuid in job.gpus:
                 assigned[uuid] = assigned.get(uuid, 0) + 1

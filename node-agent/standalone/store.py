@@ -5,10 +5,17 @@ daemon killed with SIGKILL at any point restarts from what it last recorded (`re
 schema version is SQLite's ``user_version``; a database from a newer daemon is refused, never
 rewritten. Tables: ``jobs`` (one row per job), ``transitions`` (every state change with time and
 reason), ``gpus`` (administrator holds: drained, offline) and ``gpu_transitions`` (GPU state changes).
+
+The database and its ``-wal`` and ``-shm`` files are created ``0600`` (SQLite gives the last two the
+database's mode) and reached without following links (`statedir`). A row that is out of range
+(a value no daemon writes, a type SQLite let through) is not loaded: it is reported once in the log
+and in `Store.problems` (``status`` shows them), and every other job is served as usual.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import sqlite3
 import threading
@@ -18,11 +25,15 @@ from pathlib import Path
 from typing import Any, Final
 
 from .jobs import FINAL, Job, JobSpec, JobState, Refused, check_transition
+from .statedir import StateDir
 
 __all__ = ["SCHEMA_VERSION", "GpuHold", "Store", "StoreError"]
 
+log = logging.getLogger(__name__)
+
 SCHEMA_VERSION: Final = 1
 DB_NAME: Final = "state.db"
+DB_FILES: Final = (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NAME}-journal")
 
 _SCHEMA: Final = """
 CREATE TABLE jobs (
@@ -114,8 +125,18 @@ class Store:
     """Jobs and GPU holds in ``<state_dir>/state.db``. Thread-safe (one connection, one lock)."""
 
     def __init__(self, state_dir: Path) -> None:
-        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = state_dir / DB_NAME
+        self.problems: dict[str, str] = {}  # rows not loaded: job id (or row number) → why
+        state = None
+        try:
+            state = StateDir(state_dir)
+            state.make_private(DB_FILES, create=DB_NAME)
+        except OSError as exc:
+            raise StoreError(str(exc)) from None
+        finally:
+            if state is not None:
+                state.close()
+        old = os.umask(0o077)  # SQLite creates -wal and -shm (with the database's mode, 0600)
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -124,7 +145,8 @@ class Store:
             self._migrate()
         except sqlite3.Error as exc:
             raise StoreError(f"state database {self.path}: {exc}") from exc
-        os.chmod(self.path, 0o600)
+        finally:
+            os.umask(old)
         self._lock = threading.RLock()
 
     def _migrate(self) -> None:
@@ -242,16 +264,28 @@ class Store:
         with self._lock:
             cur = self._db.execute(f"SELECT * FROM jobs {clause}", args)
             names = [d[0] for d in cur.description]
-            rows = cur.fetchall()
+            rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
             history: dict[str, list[tuple[float, str, str, str]]] = {}
-            ids = [row[names.index("id")] for row in rows]
+            ids = [row["id"] for row in rows]
             for chunk in range(0, len(ids), 500):  # SQLite's limit on bound parameters
                 part = ids[chunk : chunk + 500]
                 marks = ", ".join("?" * len(part))
                 query = f"SELECT * FROM transitions WHERE job_id IN ({marks}) ORDER BY rowid"
                 for job_id, at, frm, to, why in self._db.execute(query, part):
                     history.setdefault(job_id, []).append((at, frm, to, why))
-        return [_job_of(dict(zip(names, row, strict=True)), history) for row in rows]
+        jobs: list[Job] = []
+        for row in rows:
+            try:
+                jobs.append(_job_of(row, history))
+            except (ValueError, TypeError, KeyError) as exc:
+                self._problem(row, exc)
+        return jobs
+
+    def _problem(self, row: dict[str, Any], exc: Exception) -> None:
+        key = row["id"] if isinstance(row.get("id"), str) else f"row {row.get('seq')}"
+        if key not in self.problems:
+            self.problems[key] = f"job {key} not loaded: {exc}"
+            log.warning("state database %s: %s", self.path, self.problems[key])
 
     # ---- GPUs ------------------------------------------------------------------------------------
 
@@ -293,7 +327,44 @@ class Store:
         return [(float(a), str(f), str(t), str(r)) for a, f, t, r in rows]
 
 
+_INTS: Final = (
+    ("priority", 0, 1 << 31),
+    ("gpus_wanted", 0, 1 << 31),
+    ("memory_bytes", 0, 1 << 63),
+    ("compute_percent", 0, 101),
+    ("checkpointable", 0, 2),
+    ("pid", 0, 1 << 22),  # the kernel's PID_MAX_LIMIT
+    ("pid_start", 0, 1 << 63),
+    ("attempt", 0, 1 << 31),
+    ("resume", 0, 2),
+)
+_TEXTS: Final = ("id", "name", "command", "workdir", "state", "gpus", "token", "suspended", "reason")
+_TIMES: Final = ("submitted_at", "queued_at", "started_at", "finished_at")
+_SUSPENDED: Final = frozenset({"", "checkpoint", "stopped", "signalled"})
+
+
+def _check_row(row: dict[str, Any]) -> None:
+    """Raise ValueError naming the first value of `row` no daemon would have written."""
+    for name, low, high in _INTS:
+        value = row[name]
+        if type(value) is not int or not low <= value < high:
+            raise ValueError(f"{name} {value!r} is out of range")
+    for name in _TEXTS:
+        if type(row[name]) is not str:
+            raise ValueError(f"{name} {row[name]!r} is not text")
+    for name in _TIMES:
+        value = row[name]
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise ValueError(f"{name} {value!r} is not a time")
+    code = row["exit_code"]
+    if code is not None and (type(code) is not int or not -(1 << 31) <= code < 1 << 31):
+        raise ValueError(f"exit_code {code!r} is out of range")
+    if row["suspended"] not in _SUSPENDED:
+        raise ValueError(f"suspended {row['suspended']!r} is not a way to hold a job")
+
+
 def _job_of(row: dict[str, Any], history: dict[str, list[tuple[float, str, str, str]]]) -> Job:
+    _check_row(row)
     spec = JobSpec(
         command=row["command"],
         priority=row["priority"],

@@ -169,6 +169,55 @@ def test_an_agentpool_from_the_guide_is_scheduled_through_the_chart(dev: DevClus
     dev.kubectl("delete", "namespace", "pools", "--wait=true", "--timeout=60s")
 
 
+def test_the_charts_priority_tiers_and_gpu_quota_hold_under_its_own_rbac(
+    dev: DevCluster, ops: ChartOps
+) -> None:
+    """The chart creates the tiers' PriorityClasses (the operator may create none) and its webhook
+    refuses a pool above its namespace's tiers; it lists a namespace's ResourceQuotas, GPUSlices and
+    pods with its own ServiceAccount to hold slices to the quota (docs/rbac.md)."""
+    classes = {
+        o["metadata"]["name"]: (o["value"], o["preemptionPolicy"])
+        for o in get(dev, "priorityclasses")["items"]
+        if o["metadata"]["name"].startswith("neuronetes-")
+    }
+    assert classes == {
+        "neuronetes-default": (0, "Never"),
+        "neuronetes-high": (1000, "PreemptLowerPriority"),
+        "neuronetes-high-nopreempt": (1000, "Never"),
+        "neuronetes-critical": (1000000, "PreemptLowerPriority"),
+        "neuronetes-critical-nopreempt": (1000000, "Never"),
+    }
+    operator = f"--as=system:serviceaccount:{NS}:neuronetes-operator"
+    assert (
+        dev.kubectl("auth", "can-i", "create", "priorityclasses", operator, check=False).stdout.strip()
+        == "no"
+    )
+    dev.kubectl("create", "namespace", "tenants")
+    pool = {
+        "apiVersion": "neuronetes.io/v1alpha1",
+        "kind": "AgentPool",
+        "metadata": {"name": "greedy", "namespace": "tenants"},
+        "spec": {"scheduling": {"priority": 1000}},
+    }
+    refused = dev.kubectl("create", "-f", "-", input=json.dumps(pool), check=False)
+    assert "spec.scheduling.priority: 1000 maps to priority tier high" in refused.stderr, refused.stderr
+    hard = {f"requests.{c.RESOURCE_GPU_MEMORY}": "1024"}
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu", "namespace": "tenants"}}
+    dev.kubectl("create", "-f", "-", input=json.dumps({**quota, "spec": {"hard": hard}}))
+
+    def gpu_slice(memory: str) -> str:
+        body = {"apiVersion": "neuronetes.io/v1alpha1", "kind": "GPUSlice", "metadata": {"name": "s"}}
+        return json.dumps({**body, "spec": {"memory": memory, "computePercent": 10}})
+
+    create = ("create", "--dry-run=server", "-n", "tenants", "-f", "-")
+    refused = dev.kubectl(*create, input=gpu_slice("2Gi"), check=False)
+    assert "would exceed ResourceQuota gpu" in refused.stderr and "used 0, hard 1024" in refused.stderr, (
+        refused.stderr
+    )
+    assert dev.kubectl(*create, input=gpu_slice("512Mi"), check=False).returncode == 0
+    dev.kubectl("delete", "namespace", "tenants", "--wait=false")
+
+
 def _extender_logs(ops: ChartOps) -> dict[str, str]:
     state = ops.runner_state()
     return {

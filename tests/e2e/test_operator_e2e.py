@@ -16,23 +16,28 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from apitools import seed_examples
 from e2e_cluster import E2ECluster, wait_until
 from extender_harness import ExtenderProcess
 
 from neuronetes import contracts as c
+from neuronetes.api.models import AgentPool, decode
 from neuronetes.devcluster import ExtenderConfig
 from neuronetes.operator.launch import dev_operator_settings
 from neuronetes.operator.pods import LABEL_POOL, LABEL_TEMPLATE_HASH
 from neuronetes.operator.processes import LocalStack
 from neuronetes.operator.slices import FINALIZER
+from neuronetes.operator.tiers import DEFAULT_TIERS, pool_priority
 
 pytestmark = pytest.mark.e2e
 
 NS = "operator-e2e"
 NODES = {"dgx-a100-80gb": 10, "a100-40gb-mig": 4, "t4x4-pcie": 6}  # 20 nodes
 SEED_POOLS = [e for e in seed_examples() if e.obj["kind"] == "AgentPool"]
+# The seed's high-priority-pool asks for priority 1000: tier high, which this namespace is granted.
+TIERS = tuple(msgspec.structs.replace(t, namespaces=(NS,)) if t.name == "high" else t for t in DEFAULT_TIERS)
 
 
 def get_json(cluster: E2ECluster, *args: str) -> Any:
@@ -53,7 +58,7 @@ def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     ext = ExtenderProcess(cluster.extender_kubeconfig, work)
     ext.start()
     cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
-    local = LocalStack(cluster.kubeconfig, work, cluster.kubectl)
+    local = LocalStack(cluster.kubeconfig, work, cluster.kubectl, tiers=TIERS)
     try:
         local.start()
         cluster.kubectl("create", "namespace", NS)
@@ -100,6 +105,7 @@ def test_every_seed_pool_reconciles(cluster: E2ECluster, stack: LocalStack) -> N
         assert len(pods) == st["desired"] == st["replicas"]
         spec = obj["spec"]
         req = spec.get("gpuRequirements") or {}
+        tier = pool_priority(decode(obj, AgentPool).spec.scheduling, TIERS)  # 1000: high; 100: default
         for pod in pods:
             assert pod["spec"]["schedulerName"] == c.SCHEDULER_NAME
             assert pod["spec"]["nodeName"], pod["metadata"]["name"]
@@ -111,8 +117,8 @@ def test_every_seed_pool_reconciles(cluster: E2ECluster, stack: LocalStack) -> N
                 assert limits == {c.RESOURCE_GPU: str(req.get("count", 1))}
             locality = (req.get("topology") or {}).get("locality", "any")
             assert pod["metadata"]["annotations"][c.ANNOTATION_LOCALITY] == locality
-            priority = (spec.get("scheduling") or {}).get("priority", 0)
-            assert pod["spec"].get("priority", 0) == priority
+            assert pod["spec"].get("priority", 0) == (tier.tier.value if tier else 0)
+            assert pod["spec"].get("priorityClassName") == (tier.class_name if tier else None)
             node = get_json(cluster, "node", pod["spec"]["nodeName"])
             if "type" in req:
                 assert node["metadata"]["labels"][c.LABEL_GPU_TYPE] == req["type"]

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from shim_build import BUILD, SHIM, build
 
-from neuronetes.agent.standalone import client
+from neuronetes.agent.standalone import client, containment
 from neuronetes.agent.standalone import protocol as p
 from neuronetes.cli import main as cli_main
 
@@ -200,7 +200,8 @@ def running_daemon(tmp: Path, *extra: str, cuda_driver: Path | None = None) -> I
 
 
 def kill_leftovers(state_dir: Path) -> None:
-    """Jobs outlive their daemon on purpose; a test's must not outlive the test."""
+    """Jobs outlive their daemon on purpose; a test's must not outlive the test (nor their
+    cgroups)."""
     needle = b"NEURONETES_JOB_TOKEN="
     jobs_dir = str(state_dir / "jobs").encode()
     for entry in os.listdir("/proc"):
@@ -210,3 +211,19 @@ def kill_leftovers(state_dir: Path) -> None:
             environ = Path(f"/proc/{entry}/environ").read_bytes()
             if needle in environ and jobs_dir in environ:
                 os.kill(int(entry), signal.SIGKILL)
+    for base in containment.base_dirs(state_dir):
+        for attempt in [c for c in base.iterdir() if c.is_dir()]:
+            deadline = time.monotonic() + 5
+            while not containment.remove_cgroup(attempt) and time.monotonic() < deadline:
+                containment.kill_cgroup(attempt)
+                time.sleep(0.02)
+        with contextlib.suppress(OSError):
+            base.rmdir()
+
+
+def peak_rss(pid: int) -> int:
+    """A process's peak resident memory (VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")

@@ -6,12 +6,14 @@ themselves: test_chart.py; RBAC: test_chart_rbac.py.
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import tarfile
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 from chart_render import (
@@ -132,6 +134,9 @@ BAD_VALUES = [
     ({"operator": {"settings": {"workers": 0}}}, "/operator/settings/workers"),
     ({"webhook": {"timeoutSeconds": 31}}, "/webhook/timeoutSeconds"),
     ({"webhook": {"externalURL": "http://127.0.0.1:9443"}}, "/webhook/externalURL"),
+    ({"priorityTiers": [{"name": "top", "value": 2000000000}]}, "/priorityTiers/0/value"),
+    ({"priorityTiers": [{"name": "Gold", "value": 5}]}, "/priorityTiers/0/name"),
+    ({"priorityTiers": [{"name": "x", "value": 5, "namespace": ["a"]}]}, "/priorityTiers/0"),
 ]
 
 
@@ -151,10 +156,20 @@ BAD_COMBINATIONS = [
         {"scheduler": {"extender": {"settings": {"bindWaitSeconds": 200}}}},
         "bindWaitSeconds (200) must stay below scheduler.kubeScheduler.bindTimeout (130s)",
     ),
+    (
+        {"priorityTiers": [{"name": "a", "value": 5}, {"name": "a", "value": 6}]},
+        "priorityTiers: the name a is used by more than one tier",
+    ),
+    (
+        {"priorityTiers": [{"name": "a", "value": 5}, {"name": "b", "value": 5}]},
+        "priorityTiers: the value 5 is used by more than one tier",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("values", "message"), BAD_COMBINATIONS, ids=["leader-election", "bind-wait"])
+@pytest.mark.parametrize(
+    ("values", "message"), BAD_COMBINATIONS, ids=["leader-election", "bind-wait", "tier-name", "tier-value"]
+)
 def test_combinations_kube_scheduler_or_the_extender_would_refuse_fail_the_install(
     values: dict[str, Any], message: str, tmp_path: Path
 ) -> None:
@@ -222,3 +237,33 @@ def test_the_scheduler_gets_the_api_priority_kube_scheduler_has(tmp_path: Path) 
     assert subject["serviceAccount"] == {"name": "neuronetes-scheduler", "namespace": NAMESPACE}
     off = render({"scheduler": {"flowSchema": {"enabled": False}}}, tmp=tmp_path)
     assert not [o for o in off if o["kind"] == "FlowSchema"]
+
+
+# ---- priority tiers -----------------------------------------------------------------------------
+
+
+def test_the_priority_tiers_are_the_operators_defaults_and_their_classes_the_local_clusters() -> None:
+    """The chart creates the tiers' PriorityClasses and hands the operator and the webhook the same
+    tiers file: what a local cluster gets from neuronetes.operator.launch."""
+    tiers = importlib.import_module("neuronetes.operator.tiers")
+    launch = importlib.import_module("neuronetes.operator.launch")
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["priorityTiers"]
+    assert msgspec.convert(values, list[tiers.PriorityTier]) == list(tiers.DEFAULT_TIERS)
+    rendered = one(default_objects(), "ConfigMap", "neuronetes-priority-tiers")["data"]["tiers.yaml"]
+    assert msgspec.yaml.decode(rendered, type=list[tiers.PriorityTier]) == list(tiers.DEFAULT_TIERS)
+
+    def bare(o: dict[str, Any]) -> dict[str, Any]:
+        labels = o["metadata"]["labels"]
+        return {
+            **o,
+            "metadata": {"name": o["metadata"]["name"], "tier": labels["neuronetes.io/priority-tier"]},
+        }
+
+    key = lambda o: o["metadata"]["name"]  # noqa: E731
+    classes = sorted(map(bare, find(default_objects(), "PriorityClass")), key=key)
+    assert classes == sorted(map(bare, launch.priority_classes(tiers.DEFAULT_TIERS)), key=key)
+    for name in ("neuronetes-operator", "neuronetes-webhook"):
+        (ctr,) = containers(one(default_objects(), "Deployment", name)).values()
+        assert "--priority-tiers=/etc/neuronetes/priority-tiers/tiers.yaml" in ctr["args"]
+        mount = next(m for m in ctr["volumeMounts"] if m["name"] == "priority-tiers")
+        assert mount["mountPath"] == "/etc/neuronetes/priority-tiers"

@@ -43,6 +43,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         out[name] = str(path)
     out["missing"] = str(d / "missing.csv")
     out["dir"] = str(d)
+    (d / "open-state").mkdir()
+    (d / "open-state").chmod(0o777)  # a state directory anybody may write
+    out["open_state"] = str(d / "open-state")
     return out
 
 
@@ -179,6 +182,35 @@ CASES = [
         ["--standalone", "--simulate-gpus", "1", "--state-dir", "{dir}/" + "d" * 120],
         1,
         "choose a shorter state directory",
+    ),
+    # names and ids are kept apart; sizes are whole mebibytes at least; state directories are private
+    (
+        "ws-name-like-an-id",
+        "neuronetes",
+        ["submit", "--cmd", "true", "--priority", "1", "--name", "j2"],
+        1,
+        "'j2': j<number> is the form of job ids",
+    ),
+    (
+        "ws-size-below-a-mebibyte",
+        "neuronetes",
+        ["submit", "--cmd", "true", "--priority", "1", "--gpu-memory", "0.5", "--gpu-compute", "10"],
+        1,
+        "--gpu-memory: bad size '0.5': at least 1Mi",
+    ),
+    (
+        "ws-log-cap-below-a-mebibyte",
+        "neuronetes-agent",
+        ["--standalone", "--simulate-gpus", "1", "--log-max-size", "1k", "--state-dir", "{dir}/logcap"],
+        1,
+        "--log-max-size: bad size '1k': at least 1Mi",
+    ),
+    (
+        "ws-state-dir-others-may-write",
+        "neuronetes-agent",
+        ["--standalone", "--simulate-gpus", "1", "--state-dir", "{open_state}"],
+        1,
+        "is writable by its group or by others (mode 0777): refusing to use it",
     ),
 ]
 

@@ -11,7 +11,7 @@ from apitools import seed_examples
 
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, AgentPoolSpec, decode
-from neuronetes.operator.pods import LABEL_POOL, LABEL_TEMPLATE_HASH, desired_pods, priority_class
+from neuronetes.operator.pods import LABEL_POOL, LABEL_TEMPLATE_HASH, desired_pods
 from neuronetes.operator.policy import POLICY_CONTROLLER, resolve
 from neuronetes.operator.reconcile import plan
 from neuronetes.operator.status import pool_status
@@ -146,16 +146,6 @@ def test_gang_pods_are_labelled_and_named_by_gang() -> None:
     labels = pods[5].manifest["metadata"]["labels"]
     assert (labels[c.LABEL_GANG], labels[c.LABEL_GANG_SIZE]) == ("p-1", "4")
     assert pods[0].manifest["metadata"]["annotations"][c.ANNOTATION_GANG_TIMEOUT] == "60"
-
-
-def test_priority_becomes_a_priority_class() -> None:
-    _, _, r, pods = build("scheduling: {priority: 1000, preemption: {enabled: true}}")
-    assert pods[0].manifest["spec"]["priorityClassName"] == "neuronetes-p1000"
-    pc = priority_class(r.priority, r.preemption)
-    assert (pc["value"], pc["preemptionPolicy"]) == (1000, "PreemptLowerPriority")
-    _, _, r2, pods2 = build("scheduling: {priority: 5}")
-    assert pods2[0].manifest["spec"]["priorityClassName"] == "neuronetes-p5-nopreempt"
-    assert priority_class(r2.priority, r2.preemption)["preemptionPolicy"] == "Never"
 
 
 def test_template_is_merged_and_its_node_terms_keep_their_own_expressions() -> None:

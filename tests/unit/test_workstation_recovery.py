@@ -11,14 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from workstation_support import workstation_scheduler
 
-from neuronetes.agent.standalone.checkpoint import CudaCheckpoint
-from neuronetes.agent.standalone.gpus import Gpus, open_backend
 from neuronetes.agent.standalone.jobs import JobSpec, JobState
-from neuronetes.agent.standalone.launcher import Launcher, alive
+from neuronetes.agent.standalone.launcher import alive
 from neuronetes.agent.standalone.recovery import recover
-from neuronetes.agent.standalone.scheduler import Config, Scheduler
-from neuronetes.agent.standalone.store import Store
+from neuronetes.agent.standalone.scheduler import Scheduler
 
 pytestmark = pytest.mark.unit
 S = JobState
@@ -26,13 +24,8 @@ S = JobState
 
 @pytest.fixture
 def sched(tmp_path: Path) -> Iterator[Scheduler]:
-    store = Store(tmp_path)
-    backend, _ = open_backend(1)
-    yield Scheduler(
-        store, Gpus(backend, store), Launcher(tmp_path), CudaCheckpoint(str(tmp_path / "none")), Config()
-    )
-    backend.close()
-    store.close()
+    with workstation_scheduler(tmp_path) as scheduler:
+        yield scheduler
 
 
 def _recorded_launch(sched: Scheduler, token: str) -> str:

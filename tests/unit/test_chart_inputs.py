@@ -130,6 +130,7 @@ BAD_VALUES = [
     ({"agent": {"reconcile": {"contextAllowanceMiB": 0.5}}}, "/agent/reconcile/contextAllowanceMiB"),
     ({"agent": {"reconcile": {"grace": 10}}}, "/agent/reconcile"),
     ({"operator": {"settings": {"workers": 0}}}, "/operator/settings/workers"),
+    ({"operator": {"settings": {"batchSize": 0}}}, "/operator/settings/batchSize"),
     ({"agentPools": {"maxReplicas": 4097}}, "/agentPools/maxReplicas"),
     ({"agentPools": {"maxReplicas": 0}}, "/agentPools/maxReplicas"),
     ({"webhook": {"timeoutSeconds": 31}}, "/webhook/timeoutSeconds"),

@@ -26,7 +26,7 @@ from . import CONVERT_LOCK
 from .gang_retry import GangRetries, failed_reservations
 from .pods import LABEL_POOL, DesiredPod, desired_pods, gang_name
 from .policy import resolve
-from .reconcile import Action, is_terminating, plan
+from .reconcile import LIST_PAGE, Action, batch, is_terminating, plan, read_pod_page
 from .settings import OperatorSettings
 from .status import pool_status
 from .tiers import DEFAULT_TIERS, PriorityTier, TierError, with_tier
@@ -84,13 +84,15 @@ class PoolController:
 
     # ---- the reconcile -------------------------------------------------------------------------
 
-    def reconcile(self, namespace: str, name: str) -> None:
+    def reconcile(self, namespace: str, name: str) -> bool:
+        """Reconcile one pool: at most one batch of pod changes (`reconcile.batch`, the settings'
+        ``batchSize``). Whether changes are left for another reconcile (the caller requeues it)."""
         try:
             pool = self.custom.get_namespaced_custom_object(c.GROUP, c.VERSION, namespace, PLURAL, name)
         except ApiException as exc:
             if exc.status == 404:
                 self.retries.forget_pool(namespace, name)
-                return  # deleted: its pods and budget go with it (ownerReferences)
+                return False  # deleted: its pods and budget go with it (ownerReferences)
             raise
         try:
             with _CONVERT:
@@ -98,22 +100,21 @@ class PoolController:
         except msgspec.ValidationError as exc:
             self._event(pool, "Warning", "InvalidSpec", f"the pool's spec cannot be used: {exc}")
             self._write_status(pool, AgentPoolStatus(phase="Failed"))
-            return
-        with _CONVERT:
-            resolved = resolve(spec)
+            return False
+        # No msgspec conversion below until the status is written: no lock is held over the pods.
+        resolved = resolve(spec)
         try:
             resolved = with_tier(resolved, spec.scheduling, self.tiers)
         except TierError as exc:  # e.g. a tier the admin removed since the pool was admitted
             self._event(pool, "Warning", "InvalidSpec", f"the pool's priority cannot be used: {exc}")
             self._write_status(pool, AgentPoolStatus(phase="Failed"))
-            return
+            return False
         self._ensure_budget(pool, resolved.desired, resolved.gang_size, spec.min_replicas)
-        with _CONVERT:
-            want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations)
+        want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations)
         pods = self._pods(namespace, name, pool["metadata"]["uid"])
-        actions = plan(want, pods)
+        actions, later = batch(plan(want, pods), self.settings.batch_size)
         gang_notes = self._retry_failed_gangs(pool, resolved.gang_size, want, pods, actions)
-        # Concurrently: a gang's members are created together, and a big pool is not created one
+        # Concurrently: a gang's members are created together, and a batch is not created one
         # round trip (through the webhook) at a time. One event per reason, naming the pods.
         applied = list(self._calls.map(lambda a: self._apply(pool, a), actions))
         by_reason: dict[str, list[str]] = {}
@@ -129,10 +130,10 @@ class PoolController:
             pods = self._pods(namespace, name, pool["metadata"]["uid"])
         with self._lock:
             nodes = dict(self.nodes)
-        with _CONVERT:
-            status = pool_status(pool, resolved, pods, nodes, gang_notes=gang_notes)
+        status = pool_status(pool, resolved, pods, nodes, gang_notes=gang_notes, backlog=len(later))
         self._event_on_transition(pool, status)
         self._write_status(pool, status)
+        return bool(later)
 
     def _retry_failed_gangs(
         self,
@@ -193,23 +194,32 @@ class PoolController:
         return notes
 
     def _pods(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
-        """The pool's pods: labelled with its name and controlled by this very pool (its uid), so
-        pods of an earlier pool of the same name (being garbage-collected) are not taken over."""
-        found = self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_POOL}={name}")
-        out = []
-        for item in self.api.sanitize_for_serialization(found.items):
-            owners = item["metadata"].get("ownerReferences") or []
-            if any(o.get("controller") and o.get("uid") == uid for o in owners):
-                out.append(item)
-        return out
+        """The pool's pods (labelled with its name, controlled by its uid: `reconcile.read_pod_page`),
+        read in pages of `LIST_PAGE` as raw JSON, keeping of each only what a reconcile reads: a
+        pool's pods never sit in memory in full, nor as the client's objects (bench/README.md,
+        "Admission and reconcile cost")."""
+        out: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            found = self.core.list_namespaced_pod(
+                namespace,
+                label_selector=f"{LABEL_POOL}={name}",
+                limit=LIST_PAGE,
+                _continue=token,
+                _preload_content=False,
+            )
+            token = read_pod_page(found.data, uid, out)
+            if token is None:
+                return out
 
     def _apply(self, pool: Mapping[str, Any], action: Action) -> bool:
         """Create or delete one pod; whether it was done by this call."""
         ns = pool["metadata"]["namespace"]
         try:
             if action.verb == "create":
-                assert action.manifest is not None
-                self.core.create_namespaced_pod(ns, action.manifest)
+                manifest = action.manifest  # built here, once: only the batch's pods are built
+                assert manifest is not None
+                self.core.create_namespaced_pod(ns, manifest)
             else:
                 self.core.delete_namespaced_pod(action.name, ns)
         except ApiException as exc:

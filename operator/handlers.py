@@ -4,7 +4,8 @@ The handlers only enqueue: an AgentPool event enqueues that pool, a pod event en
 named by the pod's ``neuronetes.io/pool`` label, a GangReservation event the pool whose gang it
 reserves, a node event refreshes the node cache. Workers
 take keys from the queue, never two for the same pool at once, and a pool that changes while it
-is being reconciled is reconciled again afterwards. No handler adds a finalizer, so pools delete
+is being reconciled is reconciled again afterwards, as is one whose reconcile left pod changes
+for the next (its batch was full). No handler adds a finalizer, so pools delete
 normally even while the operator is down.
 
 One replica: kopf's peering only pauses an operator while a higher-priority peer runs; it is not
@@ -67,16 +68,21 @@ class WorkQueue:
             self.add(key)
 
 
-async def _worker(queue: WorkQueue, reconcile: Callable[[str, str], None]) -> None:
+async def _worker(queue: WorkQueue, reconcile: Callable[[str, str], object]) -> None:
+    """Reconcile keys from `queue`; a reconcile that returns true (its batch was full: more to do)
+    is queued again at once, behind the keys already waiting."""
     while True:
         key = await queue.get()
+        more = False
         try:
-            await asyncio.to_thread(reconcile, *key)
+            more = bool(await asyncio.to_thread(reconcile, *key))
         except Exception as exc:  # a failed reconcile is retried; the loop must not die
             log.warning("reconcile of %s/%s failed: %s; retrying", key[0], key[1], exc)
             asyncio.get_running_loop().call_later(2.0, queue.add, key)
         finally:
             queue.done(key)
+        if more:
+            queue.add(key)
 
 
 async def _resync(queues: Mapping[str, WorkQueue], controller: PoolController, every: float) -> None:

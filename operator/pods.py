@@ -1,5 +1,8 @@
 """The pods an AgentPool wants: names and manifests. Pure.
 
+A pool's pods share one `PoolTemplate`, built once per reconcile (or admission review); a pod's
+manifest is built from it only when it is about to be created, so nothing here costs memory or
+time in proportion to the replica count beyond a name per pod (docs/agentpool.md, "Batches").
 Pods have deterministic names, so a restarted operator (or two reconciles racing) finds the pods
 it made instead of making more: ``<pool>-<i>`` without gang scheduling, ``<pool>-<g>-<m>`` (gang
 ``g``, member ``m``) with it. A pod's ``neuronetes.io/pod-template-hash`` label is a hash of
@@ -11,7 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -26,8 +29,10 @@ __all__ = [
     "LABEL_POOL",
     "LABEL_TEMPLATE_HASH",
     "DesiredPod",
+    "PoolTemplate",
     "desired_pods",
     "gang_name",
+    "pod_names",
 ]
 
 LABEL_POOL: Final = f"{c.GROUP}/pool"
@@ -40,11 +45,16 @@ DEFAULT_CONTAINER: Final[dict[str, Any]] = {"name": "agent", "image": "registry.
 
 @dataclass(frozen=True, slots=True)
 class DesiredPod:
-    """One pod the pool wants: its name, gang (index or None) and manifest."""
+    """One pod the pool wants: its name, gang (index or None) and the pool's shared template."""
 
     name: str
     gang: int | None
-    manifest: dict[str, Any]
+    template: PoolTemplate
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The pod's manifest, built on each access (`PoolTemplate.pod`)."""
+        return self.template.pod(self.name, self.gang)
 
 
 def gang_name(pool: str, index: int) -> str:
@@ -123,6 +133,74 @@ def _template_hash(*parts: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
+class PoolTemplate:
+    """What every pod of a pool shares, built once: the spec, labels, annotations, owner and hash.
+
+    The pods of a pool differ only in their name and, with gang scheduling, their gang labels
+    (`pod`); so building the template is the only cost that grows with the pool's spec, and none
+    grows with its replica count. The webhook checks one pod of it; the operator builds the pods
+    it creates in this reconcile's batch, no others.
+    """
+
+    __slots__ = ("annotations", "digest", "gang_size", "labels", "namespace", "owner", "pool", "spec")
+
+    def __init__(
+        self,
+        pool: Mapping[str, Any],
+        spec: AgentPoolSpec,
+        resolved: ResolvedPool,
+        tolerations: list[dict[str, Any]] | None = None,
+    ) -> None:
+        meta = pool["metadata"]
+        self.pool: str = meta["name"]
+        self.namespace: str = meta["namespace"]
+        template_meta = spec.template.metadata if spec.template and spec.template.metadata else {}
+        self.spec = _pod_spec(spec, resolved, tolerations or [])
+        self.annotations = {**(template_meta.get("annotations") or {}), **_annotations(spec, resolved)}
+        self.labels: dict[str, str] = dict(template_meta.get("labels") or {})
+        self.gang_size = resolved.gang_size
+        self.digest = _template_hash(self.spec, self.annotations, self.labels, resolved.gang_size)
+        self.owner = {
+            "apiVersion": pool.get("apiVersion", c.API_VERSION),
+            "kind": "AgentPool",
+            "name": self.pool,
+            "uid": meta["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    def pod(self, name: str, gang: int | None) -> dict[str, Any]:
+        """The manifest of the pool's pod `name` (in gang `gang`, or None); a new object each call."""
+        labels = {**self.labels, LABEL_POOL: self.pool, LABEL_TEMPLATE_HASH: self.digest}
+        if gang is not None:
+            labels[c.LABEL_GANG] = gang_name(self.pool, gang)
+            labels[c.LABEL_GANG_SIZE] = str(self.gang_size)
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": labels,
+                "annotations": dict(self.annotations),
+                "ownerReferences": [dict(self.owner)],
+            },
+            "spec": copy.deepcopy(self.spec),
+        }
+
+
+def pod_names(pool: str, resolved: ResolvedPool) -> Iterator[tuple[str, int | None]]:
+    """(name, gang) of every pod `resolved` wants, in creation order: ``<pool>-<i>``, or
+    ``<pool>-<g>-<m>`` for member ``m`` of gang ``g``."""
+    if resolved.gang_size:
+        for g in range(resolved.gangs):
+            for m in range(resolved.gang_size):
+                yield f"{pool}-{g}-{m}", g
+    else:
+        for i in range(resolved.desired):
+            yield f"{pool}-{i}", None
+
+
 def desired_pods(
     pool: Mapping[str, Any],
     spec: AgentPoolSpec,
@@ -132,48 +210,13 @@ def desired_pods(
 ) -> list[DesiredPod]:
     """Every pod `pool` (the AgentPool object as the API server sent it) wants, in creation order.
 
+    One `PoolTemplate` is built; each `DesiredPod` is a name and a gang index that share it, and
+    builds its manifest only when asked (`DesiredPod.manifest`).
+
     Args:
         pool: the AgentPool's object (for name, namespace, uid: the pods' owner).
         spec: its decoded spec; resolved: `neuronetes.operator.policy.resolve(spec)`.
         tolerations: added to every pod (the operator's settings; e.g. simulated nodes' taint).
     """
-    meta = pool["metadata"]
-    name, namespace = meta["name"], meta["namespace"]
-    template_meta = spec.template.metadata if spec.template and spec.template.metadata else {}
-    pod_spec = _pod_spec(spec, resolved, tolerations or [])
-    annotations = {**(template_meta.get("annotations") or {}), **_annotations(spec, resolved)}
-    digest = _template_hash(pod_spec, annotations, template_meta.get("labels") or {}, resolved.gang_size)
-    owner = {
-        "apiVersion": pool.get("apiVersion", c.API_VERSION),
-        "kind": "AgentPool",
-        "name": name,
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-    def manifest(pod_name: str, gang: int | None) -> dict[str, Any]:
-        labels = {**(template_meta.get("labels") or {}), LABEL_POOL: name, LABEL_TEMPLATE_HASH: digest}
-        if gang is not None:
-            labels[c.LABEL_GANG] = gang_name(name, gang)
-            labels[c.LABEL_GANG_SIZE] = str(resolved.gang_size)
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod_name,
-                "namespace": namespace,
-                "labels": labels,
-                "annotations": dict(annotations),
-                "ownerReferences": [dict(owner)],
-            },
-            "spec": copy.deepcopy(pod_spec),
-        }
-
-    if resolved.gang_size:
-        return [
-            DesiredPod(f"{name}-{g}-{m}", g, manifest(f"{name}-{g}-{m}", g))
-            for g in range(resolved.gangs)
-            for m in range(resolved.gang_size)
-        ]
-    return [DesiredPod(f"{name}-{i}", None, manifest(f"{name}-{i}", None)) for i in range(resolved.desired)]
+    template = PoolTemplate(pool, spec, resolved, tolerations)
+    return [DesiredPod(name, gang, template) for name, gang in pod_names(template.pool, resolved)]

@@ -9,27 +9,78 @@ Rules (docs/agentpool.md "How pods are managed"):
   of its old members is left (a terminating pod's name cannot be reused before it is gone).
 * A pod (or gang) whose template hash is outdated is replaced one unit at a time, and only while
   every other unit is ready, so a rollout never takes more than one replica (one gang) away.
+
+`batch` cuts a plan to what one reconcile does (docs/agentpool.md, "Batches"): at most the
+operator's ``batchSize`` creations and deletions, whole units (a gang's members go together), in
+the plan's order; the rest waits for the next reconcile, which plans again from the pods it finds.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
-from .pods import LABEL_TEMPLATE_HASH, DesiredPod
+from neuronetes import contracts as c
 
-__all__ = ["Action", "is_ready", "is_terminating", "plan"]
+from .pods import LABEL_TEMPLATE_HASH, DesiredPod, gang_name
+
+__all__ = ["LIST_PAGE", "Action", "batch", "is_ready", "is_terminating", "plan", "read_pod_page"]
+
+LIST_PAGE: Final = 500
+"""Pods per page when the operator lists a pool's pods: what it holds decoded in full at once."""
 
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    """Create or delete one pod, and why (the reason becomes an Event)."""
+    """Create or delete one pod, and why (the reason becomes an Event).
+
+    `unit`: what the pod belongs to and goes with — its gang (``gang:<label>``) or itself — so a
+    batch never splits a gang. `pod`: for a creation, the desired pod (its manifest is built when
+    asked for, `manifest`)."""
 
     verb: str  # "create" | "delete"
     name: str
     reason: str
-    manifest: dict[str, Any] | None = None
+    pod: DesiredPod | None = field(default=None, compare=False, repr=False)
+    unit: str = ""
+
+    @property
+    def manifest(self) -> dict[str, Any] | None:
+        return self.pod.manifest if self.pod is not None else None
+
+
+def _observed(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What a reconcile reads of a listed pod (the plan, the status, the gang retries); the rest —
+    managed fields, volumes, most of the spec and status — is dropped as each page is read."""
+    meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+    kept = ("name", "namespace", "uid", "labels", "annotations", "ownerReferences", "deletionTimestamp")
+    return {
+        "metadata": {k: meta[k] for k in kept if k in meta},
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            "containers": [
+                {"name": ctr.get("name"), "resources": ctr.get("resources") or {}}
+                for ctr in spec.get("containers") or []
+            ],
+        },
+        "status": {"phase": status.get("phase"), "conditions": status.get("conditions") or []},
+    }
+
+
+def read_pod_page(data: bytes, owner_uid: str, into: list[dict[str, Any]]) -> str | None:
+    """Add the pods of one page of a pod list (the API server's JSON) that the pool `owner_uid`
+    controls to `into`, each as `_observed` keeps it; the page's continue token (None: last page).
+
+    Controlled by this very pool (its uid), so pods of an earlier pool of the same name (being
+    garbage-collected) are not taken over."""
+    page = json.loads(data)
+    for item in page.get("items") or []:
+        owners = item["metadata"].get("ownerReferences") or []
+        if any(o.get("controller") and o.get("uid") == owner_uid for o in owners):
+            into.append(_observed(item))
+    return (page.get("metadata") or {}).get("continue") or None
 
 
 def is_terminating(pod: Mapping[str, Any]) -> bool:
@@ -51,7 +102,16 @@ def _bound(pod: Mapping[str, Any]) -> bool:
 
 def _outdated(pod: Mapping[str, Any], want: DesiredPod) -> bool:
     labels = pod.get("metadata", {}).get("labels") or {}
-    return bool(labels.get(LABEL_TEMPLATE_HASH) != want.manifest["metadata"]["labels"][LABEL_TEMPLATE_HASH])
+    return bool(labels.get(LABEL_TEMPLATE_HASH) != want.template.digest)
+
+
+def _unit_of(pod: Mapping[str, Any]) -> str:
+    gang = (pod.get("metadata", {}).get("labels") or {}).get(c.LABEL_GANG)
+    return f"gang:{gang}" if gang else f"pod:{pod['metadata']['name']}"
+
+
+def _unit_of_desired(d: DesiredPod) -> str:
+    return f"gang:{gang_name(d.template.pool, d.gang)}" if d.gang is not None else f"pod:{d.name}"
 
 
 def plan(desired: Sequence[DesiredPod], observed: Sequence[Mapping[str, Any]]) -> list[Action]:
@@ -66,7 +126,7 @@ def plan(desired: Sequence[DesiredPod], observed: Sequence[Mapping[str, Any]]) -
             return
         gone.add(name)
         if not is_terminating(have[name]):
-            actions.append(Action("delete", name, reason))
+            actions.append(Action("delete", name, reason, unit=_unit_of(have[name])))
 
     for name, pod in have.items():
         if is_terminating(pod):
@@ -112,5 +172,23 @@ def plan(desired: Sequence[DesiredPod], observed: Sequence[Mapping[str, Any]]) -
             continue  # the gang is recreated whole once its old members are gone
         for m in members:
             if m.name not in have:
-                actions.append(Action("create", m.name, "Created", m.manifest))
+                actions.append(Action("create", m.name, "Created", m, _unit_of_desired(m)))
     return actions
+
+
+def batch(actions: Sequence[Action], size: int) -> tuple[list[Action], list[Action]]:
+    """(now, later): the first whole units of `actions` holding at most `size` actions, and the rest.
+
+    A unit (a gang) is never split: one larger than `size` goes alone, so a reconcile does at most
+    ``max(size, gang size)`` pod changes. Order is kept (the plan's deletions come first)."""
+    units: dict[str, list[Action]] = {}
+    for a in actions:
+        units.setdefault(a.unit or f"pod:{a.name}", []).append(a)
+    now: list[Action] = []
+    later: list[Action] = []
+    for members in units.values():
+        if later or (now and len(now) + len(members) > size):
+            later.extend(members)
+        else:
+            now.extend(members)
+    return now, later

@@ -22,6 +22,9 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
             cluster; empty in production, where pools say what they tolerate in their template.
         gang_retry_seconds, gang_retry_max_seconds: a gang whose reservation failed is recreated at
             once, then each time no sooner than this × 2^(retries-1) seconds after, at most the max.
+        batch_size: pod creations and deletions one reconcile of a pool does at most (whole gangs:
+            a gang larger than this goes alone); a pool with more to do is reconciled again at once,
+            behind the pools already queued (docs/agentpool.md, "Batches").
     """
 
     namespaces: list[str] = msgspec.field(default_factory=list)
@@ -30,6 +33,7 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
     pod_tolerations: list[dict[str, Any]] = msgspec.field(default_factory=list)
     gang_retry_seconds: Annotated[float, msgspec.Meta(ge=0.1, le=3600)] = 10.0
     gang_retry_max_seconds: Annotated[float, msgspec.Meta(ge=1, le=86400)] = 300.0
+    batch_size: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 64
 
 
 def load_settings(path: str | Path | None) -> OperatorSettings:

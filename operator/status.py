@@ -119,9 +119,12 @@ def pool_status(
     *,
     now: datetime | None = None,
     gang_notes: Mapping[str, str] | None = None,
+    backlog: int = 0,
 ) -> AgentPoolStatus:
     """The status of `pool` given its pods and the nodes they are bound to (by name).
-    `gang_notes`: per gang whose reservation the extender reported failed, what to say about it."""
+    `gang_notes`: per gang whose reservation the extender reported failed, what to say about it.
+    `backlog`: pod creations and deletions the reconcile left for the next ones (its batch was
+    full); the ``Progressing`` condition says so (reason ``Batching``)."""
     now = now or datetime.now(UTC)
     meta = pool["metadata"]
     generation = int(meta.get("generation") or 0)
@@ -142,9 +145,12 @@ def pool_status(
         ),
         _condition(
             "Progressing",
-            len(live) != desired or len(bound) < desired or len(pods) != len(live),
-            "Converging" if len(live) != desired or len(pods) != len(live) else "WaitingForPlacement",
-            f"{len(live)} pods, {len(bound)} bound, {desired} desired",
+            bool(backlog) or len(live) != desired or len(bound) < desired or len(pods) != len(live),
+            "Batching"
+            if backlog
+            else ("Converging" if len(live) != desired or len(pods) != len(live) else "WaitingForPlacement"),
+            f"{len(live)} pods, {len(bound)} bound, {desired} desired"
+            + (f"; {backlog} more pod changes wait for the next reconciles (batches)" if backlog else ""),
             generation,
         ),
         _condition(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import zoneinfo
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any, Final
 
 import msgspec
@@ -29,13 +28,14 @@ from neuronetes.quantity import QuantityError, QuantityLike
 
 from . import CONVERT_LOCK
 from .admission import POD_CHECKS
-from .pods import desired_pods
+from .pods import PoolTemplate, gang_name
 from .policy import resolve
 
 __all__ = ["AGENTPOOL_CHECKS", "GPUSLICE_CHECKS", "MAX_POOL_NAME", "review_object"]
 
 MAX_POOL_NAME: Final = 50
 """Pods are named ``<pool>-<g>-<m>`` and gangs ``<pool>-<g>`` (a label value, at most 63)."""
+MAX_LABEL_VALUE: Final = 63
 
 
 def _catalogs_for_type(gpu_type: str | None) -> list[MigCatalog]:
@@ -153,16 +153,36 @@ def check_pool_template(spec: AgentPoolSpec) -> list[str]:
     fake = {
         "metadata": {"name": "pool", "namespace": "default", "uid": "00000000-0000-0000-0000-000000000000"}
     }
+    # One pod, whatever the replica count: the pool's pods share this template and differ only in
+    # name and gang labels, which no pod check reads (their lengths: `check_pool_names`). A pool
+    # scaled to zero still has a template: its pod is checked the same.
     resolved = resolve(spec)
-    # A pool scaled to zero still has a template: check the pod it would make at one replica.
-    pods = desired_pods(fake, spec, resolved) or desired_pods(
-        fake, spec, replace(resolved, desired=1, gang_size=0)
-    )
-    pod = pods[0].manifest
+    template = PoolTemplate(fake, spec, resolved)
+    pod = template.pod("pool-0-0" if resolved.gang_size else "pool-0", 0 if resolved.gang_size else None)
     pod["spec"].pop("schedulerName", None)
     for check in POD_CHECKS.values():
         out.extend(f"spec.template ({m})" for m in check(pod))
     return out
+
+
+def check_pool_names(name: str, spec: AgentPoolSpec) -> list[str]:
+    """The longest name and gang label the pool's pods get, from the counts alone (no pod built):
+    the last pod ``<pool>-<i>`` or ``<pool>-<g>-<m>``, the last gang's label ``<pool>-<g>``."""
+    if len(name) > MAX_POOL_NAME:
+        return [
+            f"metadata.name: at most {MAX_POOL_NAME} characters for an AgentPool (its pods are named "
+            "<pool>-<gang>-<member>); choose a shorter name"
+        ]
+    resolved = resolve(spec)
+    if not resolved.gang_size or not resolved.gangs:
+        return []
+    label = gang_name(name, resolved.gangs - 1)
+    if len(label) > MAX_LABEL_VALUE:
+        return [
+            f"metadata.name: the pool's last gang would be labelled {label!r} ({len(label)} characters), "
+            f"longer than a label value may be ({MAX_LABEL_VALUE}); choose a shorter name or fewer gangs"
+        ]
+    return []
 
 
 AGENTPOOL_CHECKS: Final[dict[str, Callable[[AgentPoolSpec], list[str]]]] = {
@@ -190,28 +210,25 @@ GPUSLICE_CHECKS: Final[dict[str, Callable[[GPUSliceSpec], list[str]]]] = {
 
 
 def review_object(obj: Mapping[str, Any]) -> list[str]:
-    """Refusals for an AgentPool, GPUSlice or ToolBinding (empty: allowed); thread-safe."""
-    with CONVERT_LOCK:
-        return _review_object(obj)
+    """Refusals for an AgentPool, GPUSlice or ToolBinding (empty: allowed); thread-safe.
 
-
-def _review_object(obj: Mapping[str, Any]) -> list[str]:
+    Its cost does not grow with the pool's replica count: one pod is built and checked
+    (`check_pool_template`), the names by rule (`check_pool_names`). The global `CONVERT_LOCK` is
+    held only while the object is decoded.
+    """
     kind = obj.get("kind")
     name = str((obj.get("metadata") or {}).get("name") or "")
     try:
         if kind == "AgentPool":
-            out = []
-            if len(name) > MAX_POOL_NAME:
-                out.append(
-                    f"metadata.name: at most {MAX_POOL_NAME} characters for an AgentPool (its pods are named "
-                    "<pool>-<gang>-<member>); choose a shorter name"
-                )
-            spec = decode(obj, AgentPool).spec
+            with CONVERT_LOCK:
+                spec = decode(obj, AgentPool).spec
+            out = check_pool_names(name, spec)
             for pool_check in AGENTPOOL_CHECKS.values():
                 out.extend(pool_check(spec))
             return out
         if kind == "GPUSlice":
-            slice_spec = decode(obj, GPUSlice).spec
+            with CONVERT_LOCK:
+                slice_spec = decode(obj, GPUSlice).spec
             return [m for slice_check in GPUSLICE_CHECKS.values() for m in slice_check(slice_spec)]
     except msgspec.ValidationError as exc:
         return [f"{exc} (the object does not match its CRD schema)"]

@@ -24,7 +24,9 @@ from neuronetes.contracts import API_VERSION, GROUP, VERSION
 
 __all__ = [
     "API_VERSION",
+    "DEFAULT_MAX_REPLICAS",
     "GROUP",
+    "MAX_REPLICAS",
     "MIG_PROFILE_PATTERN",
     "QUANTITY_PATTERN",
     "RESOURCES",
@@ -62,11 +64,22 @@ CLOCK_RANGE_PATTERN: Final = r"^([01][0-9]|2[0-3]):[0-5][0-9]-([01][0-9]|2[0-3])
 TIME_ZONE_PATTERN: Final = r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$"
 LABEL_VALUE_PATTERN: Final = r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$"
 DNS_SUBDOMAIN_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+MAX_REPLICAS: Final = 4096
+"""The CRD's bound (OpenAPI ``maximum``) on an AgentPool's replicas, minReplicas and maxReplicas,
+which no configuration raises: a reconcile of a pool this large holds about 30 MiB and takes
+about 0.4 s of the operator's CPU, four at once (its default workers) about 120 MiB of its 512 MiB
+(bench/README.md, "Admission and reconcile cost")."""
+DEFAULT_MAX_REPLICAS: Final = 1024
+"""The admission policy's bound on the same fields and on ``kubectl scale``
+(``manifests/policies/agentpool-replicas.yaml``), which the chart value ``agentPools.maxReplicas``
+sets, up to `MAX_REPLICAS`: the extender's largest gang (``maxGangSize``) and the most placements
+``status.placements`` lists."""
 
 # Shared field types. int32/int64 are both Python int; the CRD's `format` is not mirrored.
 Quantity = int | Annotated[str, Meta(pattern=QUANTITY_PATTERN)]
 MigProfile = Annotated[str, Meta(max_length=32, pattern=MIG_PROFILE_PATTERN)]
 NonNegative = Annotated[int, Meta(ge=0)]
+Replicas = Annotated[int, Meta(ge=0, le=MAX_REPLICAS)]
 Percent = Annotated[int, Meta(ge=0, le=100)]
 Priority = Annotated[int, Meta(ge=0, le=1_000_000_000)]
 GpuIndex = Annotated[int, Meta(ge=0, le=15)]
@@ -240,9 +253,9 @@ class PodTemplate(_Object):
 
 
 class AgentPoolSpec(_Object):
-    replicas: NonNegative | None = None
-    min_replicas: NonNegative = 1
-    max_replicas: NonNegative | None = None
+    replicas: Replicas | None = None
+    min_replicas: Replicas = 1
+    max_replicas: Replicas | None = None
     prewarm_percent: Percent = 0
     model: Str253 | None = None
     mig_profile: MigProfile | None = None

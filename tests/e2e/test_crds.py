@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 from apitools import Example, invalid_examples, seed_examples
-from e2e_cluster import E2ECluster
+from e2e_cluster import E2ECluster, wait_until
 
 from neuronetes.api import models
+from neuronetes.api.models import DEFAULT_MAX_REPLICAS, MAX_REPLICAS
 from neuronetes.contracts import GROUP, VERSION
 
 pytestmark = pytest.mark.e2e
@@ -224,3 +225,78 @@ spec:
 def test_kubectl_explain_documents_units(cluster: E2ECluster) -> None:
     out = cluster.kubectl("explain", "agentpools.spec.gpuRequirements.topology.minBandwidth").stdout
     assert "600Gi = 600 GB/s" in " ".join(out.split())
+
+
+BOUNDED = """\
+apiVersion: neuronetes.io/v1alpha1
+kind: AgentPool
+metadata:
+  name: {name}
+spec:
+  {spec}
+"""
+POLICIES = ("neuronetes.io-agentpool-replicas", "neuronetes.io-agentpool-scale")
+
+# (pool spec, what the refusal says): the admission policy's maximum (1024, the chart's default)
+# and the CRD's (4096, which nothing raises), each naming the field.
+LIMIT, CRD_MAX = DEFAULT_MAX_REPLICAS, f"in body should be less than or equal to {MAX_REPLICAS}"
+PAST_THE_MAXIMUM = [
+    ("replicas: 1025", f"spec.replicas: 1025 is more than {LIMIT}"),
+    ("minReplicas: 1025", f"spec.minReplicas: 1025 is more than {LIMIT}"),
+    ("{replicas: 2, maxReplicas: 1025}", f"spec.maxReplicas: 1025 is more than {LIMIT}"),
+    ("replicas: 4097", f"spec.replicas: Invalid value: 4097: spec.replicas {CRD_MAX}"),
+    ("minReplicas: 200000", f"spec.minReplicas: Invalid value: 200000: spec.minReplicas {CRD_MAX}"),
+    (
+        "{replicas: 2, maxReplicas: 4097}",
+        f"spec.maxReplicas: Invalid value: 4097: spec.maxReplicas {CRD_MAX}",
+    ),
+]
+
+
+def _set_policy_maximum(cluster: E2ECluster, value: int, ns: str) -> None:
+    """Set both policies' maximum to `value` and wait until the API server enforces it."""
+    op = [{"op": "replace", "path": "/spec/variables/0/expression", "value": str(value)}]
+    for name in POLICIES:
+        cluster.kubectl("patch", "validatingadmissionpolicy", name, "--type=json", "-p", json.dumps(op))
+    probe = BOUNDED.format(name="probe", spec=f"replicas: {value + 1}")
+
+    def enforced() -> bool:
+        done = cluster.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-", input=probe, check=False)
+        return done.returncode != 0 and f"is more than {value}," in done.stderr
+
+    wait_until(enforced, timeout=30, what=f"the policies' maximum at {value}")
+
+
+def test_replicas_past_the_maximum_are_refused_naming_the_field(cluster: E2ECluster, ns: str) -> None:
+    names = {p["metadata"]["name"] for p in json.loads(
+        cluster.kubectl("get", "validatingadmissionpolicies", "-o", "json").stdout)["items"]}  # fmt: skip
+    assert set(POLICIES) <= names  # manifests/policies/, as the chart installs them
+    for i, (spec, expect) in enumerate(PAST_THE_MAXIMUM):
+        refused = _try_apply(cluster, ns, BOUNDED.format(name=f"past-{i}", spec=spec))
+        assert refused.returncode != 0, f"{spec}: accepted"
+        assert expect in " ".join(refused.stderr.split()), (spec, refused.stderr)
+    # At the maximum: accepted. kubectl scale past it: refused, naming the field, by either bound.
+    _apply(cluster, ns, BOUNDED.format(name="most", spec=f"replicas: {DEFAULT_MAX_REPLICAS}"))
+    for replicas, expect in [
+        (LIMIT + 1, f"spec.replicas: {LIMIT + 1} is more than {LIMIT}"),
+        (MAX_REPLICAS + 1, f"spec.replicas {CRD_MAX}"),
+    ]:
+        scaled = cluster.kubectl(
+            "scale", "agentpool", "most", "-n", ns, f"--replicas={replicas}", check=False
+        )
+        assert scaled.returncode != 0 and expect in " ".join(scaled.stderr.split()), scaled.stderr
+    assert _get(cluster, ns, "AgentPool", "most")["spec"]["replicas"] == DEFAULT_MAX_REPLICAS
+    # A maximum lowered below a stored pool: the pool may still be labelled and scaled down, not up.
+    try:
+        _set_policy_maximum(cluster, 100, ns)
+        labelled = cluster.kubectl("label", "agentpool", "most", "-n", ns, "team=a", check=False)
+        assert labelled.returncode == 0, labelled.stderr
+        down = cluster.kubectl("scale", "agentpool", "most", "-n", ns, "--replicas=1000", check=False)
+        assert down.returncode == 0, down.stderr
+        up = cluster.kubectl("scale", "agentpool", "most", "-n", ns, "--replicas=1001", check=False)
+        assert up.returncode != 0 and "spec.replicas: 1001 is more than 100," in up.stderr, up.stderr
+        up_patch = ("--type=merge", "-p", '{"spec":{"replicas":1002}}')
+        patched = cluster.kubectl("patch", "agentpool", "most", "-n", ns, *up_patch, check=False)
+        assert patched.returncode != 0 and "spec.replicas: 1002 is more than 100," in patched.stderr
+    finally:
+        _set_policy_maximum(cluster, DEFAULT_MAX_REPLICAS, ns)

@@ -218,6 +218,33 @@ def test_the_charts_priority_tiers_and_gpu_quota_hold_under_its_own_rbac(
     dev.kubectl("delete", "namespace", "tenants", "--wait=false")
 
 
+BIG_POOL = """\
+apiVersion: neuronetes.io/v1alpha1
+kind: AgentPool
+metadata:
+  name: big
+  namespace: default
+spec:
+  replicas: 2000
+"""
+
+
+def test_the_chart_value_agentpools_maxreplicas_sets_the_replica_maximum(
+    dev: DevCluster, ops: ChartOps
+) -> None:
+    def create() -> Any:
+        return dev.kubectl("create", "--dry-run=server", "-f", "-", input=BIG_POOL, check=False)
+
+    refused = create()
+    assert refused.returncode != 0 and "spec.replicas: 2000 is more than 1024," in refused.stderr
+    ops.upgrade("--set", "agentPools.maxReplicas=2048")
+    wait_until(lambda: create().returncode == 0, timeout=30, what="a pool of 2000 replicas admitted")
+    refused = dev.kubectl(
+        "create", "--dry-run=server", "-f", "-", input=BIG_POOL.replace("2000", "4097"), check=False
+    )
+    assert refused.returncode != 0 and "less than or equal to 4096" in refused.stderr  # the CRD's bound
+
+
 def _extender_logs(ops: ChartOps) -> dict[str, str]:
     state = ops.runner_state()
     return {

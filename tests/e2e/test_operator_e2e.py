@@ -35,6 +35,7 @@ pytestmark = pytest.mark.e2e
 
 NS = "operator-e2e"
 NODES = {"dgx-a100-80gb": 10, "a100-40gb-mig": 4, "t4x4-pcie": 6}  # 20 nodes
+BATCH = 8
 SEED_POOLS = [e for e in seed_examples() if e.obj["kind"] == "AgentPool"]
 # The seed's high-priority-pool asks for priority 1000: tier high, which this namespace is granted.
 TIERS = tuple(msgspec.structs.replace(t, namespaces=(NS,)) if t.name == "high" else t for t in DEFAULT_TIERS)
@@ -58,7 +59,14 @@ def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     ext = ExtenderProcess(cluster.extender_kubeconfig, work)
     ext.start()
     cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
-    local = LocalStack(cluster.kubeconfig, work, cluster.kubectl, tiers=TIERS)
+    # Batches of 8 pod changes a reconcile: the larger pools here converge over several.
+    local = LocalStack(
+        cluster.kubeconfig,
+        work,
+        cluster.kubectl,
+        settings={**dev_operator_settings(), "batchSize": BATCH},
+        tiers=TIERS,
+    )
     try:
         local.start()
         cluster.kubectl("create", "namespace", NS)
@@ -80,7 +88,12 @@ def wait_ready(cluster: E2ECluster, pool: str, timeout: float = 90) -> dict[str,
     def ready() -> dict[str, Any] | None:
         obj = get_json(cluster, "agentpool", pool, "-n", NS)
         st = seen["status"] = obj.get("status") or {}
-        return obj if st.get("phase") == "Ready" and st.get("readyReplicas") == st.get("desired") else None
+        current = st.get("observedGeneration") == obj["metadata"].get("generation")  # not the old spec's
+        return (
+            obj
+            if current and st.get("phase") == "Ready" and st.get("readyReplicas") == st.get("desired")
+            else None
+        )
 
     try:
         return wait_until(ready, timeout=timeout, what=f"pool {pool} Ready")
@@ -317,6 +330,16 @@ def test_sigkill_mid_reconcile_converges_without_duplicates(cluster: E2ECluster,
         if LABEL_POOL in (p["metadata"].get("labels") or {}) and not p["metadata"].get("ownerReferences")
     ]
     assert orphans == []
+    # The 24 pods came in batches: no reconcile created more than BATCH (each says which it made).
+    events = get_json(cluster, "events", "-n", NS, "--field-selector", "involvedObject.name=restart")
+    made = [created_count(e["message"]) for e in events["items"] if e["reason"] == "Created"]
+    assert made and max(made) <= BATCH and sum(made) <= 24, made
+
+
+def created_count(message: str) -> int:
+    """Pods a ``Created`` event names: ``created pods a-0, a-1 and 5 more`` is 7."""
+    names, _, more = message.removeprefix("created pods ").partition(" and ")
+    return len(names.split(", ")) + (int(more.split()[0]) if more else 0)
 
 
 # ---- acceptance 4: GPUSlice (operator side) ----------------------------------------------------

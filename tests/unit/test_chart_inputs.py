@@ -132,6 +132,9 @@ BAD_VALUES = [
     ({"agent": {"reconcile": {"contextAllowanceMiB": 0.5}}}, "/agent/reconcile/contextAllowanceMiB"),
     ({"agent": {"reconcile": {"grace": 10}}}, "/agent/reconcile"),
     ({"operator": {"settings": {"workers": 0}}}, "/operator/settings/workers"),
+    ({"operator": {"settings": {"batchSize": 0}}}, "/operator/settings/batchSize"),
+    ({"agentPools": {"maxReplicas": 4097}}, "/agentPools/maxReplicas"),
+    ({"agentPools": {"maxReplicas": 0}}, "/agentPools/maxReplicas"),
     ({"webhook": {"timeoutSeconds": 31}}, "/webhook/timeoutSeconds"),
     ({"webhook": {"externalURL": "http://127.0.0.1:9443"}}, "/webhook/externalURL"),
     ({"priorityTiers": [{"name": "top", "value": 2000000000}]}, "/priorityTiers/0/value"),
@@ -227,6 +230,24 @@ def test_admission_policies_are_manifests_policies_naming_the_releases_extender(
     assert sorted(_policies(render(namespace=namespace)), key=key) == sorted(expected, key=key)
     assert any(f"'{user}'" in json.dumps(p) for p in expected)
     assert any(f"'{agent}'" in json.dumps(p) for p in expected)
+
+
+def test_the_agentpool_replica_maximum_is_the_chart_value(tmp_path: Path) -> None:
+    def bounds(objects: Any) -> dict[str, str]:
+        return {
+            p["metadata"]["name"]: v["expression"]
+            for p in _policies(objects)
+            if p["kind"] == "ValidatingAdmissionPolicy"
+            for v in p["spec"].get("variables") or []
+            if v["name"] == "maxReplicas"
+        }
+
+    assert bounds(render()) == {
+        "neuronetes.io-agentpool-replicas": "1024",
+        "neuronetes.io-agentpool-scale": "1024",
+    }
+    raised = bounds(render({"agentPools": {"maxReplicas": 4096}}, tmp=tmp_path))
+    assert raised == {"neuronetes.io-agentpool-replicas": "4096", "neuronetes.io-agentpool-scale": "4096"}
 
 
 def test_the_scheduler_gets_the_api_priority_kube_scheduler_has(tmp_path: Path) -> None:

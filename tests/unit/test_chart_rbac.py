@@ -162,7 +162,9 @@ def test_the_node_restriction_names_the_agents_service_account() -> None:
     release's agent ServiceAccount (the DaemonSet's)."""
     objects = default_objects()
     agent = f"system:serviceaccount:{NAMESPACE}:{rbac_source()['components']['agent']['serviceAccount']}"
-    (policy,) = [o for o in find(objects, "ValidatingAdmissionPolicy") if "agent" in o["metadata"]["name"]]
+    (policy,) = [
+        o for o in find(objects, "ValidatingAdmissionPolicy") if o["metadata"]["name"].endswith("-its-node")
+    ]
     (condition,) = policy["spec"]["matchConditions"]
     assert condition["expression"] == f"request.userInfo.username == '{agent}'"
     assert any(

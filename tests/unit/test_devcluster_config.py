@@ -173,7 +173,7 @@ def test_admission_policies_parse_and_each_is_bound_to_deny() -> None:
     for d in docs:
         by_kind.setdefault(d["kind"], {})[d["metadata"]["name"]] = d
     pols, binds = by_kind["ValidatingAdmissionPolicy"], by_kind["ValidatingAdmissionPolicyBinding"]
-    assert len(pols) == 3 and {b["spec"]["policyName"] for b in binds.values()} == set(pols)
+    assert len(pols) == 5 and {b["spec"]["policyName"] for b in binds.values()} == set(pols)
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in binds.values())
     for pol in pols.values():
         spec = pol["spec"]

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
 
 import pytest
+import yaml
 from apitools import CRD_DIR
 
+from neuronetes.api.models import DEFAULT_MAX_REPLICAS, MAX_REPLICAS
 from neuronetes.api.units import MAX_GPU_MEMORY_GB
+from neuronetes.devcluster import POLICIES_DIR
+from neuronetes.devcluster.tools import REPO_ROOT
 from neuronetes.operator.launch import (
     AGENT_USERNAME,
     EVICTION_MATCH_CONDITION,
@@ -27,6 +32,30 @@ def test_crd_memory_bound_is_the_largest_gpu(crd: str) -> None:
     assert f"quantity('{MAX_GPU_MEMORY_GB}Gi')" in text
     assert f"self <= {MAX_GPU_MEMORY_GB * 2**30}" in text
     assert f"at most {MAX_GPU_MEMORY_GB}Gi" in text
+
+
+def test_replica_bounds_agree_crd_policy_and_chart() -> None:
+    """The CRD's bound (which nothing raises) and the policy's default (which the chart sets)."""
+    crd = yaml.safe_load((CRD_DIR / "neuronetes.io_agentpools.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert [spec[f]["maximum"] for f in ("replicas", "minReplicas", "maxReplicas")] == [MAX_REPLICAS] * 3
+    chart = REPO_ROOT / "helm" / "neuronetes"
+    schema = json.loads((chart / "values.schema.json").read_text())
+    assert schema["properties"]["agentPools"]["properties"]["maxReplicas"]["maximum"] == MAX_REPLICAS
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    assert values["agentPools"]["maxReplicas"] == DEFAULT_MAX_REPLICAS < MAX_REPLICAS
+    policies = [d for d in yaml.safe_load_all((POLICIES_DIR / "agentpool-replicas.yaml").read_text()) if d]
+    bounds = {
+        p["metadata"]["name"]: {v["name"]: v["expression"] for v in p["spec"]["variables"]}["maxReplicas"]
+        for p in policies
+        if p["kind"] == "ValidatingAdmissionPolicy"
+    }
+    assert bounds == {
+        "neuronetes.io-agentpool-replicas": str(DEFAULT_MAX_REPLICAS),
+        "neuronetes.io-agentpool-scale": str(DEFAULT_MAX_REPLICAS),
+    }
+    text = (POLICIES_DIR / "agentpool-replicas.yaml").read_text()
+    assert text.count(f'"{DEFAULT_MAX_REPLICAS}"  # agentPools.maxReplicas') == 2  # what the chart replaces
 
 
 def test_webhook_configurations_fail_closed_and_are_scoped() -> None:

@@ -1,0 +1,204 @@
+"""The operator's work per reconcile is bounded: pods are created and deleted in batches.
+
+`PoolController.reconcile` against an in-memory API (pods, the pool's status, events): a pool of
+more pods than ``batchSize`` converges over several reconciles, each creating (or deleting) at most
+one batch and building no more pod manifests than it creates, its status growing reconcile by
+reconcile with ``Progressing`` saying ``Batching``; a gang is never split; the work queue runs a
+pool again while its reconcile says more is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import types
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from neuronetes.operator import controller as controller_module
+from neuronetes.operator import handlers, pods
+from neuronetes.operator.controller import PoolController
+from neuronetes.operator.reconcile import Action, batch
+from neuronetes.operator.settings import OperatorSettings
+
+pytestmark = pytest.mark.unit
+
+
+class FakeCluster:
+    """The API calls `PoolController` makes, on one namespace's pods and pools, in memory."""
+
+    def __init__(self, pool: dict[str, Any]) -> None:
+        self.pool = pool
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+        self.events: list[tuple[str, str]] = []
+        self.pages = 0
+
+    # CoreV1Api
+    def list_namespaced_pod(
+        self, namespace: str, label_selector: str, limit: int, _continue: str | None, _preload_content: bool
+    ) -> Any:
+        key, _, value = label_selector.partition("=")
+        items = [p for p in self.pods.values() if p["metadata"]["labels"].get(key) == value]
+        start = int(_continue or 0)
+        more = {"continue": str(start + limit)} if start + limit < len(items) else {}
+        self.pages += 1
+        return types.SimpleNamespace(
+            data=json.dumps({"metadata": more, "items": items[start : start + limit]}).encode()
+        )
+
+    def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        if name in self.pods:
+            raise ApiException(status=409)
+        self.pods[name] = json.loads(json.dumps(body))
+        self.created.append(name)
+
+    def delete_namespaced_pod(self, name: str, namespace: str) -> None:
+        self.pods.pop(name)
+        self.deleted.append(name)
+
+    def create_namespaced_event(self, namespace: str, body: dict[str, Any]) -> None:
+        self.events.append((body["reason"], body["message"]))
+
+    # CustomObjectsApi
+    def get_namespaced_custom_object(self, *args: str) -> dict[str, Any]:
+        return json.loads(json.dumps(self.pool))
+
+    def list_namespaced_custom_object(self, *args: str) -> dict[str, Any]:
+        return {"items": []}  # no GangReservation reported
+
+    def patch_namespaced_custom_object_status(self, *args: Any) -> None:
+        self.pool["status"] = args[-1]["status"]
+
+    # PolicyV1Api, SchedulingV1Api
+    def create_namespaced_pod_disruption_budget(self, namespace: str, body: Any) -> None:
+        pass
+
+    def create_priority_class(self, body: Any) -> None:
+        pass
+
+
+def controller(fake: FakeCluster, batch_size: int) -> PoolController:
+    ctl = PoolController(client.ApiClient(), OperatorSettings(batch_size=batch_size))
+    ctl.core = ctl.custom = ctl.policy = ctl.scheduling = fake  # type: ignore[assignment]
+    return ctl
+
+
+def pool(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "neuronetes.io/v1alpha1",
+        "kind": "AgentPool",
+        "metadata": {"name": "big", "namespace": "ns", "uid": "u-1", "generation": 1},
+        "spec": spec,
+    }
+
+
+def test_a_pool_larger_than_a_batch_converges_over_several_reconciles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = FakeCluster(pool({"replicas": 150, "minReplicas": 1}))
+    ctl = controller(fake, batch_size=64)
+    monkeypatch.setattr(controller_module, "LIST_PAGE", 40)  # the pods are listed in pages
+    built = 0
+    original = pods.PoolTemplate.pod
+
+    def counting(self: Any, name: str, gang: int | None) -> dict[str, Any]:
+        nonlocal built
+        built += 1
+        return original(self, name, gang)
+
+    monkeypatch.setattr(pods.PoolTemplate, "pod", counting)
+    rounds, messages = [], []
+    more = True
+    while more:
+        before, built = len(fake.created), 0
+        more = ctl.reconcile("ns", "big")
+        st = fake.pool["status"]
+        progressing = next(cd for cd in st["conditions"] if cd["type"] == "Progressing")
+        rounds.append((len(fake.created) - before, built, st["replicas"], progressing["reason"], more))
+        messages.append(progressing["message"])
+        assert len(rounds) < 10, rounds
+    assert rounds == [
+        (64, 64, 64, "Batching", True),
+        (64, 64, 128, "Batching", True),
+        (22, 22, 150, "WaitingForPlacement", False),  # all there, none bound
+    ]
+    assert sorted(fake.pods) == sorted(f"big-{i}" for i in range(150))
+    # Each reconcile lists before and after its batch, 40 pods a page: 0 + 64, 64 + 128, 128 + 150.
+    assert fake.pages == (1 + 2) + (2 + 4) + (4 + 4)
+    assert (
+        messages[0]
+        == "64 pods, 0 bound, 150 desired; 86 more pod changes wait for the next reconciles (batches)"
+    )
+    created = [m for r, m in fake.events if r == "Created"]
+    assert (
+        len(created) == 3
+        and created[0].startswith("created pods big-0, big-1")
+        and "and 54 more" in created[0]
+    )
+    # Scaled down: the deletions are batched too.
+    fake.pool["spec"]["replicas"] = 10
+    deleted = []
+    while True:
+        more = ctl.reconcile("ns", "big")
+        deleted.append(len(fake.deleted) - sum(deleted))
+        if not more:
+            break
+    assert deleted == [64, 64, 12] and sorted(fake.pods) == sorted(f"big-{i}" for i in range(10))
+
+
+def test_a_gang_is_never_split_even_when_larger_than_a_batch() -> None:
+    gang = {"gangScheduling": {"enabled": True, "minMembers": 48}}
+    fake = FakeCluster(pool({"replicas": 144, "minReplicas": 48, "scheduling": gang}))
+    ctl = controller(fake, batch_size=64)
+    per_round = []
+    while True:
+        before = len(fake.created)
+        more = ctl.reconcile("ns", "big")
+        per_round.append(len(fake.created) - before)
+        if not more:
+            break
+    assert per_round == [48, 48, 48]  # two gangs (96) would pass the batch: one per reconcile
+    whole = {"gangScheduling": {"enabled": True}}  # the gang is minReplicas (100) pods
+    fake = FakeCluster(pool({"replicas": 100, "minReplicas": 100, "scheduling": whole}))
+    assert not controller(fake, batch_size=64).reconcile("ns", "big") and len(fake.created) == 100
+
+
+def test_batch_keeps_order_and_whole_units() -> None:
+    acts = [Action("delete", "a", "ScaledDown", unit="pod:a")]
+    acts += [
+        Action("create", f"g-{g}-{m}", "Created", unit=f"gang:g-{g}") for g in range(3) for m in range(3)
+    ]
+    now, later = batch(acts, 5)
+    assert [a.name for a in now] == ["a", "g-0-0", "g-0-1", "g-0-2"]
+    assert [a.name for a in later] == [f"g-{g}-{m}" for g in (1, 2) for m in range(3)]
+    now, later = batch(acts[1:], 2)
+    assert len(now) == 3 and len(later) == 6  # a unit larger than the batch goes alone
+    assert batch([], 4) == ([], [])
+
+
+def test_the_work_queue_runs_a_pool_again_while_its_reconcile_says_more_is_left() -> None:
+    calls: list[tuple[str, str]] = []
+
+    def reconcile(namespace: str, name: str) -> bool:
+        calls.append((namespace, name))
+        return len(calls) < 3
+
+    async def run() -> None:
+        queue = handlers.WorkQueue()
+        queue.add(("ns", "big"))
+        worker = asyncio.create_task(handlers._worker(queue, reconcile))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if len(calls) >= 3:
+                break
+        await asyncio.sleep(0.05)
+        worker.cancel()
+
+    asyncio.run(run())
+    assert calls == [("ns", "big")] * 3

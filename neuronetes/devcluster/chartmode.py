@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
+from neuronetes.api.models import DEFAULT_MAX_REPLICAS
 from neuronetes.devcluster import components as cmd
 from neuronetes.devcluster.egress import egress_selector_config
 from neuronetes.devcluster.policyprobe import PolicyProbe, policy_names, probes_for, wait_enforced
@@ -237,12 +238,17 @@ class ChartOps:
         self.wait_policies(timeout_s=timeout_s)
 
     def policy_probes(self) -> list[PolicyProbe]:
-        """The probes of the chart's admission policies, as this release names the agent."""
-        rbac = msgspec.yaml.decode((self.release.chart / "files" / "rbac.yaml").read_bytes())
+        """The probes of the chart's admission policies, as this release installed them (its agent's
+        user, its ``agentPools.maxReplicas``)."""
+        r = self.release
+        rbac = msgspec.yaml.decode((r.chart / "files" / "rbac.yaml").read_bytes())
         agent = rbac["components"]["agent"]["serviceAccount"]
+        got = self.helm("get", "values", r.name, "-n", r.namespace, "--all", "-o", "json")
+        values = json.loads(got.stdout)
         return probes_for(
-            policy_names(self.release.chart / "files" / "policies"),
-            agent_user=f"system:serviceaccount:{self.release.namespace}:{agent}",
+            policy_names(r.chart / "files" / "policies"),
+            agent_user=f"system:serviceaccount:{r.namespace}:{agent}",
+            max_replicas=int((values.get("agentPools") or {}).get("maxReplicas", DEFAULT_MAX_REPLICAS)),
         )
 
     def wait_policies(self, *, timeout_s: float = 60.0) -> float:

@@ -3,15 +3,18 @@
 A ValidatingAdmissionPolicy is not enforced the moment it is created. Each kube-apiserver reads
 policies and their bindings through informers of its own and recompiles its set of policies at
 most once a second, when something changed; until then, requests the policy refuses are admitted
-(on the local control plane: 0.3-0.9 s after ``kubectl apply``, longer on a loaded machine).
+(on the local control plane: 0.3-1.2 s after ``kubectl apply``, longer on a loaded machine).
 The API server reports nothing about it: a policy's status (type checking) says nothing about
 whether admission uses it yet.
 
 So this module asks. Each policy of ``manifests/policies/`` has a probe (`PROBES`): a request the
 policy must refuse, sent as a server-side dry run (``kubectl create --dry-run=server``: admission
-runs in full, nothing is stored) until the answer is the policy's refusal. A policy without a probe
-is an error (`probes_for`), so a new policy cannot be waited for by mistake. docs/webhook.md
-("Right after helm install") gives the same probes as ``kubectl`` commands for a real cluster.
+runs in full, nothing is stored) until the answer is the policy's refusal. The one exception is a
+policy on a ``scale`` subresource, which only an update of an existing object reaches: its probe
+scales (dry run) an AgentPool with no replica that it creates for the time of the wait. A policy
+without a probe is an error (`probes_for`), so a new policy cannot be waited for by mistake.
+docs/webhook.md ("Right after helm install") gives the same probes as ``kubectl`` commands for a
+real cluster.
 
 `wait_enforced` is what the dev cluster runs after applying the policies (``--direct``) and after
 ``helm install`` of the chart (`neuronetes.devcluster.chartmode.ChartOps.install`), and what the
@@ -32,6 +35,7 @@ from typing import Any, Final
 import msgspec
 
 from neuronetes import contracts as c
+from neuronetes.api.models import DEFAULT_MAX_REPLICAS, MAX_REPLICAS
 from neuronetes.devcluster.state import ClusterError
 
 __all__ = [
@@ -59,7 +63,8 @@ POLICY_REFUSAL: Final = "ValidatingAdmissionPolicy '{policy}'"
 
 @dataclass(frozen=True, slots=True)
 class PolicyProbe:
-    """A request `policy` refuses: `manifest` created (dry run) by the admin, or as `impersonate`."""
+    """A request `policy` refuses: `manifest` created (dry run) by the admin, or as `impersonate`;
+    with `scale_to`, `manifest` scaled to that many replicas (dry run) instead."""
 
     policy: str
     manifest: Mapping[str, Any]
@@ -67,9 +72,24 @@ class PolicyProbe:
     also_shown_by: tuple[str, ...] = ()
     """Refusals of the same request by a webhook, which the API server asks before any policy: where
     the chart's webhook refuses it first, that refusal shows the rule holds (docs/webhook.md)."""
+    expect: str = ""
+    """Text the policy's refusal must also hold: where the policy has a setting (a maximum), the
+    refusal that names its value shows the API server uses that version of the policy."""
+    scale_to: int | None = None
+    """A policy on a ``scale`` subresource sees only updates of an object that exists: `manifest`
+    is then created for real while the probe is sent (`wait_enforced`: with no replica, so nothing
+    runs for it) and deleted afterwards, and the probe is its scale to this many replicas."""
 
     def kubectl_args(self) -> list[str]:
-        """``kubectl create --dry-run=server`` of `manifest` (on stdin), impersonating if asked."""
+        """``kubectl create --dry-run=server`` of `manifest` (on stdin), impersonating if asked;
+        with `scale_to`, ``kubectl scale --dry-run=server`` of `manifest`'s object."""
+        if self.scale_to is not None:
+            meta = self.manifest["metadata"]
+            kind = f"{str(self.manifest['kind']).lower()}.{str(self.manifest['apiVersion']).split('/')[0]}"
+            return [
+                "scale", kind, str(meta["name"]), "-n", str(meta["namespace"]),
+                f"--replicas={self.scale_to}", "--dry-run=server", "-o", "name",
+            ]  # fmt: skip
         args = ["create", "--dry-run=server", "-o", "name", "-f", "-"]
         if self.impersonate is not None:
             # RBAC is decided before admission: system:masters lets the request reach admission
@@ -82,8 +102,10 @@ class PolicyProbe:
         """Whether `answer` (of `kubectl_args`) is the policy's refusal (or one in `also_shown_by`)."""
         if answer.returncode == 0:
             return False
-        text = answer.stderr or ""
-        return POLICY_REFUSAL.format(policy=self.policy) in text or any(m in text for m in self.also_shown_by)
+        text = " ".join((answer.stderr or "").split())
+        if POLICY_REFUSAL.format(policy=self.policy) in text:
+            return self.expect in text
+        return any(m in text for m in self.also_shown_by)
 
 
 def _pod(annotations: Mapping[str, str] | None = None, **spec: Any) -> dict[str, Any]:
@@ -96,10 +118,23 @@ def _pod(annotations: Mapping[str, str] | None = None, **spec: Any) -> dict[str,
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {**spec, "containers": [container]}}
 
 
-def _probes(agent_user: str) -> dict[str, PolicyProbe]:
+def _pool(**spec: int) -> dict[str, Any]:
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": "AgentPool",
+        "metadata": {"name": PROBE_NAME, "namespace": PROBE_NAMESPACE},
+        "spec": spec,
+    }
+
+
+def _probes(agent_user: str, max_replicas: int) -> dict[str, PolicyProbe]:
     gpu_pods = "neuronetes.io-gpu-pods-are-scheduled"
     assigned = "neuronetes.io-assigned-gpus-by-the-extender"
     agent = "neuronetes.io-agent-writes-only-its-node"
+    replicas, scale = "neuronetes.io-agentpool-replicas", "neuronetes.io-agentpool-scale"
+    # One replica past the policies' maximum: within the CRD's own bound (MAX_REPLICAS), so the
+    # schema lets it through to the policy. At that bound the policies refuse nothing more.
+    past = min(max_replicas + 1, MAX_REPLICAS)
     return {
         # A GPU pod with spec.nodeName preset. The chart's webhook (pods.neuronetes.io, a mutating
         # webhook: asked before every policy) refuses it too, and first; its refusal counts.
@@ -124,19 +159,37 @@ def _probes(agent_user: str) -> dict[str, PolicyProbe]:
             },
             impersonate=agent_user,
         ),
+        # An AgentPool of one replica past the maximum; the refusal names the maximum.
+        replicas: PolicyProbe(replicas, _pool(replicas=past), expect=f"is more than {max_replicas},"),
+        # kubectl scale of an AgentPool (created for the probe with none) to one past the maximum.
+        scale: PolicyProbe(
+            scale, _pool(replicas=0, minReplicas=0), expect=f"is more than {max_replicas},", scale_to=past
+        ),
     }
 
 
-PROBES: Final = _probes(DEFAULT_AGENT_USER)
-"""The probe of every policy of manifests/policies/, by policy name (the agent as that names it)."""
+_AGENTPOOL_POLICIES: Final = ("neuronetes.io-agentpool-replicas", "neuronetes.io-agentpool-scale")
+PROBES: Final = _probes(DEFAULT_AGENT_USER, DEFAULT_MAX_REPLICAS)
+"""The probe of every policy of manifests/policies/, by policy name (the agent as that names it;
+the AgentPool maximum at its default)."""
 
 
-def probes_for(policies: Iterable[str], *, agent_user: str = DEFAULT_AGENT_USER) -> list[PolicyProbe]:
-    """The probes of `policies`; `agent_user`: the node agent's user as the installed policy names it.
+def probes_for(
+    policies: Iterable[str],
+    *,
+    agent_user: str = DEFAULT_AGENT_USER,
+    max_replicas: int = DEFAULT_MAX_REPLICAS,
+) -> list[PolicyProbe]:
+    """The probes of `policies`, as installed: `agent_user` the node agent's user the policy names,
+    `max_replicas` the AgentPool maximum (the chart's ``agentPools.maxReplicas``). At the CRD's
+    own bound (`MAX_REPLICAS`) the AgentPool policies refuse nothing the schema lets through, so
+    there is nothing to wait for: they get no probe.
 
     Raises `ClusterError` for a policy without a probe (add one to `PROBES`).
     """
-    known = _probes(agent_user)
+    known = _probes(agent_user, max_replicas)
+    if max_replicas >= MAX_REPLICAS:
+        policies = [p for p in policies if p not in _AGENTPOOL_POLICIES]
     names = list(dict.fromkeys(policies))
     missing = [p for p in names if p not in known]
     if missing:
@@ -174,15 +227,40 @@ def wait_enforced(
     return the seconds that took. A policy once enforced stays so (until it is deleted): each probe
     is done at its first refusal.
 
+    A probe that scales an object creates it first and deletes it at the end (`PolicyProbe.scale_to`).
+
     Raises `PoliciesNotEnforced` after `timeout_s`, with each pending policy's last answer.
     """
+    scratch: list[str] = []
+    for obj in sorted({json.dumps(p.manifest) for p in probes if p.scale_to is not None}):
+        made = kubectl("create", "-f", "-", input=obj, check=False)
+        if made.returncode == 0:
+            scratch.append(obj)
+        elif "AlreadyExists" not in (made.stderr or ""):  # one that exists is used and left alone
+            raise ClusterError(f"cannot create what a policy probe scales: {(made.stderr or '').strip()}")
+    try:
+        return _wait(kubectl, probes, timeout_s=timeout_s, interval_s=interval_s, log=log)
+    finally:
+        for obj in scratch:
+            kubectl("delete", "-f", "-", "--ignore-not-found", "--timeout=60s", input=obj, check=False)
+
+
+def _wait(
+    kubectl: Kubectl,
+    probes: Sequence[PolicyProbe],
+    *,
+    timeout_s: float,
+    interval_s: float,
+    log: Callable[[str], None] | None,
+) -> float:
     start = time.monotonic()
     deadline = start + timeout_s
     pending = list(probes)
     last: dict[str, str] = {}
     while True:
         for probe in list(pending):
-            answer = kubectl(*probe.kubectl_args(), input=json.dumps(probe.manifest), check=False)
+            stdin = None if probe.scale_to is not None else json.dumps(probe.manifest)
+            answer = kubectl(*probe.kubectl_args(), input=stdin, check=False)
             if probe.refused(answer):
                 pending.remove(probe)
             else:

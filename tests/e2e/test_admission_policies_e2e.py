@@ -234,24 +234,32 @@ def test_each_probe_is_refused_by_its_policy_and_only_once_that_is_enforced(
     binding is created again, the probe is admitted until the API server has loaded it (the window
     the helper waits out, printed) and refused from then on."""
     probe = PROBES[policy]
+    pool = json.dumps(probe.manifest) if probe.scale_to is not None else None
+    if pool is not None:  # what the scale probe scales (wait_enforced creates it the same way)
+        cluster.kubectl("create", "-f", "-", input=pool)
 
     def answer() -> Any:
-        return cluster.kubectl(*probe.kubectl_args(), input=json.dumps(probe.manifest), check=False)
+        stdin = None if pool is not None else json.dumps(probe.manifest)
+        return cluster.kubectl(*probe.kubectl_args(), input=stdin, check=False)
 
-    assert probe.refused(answer())
-    cluster.kubectl("delete", "validatingadmissionpolicybinding", policy)
     try:
-        admitted = wait_until(
-            lambda: (got := answer()).returncode == 0 and got,
-            timeout=30,
-            what=f"the probe of {policy} admitted without the policy's binding",
-        )
-        assert f"{probe.manifest['kind'].lower()}/{PROBE_NAME}" in admitted.stdout
+        assert probe.refused(answer())
+        cluster.kubectl("delete", "validatingadmissionpolicybinding", policy)
+        try:
+            admitted = wait_until(
+                lambda: (got := answer()).returncode == 0 and got,
+                timeout=30,
+                what=f"the probe of {policy} admitted without the policy's binding",
+            )
+            assert f"/{PROBE_NAME}" in admitted.stdout
+        finally:
+            apply_manifests(cluster.kubectl, POLICIES_DIR, lambda _: None)
+            waited = wait_until_policies_enforced(cluster, [probe])
+        print(f"\n{policy}: enforced {waited:.2f}s after its binding was created again")
+        assert probe.refused(answer())
     finally:
-        apply_manifests(cluster.kubectl, POLICIES_DIR, lambda _: None)
-        waited = wait_until_policies_enforced(cluster, [probe])
-    print(f"\n{policy}: enforced {waited:.2f}s after its binding was created again")
-    assert probe.refused(answer())
+        if pool is not None:
+            cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=pool)
 
 
 def test_the_documented_kubectl_probe_finds_the_policies_enforced(cluster: E2ECluster) -> None:

@@ -54,7 +54,8 @@ Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 PROBE_NAME: Final = "neuronetes-policy-probe"
 PROBE_NAMESPACE: Final = "default"
-"""Every cluster has it; the probes are dry runs, so nothing is ever created there."""
+"""Every cluster has it. The probes are dry runs: nothing is stored there, but for the AgentPool the
+scale probe scales, which exists (with no replica) only while `wait_enforced` waits."""
 DEFAULT_AGENT_USER: Final = "system:serviceaccount:neuronetes-system:neuronetes-agent"
 """The node agent's user as manifests/policies/agent-node.yaml names it (the chart: its release's)."""
 POLICY_REFUSAL: Final = "ValidatingAdmissionPolicy '{policy}'"

@@ -94,6 +94,29 @@ SHIM_CONTROL_PATH: Final = f"{SHIM_REGION_DIR}/control"
 SHIM_STATE_PATH: Final = f"{SHIM_REGION_DIR}/state"
 SHIM_LIBRARY_PATH: Final = "/usr/lib/neuronetes/libneuronetes-cuda.so"  # inside the container
 SHIM_PRELOAD_FILE: Final = "/etc/ld.so.preload"  # injected read-only, lists SHIM_LIBRARY_PATH
+# On the node (the chart's agent.hostPaths; the agent's and the NRI plugin's defaults):
+NODE_STATE_DIR: Final = "/run/neuronetes"  # inventory, node ledger, every container's region
+NODE_SHIM_DIR: Final = "/var/lib/neuronetes/shim"  # the CUDA shim and its preload file
+NODE_NRI_SOCKET_DIR: Final = "/var/run/nri"  # the runtime's NRI socket (nri.sock)
+
+# Host paths a tenant's pod may not mount (hostPath volume), and why. The webhook refuses a hostPath
+# that is, contains or lies inside one of them, compared after textual normalisation (`//`, `.`,
+# `..`, trailing slashes; /var/run is /run): the API server resolves no symlink, and the kubelet
+# mounts whatever the path names on the node (docs/threat-model.md, "Admission webhook").
+TENANT_FORBIDDEN_HOST_PATHS: Final = {
+    "/dev": "device nodes, every GPU's among them",
+    "/proc": "the node's processes and kernel settings",
+    "/sys": "sysfs and the cgroups, device rules included",
+    "/run": "the container runtime's sockets and state (/var/run is the same directory)",
+    NODE_STATE_DIR: "the NeuroNetes agent's state: node ledger and every container's shim region",
+    "/var/lib/neuronetes": "the NeuroNetes agent's host directory: the CUDA shim and its preload file",
+    "/etc/cdi": "CDI specs: the device edits the container runtime applies",
+    "/run/cdi": "CDI specs: the device edits the container runtime applies",
+    "/run/nri": "the container runtime's NRI socket, through which the NeuroNetes plugin injects GPUs",
+    "/var/lib/kubelet": "the kubelet's state: other pods' volumes, device-plugin and pod-resources sockets",
+}
+# Names the same host directory as another path (the API server does not resolve symlinks).
+HOST_PATH_ALIASES: Final = {"/var/run": "/run"}
 
 
 # ---- metrics (the documented names; base units, _total counters) ------------------------------------

@@ -8,8 +8,9 @@ docs/webhook.md lists the checks; docs/threat-model.md says why each exists.
 
 from __future__ import annotations
 
+import posixpath
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -23,6 +24,9 @@ __all__ = [
     "PodVerdict",
     "annotation_changes",
     "asks_for_gpus",
+    "forbidden_host_path",
+    "normalise_host_path",
+    "protect_host_paths",
     "review_pod",
 ]
 
@@ -33,7 +37,6 @@ TENANT_ANNOTATIONS: Final = frozenset(
 )
 """The ``neuronetes.io/*`` annotations a tenant (or the operator) may set: requests, not decisions."""
 DANGEROUS_CAPABILITIES: Final = frozenset({"SYS_ADMIN", "SYS_PTRACE", "SYS_RAWIO", "ALL"})
-HOST_PATHS: Final = ("/dev", "/proc", "/sys", "/run/neuronetes", "/var/run", "/run/containerd", "/run/crio")
 # A byte-like suffix on a MiB count: 16Gi, 40G, 1Ti (10k stays allowed: it is 10000 MiB).
 _SUFFIXED: Final = re.compile(r"^\s*[0-9.]+\s*([KMGTPE]i|[GTPE])\s*$")
 
@@ -48,6 +51,68 @@ class PodVerdict:
     @property
     def allowed(self) -> bool:
         return not self.refusals
+
+
+def normalise_host_path(path: str) -> str:
+    """`path` as the node's directory it names, textually: absolute, one ``/`` between parts, no
+    ``.`` part, ``..`` taken textually (above ``/`` stays at ``/``), no trailing ``/``, aliases
+    (`contracts.HOST_PATH_ALIASES`: /var/run is /run) replaced. Symlinks on the node are not
+    resolved: the API server cannot see them."""
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if parts:
+                parts.pop()
+            continue
+        parts.append(part)
+    out = "/" + "/".join(parts)
+    for alias, real in c.HOST_PATH_ALIASES.items():
+        if out == alias or out.startswith(alias + "/"):
+            out = real + out[len(alias) :]
+    return out
+
+
+def _inside(path: str, parent: str) -> bool:
+    """`path` is `parent` or lies inside it (both normalised)."""
+    return path == parent or posixpath.commonpath((path, parent)) == parent
+
+
+_protected_host_paths: dict[str, str] = {
+    normalise_host_path(p): why for p, why in c.TENANT_FORBIDDEN_HOST_PATHS.items()
+}
+
+
+def protect_host_paths(
+    paths: Iterable[str], why: str = "a NeuroNetes agent directory on this cluster's nodes"
+) -> None:
+    """Also refuse hostPaths overlapping `paths`, in this process (``webhook serve
+    --protected-host-path``: the chart passes the agent's host directories as configured)."""
+    for path in paths:
+        _protected_host_paths.setdefault(normalise_host_path(path), why)
+
+
+def forbidden_host_path(path: str) -> str | None:
+    """Why a pod may not mount `path` from the host: it is, lies inside or contains a protected host
+    path (`contracts.TENANT_FORBIDDEN_HOST_PATHS` and `protect_host_paths`), both normalised
+    (`normalise_host_path`); None when it may. Names the deepest protected path that holds `path`,
+    else the first one `path` holds."""
+    if ".." in path.split("/"):
+        # The node resolves `..` after any symlink before it; the API server refuses it too.
+        return f"{path!r} has a '..' part, which may lead anywhere on the node"
+    wanted = normalise_host_path(path)
+    holding = sorted((p for p in _protected_host_paths if _inside(wanted, p)), key=len)
+    if holding:
+        where = holding[-1]
+        relation = "is" if wanted == where else "lies inside"
+    else:
+        held = sorted(p for p in _protected_host_paths if _inside(p, wanted))
+        if not held:
+            return None
+        where, relation = held[0], "contains"
+    shown = f"{path!r}" if wanted == path else f"{path!r} ({wanted})"
+    return f"{shown} {relation} {where} ({_protected_host_paths[where]})"
 
 
 def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -129,12 +194,14 @@ def check_privilege(pod: Mapping[str, Any]) -> list[str]:
                 f"{where}.securityContext.capabilities.add: {cap} is not allowed on a GPU pod; remove it"
             )
     for i, vol in enumerate(spec.get("volumes") or []):
-        path = str((vol.get("hostPath") or {}).get("path", "")) if isinstance(vol, Mapping) else ""
-        if path and any(
-            path == p or path.startswith(p + "/") or p.startswith(path.rstrip("/") + "/") for p in HOST_PATHS
-        ):
+        host_path = vol.get("hostPath") if isinstance(vol, Mapping) else None
+        if not isinstance(host_path, Mapping):
+            continue
+        path = str(host_path.get("path") or "")
+        why = forbidden_host_path(path) if path else None
+        if why is not None:
             out.append(
-                f"spec.volumes[{i}].hostPath: {path!r} exposes devices or node state to a GPU pod; remove it"
+                f"spec.volumes[{i}].hostPath.path: {why}; a GPU pod may not mount it: remove the volume"
             )
     return out
 

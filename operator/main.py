@@ -63,12 +63,14 @@ def webhook_serve(ns: argparse.Namespace) -> int:
     tiers = _tiers(ns.priority_tiers)
     if tiers is None:
         return 2
+    from .admission import protect_host_paths
     from .agent_admission import api_pod_reader
     from .quota_admission import api_quota_lister
     from .slice_admission import api_slice_reader
     from .tier_admission import api_namespace_reader
     from .webhook import ClusterReads, WebhookServer
 
+    protect_host_paths(getattr(ns, "protected_host_path", None) or ())
     slices = api_slice_reader()
     reads = ClusterReads(slices, api_pod_reader(), api_namespace_reader(), api_quota_lister(), tiers)
     try:

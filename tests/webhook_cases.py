@@ -353,6 +353,23 @@ POD_CASES = [
         _with("spec.volumes", [{"name": "d", "hostPath": {"path": "/dev"}}]),
         "spec.volumes[0].hostPath",
     ),
+    # The agent's and the runtime's host directories, written as a tenant might dress them up.
+    *(
+        PodCase(
+            f"host-path-{name}",
+            _with("spec.volumes", [{"name": "d", "hostPath": {"path": path}}]),
+            f"spec.volumes[0].hostPath.path: {path!r}",
+        )
+        for name, path in (
+            ("shim-dir", "/var/lib/neuronetes/shim"),
+            ("agent-state-trailing-slash", "/run/neuronetes/"),
+            ("etc-cdi-trailing-slash", "/etc/cdi/"),
+            ("var-run-cdi", "/var/run/cdi"),
+            ("nri-socket-dir", "/run/nri"),
+            ("kubelet-doubled-slash-and-dot", "//var/lib/./kubelet/pods"),
+            ("parent-of-kubelet-and-agent", "/var/lib"),
+        )
+    ),
     PodCase("preset-node-name", _with("spec.nodeName", "gpu-node-1"), "spec.nodeName: must not be set"),
     PodCase("other-scheduler", _with("spec.schedulerName", "my-scheduler"), "spec.schedulerName"),
     PodCase("env-nvidia-visible-devices", _env("NVIDIA_VISIBLE_DEVICES"), "env[0]: NVIDIA_VISIBLE_DEVICES"),

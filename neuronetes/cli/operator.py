@@ -60,6 +60,12 @@ def webhook() -> None:
     multiple=True,
     help="user allowed to change neuronetes.io/* annotations of existing pods (repeatable)",
 )
+@click.option(
+    "--protected-host-path",
+    multiple=True,
+    help="a host directory GPU pods may not mount, beyond the built-in ones (repeatable; the chart "
+    "passes the agent's host paths)",
+)
 @PRIORITY_TIERS
 @LOG_LEVEL
 def webhook_serve(**opts: Any) -> int:

@@ -8,7 +8,8 @@ supervised process. Then it adds the system node — a simulated node without GP
 kwok's taint, where the chart's Deployments land as on any cluster's CPU nodes — and
 ``helm install``s the chart from the checkout with ``hack/local-values.yaml`` (what a local
 cluster needs: the agent tolerates the simulated GPU nodes' taint, pool pods too, short leader
-election). `ChartOps` upgrades and uninstalls the release and waits until its pods run.
+election). `ChartOps` upgrades and uninstalls the release and waits until its pods run and its
+admission policies are enforced (`neuronetes.devcluster.policyprobe`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+import msgspec
+
+from neuronetes.api.models import DEFAULT_MAX_REPLICAS
 from neuronetes.devcluster import components as cmd
 from neuronetes.devcluster.egress import egress_selector_config
+from neuronetes.devcluster.policyprobe import PolicyProbe, policy_names, probes_for, wait_enforced
 from neuronetes.devcluster.profiles import node_manifest, profile
 from neuronetes.devcluster.state import ClusterError, RunState
 from neuronetes.devcluster.supervisor import Supervisor
@@ -210,7 +215,8 @@ class ChartOps:
         self.dev.api().request("POST", "/api/v1/nodes", system_node_manifest())
 
     def install(self, *, timeout_s: float = 180.0) -> None:
-        """``helm install --wait``, then wait until every pod runs."""
+        """``helm install --wait``, then wait until every pod runs and the chart's admission
+        policies are enforced (`wait_policies`)."""
         r = self.release
         self.dev.log(f"helm install {r.name} {r.chart} -n {r.namespace}")
         self.helm(
@@ -218,6 +224,7 @@ class ChartOps:
             "--wait", f"--timeout={int(timeout_s)}s", *self._values_args(),
         )  # fmt: skip
         self.wait_running(timeout_s=timeout_s)
+        self.wait_policies(timeout_s=timeout_s)
 
     def upgrade(self, *values_args: str, timeout_s: float = 180.0) -> None:
         """``helm upgrade`` with the release's values and `values_args` (helm's ``--set``,
@@ -228,6 +235,27 @@ class ChartOps:
             *self._values_args(), *values_args,
         )  # fmt: skip
         self.wait_running(timeout_s=timeout_s)
+        self.wait_policies(timeout_s=timeout_s)
+
+    def policy_probes(self) -> list[PolicyProbe]:
+        """The probes of the chart's admission policies, as this release installed them (its agent's
+        user, its ``agentPools.maxReplicas``)."""
+        r = self.release
+        rbac = msgspec.yaml.decode((r.chart / "files" / "rbac.yaml").read_bytes())
+        agent = rbac["components"]["agent"]["serviceAccount"]
+        got = self.helm("get", "values", r.name, "-n", r.namespace, "--all", "-o", "json")
+        values = json.loads(got.stdout)
+        return probes_for(
+            policy_names(r.chart / "files" / "policies"),
+            agent_user=f"system:serviceaccount:{r.namespace}:{agent}",
+            max_replicas=int((values.get("agentPools") or {}).get("maxReplicas", DEFAULT_MAX_REPLICAS)),
+        )
+
+    def wait_policies(self, *, timeout_s: float = 60.0) -> float:
+        """Until the API server enforces every admission policy of the chart: helm's ``--wait``
+        does not wait for policies, and the API server loads them a while after they are created
+        (`neuronetes.devcluster.policyprobe`). Returns the seconds waited."""
+        return wait_enforced(self.dev.kubectl, self.policy_probes(), timeout_s=timeout_s, log=self.dev.log)
 
     def uninstall(self, *, timeout_s: float = 120.0) -> None:
         r = self.release

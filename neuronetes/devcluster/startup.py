@@ -3,7 +3,8 @@
 etcd → kube-apiserver (then the admin and kube-scheduler kubeconfigs; TLS verified from here on)
 → kube-controller-manager, the cluster's default-scheduler and kwok → the CRDs (Established) and
 the admission policies → the extender's identity and settings, the Lease role → each NeuroNetes
-kube-scheduler + extender pair → every process healthy.
+kube-scheduler + extender pair → every process healthy → the admission policies enforced (each
+refuses its probe: `neuronetes.devcluster.policyprobe`).
 `spawn_pairs` also restarts kube-scheduler with another extender on a running cluster.
 """
 
@@ -40,6 +41,7 @@ from neuronetes.devcluster.config import (
     extender_settings,
     scheduler_config,
 )
+from neuronetes.devcluster.policyprobe import policy_names, probes_for, wait_enforced
 from neuronetes.devcluster.state import ClusterError, RunState
 from neuronetes.devcluster.status import probes
 from neuronetes.devcluster.supervisor import Supervisor
@@ -143,8 +145,10 @@ class Startup:
         self.sup.spawn(state, "kwok", cmd.kwok_argv(at))
         if crds_dir is not None:
             apply_crds(self.kubectl, crds_dir, self.log, timeout_s=max(5.0, deadline - time.monotonic()))
+        policies: list[str] = []
         if policies_dir is not None:
             apply_manifests(self.kubectl, policies_dir, self.log)
+            policies = policy_names(policies_dir)
         if state.chart is None:
             # The identity exists even when the cluster runs no extender: an extender started by hand
             # or by a test uses extender.kubeconfig (the admission policies trust no one else).
@@ -157,6 +161,11 @@ class Startup:
         for name in [n for n in state.processes if n in probe and n not in ("etcd", "kube-apiserver")]:
             self.sup.wait(state, name, probe[name], deadline)
         start_addons(self.sup, state, at, self.kubectl, self.log, deadline)
+        # Up means the policies are enforced: the API server loads them a while after they are
+        # created (neuronetes.devcluster.policyprobe). Checked last, so that wait overlaps the rest.
+        wait_enforced(
+            self.kubectl, probes_for(policies), timeout_s=max(5.0, deadline - time.monotonic()), log=self.log
+        )
         if state.chart is not None:
             # Chart mode: the release installs NeuroNetes and its identities; this runs its pods.
             self.log("chart runner (the chart's pods as host processes)")

@@ -59,8 +59,8 @@ __all__ = [
 log = logging.getLogger("neuronetes.agent")
 
 INVENTORY_FILE: Final = "inventory.json"
-DEFAULT_STATE_DIR: Final = Path("/run/neuronetes")
-DEFAULT_SHIM_DIR: Final = Path("/var/lib/neuronetes/shim")
+DEFAULT_STATE_DIR: Final = Path(c.NODE_STATE_DIR)
+DEFAULT_SHIM_DIR: Final = Path(c.NODE_SHIM_DIR)
 SHIM_LIBRARY_NAME: Final = "libneuronetes-cuda.so"
 SHIM_PRELOAD_NAME: Final = "ld.so.preload"
 REWRITE_S: Final = 10.0  # the contract's bound is 30 s; a third of it survives a slow round or two

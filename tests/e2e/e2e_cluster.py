@@ -9,15 +9,22 @@ import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
-from neuronetes.devcluster import BuildError, DevCluster, ExtenderConfig, Toolchain, build
+from neuronetes.devcluster import POLICIES_DIR, BuildError, DevCluster, ExtenderConfig, Toolchain, build
+from neuronetes.devcluster.policyprobe import (
+    PoliciesNotEnforced,
+    PolicyProbe,
+    policy_names,
+    probes_for,
+    wait_enforced,
+)
 from neuronetes.devcluster.procs import ProcessRecord
-from neuronetes.devcluster.tools import cache_root
+from neuronetes.devcluster.tools import REPO_ROOT, cache_root
 
 T = TypeVar("T")
 
@@ -95,6 +102,42 @@ def wait_until(
         time.sleep(interval)
         last = fn()
     return last
+
+
+def wait_until_policies_enforced(
+    cluster: E2ECluster | DevCluster, probes: Sequence[PolicyProbe] | None = None, *, timeout: float = 60.0
+) -> float:
+    """Until the API server enforces the admission policies a test relies on; the seconds it took.
+
+    A policy is enforced a while after it is created (`neuronetes.devcluster.policyprobe`): each
+    policy's probe, a server-side dry run the policy must refuse, is sent until it is refused.
+    `probes`: those of the policies of manifests/policies/ by default; for a chart-mode cluster,
+    ``ChartOps(dev).policy_probes()`` (the release's agent). Fails the test after `timeout`.
+    """
+    dev = cluster.dev if isinstance(cluster, E2ECluster) else cluster
+    if probes is None:
+        probes = probes_for(policy_names(POLICIES_DIR))
+    try:
+        return wait_enforced(dev.kubectl, probes, timeout_s=timeout)
+    except PoliciesNotEnforced as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def run_documented_policy_wait(cluster: E2ECluster | DevCluster) -> subprocess.CompletedProcess[str]:
+    """docs/webhook.md's ``kubectl`` probe block for platform teams ("Right after `helm install`"),
+    run as written (``bash -euo pipefail``) against `cluster` with the pinned kubectl."""
+    dev = cluster.dev if isinstance(cluster, E2ECluster) else cluster
+    text = (REPO_ROOT / "docs" / "webhook.md").read_text()
+    section = text.split("\n## Right after `helm install`", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(dev.kubeconfig),
+        "PATH": f"{dev.tools.kubectl.parent}:{os.environ.get('PATH', '')}",
+    }
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 class E2ECluster:

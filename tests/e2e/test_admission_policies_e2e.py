@@ -1,6 +1,8 @@
 """The admission policies of manifests/policies against the real API server (ValidatingAdmissionPolicy, CEL).
 
-The session cluster applies them. A tenant is a ServiceAccount with the stock ``edit`` role (and,
+The session cluster applies them, and waits until the API server enforces them; this module
+waits too (`wait_until_policies_enforced`: each policy refuses its probe), since a policy is enforced
+only a while after it is created. A tenant is a ServiceAccount with the stock ``edit`` role (and,
 to reach the Binding path too, ``pods/binding``); the extender is the ServiceAccount the policies
 trust. Refused: a GPU pod created with ``spec.nodeName`` preset (main or init container), and
 anyone but the extender setting, changing or removing ``neuronetes.io/assigned-gpus`` — on a pod
@@ -15,10 +17,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_cluster import E2ECluster, wait_until
+from e2e_cluster import E2ECluster, run_documented_policy_wait, wait_until, wait_until_policies_enforced
 from pod_builder import container, manifest
 
 from neuronetes import contracts as c
+from neuronetes.devcluster import POLICIES_DIR
+from neuronetes.devcluster.policyprobe import PROBE_NAME, PROBES
+from neuronetes.devcluster.startup import apply_manifests
 
 pytestmark = pytest.mark.e2e
 
@@ -42,6 +47,12 @@ ASSIGNMENT = json.dumps(
 def token_of(cluster: E2ECluster, namespace: str, account: str) -> str:
     got = cluster.kubectl("create", "token", account, "-n", namespace, "--duration=1h")
     return got.stdout.strip()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def enforced(cluster: E2ECluster) -> None:
+    """Every test here relies on the policies being enforced, not merely created."""
+    wait_until_policies_enforced(cluster)
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +223,47 @@ def test_ordinary_pods_are_scheduled_and_bound(cluster: E2ECluster, tokens: dict
     wait_until(
         lambda: pod_json(cluster, "plain")["spec"].get("nodeName"), timeout=60, what="kube-scheduler's bind"
     )
+
+
+@pytest.mark.parametrize("policy", sorted(PROBES))
+def test_each_probe_is_refused_by_its_policy_and_only_once_that_is_enforced(
+    cluster: E2ECluster, policy: str
+) -> None:
+    """`wait_until_policies_enforced` can be trusted: the probe it sends for `policy` is refused
+    because of that policy. Without the policy's binding the API server admits the probe; once the
+    binding is created again, the probe is admitted until the API server has loaded it (the window
+    the helper waits out, printed) and refused from then on."""
+    probe = PROBES[policy]
+    pool = json.dumps(probe.manifest) if probe.scale_to is not None else None
+    if pool is not None:  # what the scale probe scales (wait_enforced creates it the same way)
+        cluster.kubectl("create", "-f", "-", input=pool)
+
+    def answer() -> Any:
+        stdin = None if pool is not None else json.dumps(probe.manifest)
+        return cluster.kubectl(*probe.kubectl_args(), input=stdin, check=False)
+
+    try:
+        assert probe.refused(answer())
+        cluster.kubectl("delete", "validatingadmissionpolicybinding", policy)
+        try:
+            admitted = wait_until(
+                lambda: (got := answer()).returncode == 0 and got,
+                timeout=30,
+                what=f"the probe of {policy} admitted without the policy's binding",
+            )
+            assert f"/{PROBE_NAME}" in admitted.stdout
+        finally:
+            apply_manifests(cluster.kubectl, POLICIES_DIR, lambda _: None)
+            waited = wait_until_policies_enforced(cluster, [probe])
+        print(f"\n{policy}: enforced {waited:.2f}s after its binding was created again")
+        assert probe.refused(answer())
+    finally:
+        if pool is not None:
+            cluster.kubectl("delete", "-f", "-", "--ignore-not-found", input=pool)
+
+
+def test_the_documented_kubectl_probe_finds_the_policies_enforced(cluster: E2ECluster) -> None:
+    """docs/webhook.md's block for platform teams, as written: here no webhook runs, so each refusal
+    is the policy's own."""
+    done = run_documented_policy_wait(cluster)
+    assert done.returncode == 0, done.stderr

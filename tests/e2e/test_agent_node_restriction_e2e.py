@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_cluster import own_cluster, wait_until
+from e2e_cluster import own_cluster, run_documented_policy_wait, wait_until, wait_until_policies_enforced
 from pod_builder import manifest
 
 from neuronetes import contracts as c
@@ -41,6 +41,8 @@ POLICY = "neuronetes.io-agent-writes-only-its-node"
 @pytest.fixture(scope="module")
 def dev(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
     with own_cluster(request, f"agent-node-e2e-{os.getpid()}", chart=ChartRelease()) as cluster:
+        # The install waited for the chart's policies; the tests rely on them, so say so here too.
+        wait_until_policies_enforced(cluster, ChartOps(cluster).policy_probes())
         yield cluster
 
 
@@ -273,3 +275,10 @@ def test_the_fleet_serves_both_nodes_as_an_identity_of_its_own(
     crb = get(dev, "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/neuronetes:agent:fleet")
     assert crb["roleRef"]["name"] == "neuronetes:agent"
     assert crb["metadata"]["ownerReferences"][0]["name"] == "neuronetes:agent"
+
+
+def test_the_documented_kubectl_probe_finds_the_charts_policies_enforced(dev: DevCluster) -> None:
+    """docs/webhook.md's block for platform teams, as written, after ``helm install``: the chart's
+    webhook answers the preset-nodeName probe first, and its refusal counts."""
+    done = run_documented_policy_wait(dev)
+    assert done.returncode == 0, done.stderr

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 from apitools import Example, invalid_examples, seed_examples
-from e2e_cluster import E2ECluster, wait_until
+from e2e_cluster import E2ECluster, wait_until_policies_enforced
 
 from neuronetes.api import models
 from neuronetes.api.models import DEFAULT_MAX_REPLICAS, MAX_REPLICAS
 from neuronetes.contracts import GROUP, VERSION
+from neuronetes.devcluster.policyprobe import probes_for
 
 pytestmark = pytest.mark.e2e
 
@@ -254,20 +255,17 @@ PAST_THE_MAXIMUM = [
 
 
 def _set_policy_maximum(cluster: E2ECluster, value: int, ns: str) -> None:
-    """Set both policies' maximum to `value` and wait until the API server enforces it."""
+    """Set both policies' maximum to `value` and wait until the API server enforces it — in both:
+    the replicas policy refusing a pool past `value` says nothing of the scale policy, which the
+    API server may load a refresh later."""
     op = [{"op": "replace", "path": "/spec/variables/0/expression", "value": str(value)}]
     for name in POLICIES:
         cluster.kubectl("patch", "validatingadmissionpolicy", name, "--type=json", "-p", json.dumps(op))
-    probe = BOUNDED.format(name="probe", spec=f"replicas: {value + 1}")
-
-    def enforced() -> bool:
-        done = cluster.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-", input=probe, check=False)
-        return done.returncode != 0 and f"is more than {value}," in done.stderr
-
-    wait_until(enforced, timeout=30, what=f"the policies' maximum at {value}")
+    wait_until_policies_enforced(cluster, probes_for(POLICIES, max_replicas=value))
 
 
 def test_replicas_past_the_maximum_are_refused_naming_the_field(cluster: E2ECluster, ns: str) -> None:
+    wait_until_policies_enforced(cluster, probes_for(POLICIES))  # what this test relies on
     names = {p["metadata"]["name"] for p in json.loads(
         cluster.kubectl("get", "validatingadmissionpolicies", "-o", "json").stdout)["items"]}  # fmt: skip
     assert set(POLICIES) <= names  # manifests/policies/, as the chart installs them

@@ -251,6 +251,19 @@ def test_self_generated_certificate_serves_the_service_and_is_signed_by_the_ca_b
     assert webhook["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
 
 
+def test_the_webhook_protects_the_agents_host_paths_wherever_they_are(tmp_path: Path) -> None:
+    """GPU pods may not mount the agent's host directories (docs/webhook.md): the webhook is told
+    where agent.hostPaths puts them."""
+
+    def protected(objects: Any) -> list[str]:
+        args = containers(one(objects, "Deployment", "neuronetes-webhook"))["webhook"]["args"]
+        return [a.split("=", 1)[1] for a in args if a.startswith("--protected-host-path=")]
+
+    assert protected(default_objects()) == ["/run/neuronetes", "/var/lib/neuronetes/shim", "/var/run/nri"]
+    moved = {"agent": {"hostPaths": {"shimDir": "/opt/gpu/shim", "stateDir": "/srv/neuronetes"}}}
+    assert protected(render(moved, tmp=tmp_path)) == ["/srv/neuronetes", "/opt/gpu/shim", "/var/run/nri"]
+
+
 def test_external_url_variant_registers_the_url_and_certifies_its_address(tmp_path: Path) -> None:
     """Replicas served outside the cluster (``webhook.externalURL``): the configurations call the
     URL, and the generated certificate holds its IP address."""

@@ -15,6 +15,8 @@ import yaml
 from webhook_cases import OBJECT_CASES, POD_CASES, VALID_OBJECTS, gpu_pod
 
 from neuronetes import contracts as c
+from neuronetes.devcluster.tools import REPO_ROOT
+from neuronetes.operator import admission
 from neuronetes.operator.admission import POD_CHECKS, asks_for_gpus, review_pod
 from neuronetes.operator.validation import review_object
 from neuronetes.operator.webhook import admission_response
@@ -121,3 +123,93 @@ def test_update_touching_neuronetes_annotations_is_refused_unless_trusted() -> N
     relabelled = copy.deepcopy(old)
     relabelled["metadata"]["annotations"]["team"] = "b"
     assert admission_response("/pods", _update(old, relabelled))["response"]["allowed"]
+
+
+def _mounting(path: str) -> dict[str, Any]:
+    pod = gpu_pod()
+    pod["spec"]["volumes"] = [{"name": "host", "hostPath": {"path": path}}]
+    return pod
+
+
+@pytest.mark.parametrize("protected", sorted(c.TENANT_FORBIDDEN_HOST_PATHS))
+@pytest.mark.parametrize(
+    "dress",
+    [
+        pytest.param(lambda p: p, id="as-is"),
+        pytest.param(lambda p: p + "/", id="trailing-slash"),
+        pytest.param(lambda p: p + "//", id="trailing-slashes"),
+        pytest.param(lambda p: "/" + p, id="leading-double-slash"),
+        pytest.param(lambda p: p.replace("/", "//"), id="doubled-slashes"),
+        pytest.param(lambda p: p.replace("/", "/./"), id="dot-parts"),
+        pytest.param(lambda p: p.lstrip("/"), id="relative"),
+        pytest.param(lambda p: p + "/sub/dir", id="inside"),
+        pytest.param(lambda p: p.rsplit("/", 1)[0] or "/", id="parent"),
+        pytest.param(lambda p: "/var" + p if p.startswith("/run") else p, id="var-run-alias"),
+    ],
+)
+def test_every_protected_host_path_is_refused_however_written(protected: str, dress: Any) -> None:
+    path = dress(protected)
+    verdict = review_pod(_mounting(path))
+    assert not verdict.allowed
+    (refusal,) = verdict.refusals
+    assert refusal.startswith(f"spec.volumes[0].hostPath.path: {path!r}") and "remove the volume" in refusal
+
+
+@pytest.mark.parametrize(
+    ("path", "names"),
+    [
+        (
+            "/var/lib/neuronetes/shim",
+            "lies inside /var/lib/neuronetes (the NeuroNetes agent's host directory",
+        ),
+        ("/run/neuronetes/containers", "lies inside /run/neuronetes (the NeuroNetes agent's state"),
+        ("/var/run/nri/", "'/var/run/nri/' (/run/nri) is /run/nri (the container runtime's NRI socket"),
+        ("/etc", "'/etc' contains /etc/cdi (CDI specs"),
+        ("/", "'/' contains /dev"),
+        ("/var/lib/kubelet/pods/x/volumes", "lies inside /var/lib/kubelet (the kubelet's state"),
+        ("/var/lib/../../etc/cdi", "has a '..' part"),
+        ("/home/../run/neuronetes", "has a '..' part"),
+    ],
+)
+def test_the_refusal_names_the_protected_path_and_why(path: str, names: str) -> None:
+    (refusal,) = review_pod(_mounting(path)).refusals
+    assert names in refusal, refusal
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/home/user/datasets",
+        "/mnt/models",
+        "/var/lib/kubelet-data",  # a sibling, not inside
+        "/etc/cdi-notes",
+        "/runtime",
+        "/devices",
+        "/var/lib/postgres",
+        "/data/run/neuronetes",  # the same names elsewhere are other directories
+    ],
+)
+def test_other_host_paths_stay_allowed(path: str) -> None:
+    assert review_pod(_mounting(path)).allowed
+
+
+def test_the_agents_configured_host_paths_are_protected_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``webhook serve --protected-host-path``: the chart passes agent.hostPaths, wherever they are."""
+    monkeypatch.setattr(admission, "_protected_host_paths", dict(admission._protected_host_paths))
+    assert review_pod(_mounting("/opt/gpu/shim")).allowed
+    admission.protect_host_paths(["/opt/gpu/shim/", "/run/neuronetes"])
+    (refusal,) = review_pod(_mounting("/opt/gpu")).refusals
+    assert "'/opt/gpu' contains /opt/gpu/shim (a NeuroNetes agent directory" in refusal
+    # A path already protected keeps its own reason.
+    assert "the NeuroNetes agent's state" in review_pod(_mounting("/run/neuronetes")).refusals[0]
+
+
+def test_the_node_directories_the_agent_uses_are_protected() -> None:
+    """The chart's agent.hostPaths defaults are the contracts' node directories, and each is refused."""
+    values = yaml.safe_load((REPO_ROOT / "helm" / "neuronetes" / "values.yaml").read_text())
+    host_paths = values["agent"]["hostPaths"]
+    assert host_paths["stateDir"] == c.NODE_STATE_DIR
+    assert host_paths["shimDir"] == c.NODE_SHIM_DIR
+    assert host_paths["nriSocketDir"] == c.NODE_NRI_SOCKET_DIR
+    for path in (c.NODE_STATE_DIR, c.NODE_SHIM_DIR, c.NODE_NRI_SOCKET_DIR, "/etc/cdi", "/var/run/cdi"):
+        assert admission.forbidden_host_path(path) is not None, path

@@ -2,7 +2,7 @@
 
 **Admission** (the acceptance: the same at the maximum as at 1 replica): the review the API server
 sends ``/objects`` for ``kubectl create`` of an AgentPool
-(`neuronetes.operator.webhook.admission_response`, the webhook's whole answer short of HTTP and
+(`neuronetes_operator.webhook.admission_response`, the webhook's whole answer short of HTTP and
 TLS): a pool of single-GPU replicas whose template is a two-container inference server (env,
 ports, volumes, probes, node affinity). Each replica count runs in a fresh Python process, which
 first answers two 1-replica reviews (imports, the MIG catalogs and the time-zone data loaded), then:
@@ -91,7 +91,7 @@ def review(replicas: int) -> dict[str, Any]:
 
 def child(replicas: int, runs: int) -> dict[str, Any]:
     """Run in a fresh process: the figures of one replica count."""
-    from neuronetes.operator.webhook import admission_response
+    from neuronetes_operator.webhook import admission_response
 
     for _ in range(2):
         admission_response("/objects", review(1))
@@ -149,10 +149,10 @@ def reconcile_child(replicas: int, runs: int) -> dict[str, Any]:
     """Run in a fresh process: one reconcile's work over a pool of `replicas`, all but its last
     batch there."""
     from neuronetes.api.models import AgentPool, decode
-    from neuronetes.operator.pods import desired_pods
-    from neuronetes.operator.policy import resolve
-    from neuronetes.operator.reconcile import LIST_PAGE, batch, plan, read_pod_page
-    from neuronetes.operator.status import pool_status
+    from neuronetes_operator.pods import desired_pods
+    from neuronetes_operator.policy import resolve
+    from neuronetes_operator.reconcile import LIST_PAGE, batch, plan, read_pod_page
+    from neuronetes_operator.status import pool_status
 
     pool = dict(review(replicas)["request"]["object"])
     pool["metadata"] = {"name": "bench", "namespace": "bench", "uid": "u-1", "generation": 1}

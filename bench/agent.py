@@ -34,12 +34,12 @@ from typing import Any
 
 from kubernetes import config as kube_config
 
-from neuronetes.agent.daemon.fleet import AgentProcess, AgentSettings
-from neuronetes.agent.daemon.kube import GPUNODES_PATH, Kube, KubeError
-from neuronetes.agent.daemon.simulated import SimulatedGpus
 from neuronetes.devcluster import DevCluster
 from neuronetes.devcluster.procs import interrupt_on
 from neuronetes.devcluster.profiles import PROFILES
+from neuronetes_agent.daemon.fleet import AgentProcess, AgentSettings
+from neuronetes_agent.daemon.kube import GPUNODES_PATH, Kube, KubeError
+from neuronetes_agent.daemon.simulated import SimulatedGpus
 
 MIX = (("dgx-a100-80gb", 0.5), ("t4x4-pcie", 0.3), ("a100-40gb-mig", 0.2))
 SELECTOR = ("neuronetes.io/bench", "agent")

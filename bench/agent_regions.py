@@ -43,10 +43,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from neuronetes.agent import region as shim
-from neuronetes.agent.daemon.containers import RECORDS_DIR, ContainerTender
-from neuronetes.agent.daemon.devices import GpuProcess
-from neuronetes.agent.daemon.regions import RegionKeeper
+from neuronetes_agent import region as shim
+from neuronetes_agent.daemon.containers import RECORDS_DIR, ContainerTender
+from neuronetes_agent.daemon.devices import GpuProcess
+from neuronetes_agent.daemon.regions import RegionKeeper
 
 UUID = "GPU-fa4e0000-0000-4000-8000-000000000000"
 MIB = 1 << 20

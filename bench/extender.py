@@ -132,11 +132,11 @@ def serve(port: int, n: int, seed: int) -> None:
     """The server process: fill the cache, then run the app under uvicorn until killed."""
     import uvicorn
 
-    from neuronetes.extender.app import create_app
-    from neuronetes.extender.cache import GpuCache
-    from neuronetes.extender.metrics import ExtenderMetrics
-    from neuronetes.extender.service import ExtenderService
-    from neuronetes.extender.wire import Node, Pod
+    from neuronetes_extender.app import create_app
+    from neuronetes_extender.cache import GpuCache
+    from neuronetes_extender.metrics import ExtenderMetrics
+    from neuronetes_extender.service import ExtenderService
+    from neuronetes_extender.wire import Node, Pod
 
     t0 = time.perf_counter()
     node_objs, pod_objs = cluster(n, seed)

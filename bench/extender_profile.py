@@ -151,18 +151,21 @@ class Stage:
 
 
 def _watch(stack: Stack) -> bool:
-    return _in(stack, "extender/watch.py")
+    return _in(stack, "extender/neuronetes_extender/watch.py")
 
 
 def _bind(stack: Stack) -> bool:
-    return _in(stack, "extender/service.py", "bind")
+    return _in(stack, "extender/neuronetes_extender/service.py", "bind")
 
 
 STAGES: Final[tuple[Stage, ...]] = (
-    Stage("metrics scrape (the benchmark's)", lambda s: _in(s, "extender/metrics.py", "render")),
+    Stage(
+        "metrics scrape (the benchmark's)",
+        lambda s: _in(s, "extender/neuronetes_extender/metrics.py", "render"),
+    ),
     Stage(
         "watch: read stream (kernel)",
-        lambda s: _watch(s) and _in(s, "extender/kube.py", "__iter__"),
+        lambda s: _watch(s) and _in(s, "extender/neuronetes_extender/kube.py", "__iter__"),
         syscall=True,
     ),
     Stage(
@@ -171,34 +174,60 @@ STAGES: Final[tuple[Stage, ...]] = (
             _watch(s) and _has(s, "on_upsert", "upsert_pod", "delete_pod", "replace_pods", "upsert_node")
         ),
     ),
-    Stage("watch: decode event", lambda s: _watch(s) and _in(s, "extender/watch.py", "_event")),
+    Stage(
+        "watch: decode event",
+        lambda s: _watch(s) and _in(s, "extender/neuronetes_extender/watch.py", "_event"),
+    ),
     Stage("watch: other (list, reconnect)", _watch),
     Stage("other threads (reservations, groups)", lambda s: _in(s, "threading.py", "_bootstrap")),
-    Stage("events: post (async, off the bind path)", lambda s: _in(s, "extender/events.py")),
-    Stage("bind: API call (http1)", lambda s: _bind(s) and _in(s, "extender/http1.py")),
-    Stage("bind: API call (kube.py headers, body)", lambda s: _bind(s) and _in(s, "extender/kube.py")),
-    Stage("bind: cache (prepare, done)", lambda s: _bind(s) and _in(s, "extender/cache.py")),
+    Stage(
+        "events: post (async, off the bind path)", lambda s: _in(s, "extender/neuronetes_extender/events.py")
+    ),
+    Stage("bind: API call (http1)", lambda s: _bind(s) and _in(s, "extender/neuronetes_extender/http1.py")),
+    Stage(
+        "bind: API call (kube.py headers, body)",
+        lambda s: _bind(s) and _in(s, "extender/neuronetes_extender/kube.py"),
+    ),
+    Stage(
+        "bind: cache (prepare, done)", lambda s: _bind(s) and _in(s, "extender/neuronetes_extender/cache.py")
+    ),
     Stage("bind: other", _bind),
-    Stage("filter: pod info", lambda s: _in(s, "extender/service.py", "_pod_info")),
+    Stage("filter: pod info", lambda s: _in(s, "extender/neuronetes_extender/service.py", "_pod_info")),
     Stage(
         "filter: decision (cache)",
-        lambda s: _in(s, "extender/service.py", "filter") and _in(s, "extender/cache.py"),
+        lambda s: (
+            _in(s, "extender/neuronetes_extender/service.py", "filter")
+            and _in(s, "extender/neuronetes_extender/cache.py")
+        ),
     ),
-    Stage("filter: other", lambda s: _in(s, "extender/service.py", "filter")),
-    Stage("prioritize", lambda s: _in(s, "extender/service.py", "prioritize")),
-    Stage("body decode", lambda s: _in(s, "extender/bodies.py") or _in(s, "extender/app.py", "bind_verb")),
+    Stage("filter: other", lambda s: _in(s, "extender/neuronetes_extender/service.py", "filter")),
+    Stage("prioritize", lambda s: _in(s, "extender/neuronetes_extender/service.py", "prioritize")),
+    Stage(
+        "body decode",
+        lambda s: (
+            _in(s, "extender/neuronetes_extender/bodies.py")
+            or _in(s, "extender/neuronetes_extender/app.py", "bind_verb")
+        ),
+    ),
     Stage(
         "verb glue, answer encode",
-        lambda s: _leaf_in(s, "extender/app.py") or _in(s, "extender/wire.py", "encode"),
+        lambda s: (
+            _leaf_in(s, "extender/neuronetes_extender/app.py")
+            or _in(s, "extender/neuronetes_extender/wire.py", "encode")
+        ),
     ),
-    Stage("metrics observe", lambda s: _in(s, "extender/metrics.py") or _has(s, "prometheus_client")),
+    Stage(
+        "metrics observe",
+        lambda s: _in(s, "extender/neuronetes_extender/metrics.py") or _has(s, "prometheus_client"),
+    ),
     Stage(
         "HTTP: answer socket writes (kernel)",
         lambda s: _in(s[-1:], "uvicorn/protocols/http/httptools_impl.py", "send"),
         syscall=True,
     ),
     Stage(
-        "HTTP: FastAPI/Starlette", lambda s: _has(s, "/fastapi/", "/starlette/") or _in(s, "extender/app.py")
+        "HTTP: FastAPI/Starlette",
+        lambda s: _has(s, "/fastapi/", "/starlette/") or _in(s, "extender/neuronetes_extender/app.py"),
     ),
     Stage("HTTP: uvicorn", lambda s: _has(s, "/uvicorn/", "httptools", "/h11/")),
     Stage("event loop (asyncio, uvloop)", lambda s: _has(s, "/asyncio/", "uvloop")),

@@ -1,6 +1,6 @@
 """Cost of one scrape of the extender's /metrics, and how long it holds the GPU cache's lock.
 
-The fragmentation and pending-gang gauges (extender/demand.py) are measured at scrape time: one
+The fragmentation and pending-gang gauges (`neuronetes_extender.demand`) are measured at scrape time: one
 pass over the pods and a few array copies under the cache's lock, then NumPy per distinct
 pending shape outside it. For each size (N 8-GPU nodes, P pending GPU pods of mixed shapes, no
 API server: the cache is filled through its own ``replace_nodes``/``replace_pods``) this prints
@@ -24,12 +24,12 @@ import msgspec
 
 from neuronetes import contracts as c
 from neuronetes.devcluster.profiles import PROFILES, node_manifest
-from neuronetes.extender.cache import GpuCache
-from neuronetes.extender.demand import take_inputs
-from neuronetes.extender.events import EventRecorder
-from neuronetes.extender.metrics import ExtenderMetrics
-from neuronetes.extender.watch import WatchHealth
-from neuronetes.extender.wire import Node, Pod
+from neuronetes_extender.cache import GpuCache
+from neuronetes_extender.demand import take_inputs
+from neuronetes_extender.events import EventRecorder
+from neuronetes_extender.metrics import ExtenderMetrics
+from neuronetes_extender.watch import WatchHealth
+from neuronetes_extender.wire import Node, Pod
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from pod_builder import manifest, served

@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "tests" / "fixtures" / "workstation" / "gpu_job.py"
 FAKE = REPO / "node-agent" / "shim" / "build" / "release" / "fake"
 
-from neuronetes.agent.standalone import client  # noqa: E402
-from neuronetes.agent.standalone import protocol as p  # noqa: E402
+from neuronetes_agent.workstation import client  # noqa: E402
+from neuronetes_agent.workstation import protocol as p  # noqa: E402
 
 
 def _call(state: Path, request: Any) -> Any:

@@ -49,17 +49,10 @@ else
     py="$(command -v python3)"
 fi
 
-# ---- this checkout's packages, importable as installed (neuronetes.agent = node-agent/, ...) --------
-shadow="$build/py"
-rm -rf "$shadow"
-mkdir -p "$shadow/neuronetes"
-for entry in "$REPO_ROOT"/neuronetes/*; do
-    ln -s "$entry" "$shadow/neuronetes/$(basename "$entry")"
-done
-ln -s "$REPO_ROOT/node-agent" "$shadow/neuronetes/agent"
-ln -s "$REPO_ROOT/operator" "$shadow/neuronetes/operator"
-ln -s "$REPO_ROOT/extender" "$shadow/neuronetes/extender"
-pythonpath="$shadow"
+# ---- this checkout's packages, importable as installed (the folders that hold them) ----------
+# neuronetes/ is at the root; neuronetes_operator, neuronetes_extender and neuronetes_agent are in
+# operator/, extender/ and node-agent/ (docs/architecture.md, "Packages").
+pythonpath="$REPO_ROOT:$REPO_ROOT/operator:$REPO_ROOT/extender:$REPO_ROOT/node-agent"
 if [[ -n "$wheels" ]]; then
     echo ">> installing $(ls "$wheels"/*.whl | wc -l) wheels from $wheels (offline, for this run)" >&2
     rm -rf "$build/site"
@@ -95,8 +88,8 @@ else
 fi
 [[ -n "$only" ]] && runner_args+=(--only "$only")
 
-# `python -m` puts the working directory first on sys.path: run from the output folder, never from the
-# repository root, whose operator/ would shadow the standard library's `operator`.
+# `python -m` puts the working directory first on sys.path: run from the output folder, where the
+# checks write, so nothing there stands in for a module.
 cd "$out"
 exec "$py" -m neuronetes.gpuvalidate --out "$out" --shim "$shim_build/lib/libneuronetes-cuda.so" \
     --launch-probe "$shim_build/launch_probe" "${runner_args[@]}"

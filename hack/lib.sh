@@ -11,9 +11,7 @@ neuronetes_setup_venv() {
     local venv
     venv="$(realpath -m "${NEURONETES_VENV:-$REPO_ROOT/.venv}")"
     local python="${PYTHON:-python3}"
-    # `python -m` puts the working directory first on sys.path, and in the repository root the
-    # folder operator/ (the package neuronetes.operator) would shadow the standard library's
-    # `operator`: run these from / instead.
+    # Run from /, so the working directory's folders never stand in for installed modules.
     if [[ ! -x "$venv/bin/python" ]]; then
         echo ">> creating virtual environment $venv" >&2
         (cd / && "$python" -m venv "$venv")

@@ -1,7 +1,7 @@
 """Smoke test of the image's shim (run by hack/build-image-contents.sh smoke, with the staged
 venv's python, the staged shim in LD_PRELOAD and the fake driver on LD_LIBRARY_PATH).
 
-The venv's own region writer (the agent's `neuronetes.agent.region`) gives fake GPU 0 a 64 MiB
+The venv's own region writer (the agent's `neuronetes_agent.region`) gives fake GPU 0 a 64 MiB
 limit; through the shim, a 32 MiB allocation succeeds and a 64 MiB one more is refused with
 CUDA_ERROR_OUT_OF_MEMORY, and the device reports the limit as its size. Exits non-zero with one
 line on stderr otherwise.
@@ -13,7 +13,7 @@ import ctypes
 import os
 import sys
 
-from neuronetes.agent import region as r
+from neuronetes_agent import region as r
 
 MIB = 1 << 20
 FAKE_GPU0 = "GPU-fa4e0000-0000-4000-8000-000000000000"  # the fake driver's device 0

@@ -22,8 +22,8 @@ from typing import Any
 
 import uvicorn
 
-from neuronetes.extender.server import SHUTTING_DOWN, ListenPolicy, free_port, uvicorn_config
-from neuronetes.extender.service import ExtenderService
+from neuronetes_extender.server import SHUTTING_DOWN, ListenPolicy, free_port, uvicorn_config
+from neuronetes_extender.service import ExtenderService
 
 __all__ = ["ExtenderProcess", "ExtenderThread", "free_port", "terminate"]
 
@@ -195,8 +195,8 @@ def serve_fake(port: int, max_body_bytes: int) -> None:
     loopback `port` until killed: for tests that need a real HTTP server in another process."""
     from extender_support import FakeApi, node_objects, synced_cache
 
-    from neuronetes.extender.app import create_app
-    from neuronetes.extender.config import ExtenderSettings
+    from neuronetes_extender.app import create_app
+    from neuronetes_extender.config import ExtenderSettings
 
     cache = synced_cache(node_objects({"dgx-a100-80gb": 4}), ExtenderSettings(max_body_bytes=max_body_bytes))
     app = create_app(ExtenderService(cache, FakeApi(cache=cache)))

@@ -20,12 +20,12 @@ from pod_builder import container, manifest, new_uid, served
 
 from neuronetes import contracts as c
 from neuronetes.devcluster.profiles import node_manifest, profile
-from neuronetes.extender.bodies import NodeSet
-from neuronetes.extender.cache import GpuCache
-from neuronetes.extender.config import ExtenderSettings
-from neuronetes.extender.kube import KubeError
-from neuronetes.extender.service import ExtenderService
-from neuronetes.extender.wire import ExtenderBindingArgs, ExtenderBindingResult, Node, Pod
+from neuronetes_extender.bodies import NodeSet
+from neuronetes_extender.cache import GpuCache
+from neuronetes_extender.config import ExtenderSettings
+from neuronetes_extender.kube import KubeError
+from neuronetes_extender.service import ExtenderService
+from neuronetes_extender.wire import ExtenderBindingArgs, ExtenderBindingResult, Node, Pod
 
 
 def node_objects(spec: Mapping[str, int], prefix: str = "n") -> list[dict[str, Any]]:

@@ -13,15 +13,15 @@ from typing import Any
 
 from pod_builder import node_view
 
-from neuronetes.agent.daemon.backstop import Backstop
-from neuronetes.agent.daemon.containers import RECORDS_DIR, ContainerTender
-from neuronetes.agent.daemon.ledger import LEDGER_FILE, LedgerWriter
-from neuronetes.agent.daemon.node import NodeAgent
-from neuronetes.agent.daemon.pods import PodUse, pod_use
-from neuronetes.agent.daemon.reconcile import Policy
-from neuronetes.agent.daemon.regions import RegionKeeper
-from neuronetes.agent.daemon.simulated import SimulatedGpus
 from neuronetes.devcluster.profiles import PROFILES
+from neuronetes_agent.daemon.backstop import Backstop
+from neuronetes_agent.daemon.containers import RECORDS_DIR, ContainerTender
+from neuronetes_agent.daemon.ledger import LEDGER_FILE, LedgerWriter
+from neuronetes_agent.daemon.node import NodeAgent
+from neuronetes_agent.daemon.pods import PodUse, pod_use
+from neuronetes_agent.daemon.reconcile import Policy
+from neuronetes_agent.daemon.regions import RegionKeeper
+from neuronetes_agent.daemon.simulated import SimulatedGpus
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 NODE = "gpu-node-1"

@@ -129,9 +129,9 @@ def exported_metric_names() -> dict[str, set[str]]:
     """Component -> the sample names its registry exports, built in-process as each process does."""
     from extender_support import node_objects, synced_cache
 
-    from neuronetes.agent.daemon.exporter import AgentCollector
-    from neuronetes.extender.app import create_app
-    from neuronetes.extender.service import ExtenderService
+    from neuronetes_agent.daemon.exporter import AgentCollector
+    from neuronetes_extender.app import create_app
+    from neuronetes_extender.service import ExtenderService
 
     app = create_app(ExtenderService(synced_cache(node_objects({"t4x4-pcie": 1}))))
     agent = CollectorRegistry(auto_describe=False)

@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from neuronetes.agent import region as shim
+from neuronetes_agent import region as shim
 
 MIB = 1 << 20
 

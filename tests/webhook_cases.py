@@ -2,7 +2,7 @@
 
 `OBJECT_CASES`: NeuroNetes objects that must be refused, with the substring of the refusal that
 names the field and where the refusal comes from (``crd``: the API server's schema/CEL,
-``webhook``: `neuronetes.operator.validation`). `VALID_OBJECTS`: edge cases that must be accepted.
+``webhook``: `neuronetes_operator.validation`). `VALID_OBJECTS`: edge cases that must be accepted.
 `POD_CASES`: pods asking for NeuroNetes GPUs that the pod webhook must refuse.
 """
 

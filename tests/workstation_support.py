@@ -7,11 +7,11 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from neuronetes.agent.standalone.checkpoint import CudaCheckpoint
-from neuronetes.agent.standalone.gpus import Gpus, open_backend
-from neuronetes.agent.standalone.launcher import Launcher
-from neuronetes.agent.standalone.scheduler import Config, Scheduler
-from neuronetes.agent.standalone.store import Store
+from neuronetes_agent.workstation.checkpoint import CudaCheckpoint
+from neuronetes_agent.workstation.gpus import Gpus, open_backend
+from neuronetes_agent.workstation.launcher import Launcher
+from neuronetes_agent.workstation.scheduler import Config, Scheduler
+from neuronetes_agent.workstation.store import Store
 
 
 @contextlib.contextmanager

@@ -167,7 +167,7 @@ class InterruptionThreshold(_Object):
 
 
 class CostOptimization(_Object):
-    enabled: bool | None = None  # unset: resolved by neuronetes.operator.policy (docs/agentpool.md)
+    enabled: bool | None = None  # unset: resolved by neuronetes_operator.policy (docs/agentpool.md)
     slo_headroom_ms: NonNegative | None = None
     max_cost_per_hour: Annotated[float, Meta(ge=0)] | None = None
     spot_enabled: bool = False

@@ -19,8 +19,8 @@ __all__ = ["agent", "agent_commands", "agent_main"]
 
 
 def agent_commands() -> Any:
-    """node-agent/daemon/commands.py, installed as neuronetes.agent (a mapping mypy cannot follow)."""
-    return importlib.import_module("neuronetes.agent.daemon.commands")
+    """The agent's commands (`neuronetes_agent.daemon.commands`), imported when used."""
+    return importlib.import_module("neuronetes_agent.daemon.commands")
 
 
 @group("agent", help="The node agent.")

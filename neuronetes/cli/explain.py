@@ -19,7 +19,7 @@ from .output import emit, output_option
 
 __all__ = ["explain", "parse_placement", "parse_rejections"]
 
-# The extender's Event reasons (extender/service.py): one name, read here.
+# The extender's Event reasons (extender/neuronetes_extender/service.py): one name, read here.
 ASSIGNED: Final = "GpusAssigned"
 REJECTED: Final = "GpuFilterRejected"
 FAILED_SCHEDULING: Final = "FailedScheduling"

@@ -61,7 +61,7 @@ def extender() -> None:
 )
 @LOG_LEVEL
 def serve(**opts: Any) -> int:
-    # Through importlib: extender/ is installed as neuronetes.extender, which mypy cannot follow;
+    # Through importlib: extender/ is installed as neuronetes_extender, which mypy cannot follow;
     # imported here because the HTTP stack is only the extender's.
-    server = importlib.import_module("neuronetes.extender.server")
+    server = importlib.import_module("neuronetes_extender.server")
     return int(server.serve(argparse.Namespace(**opts)))

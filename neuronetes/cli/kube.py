@@ -24,7 +24,7 @@ TIMEOUT_S: Final = 15.0
 
 def offline_gpus(gpunode: dict[str, Any]) -> set[str]:
     """The UUIDs `neuronetes offline` holds out of service on this GPUNode (the agent's annotation)."""
-    key = importlib.import_module("neuronetes.agent.daemon.node").ANNOTATION_OFFLINE_GPUS
+    key = importlib.import_module("neuronetes_agent.daemon.node").ANNOTATION_OFFLINE_GPUS
     raw = ((gpunode.get("metadata") or {}).get("annotations") or {}).get(key, "")
     return {u.strip() for u in str(raw).split(",") if u.strip()}
 

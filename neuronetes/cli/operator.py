@@ -21,8 +21,8 @@ PRIORITY_TIERS = click.option(
 
 
 def _main_module() -> Any:
-    # Through importlib: operator/ is installed as neuronetes.operator, which mypy cannot follow.
-    return importlib.import_module("neuronetes.operator.main")
+    # Through importlib: operator/ is installed as neuronetes_operator, which mypy cannot follow.
+    return importlib.import_module("neuronetes_operator.main")
 
 
 @group("operator", help="The AgentPool/GPUSlice/ToolBinding operator.")

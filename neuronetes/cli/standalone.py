@@ -34,9 +34,8 @@ STATE_DIR = click.option(
 
 
 def standalone(module: str) -> Any:
-    """A module of node-agent/standalone, installed as neuronetes.agent.standalone (a mapping mypy
-    cannot follow)."""
-    return importlib.import_module(f"neuronetes.agent.standalone.{module}")
+    """A module of `neuronetes_agent.workstation`, imported when used."""
+    return importlib.import_module(f"neuronetes_agent.workstation.{module}")
 
 
 def target_state_dir(option: str | None, kubeconfig: str | None = None) -> Path | None:

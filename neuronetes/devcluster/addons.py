@@ -39,7 +39,7 @@ KWOK_SELECTOR: Final = "type=kwok"
 
 def agent_argv(at: Layout) -> list[str]:
     """The fleet agent serving every simulated node, metrics on the cluster's port for it."""
-    fleet: Any = importlib.import_module("neuronetes.agent.daemon.fleet")
+    fleet: Any = importlib.import_module("neuronetes_agent.daemon.fleet")
     argv: list[str] = fleet.fleet_agent_argv(
         at.kubeconfig, KWOK_SELECTOR, metrics_port=at.ports["agent_metrics"]
     )
@@ -73,8 +73,8 @@ def start_addons(
         sup.spawn(state, AGENT, agent_argv(at))
     if not state.run_operator:
         return
-    launch: Any = importlib.import_module("neuronetes.operator.launch")
-    webhook: Any = importlib.import_module("neuronetes.operator.webhook")
+    launch: Any = importlib.import_module("neuronetes_operator.launch")
+    webhook: Any = importlib.import_module("neuronetes_operator.webhook")
     cert_dir = at.state_dir / "webhook-certs"
     ca_pem: bytes = webhook.ensure_certificate(cert_dir)
     port = at.ports["webhook"]
@@ -88,7 +88,7 @@ def start_addons(
     for obj in launch.webhook_configurations(ca_pem, url):
         kubectl("apply", "-f", "-", input=json.dumps(obj))
     # The default priority tiers' PriorityClasses (the chart creates them in a cluster).
-    tiers: Any = importlib.import_module("neuronetes.operator.tiers")
+    tiers: Any = importlib.import_module("neuronetes_operator.tiers")
     for obj in launch.priority_classes(tiers.DEFAULT_TIERS):
         kubectl("apply", "-f", "-", input=json.dumps(obj))
     settings = at.state_dir / "operator.json"

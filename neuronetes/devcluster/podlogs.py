@@ -113,7 +113,7 @@ class LogServer:
     """Serves `find`'s log files on a free loopback port, HTTPS with a certificate in `cert_dir`."""
 
     def __init__(self, cert_dir: Path, find: FindLog) -> None:
-        webhook: Any = importlib.import_module("neuronetes.operator.webhook")
+        webhook: Any = importlib.import_module("neuronetes_operator.webhook")
         webhook.ensure_certificate(cert_dir)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert_dir / webhook.CERT_FILE, cert_dir / webhook.KEY_FILE)

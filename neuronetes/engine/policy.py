@@ -16,7 +16,7 @@ SEED_004_WEIGHTS: Mapping[str, float] = MappingProxyType(
     {"availability": 0.30, "topology": 0.25, "model_cache": 0.20, "cost": 0.15, "data_locality": 0.10}
 )
 """The default scoring split: availability 30 %, topology 25 %, model cache 20 %, cost 15 %,
-data locality 10 % (documented in the extender's settings, `extender/config.py`)."""
+data locality 10 % (documented in the extender's settings, `extender/neuronetes_extender/config.py`)."""
 
 DEFAULT_FRAG_WEIGHTS: Mapping[str, float] = MappingProxyType(
     {

@@ -34,9 +34,11 @@ def used_offset() -> tuple[str, int]:
     """Where ``devices[0].memory_used_bytes`` lives: the file of the region directory (the
     container's state file) and the byte offset in it. A workload reads the shim's account there at
     the moment it reports (``--offset FILE:OFFSET``; the directory is ``NEURONETES_REGION_DIR``)."""
-    from neuronetes.agent import region as r
+    from neuronetes_agent import region as r
 
-    return r.STATE_NAME, int(r.NnState.devices.offset) + int(r.NnDeviceUsage.memory_used_bytes.offset)
+    return r.STATE_NAME, r.field_offset(r.NnState, "devices") + r.field_offset(
+        r.NnDeviceUsage, "memory_used_bytes"
+    )
 
 
 def offset_arg() -> list[str]:
@@ -121,7 +123,7 @@ class Context:
     ) -> Path:
         """A region (its directory: control and state files) for the GPU under test, written by the
         agent's region writer (admitted), at ``regions/NAME`` of the check's folder or at `at`."""
-        from neuronetes.agent import region as r
+        from neuronetes_agent import region as r
 
         path = self.path(f"regions/{name}") if at is None else at
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,7 +135,7 @@ class Context:
 
     def region_figures(self, path: Path) -> dict[str, int]:
         """The device's account as the shim left it (the state file, read as the agent reads it)."""
-        from neuronetes.agent import region as r
+        from neuronetes_agent import region as r
 
         with r.open_region(path, writable=False) as reg:
             snap = reg.read_state()

@@ -21,11 +21,11 @@ from e2e_prometheus import PrometheusServer, free_port, needs_prometheus
 from extender_harness import ExtenderThread
 
 from neuronetes import contracts as c
-from neuronetes.agent.daemon.fleet import start_fleet_agent
 from neuronetes.cli import main as cli
 from neuronetes.devcluster import ExtenderConfig
 from neuronetes.devcluster.profiles import KWOK_TAINT, PROFILES
-from neuronetes.extender.server import build
+from neuronetes_agent.daemon.fleet import start_fleet_agent
+from neuronetes_extender.server import build
 
 pytestmark = pytest.mark.e2e
 

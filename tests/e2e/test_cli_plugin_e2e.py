@@ -25,9 +25,9 @@ from extender_harness import ExtenderThread, free_port, terminate
 from pod_builder import manifest
 
 from neuronetes import contracts as c
-from neuronetes.agent.daemon.fleet import start_fleet_agent
 from neuronetes.devcluster import ExtenderConfig
-from neuronetes.extender.server import build
+from neuronetes_agent.daemon.fleet import start_fleet_agent
+from neuronetes_extender.server import build
 
 pytestmark = pytest.mark.e2e
 

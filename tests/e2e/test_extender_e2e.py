@@ -22,10 +22,10 @@ from pod_builder import container, manifest
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
-from neuronetes.extender.bodies import NodeSet
-from neuronetes.extender.server import Extender, build
-from neuronetes.extender.service import ExtenderService
-from neuronetes.extender.wire import ExtenderFilterResult
+from neuronetes_extender.bodies import NodeSet
+from neuronetes_extender.server import Extender, build
+from neuronetes_extender.service import ExtenderService
+from neuronetes_extender.wire import ExtenderFilterResult
 
 pytestmark = pytest.mark.e2e
 

@@ -119,7 +119,7 @@ def test_components_run_as_host_processes_with_the_rendered_configuration(
         assert user["extra"]["authentication.kubernetes.io/pod-uid"] == [meta["uid"]]
     # The guide's `kubectl logs` works: the API server asks the node's "kubelet", the runner answers.
     logs = dev.kubectl("logs", "-n", NS, "deployment/gpu-scheduler", "-c", "extender").stdout
-    assert "neuronetes.extender" in logs and "=== " not in logs
+    assert "neuronetes_extender" in logs and "=== " not in logs
     # The settings the extenders read are the chart's values.
     settings = get(dev, "configmap", "neuronetes-extender-settings", "-n", NS)["data"]["settings.yaml"]
     assert msgspec.yaml.decode(settings)["filterTopK"] == 3

@@ -22,17 +22,17 @@ from handoff_support import cgroup_tree, write_record
 from region_fakes import fake_process
 
 from neuronetes import contracts as c
-from neuronetes.agent.daemon.backstop import Backstop
-from neuronetes.agent.daemon.containers import ContainerTender
-from neuronetes.agent.daemon.kube import Kube
-from neuronetes.agent.daemon.node import NodeAgent
-from neuronetes.agent.daemon.pods import pod_use
-from neuronetes.agent.daemon.reconcile import Policy
-from neuronetes.agent.daemon.regions import RegionKeeper
-from neuronetes.agent.daemon.simulated import SimulatedGpus
 from neuronetes.devcluster import ExtenderConfig
 from neuronetes.devcluster.profiles import KWOK_TAINT, PROFILES
-from neuronetes.extender.server import build
+from neuronetes_agent.daemon.backstop import Backstop
+from neuronetes_agent.daemon.containers import ContainerTender
+from neuronetes_agent.daemon.kube import Kube
+from neuronetes_agent.daemon.node import NodeAgent
+from neuronetes_agent.daemon.pods import pod_use
+from neuronetes_agent.daemon.reconcile import Policy
+from neuronetes_agent.daemon.regions import RegionKeeper
+from neuronetes_agent.daemon.simulated import SimulatedGpus
+from neuronetes_extender.server import build
 
 pytestmark = pytest.mark.e2e
 

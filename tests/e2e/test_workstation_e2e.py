@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from workstation_harness import MIB, Daemon, kill_leftovers, process_alive, running_daemon, wait_for
 
-from neuronetes.agent.standalone import protocol as p
+from neuronetes_agent.workstation import protocol as p
 
 pytestmark = pytest.mark.e2e
 

@@ -23,8 +23,8 @@ from workstation_harness import (
     wait_for,
 )
 
-from neuronetes.agent.standalone import client, containment
-from neuronetes.agent.standalone import protocol as p
+from neuronetes_agent.workstation import client, containment
+from neuronetes_agent.workstation import protocol as p
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from shim_build import BUILD, SHIM, build
 
-from neuronetes.agent.standalone import client, containment
-from neuronetes.agent.standalone import protocol as p
 from neuronetes.cli import main as cli_main
+from neuronetes_agent.workstation import client, containment
+from neuronetes_agent.workstation import protocol as p
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "tests" / "fixtures" / "workstation" / "gpu_job.py"

@@ -1,4 +1,4 @@
-"""NVML reconciliation in the agent (node-agent/daemon/backstop.py and `NodeAgent`; docs/gpu-health.md
+"""NVML reconciliation in the agent (`neuronetes_agent.daemon.backstop` and `NodeAgent`; docs/gpu-health.md
 "Reconciliation"): the agent of a node with simulated GPUs, real shim regions, the NRI plugin's
 container records, a cgroup tree as the kernel shows it and a fake ``/proc``. A process in a
 shared-GPU container that NVML lists but that holds no registered slot gets its pod evicted after
@@ -16,11 +16,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from region_fakes import MIB, claim, fake_process
 
 from neuronetes import contracts as c
-from neuronetes.agent import region as shim
-from neuronetes.agent.daemon.backstop import cgroup_members
-from neuronetes.agent.daemon.exporter import AgentCollector
-from neuronetes.agent.daemon.node import NodeAgent
-from neuronetes.agent.daemon.reconcile import Mode, Policy
+from neuronetes_agent import region as shim
+from neuronetes_agent.daemon.backstop import cgroup_members
+from neuronetes_agent.daemon.exporter import AgentCollector
+from neuronetes_agent.daemon.node import NodeAgent
+from neuronetes_agent.daemon.reconcile import Mode, Policy
 
 pytestmark = pytest.mark.unit
 

@@ -68,8 +68,8 @@ def test_agent_on_a_node_without_nvml_exits_with_one_line(
 def test_reconciliation_flags_reach_the_agents_policy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from neuronetes.agent.daemon import fleet
-    from neuronetes.agent.daemon.reconcile import Mode, Policy
+    from neuronetes_agent.daemon import fleet
+    from neuronetes_agent.daemon.reconcile import Mode, Policy
 
     seen: list[Policy] = []
 

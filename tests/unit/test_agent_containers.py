@@ -36,11 +36,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from region_fakes import MIB, apply_orders, claim, fake_process
 
 from neuronetes import contracts as c
-from neuronetes.agent import region as shim
-from neuronetes.agent.daemon.containers import RECORDS_DIR, ContainerTender, cgroup_dir, read_records
-from neuronetes.agent.daemon.exporter import AgentCollector
-from neuronetes.agent.daemon.hostpids import start_ticks
-from neuronetes.agent.daemon.regions import RegionKeeper
+from neuronetes_agent import region as shim
+from neuronetes_agent.daemon.containers import RECORDS_DIR, ContainerTender, cgroup_dir, read_records
+from neuronetes_agent.daemon.exporter import AgentCollector
+from neuronetes_agent.daemon.hostpids import start_ticks
+from neuronetes_agent.daemon.regions import RegionKeeper
 
 pytestmark = pytest.mark.unit
 

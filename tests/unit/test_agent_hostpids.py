@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from region_fakes import MIB, apply_orders, claim, fake_process, state_file
 
-from neuronetes.agent import region as shim
-from neuronetes.agent.daemon import hostpids
-from neuronetes.agent.daemon.devices import GpuProcess
-from neuronetes.agent.daemon.regions import RegionKeeper
+from neuronetes_agent import region as shim
+from neuronetes_agent.daemon import hostpids
+from neuronetes_agent.daemon.devices import GpuProcess
+from neuronetes_agent.daemon.regions import RegionKeeper
 
 pytestmark = pytest.mark.unit
 

@@ -21,11 +21,11 @@ from nri_tools import build_nri_tool
 from shim_build import build
 
 from neuronetes import contracts as c
-from neuronetes.agent.daemon import inventory as inv
-from neuronetes.agent.daemon.fleet import AgentProcess, AgentSettings
-from neuronetes.agent.daemon.node import NodeAgent
-from neuronetes.agent.daemon.simulated import SimulatedGpus
 from neuronetes.devcluster.profiles import PROFILES
+from neuronetes_agent.daemon import inventory as inv
+from neuronetes_agent.daemon.fleet import AgentProcess, AgentSettings
+from neuronetes_agent.daemon.node import NodeAgent
+from neuronetes_agent.daemon.simulated import SimulatedGpus
 
 pytestmark = pytest.mark.unit
 

@@ -14,9 +14,9 @@ import pytest
 from handoff_support import NODE, UID_A, UID_B, Clock, QuietKube, gpus_of, ledger_doc, pod, use
 from nri_tools import build_nri_tool
 
-from neuronetes.agent.daemon.ledger import LEDGER_FILE, LedgerWriter
-from neuronetes.agent.daemon.simulated import SimulatedGpus
 from neuronetes.devcluster.profiles import LABEL_PROFILE, PROFILES
+from neuronetes_agent.daemon.ledger import LEDGER_FILE, LedgerWriter
+from neuronetes_agent.daemon.simulated import SimulatedGpus
 
 pytestmark = pytest.mark.unit
 
@@ -105,7 +105,7 @@ def test_the_plugin_admits_from_the_agents_ledger_and_refuses_a_double_booking(
 
 
 def test_an_agent_for_a_real_node_hands_off_and_a_fleet_does_not(tmp_path: Path) -> None:
-    from neuronetes.agent.daemon.fleet import AgentProcess, AgentSettings
+    from neuronetes_agent.daemon.fleet import AgentProcess, AgentSettings
 
     sim = SimulatedGpus(PROFILES["dgx-a100-80gb"], NODE)
     state = tmp_path / "state"
@@ -136,7 +136,7 @@ def test_an_agent_for_a_real_node_hands_off_and_a_fleet_does_not(tmp_path: Path)
 
 
 def test_a_pod_deleted_while_the_watch_was_down_is_reported_deleted_at_the_relist() -> None:
-    from neuronetes.agent.daemon.kube import Informer
+    from neuronetes_agent.daemon.kube import Informer
 
     lists = [
         [pod(UID_A, "a", []), pod(UID_B, "b", [])],

@@ -20,13 +20,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from region_fakes import state_file
 
 from neuronetes import contracts as c
-from neuronetes.agent import region
-from neuronetes.agent.daemon.exporter import AgentCollector
-from neuronetes.agent.daemon.node import ANNOTATION_OFFLINE_GPUS, REQUEST_PREFIX, NodeAgent
-from neuronetes.agent.daemon.pods import pod_use
-from neuronetes.agent.daemon.regions import RegionKeeper
-from neuronetes.agent.daemon.simulated import SimulatedGpus
 from neuronetes.devcluster.profiles import PROFILES
+from neuronetes_agent import region
+from neuronetes_agent.daemon.exporter import AgentCollector
+from neuronetes_agent.daemon.node import ANNOTATION_OFFLINE_GPUS, REQUEST_PREFIX, NodeAgent
+from neuronetes_agent.daemon.pods import pod_use
+from neuronetes_agent.daemon.regions import RegionKeeper
+from neuronetes_agent.daemon.simulated import SimulatedGpus
 
 pytestmark = pytest.mark.unit
 

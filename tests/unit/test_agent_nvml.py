@@ -13,8 +13,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from neuronetes.agent.daemon.devices import DiscoveryError, GpuLost
-from neuronetes.agent.daemon.nvml import NvmlGpus
+from neuronetes_agent.daemon.devices import DiscoveryError, GpuLost
+from neuronetes_agent.daemon.nvml import NvmlGpus
 
 pytestmark = pytest.mark.unit
 

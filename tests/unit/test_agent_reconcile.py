@@ -1,4 +1,4 @@
-"""NVML reconciliation's decisions (node-agent/daemon/reconcile.py; docs/gpu-health.md
+"""NVML reconciliation's decisions (node-agent/neuronetes_agent/daemon/reconcile.py; docs/gpu-health.md
 "Reconciliation", docs/threat-model.md "Reconciliation"): each rule, the tolerance, the grace,
 slices against whole GPUs and MIG instances, and a process of another pod on the same GPU."""
 
@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 
 import pytest
 
-from neuronetes.agent.daemon.reconcile import (
+from neuronetes_agent.daemon.reconcile import (
     ContainerView,
     Finding,
     Grant,

@@ -47,9 +47,9 @@ from neuronetes.devcluster.tools import Toolchain, read_versions
 
 pytestmark = pytest.mark.unit
 
-launch: Any = importlib.import_module("neuronetes.operator.launch")
-operator_settings: Any = importlib.import_module("neuronetes.operator.settings")
-extender_config: Any = importlib.import_module("neuronetes.extender.config")
+launch: Any = importlib.import_module("neuronetes_operator.launch")
+operator_settings: Any = importlib.import_module("neuronetes_operator.settings")
+extender_config: Any = importlib.import_module("neuronetes_extender.config")
 
 
 def _config_map_file(objects: Any, name: str, key: str) -> Any:

@@ -265,9 +265,9 @@ def test_the_scheduler_gets_the_api_priority_kube_scheduler_has(tmp_path: Path) 
 
 def test_the_priority_tiers_are_the_operators_defaults_and_their_classes_the_local_clusters() -> None:
     """The chart creates the tiers' PriorityClasses and hands the operator and the webhook the same
-    tiers file: what a local cluster gets from neuronetes.operator.launch."""
-    tiers = importlib.import_module("neuronetes.operator.tiers")
-    launch = importlib.import_module("neuronetes.operator.launch")
+    tiers file: what a local cluster gets from neuronetes_operator.launch."""
+    tiers = importlib.import_module("neuronetes_operator.tiers")
+    launch = importlib.import_module("neuronetes_operator.launch")
     values = yaml.safe_load((CHART / "values.yaml").read_text())["priorityTiers"]
     assert msgspec.convert(values, list[tiers.PriorityTier]) == list(tiers.DEFAULT_TIERS)
     rendered = one(default_objects(), "ConfigMap", "neuronetes-priority-tiers")["data"]["tiers.yaml"]

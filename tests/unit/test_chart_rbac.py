@@ -17,7 +17,7 @@ from neuronetes.devcluster.access import EXTENDER_NAMESPACE, EXTENDER_SERVICE_AC
 
 pytestmark = pytest.mark.unit
 
-launch: Any = importlib.import_module("neuronetes.operator.launch")
+launch: Any = importlib.import_module("neuronetes_operator.launch")
 ROLE_KINDS = ("Role", "ClusterRole")
 BINDING_KINDS = ("RoleBinding", "ClusterRoleBinding")
 

@@ -14,10 +14,10 @@ from pod_builder import manifest
 from neuronetes import contracts as c
 from neuronetes.cli.explain import parse_placement, parse_rejections
 from neuronetes.cli.views import cluster_views
-from neuronetes.extender.events import rejections_note
-from neuronetes.extender.results import Explanation
 from neuronetes.sim.cluster_trace import node_rows, pod_rows, write_trace
 from neuronetes.sim.trace import load_nodes, load_pods
+from neuronetes_extender.events import rejections_note
+from neuronetes_extender.results import Explanation
 
 pytestmark = pytest.mark.unit
 

@@ -138,7 +138,7 @@ def test_simulated_uuids_are_valid_stable_and_distinct() -> None:
 
 
 def test_region_path_matches_the_agent_mirror() -> None:
-    from neuronetes.agent import region
+    from neuronetes_agent import region
 
     assert (region.REGION_DIR, region.CONTROL_PATH, region.STATE_PATH) == (
         c.SHIM_REGION_DIR,

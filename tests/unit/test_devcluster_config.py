@@ -196,8 +196,8 @@ def test_the_assignment_policy_trusts_exactly_the_extender_identity() -> None:
 def test_the_agent_policy_matches_the_agent_and_lets_it_change_only_its_own_labels() -> None:
     """neuronetes.io-agent-writes-only-its-node: the agent's user (the webhook's eviction check
     names the same), the writes RBAC grants it, and exactly the labels the agent publishes."""
-    from neuronetes.agent.daemon.publish import GPU_LABEL_KEYS
-    from neuronetes.operator.launch import AGENT_USERNAME
+    from neuronetes_agent.daemon.publish import GPU_LABEL_KEYS
+    from neuronetes_operator.launch import AGENT_USERNAME
 
     (pol,) = [d for d in policies() if d["metadata"]["name"].endswith("agent-writes-only-its-node")
               and d["kind"] == "ValidatingAdmissionPolicy"]  # fmt: skip

@@ -29,16 +29,16 @@ from extender_support import (
 from neuronetes import contracts as c
 from neuronetes.devcluster.profiles import PROFILES, node_manifest
 from neuronetes.engine import PlacementEngine
-from neuronetes.extender.cache import GpuCache
-from neuronetes.extender.config import ConfigError, ExtenderSettings, SettingsSource, load_settings
-from neuronetes.extender.kube import KubeError
-from neuronetes.extender.nodes import NodeSpecError, node_spec_from_node
-from neuronetes.extender.pods import PodInfo
-from neuronetes.extender.service import ExtenderService
-from neuronetes.extender.watch import Reflector
-from neuronetes.extender.wire import ExtenderBindingArgs, Node, NodeList, Pod
 from neuronetes.inventory import ClusterState
 from neuronetes.model import GpuGrant, Locality, PodRequest
+from neuronetes_extender.cache import GpuCache
+from neuronetes_extender.config import ConfigError, ExtenderSettings, SettingsSource, load_settings
+from neuronetes_extender.kube import KubeError
+from neuronetes_extender.nodes import NodeSpecError, node_spec_from_node
+from neuronetes_extender.pods import PodInfo
+from neuronetes_extender.service import ExtenderService
+from neuronetes_extender.watch import Reflector
+from neuronetes_extender.wire import ExtenderBindingArgs, Node, NodeList, Pod
 
 pytestmark = pytest.mark.unit
 

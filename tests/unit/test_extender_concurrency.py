@@ -37,12 +37,12 @@ from pod_builder import container
 
 from neuronetes import contracts as c
 from neuronetes import mig
-from neuronetes.extender.app import create_app
-from neuronetes.extender.bodies import NodeSet
-from neuronetes.extender.cache import GpuCache
-from neuronetes.extender.kube import KubeError
-from neuronetes.extender.service import ExtenderService
-from neuronetes.extender.wire import ExtenderBindingArgs, Node
+from neuronetes_extender.app import create_app
+from neuronetes_extender.bodies import NodeSet
+from neuronetes_extender.cache import GpuCache
+from neuronetes_extender.kube import KubeError
+from neuronetes_extender.service import ExtenderService
+from neuronetes_extender.wire import ExtenderBindingArgs, Node
 
 pytestmark = pytest.mark.unit
 

@@ -25,12 +25,12 @@ from extender_support import (
 
 from neuronetes import contracts as c
 from neuronetes.assignment import ResourceRequestError, pod_gpu_request
-from neuronetes.extender.cache import BindRefusedError, CacheInvariantError, GpuCache
-from neuronetes.extender.config import ExtenderSettings
-from neuronetes.extender.gangs import GangSpec, decode_reservation, encode_reservation
-from neuronetes.extender.pods import PodInfo
-from neuronetes.extender.service import ExtenderService
-from neuronetes.extender.wire import ExtenderBindingArgs, Node, Pod
+from neuronetes_extender.cache import BindRefusedError, CacheInvariantError, GpuCache
+from neuronetes_extender.config import ExtenderSettings
+from neuronetes_extender.gangs import GangSpec, decode_reservation, encode_reservation
+from neuronetes_extender.pods import PodInfo
+from neuronetes_extender.service import ExtenderService
+from neuronetes_extender.wire import ExtenderBindingArgs, Node, Pod
 
 pytestmark = pytest.mark.unit
 

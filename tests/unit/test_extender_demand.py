@@ -1,4 +1,4 @@
-"""The extender's fragmentation and pending-gang gauges (extender/demand.py), on a real cache."""
+"""The extender's fragmentation and pending-gang gauges (`neuronetes_extender.demand`), on a real cache."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from extender_support import (
 )
 
 from neuronetes import contracts as c
-from neuronetes.extender.demand import PendingGangClock
-from neuronetes.extender.events import EventRecorder
-from neuronetes.extender.metrics import ExtenderMetrics
-from neuronetes.extender.watch import WatchHealth
-from neuronetes.extender.wire import Pod
+from neuronetes_extender.demand import PendingGangClock
+from neuronetes_extender.events import EventRecorder
+from neuronetes_extender.metrics import ExtenderMetrics
+from neuronetes_extender.watch import WatchHealth
+from neuronetes_extender.wire import Pod
 
 pytestmark = pytest.mark.unit
 

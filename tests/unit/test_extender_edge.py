@@ -30,15 +30,15 @@ from extender_support import (
 )
 
 from neuronetes import contracts as c
-from neuronetes.extender.app import create_app
-from neuronetes.extender.bodies import BodyDecoder, decode_nodes_request
-from neuronetes.extender.config import ExtenderSettings
-from neuronetes.extender.events import REPORTING_CONTROLLER, EventRecorder, PodRef
-from neuronetes.extender.kube import KubeError
-from neuronetes.extender.server import ListenError, ListenPolicy, listen_policy
-from neuronetes.extender.service import ExtenderService
-from neuronetes.extender.watch import Reflector, WatchHealth
-from neuronetes.extender.wire import Node, NodeList
+from neuronetes_extender.app import create_app
+from neuronetes_extender.bodies import BodyDecoder, decode_nodes_request
+from neuronetes_extender.config import ExtenderSettings
+from neuronetes_extender.events import REPORTING_CONTROLLER, EventRecorder, PodRef
+from neuronetes_extender.kube import KubeError
+from neuronetes_extender.server import ListenError, ListenPolicy, listen_policy
+from neuronetes_extender.service import ExtenderService
+from neuronetes_extender.watch import Reflector, WatchHealth
+from neuronetes_extender.wire import Node, NodeList
 
 pytestmark = pytest.mark.unit
 
@@ -486,14 +486,14 @@ def test_shutdown_fails_a_waiting_bind_at_once() -> None:
     [("0.0.0.0:9464", ("0.0.0.0", 9464)), ("[::]:9464", ("::", 9464)), (":9464", ("0.0.0.0", 9464))],
 )
 def test_metrics_bind_address_parses(text: str, expected: tuple[str, int]) -> None:
-    from neuronetes.extender.server import parse_bind_address
+    from neuronetes_extender.server import parse_bind_address
 
     assert parse_bind_address(text) == expected
 
 
 @pytest.mark.parametrize("text", ["9464", "host:", "host:http", "host:70000"])
 def test_metrics_bind_address_refuses_malformed(text: str) -> None:
-    from neuronetes.extender.server import parse_bind_address
+    from neuronetes_extender.server import parse_bind_address
 
     with pytest.raises(ListenError, match="metrics-bind-address"):
         parse_bind_address(text)

@@ -12,15 +12,15 @@ import pytest
 from extender_support import FakeApi, FakeClock, bind_now, gpu_pod, names_request, node_objects, synced_cache
 
 from neuronetes import contracts as c
-from neuronetes.extender.cache import GpuCache
-from neuronetes.extender.config import ExtenderSettings
-from neuronetes.extender.gangs import GangSpec, decode_reservation, encode_reservation, reservation_name
-from neuronetes.extender.kube import KubeError
-from neuronetes.extender.pods import PodInfo
-from neuronetes.extender.reservations import GroupDirectory, ReservationStore
-from neuronetes.extender.service import ExtenderService
-from neuronetes.extender.watch import CustomObject
-from neuronetes.extender.wire import ExtenderBindingArgs, ObjectMeta, Pod
+from neuronetes_extender.cache import GpuCache
+from neuronetes_extender.config import ExtenderSettings
+from neuronetes_extender.gangs import GangSpec, decode_reservation, encode_reservation, reservation_name
+from neuronetes_extender.kube import KubeError
+from neuronetes_extender.pods import PodInfo
+from neuronetes_extender.reservations import GroupDirectory, ReservationStore
+from neuronetes_extender.service import ExtenderService
+from neuronetes_extender.watch import CustomObject
+from neuronetes_extender.wire import ExtenderBindingArgs, ObjectMeta, Pod
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,9 @@ from extender_support import gpu_pod, node_objects, synced_cache
 
 from neuronetes import contracts as c
 from neuronetes.api import models as m
-from neuronetes.extender.pods import PodInfo
-from neuronetes.extender.wire import Pod
 from neuronetes.model import GpuHealth
+from neuronetes_extender.pods import PodInfo
+from neuronetes_extender.wire import Pod
 
 NODE = "nt4x4-pcie-0"
 

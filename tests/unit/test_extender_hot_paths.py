@@ -15,14 +15,14 @@ from extender_support import FakeApi, cpu_pod, node_objects, synced_cache
 from pod_builder import manifest, served
 
 from neuronetes import contracts as c
-from neuronetes.extender.app import create_app
-from neuronetes.extender.holds import HoldBook
-from neuronetes.extender.pods import PodInfo
-from neuronetes.extender.results import Hold
-from neuronetes.extender.service import ExtenderService
-from neuronetes.extender.store import ClusterStore
-from neuronetes.extender.wire import Pod
 from neuronetes.model import PodRequest
+from neuronetes_extender.app import create_app
+from neuronetes_extender.holds import HoldBook
+from neuronetes_extender.pods import PodInfo
+from neuronetes_extender.results import Hold
+from neuronetes_extender.service import ExtenderService
+from neuronetes_extender.store import ClusterStore
+from neuronetes_extender.wire import Pod
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 import anyio
 import pytest
 
-from neuronetes.extender.http1 import Http1Pool
-from neuronetes.extender.kube import AsyncKube, KubeError
+from neuronetes_extender.http1 import Http1Pool
+from neuronetes_extender.kube import AsyncKube, KubeError
 
 pytestmark = pytest.mark.unit
 

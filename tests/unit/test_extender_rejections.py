@@ -9,8 +9,8 @@ import anyio
 import pytest
 from extender_support import gpu_pod, names_request, node_objects, synced_cache
 
-from neuronetes.extender.events import EventRecorder, PodRef, rejections_note
-from neuronetes.extender.service import REASON_REJECTED, REJECTED_EVERY_S, ExtenderService
+from neuronetes_extender.events import EventRecorder, PodRef, rejections_note
+from neuronetes_extender.service import REASON_REJECTED, REJECTED_EVERY_S, ExtenderService
 
 pytestmark = pytest.mark.unit
 

@@ -12,13 +12,13 @@ import pytest
 from extender_support import OpenWatch, bound_with, node_objects, shared_pod, synced_cache
 
 from neuronetes import contracts as c
-from neuronetes.extender.cache import GPUSLICES, GpuCache
-from neuronetes.extender.feeds import gpuslice_reflector
-from neuronetes.extender.kube import KubeError
-from neuronetes.extender.pods import PodInfo
-from neuronetes.extender.slices import slice_of
-from neuronetes.extender.watch import CustomObject
-from neuronetes.extender.wire import Node, Pod
+from neuronetes_extender.cache import GPUSLICES, GpuCache
+from neuronetes_extender.feeds import gpuslice_reflector
+from neuronetes_extender.kube import KubeError
+from neuronetes_extender.pods import PodInfo
+from neuronetes_extender.slices import slice_of
+from neuronetes_extender.watch import CustomObject
+from neuronetes_extender.wire import Node, Pod
 
 pytestmark = pytest.mark.unit
 

@@ -26,11 +26,11 @@ from hypothesis import HealthCheck, settings
 from pod_builder import container
 
 from neuronetes import contracts as c
-from neuronetes.extender.app import create_app
-from neuronetes.extender.cache import GpuCache
-from neuronetes.extender.config import ExtenderSettings
-from neuronetes.extender.service import ExtenderService
-from neuronetes.extender.wire import Pod
+from neuronetes_extender.app import create_app
+from neuronetes_extender.cache import GpuCache
+from neuronetes_extender.config import ExtenderSettings
+from neuronetes_extender.service import ExtenderService
+from neuronetes_extender.wire import Pod
 
 pytestmark = pytest.mark.unit
 

@@ -18,11 +18,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from neuronetes.operator import controller as controller_module
-from neuronetes.operator import handlers, pods
-from neuronetes.operator.controller import PoolController
-from neuronetes.operator.reconcile import Action, batch
-from neuronetes.operator.settings import OperatorSettings
+from neuronetes_operator import controller as controller_module
+from neuronetes_operator import handlers, pods
+from neuronetes_operator.controller import PoolController
+from neuronetes_operator.reconcile import Action, batch
+from neuronetes_operator.settings import OperatorSettings
 
 pytestmark = pytest.mark.unit
 

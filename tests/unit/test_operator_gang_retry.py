@@ -1,5 +1,5 @@
 """A gang whose reservation the extender reported Failed or Expired: read, retried with backoff, and
-said in the pool's status (operator/gang_retry.py, operator/status.py)."""
+said in the pool's status (`neuronetes_operator.gang_retry`, `.status`)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import yaml
 
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, decode
-from neuronetes.operator.gang_retry import GangFailure, GangRetries, failed_reservations, pool_of_gang
-from neuronetes.operator.pods import desired_pods, gang_name
-from neuronetes.operator.policy import resolve
-from neuronetes.operator.status import pool_status
+from neuronetes_operator.gang_retry import GangFailure, GangRetries, failed_reservations, pool_of_gang
+from neuronetes_operator.pods import desired_pods, gang_name
+from neuronetes_operator.policy import resolve
+from neuronetes_operator.status import pool_status
 
 pytestmark = pytest.mark.unit
 

@@ -11,10 +11,10 @@ from apitools import seed_examples
 
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, AgentPoolSpec, decode
-from neuronetes.operator.pods import LABEL_POOL, LABEL_TEMPLATE_HASH, desired_pods
-from neuronetes.operator.policy import POLICY_CONTROLLER, resolve
-from neuronetes.operator.reconcile import plan
-from neuronetes.operator.status import pool_status
+from neuronetes_operator.pods import LABEL_POOL, LABEL_TEMPLATE_HASH, desired_pods
+from neuronetes_operator.policy import POLICY_CONTROLLER, resolve
+from neuronetes_operator.reconcile import plan
+from neuronetes_operator.status import pool_status
 
 pytestmark = pytest.mark.unit
 

@@ -17,10 +17,10 @@ from kubernetes import client
 from pod_builder import manifest
 
 from neuronetes import contracts as c
-from neuronetes.operator.quota import excesses, pod_demand, usage
-from neuronetes.operator.quota_admission import QuotaReadError, review_pod_quota, review_slice_quota
-from neuronetes.operator.slice_controller import SliceController
-from neuronetes.operator.webhook import ClusterReads, admission_response
+from neuronetes_operator.quota import excesses, pod_demand, usage
+from neuronetes_operator.quota_admission import QuotaReadError, review_pod_quota, review_slice_quota
+from neuronetes_operator.slice_controller import SliceController
+from neuronetes_operator.webhook import ClusterReads, admission_response
 
 pytestmark = pytest.mark.unit
 

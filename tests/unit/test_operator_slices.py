@@ -9,7 +9,7 @@ import pytest
 from neuronetes import contracts as c
 from neuronetes.api.models import GPUSlice, GPUSliceSpec, GPUSliceStatus
 from neuronetes.model import GpuSpec, NodeSpec
-from neuronetes.operator.slices import choose_gpu, gpu_use, pods_using, reserved
+from neuronetes_operator.slices import choose_gpu, gpu_use, pods_using, reserved
 
 pytestmark = pytest.mark.unit
 

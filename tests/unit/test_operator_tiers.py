@@ -20,12 +20,12 @@ import yaml
 from webhook_cases import gpu_pod
 
 from neuronetes.api.models import AgentPool, decode
-from neuronetes.operator import pods as pods_module
-from neuronetes.operator.launch import POD_MATCH_CONDITION, operator_rbac, tiers_file
-from neuronetes.operator.pods import desired_pods
-from neuronetes.operator.policy import resolve
-from neuronetes.operator.tier_admission import NamespaceReadError, review_pod_priority, review_pool_priority
-from neuronetes.operator.tiers import (
+from neuronetes_operator import pods as pods_module
+from neuronetes_operator.launch import POD_MATCH_CONDITION, operator_rbac, tiers_file
+from neuronetes_operator.pods import desired_pods
+from neuronetes_operator.policy import resolve
+from neuronetes_operator.tier_admission import NamespaceReadError, review_pod_priority, review_pool_priority
+from neuronetes_operator.tiers import (
     DEFAULT_TIERS,
     NamespaceSelector,
     PriorityTier,
@@ -36,7 +36,7 @@ from neuronetes.operator.tiers import (
     selector_matches,
     with_tier,
 )
-from neuronetes.operator.webhook import ClusterReads, admission_response
+from neuronetes_operator.webhook import ClusterReads, admission_response
 
 pytestmark = pytest.mark.unit
 

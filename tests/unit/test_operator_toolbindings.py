@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from neuronetes.api.models import PoolReference, QueueConfig, ToolBindingSpec
-from neuronetes.operator.toolbindings import binding_status
+from neuronetes_operator.toolbindings import binding_status
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ from neuronetes.api.models import DEFAULT_MAX_REPLICAS, MAX_REPLICAS
 from neuronetes.api.units import MAX_GPU_MEMORY_GB
 from neuronetes.devcluster import POLICIES_DIR
 from neuronetes.devcluster.tools import REPO_ROOT
-from neuronetes.operator.launch import (
+from neuronetes_operator.launch import (
     AGENT_USERNAME,
     EVICTION_MATCH_CONDITION,
     POD_EVENT_MATCH_CONDITION,

@@ -1,4 +1,4 @@
-"""The component folders import inside the `neuronetes` namespace and never shadow the stdlib."""
+"""Each component folder holds its package under the installed name, and nothing shadows the stdlib."""
 
 from __future__ import annotations
 
@@ -18,26 +18,27 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(
     ("module", "folder"),
     [
-        ("neuronetes.operator", "operator"),
-        ("neuronetes.extender", "extender"),
-        ("neuronetes.agent", "node-agent"),
+        ("neuronetes_operator", "operator"),
+        ("neuronetes_extender", "extender"),
+        ("neuronetes_agent", "node-agent"),
     ],
 )
-def test_component_folders_are_neuronetes_subpackages(module: str, folder: str) -> None:
+def test_component_folders_hold_their_installed_packages(module: str, folder: str) -> None:
     imported = importlib.import_module(module)
     assert imported.__doc__
     assert imported.__file__ is not None
     path = Path(imported.__file__)
-    # Editable install: the repository folder itself; regular install: site-packages/neuronetes/<name>.
-    assert path.parent == REPO_ROOT / folder or path.parent.parent.name == "neuronetes"
+    # Editable install: the package folder inside the component folder; regular install: site-packages.
+    assert path.parent == REPO_ROOT / folder / module or path.parent.parent.name == "site-packages"
 
 
-def test_stdlib_operator_is_not_shadowed_from_the_repo_root() -> None:
-    # Holds with the project installed as hack/lib.sh installs it (editable): its import hook,
-    # loaded at startup, imports the stdlib `operator` before the working directory is on
-    # sys.path. In a bare interpreter started in the repository root, `operator/` would win.
+@pytest.mark.parametrize("flags", [[], ["-S"]], ids=["installed", "bare"])
+def test_stdlib_operator_is_not_shadowed_from_the_repo_root(flags: list[str]) -> None:
+    # The folder operator/ holds the package neuronetes_operator and no __init__.py of its own, so
+    # even a bare interpreter (-S: no site, no import hook) started in the repository root, with
+    # the working directory first on sys.path, imports the standard library's `operator`.
     out = subprocess.run(
-        [sys.executable, "-c", "import operator; print(operator.__file__)"],
+        [sys.executable, *flags, "-c", "import operator; print(operator.__file__)"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

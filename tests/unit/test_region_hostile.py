@@ -25,9 +25,9 @@ import pytest
 from handoff_support import SYSTEMD_DIR, SYSTEMD_PATH, UID_A, UID_B, cgroup_tree, write_record
 from region_fakes import claim, fake_process, state_file
 
-from neuronetes.agent import region as shim
-from neuronetes.agent.daemon.containers import ContainerTender
-from neuronetes.agent.daemon.regions import RegionKeeper
+from neuronetes_agent import region as shim
+from neuronetes_agent.daemon.containers import ContainerTender
+from neuronetes_agent.daemon.regions import RegionKeeper
 
 pytestmark = pytest.mark.unit
 
@@ -41,7 +41,7 @@ AGENT = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from neuronetes.agent.daemon.regions import RegionKeeper
+    from neuronetes_agent.daemon.regions import RegionKeeper
     root, uid, name, rounds, procs, proc_root = sys.argv[1:7]
     keeper = RegionKeeper(Path(root))
     times, errors = [], []

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from neuronetes import contracts
-from neuronetes.agent import region as r
+from neuronetes_agent import region as r
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The agent's region writer and reader (node-agent/region.py) against the C shim: same bytes.
+"""The agent's region writer and reader (`neuronetes_agent.region`) against the C shim: same bytes.
 
 The agent creates a region with `create_region`; a CUDA program under the shim (over the fake
 driver) allocates through it; the agent reads the shim's slot and totals from the state file,
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from shim_build import build, skip_outside_ci
 
-from neuronetes.agent import region as r
+from neuronetes_agent import region as r
 
 pytestmark = pytest.mark.unit
 

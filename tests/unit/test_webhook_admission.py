@@ -16,10 +16,10 @@ from webhook_cases import OBJECT_CASES, POD_CASES, VALID_OBJECTS, gpu_pod
 
 from neuronetes import contracts as c
 from neuronetes.devcluster.tools import REPO_ROOT
-from neuronetes.operator import admission
-from neuronetes.operator.admission import POD_CHECKS, asks_for_gpus, review_pod
-from neuronetes.operator.validation import review_object
-from neuronetes.operator.webhook import admission_response
+from neuronetes_operator import admission
+from neuronetes_operator.admission import POD_CHECKS, asks_for_gpus, review_pod
+from neuronetes_operator.validation import review_object
+from neuronetes_operator.webhook import admission_response
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """The webhook's routes for the node agent: it evicts, and records Events about, only pods bound to
 the node its credentials name, and an allowed Eviction is pinned to the pod's UID
-(operator/agent_admission.py, docs/rbac.md)."""
+(operator/neuronetes_operator/agent_admission.py, docs/rbac.md)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from neuronetes.operator.agent_admission import (
+from neuronetes_operator.agent_admission import (
     NODE_NAME_EXTRA,
     PodReadError,
     review_eviction,
     review_pod_event,
 )
-from neuronetes.operator.launch import AGENT_USERNAME
-from neuronetes.operator.webhook import admission_response
+from neuronetes_operator.launch import AGENT_USERNAME
+from neuronetes_operator.webhook import admission_response
 
 pytestmark = pytest.mark.unit
 

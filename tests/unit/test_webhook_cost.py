@@ -1,6 +1,6 @@
 """What an AgentPool admission review costs does not grow with the pool's replica count.
 
-Counted, not timed: the pod-building calls of `neuronetes.operator.pods` (each pod a pool makes is
+Counted, not timed: the pod-building calls of `neuronetes_operator.pods` (each pod a pool makes is
 a deep copy of its spec) during the webhook's answer to ``kubectl create``, at 1 replica and at the
 CRD's maximum, and whether the process-wide `CONVERT_LOCK` is held while the pool is checked.
 ``bench/admission.py`` measures the same reviews' time and memory (bench/README.md).
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from neuronetes.api.models import MAX_REPLICAS
-from neuronetes.operator import CONVERT_LOCK, pods, validation
-from neuronetes.operator.admission import POD_CHECKS
-from neuronetes.operator.webhook import admission_response
+from neuronetes_operator import CONVERT_LOCK, pods, validation
+from neuronetes_operator.admission import POD_CHECKS
+from neuronetes_operator.webhook import admission_response
 
 pytestmark = pytest.mark.unit
 
@@ -54,7 +54,7 @@ def review(replicas: int, gang: int = 0) -> dict[str, Any]:
 
 
 class Counting:
-    """`copy` as `neuronetes.operator.pods` uses it, counting deep copies."""
+    """`copy` as `neuronetes_operator.pods` uses it, counting deep copies."""
 
     def __init__(self) -> None:
         self.calls = 0

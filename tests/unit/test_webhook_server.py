@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from webhook_cases import gpu_pod
 
-from neuronetes.operator.processes import free_port
-from neuronetes.operator.webhook import CA_FILE, WebhookServer, ensure_certificate
+from neuronetes_operator.processes import free_port
+from neuronetes_operator.webhook import CA_FILE, WebhookServer, ensure_certificate
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
 """The pod webhook and GPUSlices: a pod naming a slice gets exactly the slice's share, or a refusal
-naming the annotation or the resources (operator/slice_admission.py, docs/gpuslice.md)."""
+naming the annotation or the resources (operator/neuronetes_operator/slice_admission.py, docs/gpuslice.md)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from webhook_cases import gpu_pod
 
 from neuronetes import contracts as c
-from neuronetes.operator.slice_admission import SliceReadError, review_slice_pod, slice_share
-from neuronetes.operator.webhook import admission_response
+from neuronetes_operator.slice_admission import SliceReadError, review_slice_pod, slice_share
+from neuronetes_operator.webhook import admission_response
 
 pytestmark = pytest.mark.unit
 

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from neuronetes.agent.daemon.devices import GpuProcess
-from neuronetes.agent.standalone import admission as adm
-from neuronetes.agent.standalone.gpus import GpuView
-from neuronetes.agent.standalone.jobs import TRANSITIONS, Job, JobSpec, JobState, SpecError, parse_size
-from neuronetes.agent.standalone.preemption import Rung, plan
-from neuronetes.agent.standalone.store import SCHEMA_VERSION, Store, StoreError
 from neuronetes.model import GpuHealth
+from neuronetes_agent.daemon.devices import GpuProcess
+from neuronetes_agent.workstation import admission as adm
+from neuronetes_agent.workstation.gpus import GpuView
+from neuronetes_agent.workstation.jobs import TRANSITIONS, Job, JobSpec, JobState, SpecError, parse_size
+from neuronetes_agent.workstation.preemption import Rung, plan
+from neuronetes_agent.workstation.store import SCHEMA_VERSION, Store, StoreError
 
 pytestmark = pytest.mark.unit
 S = JobState

@@ -20,16 +20,16 @@ from pathlib import Path
 import pytest
 from workstation_support import workstation_scheduler
 
-from neuronetes.agent.standalone import logtail
-from neuronetes.agent.standalone.client import call
-from neuronetes.agent.standalone.gpus import Gpus, open_backend
-from neuronetes.agent.standalone.jobs import Job, JobSpec, JobState, SpecError, parse_size
-from neuronetes.agent.standalone.launcher import Launcher
-from neuronetes.agent.standalone.main import _lock
-from neuronetes.agent.standalone.protocol import Err, Ping
-from neuronetes.agent.standalone.scheduler import Scheduler
-from neuronetes.agent.standalone.statedir import StateDir, StateDirError
-from neuronetes.agent.standalone.store import Store
+from neuronetes_agent.workstation import logtail
+from neuronetes_agent.workstation.client import call
+from neuronetes_agent.workstation.gpus import Gpus, open_backend
+from neuronetes_agent.workstation.jobs import Job, JobSpec, JobState, SpecError, parse_size
+from neuronetes_agent.workstation.launcher import Launcher
+from neuronetes_agent.workstation.main import _lock
+from neuronetes_agent.workstation.protocol import Err, Ping
+from neuronetes_agent.workstation.scheduler import Scheduler
+from neuronetes_agent.workstation.statedir import StateDir, StateDirError
+from neuronetes_agent.workstation.store import Store
 
 pytestmark = pytest.mark.unit
 S = JobState
@@ -91,7 +91,7 @@ def test_the_shepherd_leaves_nothing_of_the_job_behind(tmp_path: Path, log_max: 
         [
             sys.executable,
             "-m",
-            "neuronetes.agent.standalone.shepherd",
+            "neuronetes_agent.workstation.shepherd",
             str(tmp_path / "exit-1"),
             *options,
             "--",

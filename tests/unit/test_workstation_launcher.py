@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from neuronetes.agent import region as shim
-from neuronetes.agent.standalone.gpus import GpuView
-from neuronetes.agent.standalone.jobs import Job, JobSpec, JobState
-from neuronetes.agent.standalone.launcher import Launcher, command_argv
 from neuronetes.model import GpuHealth
+from neuronetes_agent import region as shim
+from neuronetes_agent.workstation.gpus import GpuView
+from neuronetes_agent.workstation.jobs import Job, JobSpec, JobState
+from neuronetes_agent.workstation.launcher import Launcher, command_argv
 
 pytestmark = pytest.mark.unit
 GIB = 1 << 30
@@ -85,7 +85,7 @@ def test_the_shepherd_records_the_status_and_ends_the_group(tmp_path: Path) -> N
         [
             sys.executable,
             "-m",
-            "neuronetes.agent.standalone.shepherd",
+            "neuronetes_agent.workstation.shepherd",
             str(exit_file),
             "--",
             "/bin/sh",

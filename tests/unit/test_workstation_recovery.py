@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from workstation_support import workstation_scheduler
 
-from neuronetes.agent.standalone.jobs import JobSpec, JobState
-from neuronetes.agent.standalone.launcher import alive
-from neuronetes.agent.standalone.recovery import recover
-from neuronetes.agent.standalone.scheduler import Scheduler
+from neuronetes_agent.workstation.jobs import JobSpec, JobState
+from neuronetes_agent.workstation.launcher import alive
+from neuronetes_agent.workstation.recovery import recover
+from neuronetes_agent.workstation.scheduler import Scheduler
 
 pytestmark = pytest.mark.unit
 S = JobState

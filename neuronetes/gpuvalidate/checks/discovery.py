@@ -114,7 +114,7 @@ def compare(
 
 
 def run(ctx: Context) -> Report:
-    from neuronetes.agent.daemon.nvml import NvmlGpus, load_nvml
+    from neuronetes_agent.daemon.nvml import NvmlGpus, load_nvml
 
     report = Report()
     started = time.perf_counter()

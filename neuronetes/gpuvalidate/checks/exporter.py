@@ -66,6 +66,11 @@ class OfflineKube:
     def node_event(self, node: str, node_uid: str, kind: str, reason: str, message: str) -> None:
         self.calls.append(("event", (kind, reason, message)))
 
+    def pod_event(
+        self, namespace: str, name: str, uid: str, node: str, kind: str, reason: str, message: str
+    ) -> None:
+        self.calls.append(("pod_event", (f"{namespace}/{name}", kind, reason, message)))
+
     def evict(self, namespace: str, name: str) -> int:
         self.calls.append(("evict", f"{namespace}/{name}"))
         return 201
@@ -111,9 +116,9 @@ def _number(text: str) -> float | None:
 
 
 def run(ctx: Context) -> Report:
-    from neuronetes.agent.daemon.exporter import serve_metrics
-    from neuronetes.agent.daemon.node import NodeAgent
-    from neuronetes.agent.daemon.nvml import NvmlGpus, load_nvml
+    from neuronetes_agent.daemon.exporter import serve_metrics
+    from neuronetes_agent.daemon.node import NodeAgent
+    from neuronetes_agent.daemon.nvml import NvmlGpus, load_nvml
 
     report = Report()
     resets = ThreadPoolExecutor(1)

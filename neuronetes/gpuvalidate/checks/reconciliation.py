@@ -1,4 +1,4 @@
-"""Check "reconciliation": the agent's NVML reconciliation (`neuronetes.agent.daemon.reconcile`,
+"""Check "reconciliation": the agent's NVML reconciliation (`neuronetes_agent.daemon.reconcile`,
 docs/gpu-health.md "Reconciliation") decides on the real NVML's process list (the fake driver's in
 fake mode) with real processes holding GPU memory.
 
@@ -55,9 +55,9 @@ def _first_result(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]
 
 
 def run(ctx: Context) -> Report:
-    from neuronetes.agent import region as shim
-    from neuronetes.agent.daemon.hostpids import register_host_pids
-    from neuronetes.agent.daemon.reconcile import (
+    from neuronetes_agent import region as shim
+    from neuronetes_agent.daemon.hostpids import register_host_pids
+    from neuronetes_agent.daemon.reconcile import (
         ContainerView,
         Grant,
         GrantKind,
@@ -67,7 +67,7 @@ def run(ctx: Context) -> Report:
         find,
         plan,
     )
-    from neuronetes.agent.daemon.regions import RegionKeeper
+    from neuronetes_agent.daemon.regions import RegionKeeper
 
     report = Report()
     keeper = RegionKeeper(ctx.path("containers"))

@@ -33,7 +33,7 @@ class WorkstationError(RuntimeError):
 
 def simulated_gpu_uuid() -> str:
     """The UUID of the daemon's one simulated GPU (``--simulate-gpus 1``)."""
-    from neuronetes.agent.standalone.gpus import open_backend
+    from neuronetes_agent.workstation.gpus import open_backend
 
     backend, _ = open_backend(1)
     try:

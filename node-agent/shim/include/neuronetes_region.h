@@ -25,7 +25,7 @@
  * the agent shares no lock with tenants, and everything it writes lives in a file tenants cannot
  * write.
  *
- * Python mirror: node-agent/region.py (neuronetes.agent.region), checked byte for byte against
+ * Python mirror: node-agent/neuronetes_agent/region.py (neuronetes_agent.region), checked byte for byte against
  * this header by tests/unit/test_region_layout.py. Change both together.
  *
  * Versioning (docs/contracts.md "The shim's shared region"):

@@ -60,7 +60,7 @@ static inline void nn_test_sleep_ms(double ms) {
     nanosleep(&ts, NULL);
 }
 
-/* ---- a region as the agent writes it (node-agent/region.py create_region does the same) ------ */
+/* ---- a region as the agent writes it (node-agent/neuronetes_agent/region.py create_region does the same) ------ */
 
 typedef struct nn_test_region_spec {
     uint64_t limit_bytes[NN_MAX_DEVICES]; /* per device; the container limit is their sum */

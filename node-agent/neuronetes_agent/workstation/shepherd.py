@@ -1,6 +1,6 @@
 """The job's shepherd: leader of the job's process group, it runs the command and records its exit.
 
-``python -m neuronetes.agent.standalone.shepherd EXIT_FILE [--cgroup DIR] [--log-max BYTES]
+``python -m neuronetes_agent.workstation.shepherd EXIT_FILE [--cgroup DIR] [--log-max BYTES]
 -- ARGV…``. The daemon starts one per job attempt in a new session, so the job's process group is
 the shepherd's. Signals the daemon sends to the group (SIGTERM, SIGUSR1, …) reach the command; the
 shepherd ignores them (its handlers do nothing; handlers are reset on exec, so the command gets the

@@ -1,7 +1,7 @@
 """Per-container shim regions for the pods assigned GPUs on this node.
 
 For every container of a pod bound here with an assignment, the agent writes the container's
-region (`neuronetes.agent.region.create_region`: the control file with limits, compute shares,
+region (`neuronetes_agent.region.create_region`: the control file with limits, compute shares,
 priority, QoS, pod and container names, and the container's state file) in
 ``<root>/<pod-uid>/<container>/`` before the container starts, so the NRI plugin can mount it
 (docs/contracts.md "The shim's shared region"); regions of pods that are gone are removed. A
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Final
 
 from neuronetes import contracts as c
-from neuronetes.agent import region as shim
+from neuronetes_agent import region as shim
 
 from . import hostpids
 from .devices import Inventory

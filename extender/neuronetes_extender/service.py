@@ -1,6 +1,6 @@
 """The extender's verbs: decoded requests in, the cache's decisions, wire structs out.
 
-No HTTP here (`neuronetes.extender.app` does that), no body decoding (`neuronetes.extender.bodies`)
+No HTTP here (`neuronetes_extender.app` does that), no body decoding (`neuronetes_extender.bodies`)
 and no placement logic (the cache and the engine do that): each verb asks the `GpuCache` and
 translates the answer back. Filter refuses to decide (an Error, which kube-scheduler retries)
 while the cache is not synced or a watch has been broken longer than ``maxWatchStalenessSeconds``.

@@ -34,7 +34,7 @@ from .toolbindings import binding_status
 
 __all__ = ["PoolController", "patch_status", "post_event"]
 
-log = logging.getLogger("neuronetes.operator")
+log = logging.getLogger("neuronetes_operator")
 _CONVERT = CONVERT_LOCK
 PLURAL = "agentpools"
 _REASON_TEXT = {

@@ -4,9 +4,9 @@ for everything on the request path.
 The `kubernetes` package supplies configuration (kubeconfig, in-cluster service account, token
 refresh); from that one configuration come both transports. `KubeApi` (blocking, urllib3 through
 the official client) lists and watches in the reflector threads. `AsyncKube` (lean HTTP/1.1 with
-keep-alive, `neuronetes.extender.http1`) posts Bindings and Events from the event loop, so a bind
+keep-alive, `neuronetes_extender.http1`) posts Bindings and Events from the event loop, so a bind
 never waits for a pool thread. Bodies are read raw and decoded with msgspec into the lean structs
-of `neuronetes.extender.wire` (the client's own model deserialisation is far too slow for a
+of `neuronetes_extender.wire` (the client's own model deserialisation is far too slow for a
 5,000-node list, and mis-decodes Binding responses).
 """
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from neuronetes.agent import region as shim
+from neuronetes_agent import region as shim
 
 from .devices import GpuProcess
 

@@ -182,7 +182,7 @@ class _EdgeCollector(Collector):
 
 
 class _DemandCollector(Collector):
-    """GPU allocation, fragmentation and pending gangs, measured at scrape time (extender/demand.py)."""
+    """GPU allocation, fragmentation and pending gangs, measured at scrape time (`demand.py`)."""
 
     def __init__(self, demand: Callable[[], Demand]) -> None:
         self.demand = demand

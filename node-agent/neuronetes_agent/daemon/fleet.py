@@ -47,7 +47,7 @@ from .simulated import SimulatedGpus
 
 __all__ = ["AGENT_VERSION", "AgentProcess", "AgentSettings", "start_fleet_agent"]
 
-log = logging.getLogger("neuronetes.agent")
+log = logging.getLogger("neuronetes_agent")
 
 AGENT_VERSION: Final = "0.1.0"
 BUILT_SHIM_LIBRARY: Final = (

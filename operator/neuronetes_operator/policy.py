@@ -1,7 +1,7 @@
 """An AgentPool spec resolved: defaults that depend on other fields, replica counts, policy states.
 
 Pure functions of the spec (no API access). The operator's handlers call `resolve` once per
-reconcile and build pods (`neuronetes.operator.pods`) and status (`neuronetes.operator.status`)
+reconcile and build pods (`neuronetes_operator.pods`) and status (`neuronetes_operator.status`)
 from the result. docs/agentpool.md describes every rule here.
 """
 
@@ -33,7 +33,7 @@ class ResolvedPool:
     policies: tuple[PolicyState, ...]
     priority_class: str | None = None
     """The pods' PriorityClass: set by the operator from the pool's priority tier
-    (`neuronetes.operator.tiers.pool_priority`), never minted from the spec."""
+    (`neuronetes_operator.tiers.pool_priority`), never minted from the spec."""
 
     @property
     def gangs(self) -> int:

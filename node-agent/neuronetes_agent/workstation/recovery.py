@@ -25,7 +25,7 @@ import logging
 import signal
 from pathlib import Path
 
-from neuronetes.agent.daemon.hostpids import start_ticks
+from neuronetes_agent.daemon.hostpids import start_ticks
 
 from .checkpoint import STATE_RUNNING
 from .jobs import FINAL, Job, JobState

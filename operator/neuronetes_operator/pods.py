@@ -215,7 +215,7 @@ def desired_pods(
 
     Args:
         pool: the AgentPool's object (for name, namespace, uid: the pods' owner).
-        spec: its decoded spec; resolved: `neuronetes.operator.policy.resolve(spec)`.
+        spec: its decoded spec; resolved: `neuronetes_operator.policy.resolve(spec)`.
         tolerations: added to every pod (the operator's settings; e.g. simulated nodes' taint).
     """
     template = PoolTemplate(pool, spec, resolved, tolerations)

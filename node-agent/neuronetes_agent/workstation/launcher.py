@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from neuronetes.agent import region as shim
-from neuronetes.agent.daemon.hostpids import start_ticks
+from neuronetes_agent import region as shim
+from neuronetes_agent.daemon.hostpids import start_ticks
 
 from .containment import (
     Containment,
@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 _PROC: Final = Path("/proc")
-SHEPHERD: Final = "neuronetes.agent.standalone.shepherd"
+SHEPHERD: Final = "neuronetes_agent.workstation.shepherd"
 DEFAULT_LOG_MAX_BYTES: Final = 64 << 20
 _WHOLE_ATTEMPT: Final = frozenset({signal.SIGTERM, signal.SIGSTOP, signal.SIGCONT})
 _SHELL_SYNTAX: Final = frozenset("|&;<>()$`\\*?[]#~{}\n")

@@ -1,7 +1,7 @@
 """The extender's HTTP service (FastAPI): thin handlers over `ExtenderService`.
 
 Each verb reads the raw body (checked for a JSON content type and a size limit before it is
-read whole), decodes it (`neuronetes.extender.bodies`: small bodies inline, big ones in a worker
+read whole), decodes it (`neuronetes_extender.bodies`: small bodies inline, big ones in a worker
 process, so no body stalls the loop), calls the service, and encodes the answer with msgspec.
 Bad input gets a 4xx with a reason — 415 for a content type that is not JSON, 413 for a body
 over the limit, 400 for malformed JSON, JSON nested too deeply or a body that does not match
@@ -10,7 +10,7 @@ OpenAPI document describes the bodies (JSON Schema generated from the same msgsp
 schemathesis can fuzz the service in-process.
 
 The four verbs are kube-scheduler's hot path: a ``POST`` to one of them goes from the ASGI entry
-straight to its handler (`neuronetes.extender.asgi`), past FastAPI's middleware and routing. Their
+straight to its handler (`neuronetes_extender.asgi`), past FastAPI's middleware and routing. Their
 FastAPI routes stay for the OpenAPI document, for every other method on those paths and for the
 app mounted under a prefix; both ways call the same `run_verb`.
 """

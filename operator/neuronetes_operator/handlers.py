@@ -35,7 +35,7 @@ from .tiers import DEFAULT_TIERS, PriorityTier
 
 __all__ = ["WorkQueue", "build_registry", "run"]
 
-log = logging.getLogger("neuronetes.operator")
+log = logging.getLogger("neuronetes_operator")
 Key = tuple[str, str]
 
 

@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
@@ -22,9 +22,9 @@ from urllib3.exceptions import HTTPError
 
 from neuronetes import contracts as c
 
-__all__ = ["EVENT_SOURCE", "GPUNODES_PATH", "Informer", "Kube", "KubeError"]
+__all__ = ["EVENT_SOURCE", "GPUNODES_PATH", "Informer", "Kube", "KubeError", "NodeWrites"]
 
-log = logging.getLogger("neuronetes.agent")
+log = logging.getLogger("neuronetes_agent")
 
 GPUNODES_PATH: Final = f"/apis/{c.GROUP}/{c.VERSION}/gpunodes"
 EVENT_SOURCE: Final = "neuronetes-agent"
@@ -41,6 +41,21 @@ class KubeError(RuntimeError):
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class NodeWrites(Protocol):
+    """The writes a node's agent makes (`Kube` sends them; the GPU validation keeps them)."""
+
+    def ensure_gpunode(self, node: str, node_uid: str) -> dict[str, Any]: ...
+    def patch_gpunode_status(self, node: str, status: Mapping[str, Any]) -> None: ...
+    def patch_gpunode(self, node: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
+    def patch_node_labels(self, node: str, labels: Mapping[str, str | None]) -> None: ...
+    def patch_node_capacity(self, node: str, resources: Mapping[str, str]) -> None: ...
+    def node_event(self, node: str, node_uid: str, kind: str, reason: str, message: str) -> None: ...
+    def pod_event(
+        self, namespace: str, name: str, uid: str, node: str, kind: str, reason: str, message: str
+    ) -> None: ...
+    def evict(self, namespace: str, name: str) -> int: ...
 
 
 class Kube:

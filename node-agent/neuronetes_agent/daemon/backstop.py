@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
-from neuronetes.agent import region as shim
+from neuronetes_agent import region as shim
 
 from .devices import GpuProcess, GpuSample, Inventory
 from .pods import PodUse
@@ -49,7 +49,7 @@ from .regions import RegionKeeper
 
 __all__ = ["MAX_CGROUPS", "Backstop", "cgroup_members"]
 
-log = logging.getLogger("neuronetes.agent")
+log = logging.getLogger("neuronetes_agent")
 
 MAX_CGROUPS: Final = 1024
 """Cgroups read per container and round (its own and those below it)."""

@@ -56,7 +56,7 @@ def gpu_use(slices: Iterable[GPUSlice], pods: Iterable[Mapping[str, Any]]) -> di
     """Per GPU UUID, the memory and compute Bound slices and bound pods hold.
 
     A pod that names a Bound slice and uses only the slice's GPU runs inside the slice's
-    reservation and is not counted again (the extender's rule, `neuronetes.extender.slices`).
+    reservation and is not counted again (the extender's rule, `neuronetes_extender.slices`).
     """
     use: dict[str, GpuUse] = {}
     slice_gpu: dict[tuple[str, str], str] = {}  # (namespace, name) of a Bound slice -> its GPU

@@ -6,7 +6,7 @@ quota is checked again (`quota`, counting Bound slices and pods outside a slice)
 webhook admitted at the same instant cannot both bind past a ResourceQuota; the one that does not
 fit stays Pending with condition ``Bound=False``, reason ``QuotaExceeded``. The choice is
 `slices.choose_gpu`; the node inventory is the extender's reading of Node objects
-(`neuronetes.extender.nodes`), refined by the agents' GPUNode objects, so both see the same GPUs
+(`neuronetes_extender.nodes`), refined by the agents' GPUNode objects, so both see the same GPUs
 and UUIDs.
 """
 
@@ -34,8 +34,8 @@ from .slices import FINALIZER, choose_gpu, gpu_use, pods_using, reserved
 __all__ = ["SliceController"]
 
 PLURAL = "gpuslices"
-# Through importlib: extender/ is installed as neuronetes.extender, which mypy cannot follow.
-_nodes = importlib.import_module("neuronetes.extender.nodes")
+# Through importlib: extender/ is installed as neuronetes_extender, which mypy cannot follow.
+_nodes = importlib.import_module("neuronetes_extender.nodes")
 node_spec_from_node: Callable[[Mapping[str, Any]], NodeSpec] = _nodes.node_spec_from_node
 apply_gpunode: Callable[[NodeSpec, GPUNode], NodeSpec] = _nodes.apply_gpunode
 

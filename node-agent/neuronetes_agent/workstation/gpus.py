@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from neuronetes.agent.daemon.devices import DiscoveryError, GpuLost, GpuProcess
-from neuronetes.agent.daemon.health import GpuHealthState, Usage
 from neuronetes.devcluster.profiles import TopologyProfile
 from neuronetes.model import GpuHealth
+from neuronetes_agent.daemon.devices import DiscoveryError, GpuLost, GpuProcess
+from neuronetes_agent.daemon.health import GpuHealthState, Usage
 
 from .store import Store
 
@@ -48,10 +48,10 @@ def _workstation_profile(count: int) -> TopologyProfile:
 def open_backend(simulate_gpus: int | None) -> tuple[Any, str]:
     """The discovery backend and a one-line description: simulated when asked (or when NVML is
     not available), else NVML."""
-    from neuronetes.agent.daemon.simulated import SimulatedGpus
+    from neuronetes_agent.daemon.simulated import SimulatedGpus
 
     if simulate_gpus is None:
-        from neuronetes.agent.daemon.nvml import NvmlGpus, load_nvml
+        from neuronetes_agent.daemon.nvml import NvmlGpus, load_nvml
 
         try:
             return NvmlGpus(load_nvml()), "nvml"
@@ -103,7 +103,7 @@ class Gpus:
     @property
     def simulated(self) -> Any:
         """The simulated backend (its fault API), or None on real GPUs."""
-        from neuronetes.agent.daemon.simulated import SimulatedGpus
+        from neuronetes_agent.daemon.simulated import SimulatedGpus
 
         return self.backend if isinstance(self.backend, SimulatedGpus) else None
 

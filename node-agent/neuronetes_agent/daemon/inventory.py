@@ -56,7 +56,7 @@ __all__ = [
     "install_shim",
 ]
 
-log = logging.getLogger("neuronetes.agent")
+log = logging.getLogger("neuronetes_agent")
 
 INVENTORY_FILE: Final = "inventory.json"
 DEFAULT_STATE_DIR: Final = Path(c.NODE_STATE_DIR)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from neuronetes.agent.daemon.health import Usage
+from neuronetes_agent.daemon.health import Usage
 
 from . import admission as adm
 from .checkpoint import STATE_RUNNING, CudaCheckpoint

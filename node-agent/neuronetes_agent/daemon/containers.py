@@ -35,7 +35,7 @@ from typing import Final
 
 import msgspec
 
-from neuronetes.agent import region as shim
+from neuronetes_agent import region as shim
 
 from .devices import GpuProcess
 from .hostpids import driver_holds_in
@@ -51,7 +51,7 @@ __all__ = [
     "read_records",
 ]
 
-log = logging.getLogger("neuronetes.agent")
+log = logging.getLogger("neuronetes_agent")
 
 RECORDS_DIR: Final = "containers.d"
 RECORD_GRACE_S: Final = 60.0  # a record is written before its cgroup exists: give it time

@@ -37,7 +37,7 @@ from .containers import ContainerTender
 from .devices import Discovery, DiscoveryError, GpuLost, GpuSample, Inventory, XidEvent
 from .health import GpuHealthState, Recovery, Usage
 from .inventory import InventoryWriter
-from .kube import Kube, KubeError
+from .kube import KubeError, NodeWrites
 from .ledger import LedgerWriter
 from .miglayout import MIG_MANAGER_LABEL, MigTarget, changes, targets_from_spec
 from .pods import PodUse
@@ -52,7 +52,7 @@ __all__ = [
     "Transition",
 ]
 
-log = logging.getLogger("neuronetes.agent")
+log = logging.getLogger("neuronetes_agent")
 
 ANNOTATION_OFFLINE_GPUS: Final = f"{c.GROUP}/offline-gpus"
 """GPUNode annotation: comma-separated UUIDs an administrator holds OFFLINE (`neuronetes offline`)."""
@@ -99,7 +99,7 @@ class NodeAgent:
         node: str,
         node_uid: str,
         backend: Discovery,
-        kube: Kube,
+        kube: NodeWrites,
         resets: Executor,
         *,
         agent_version: str,

@@ -33,7 +33,7 @@ from .pods import PodUse
 
 __all__ = ["LEDGER_FILE", "LedgerWriter"]
 
-log = logging.getLogger("neuronetes.agent")
+log = logging.getLogger("neuronetes_agent")
 
 LEDGER_FILE: Final = "ledger.json"
 _VERSION: Final = 1

@@ -409,6 +409,12 @@ def _validate_header(buf: bytes | bytearray | memoryview | mmap.mmap, name: str,
         raise RegionError(f"{name} file: region is not ready (the agent has not finished writing it)")
 
 
+def field_offset(struct: type[ctypes.Structure], field: str) -> int:
+    """Byte offset of `field` in `struct` (its ctypes descriptor's ``offset``; the typed annotations
+    above describe instances, so the class attribute is read by name)."""
+    return int(getattr(struct, field).offset)
+
+
 def validate_control(buf: bytes | bytearray | memoryview | mmap.mmap, *, require_ready: bool = True) -> None:
     """Check that `buf` holds a control file this code can use; raise `RegionError` naming what is
     wrong (as the shim checks it: header, a QoS class, 1..MAX_DEVICES devices)."""

@@ -3,7 +3,8 @@
 ``with PrometheusServer(tmp_path, {"agent": ["127.0.0.1:PORT"]}, rule_files=[...]) as prom:``
 scrapes every target and evaluates the rules once a second; ``prom.query(expr)`` returns the
 instant result (raises `PrometheusError` when Prometheus refuses the expression),
-``prom.rules()`` the rules' health and state.
+``prom.rules()`` the rules' health and state. Entering waits until the server is ready: its API
+answers 503 while the TSDB opens, which takes seconds on a loaded machine.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import shutil
 import socket
 import subprocess
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,8 +28,15 @@ INSTALLED = shutil.which("prometheus") is not None
 needs_prometheus = pytest.mark.skipif(not INSTALLED, reason="prometheus (Debian package) is not installed")
 
 
+READY_TIMEOUT_S = 120.0
+
+
 class PrometheusError(RuntimeError):
     """Prometheus answered an error (a query it cannot parse or evaluate)."""
+
+
+class PrometheusUnavailable(OSError):
+    """Prometheus answered 503 (not ready, or shutting down): worth asking again, like no answer."""
 
 
 def free_port() -> int:
@@ -67,6 +76,17 @@ class PrometheusServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self.ready():
+            exited = self._server.poll()
+            if exited is not None or time.monotonic() > deadline:
+                tail = self.log.read_text(errors="replace")[-2000:]
+                self.__exit__(None, None, None)
+                raise RuntimeError(
+                    f"prometheus {'exited ' + str(exited) if exited is not None else 'not ready'} "
+                    f"after {READY_TIMEOUT_S:.0f} s at most; its log ends:\n{tail}"
+                )
+            time.sleep(0.2)
         return self
 
     def __exit__(
@@ -87,7 +107,10 @@ class PrometheusServer:
         try:
             with urllib.request.urlopen(url, timeout=10) as r:
                 return json.loads(r.read())["data"]
-        except urllib.error.HTTPError as exc:  # 400/422: the expression is refused
+        except urllib.error.HTTPError as exc:
+            if exc.code == 503:
+                raise PrometheusUnavailable(f"{path}: 503 {exc.reason}") from None
+            # 400/422: the expression is refused
             raise PrometheusError(
                 f"{path} {params}: {exc.code} {exc.read().decode(errors='replace')}"
             ) from None

@@ -40,7 +40,7 @@ class HandOffParts(TypedDict, total=False):
 
 class HandOff:
     """The files, regions and reconciliation of one node; `sync_regions` runs with the node's lock
-    held, `write_inventory` and `run` take it themselves."""
+    held, `write_inventory` and `run` without it (`run` takes it to read and write the state)."""
 
     def __init__(self, state: NodeState, events: NodeEvents, evictor: Evictor, parts: HandOffParts) -> None:
         self.state = state

@@ -29,6 +29,8 @@ XID_WAIT_FAILURES_LIMIT: Final = 3  # consecutive event-wait failures that mark 
 
 @dataclass(frozen=True, slots=True)
 class Transition:
+    """A GPU's state changed (an Event and a counter)."""
+
     gpu: str
     index: int
     before: GpuHealth

@@ -4,7 +4,7 @@
 GPUs, each GPU's health machine, samples and derived state, the GPUNode spec's cordons and
 generation, NVML's responsiveness and the counters the exporter reads. The parts (`monitor`,
 `eviction`, `orders`, `miglayout`, `publication`, `handoff`) each take it and hold the node's
-`lock` only as `NodeAgent` sequences them.
+`lock` only as `NodeAgent` sequences them (`handoff` takes it itself around its reads of the state).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ decisions take, from what the agent already holds, and the first-seen times betw
   effect (the shim fails closed without a valid region);
 - NVML's running compute processes of each GPU (`GpuSample.processes`).
 
-`NodeAgent` carries out the returned plan (Events — `events` words them —, the counter, evictions).
+`handoff.HandOff` carries out the returned plan (Events — `events` words them —, the counter, evictions).
 """
 
 from __future__ import annotations

@@ -61,13 +61,14 @@ class AgentCollector(Collector):
         slice_evictions = _counter(c.METRIC_SLICE_EVICTIONS)
         discovery = _gauge(c.METRIC_AGENT_DISCOVERY)
         for agent in list(self.agents()):
-            with agent.lock:
-                inventory = agent.inventory
+            node_state = agent.state
+            with node_state.lock:
+                inventory = node_state.inventory
                 if inventory is None:
                     continue
                 discovery.add_metric([agent.node], agent.discovery_seconds)
-                reclaimed.add_metric([agent.node], agent.counters.slots_reclaimed)
-                users = agent.allocations()
+                reclaimed.add_metric([agent.node], node_state.counters.slots_reclaimed)
+                users = node_state.allocations()
                 for g in inventory.gpus:
                     gpu_labels = [agent.node, str(g.index), g.uuid, g.model]
                     mine = users.get(g.uuid, [])
@@ -77,7 +78,7 @@ class AgentCollector(Collector):
                         else ["", "", ""]
                     )
                     labels = [*gpu_labels, *who]
-                    s = agent.samples.get(g.uuid)
+                    s = node_state.samples.get(g.uuid)
                     if s is not None:
                         if s.utilization_percent is not None:
                             util.add_metric(labels, s.utilization_percent)
@@ -94,21 +95,21 @@ class AgentCollector(Collector):
                         ):
                             if count is not None:
                                 ecc.add_metric([*gpu_labels, kind], count)
-                    h = agent.health.get(g.uuid)
+                    h = node_state.health.get(g.uuid)
                     last_xid.add_metric(labels, h.last_xid if h else 0)
-                    state = agent.states.get(g.uuid, (GpuHealth.AVAILABLE, ""))[0]
+                    state = node_state.states.get(g.uuid, (GpuHealth.AVAILABLE, ""))[0]
                     for st in GpuHealth:
                         health.add_metric([*gpu_labels, st.value], 1.0 if st is state else 0.0)
                 by_uuid = {g.uuid: g for g in inventory.gpus}
-                for (uuid, xid), n in agent.counters.xids.items():
+                for (uuid, xid), n in node_state.counters.xids.items():
                     g = by_uuid[uuid]
                     xids.add_metric([agent.node, str(g.index), uuid, g.model, str(xid)], n)
-                for (uuid, before, after), n in agent.counters.transitions.items():
+                for (uuid, before, after), n in node_state.counters.transitions.items():
                     g = by_uuid[uuid]
                     transitions.add_metric([agent.node, str(g.index), uuid, g.model, before, after], n)
-                for code, n in agent.counters.evictions.items():
+                for code, n in node_state.counters.evictions.items():
                     evictions.add_metric([agent.node, code], n)
-                for (namespace, pod, reason), n in agent.counters.slice_evictions.items():
+                for (namespace, pod, reason), n in node_state.counters.slice_evictions.items():
                     slice_evictions.add_metric([agent.node, namespace, pod, reason], n)
         yield from (
             util,
@@ -143,7 +144,7 @@ def _slices(agents: list[NodeAgent]) -> Iterator[Metric]:
         if agent.regions is None:
             continue
         with agent.lock:
-            pods = list(agent.pods.values())
+            pods = list(agent.state.pods.values())
         for pod in pods:
             for container in pod.assignment.containers:
                 for s in agent.regions.read(pod.uid, container):

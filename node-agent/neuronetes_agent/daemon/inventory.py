@@ -4,16 +4,14 @@ docs/contracts.md ("The node inventory file") is the schema; `node-agent/nri/inv
 strict reader. `InventoryWriter` turns one discovery pass (`devices.Inventory`) into that document
 and writes it atomically: at start, whenever the GPUs, MIG instances, shim or driver files change,
 and at least every `REWRITE_S` seconds otherwise, with a `generation` that continues from the
-file already there. Device numbers come from a `DeviceNodes` source: `HostDeviceNodes` reads the
-host's ``/dev`` and ``/proc`` (real GPUs), `SimulatedDeviceNodes` makes deterministic ones.
+file already there. Device numbers come from a `devicenodes.DeviceNodes` source (re-exported here
+with its two kinds and `InventoryError`).
 
 `install_shim` copies the shim library and writes its preload file where the inventory says they
 are; it refuses a file that is not an ELF shared object, and the agent then writes no inventory
 (every container with an assignment is refused by the plugin: fail closed).
 
-A little over 400 lines because the document's device numbers (two sources), its driver files
-(NVIDIA's CDI spec, filtered to what the plugin accepts) and the shim it names are one contract
-and share its rules; docs/gpu-health.md ("Node inventory file and shim") is the prose.
+docs/gpu-health.md ("Node inventory file and shim") is the prose.
 """
 
 from __future__ import annotations
@@ -28,16 +26,25 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import msgspec.yaml
 
 from neuronetes import contracts as c
 
-from .devices import GpuDevice, Inventory, MigDevice
+from .devicenodes import (
+    CONTROL_DEVICES,
+    DeviceNode,
+    DeviceNodes,
+    HostDeviceNodes,
+    InventoryError,
+    SimulatedDeviceNodes,
+)
+from .devices import Inventory
 
 __all__ = [
     "CDI_SPECS",
+    "CONTROL_DEVICES",
     "DEFAULT_SHIM_DIR",
     "DEFAULT_STATE_DIR",
     "INVENTORY_FILE",
@@ -66,8 +73,6 @@ SHIM_PRELOAD_NAME: Final = "ld.so.preload"
 REWRITE_S: Final = 10.0  # the contract's bound is 30 s; a third of it survives a slow round or two
 CDI_SPECS: Final = (Path("/etc/cdi/nvidia.yaml"), Path("/var/run/cdi/nvidia.yaml"))
 DRIVER_CAPABILITIES: Final = "compute,utility"
-NVIDIA_MAJOR: Final = 195  # the GPU and control device nodes' major (fixed by NVIDIA's driver)
-CONTROL_DEVICES: Final = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 _MAX_MOUNTS: Final = 1024
 _MAX_HOOKS: Final = 16
 # Where the plugin refuses a driver mount (docs/contracts.md): the agent drops those entries.
@@ -84,22 +89,8 @@ _ELF_MAGIC: Final = b"\x7fELF"
 _ET_DYN: Final = 3
 
 
-class InventoryError(RuntimeError):
-    """The inventory cannot be built (a device node or capability missing, a bad CDI spec)."""
-
-
 class ShimError(RuntimeError):
     """The shim library cannot be installed; the agent then advertises no GPU to containers."""
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceNode:
-    path: str
-    major: int
-    minor: int
-
-    def doc(self) -> dict[str, Any]:
-        return {"path": self.path, "major": self.major, "minor": self.minor}
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,96 +113,6 @@ class DriverFiles:
             "mounts": [{"hostPath": h, "containerPath": p} for h, p in self.mounts],
             "hooks": [dict(h) for h in self.hooks],
         }
-
-
-class DeviceNodes(Protocol):
-    """Where the device numbers of the document come from."""
-
-    def control(self) -> list[DeviceNode]: ...
-
-    def gpu(self, gpu: GpuDevice) -> DeviceNode: ...
-
-    def mig_caps(self, gpu: GpuDevice, inst: MigDevice) -> tuple[DeviceNode, DeviceNode]: ...
-
-
-def _cap_minor_sim(gpu_minor: int, gi: int, ci: int | None) -> int:
-    # NVIDIA's nvidia-caps numbering: 1 config, 2 monitor, then per GPU 15 GPU instances of one
-    # access node and eight compute instances each.
-    base = 3 + gpu_minor * 15 * 9 + gi * 9
-    return base if ci is None else base + 1 + ci
-
-
-class SimulatedDeviceNodes:
-    """Deterministic device numbers for simulated GPUs (no device node exists)."""
-
-    CAPS_MAJOR: Final = 511
-
-    def control(self) -> list[DeviceNode]:
-        return [DeviceNode(CONTROL_DEVICES[0], NVIDIA_MAJOR, 255), DeviceNode(CONTROL_DEVICES[1], 508, 0),
-                DeviceNode(CONTROL_DEVICES[2], 508, 1)]  # fmt: skip
-
-    def gpu(self, gpu: GpuDevice) -> DeviceNode:
-        return DeviceNode(f"/dev/nvidia{gpu.minor}", NVIDIA_MAJOR, gpu.minor)
-
-    def mig_caps(self, gpu: GpuDevice, inst: MigDevice) -> tuple[DeviceNode, DeviceNode]:
-        gi, ci = inst.gpu_instance_id, inst.compute_instance_id
-        return (self._cap(_cap_minor_sim(gpu.minor, gi, None)), self._cap(_cap_minor_sim(gpu.minor, gi, ci)))
-
-    def _cap(self, minor: int) -> DeviceNode:
-        return DeviceNode(f"/dev/nvidia-caps/nvidia-cap{minor}", self.CAPS_MAJOR, minor)
-
-
-class HostDeviceNodes:
-    """The host's device numbers: ``stat`` of the control nodes, the GPU's NVML minor number, and
-    the MIG capability minors NVIDIA's driver lists under ``/proc/driver/nvidia/capabilities``."""
-
-    def __init__(self, dev: Path = Path("/dev"), proc: Path = Path("/proc")) -> None:
-        self.dev = dev
-        self.proc = proc
-
-    def control(self) -> list[DeviceNode]:
-        out = []
-        for path in CONTROL_DEVICES:
-            host = self.dev / path.removeprefix("/dev/")
-            try:
-                st = os.stat(host)
-            except OSError as exc:
-                raise InventoryError(f"control device {host}: {exc.strerror}") from None
-            out.append(DeviceNode(path, os.major(st.st_rdev), os.minor(st.st_rdev)))
-        return out
-
-    def gpu(self, gpu: GpuDevice) -> DeviceNode:
-        if gpu.minor < 0:
-            raise InventoryError(f"GPU {gpu.index} ({gpu.uuid}): NVML reported no minor number")
-        return DeviceNode(f"/dev/nvidia{gpu.minor}", NVIDIA_MAJOR, gpu.minor)
-
-    def mig_caps(self, gpu: GpuDevice, inst: MigDevice) -> tuple[DeviceNode, DeviceNode]:
-        major = self._caps_major()
-        gi_dir = self.proc / f"driver/nvidia/capabilities/gpu{gpu.minor}/mig/gi{inst.gpu_instance_id}"
-        ci_dir = gi_dir / f"ci{inst.compute_instance_id}"
-        gi_minor, ci_minor = self._file_minor(gi_dir / "access"), self._file_minor(ci_dir / "access")
-        return (
-            DeviceNode(f"/dev/nvidia-caps/nvidia-cap{gi_minor}", major, gi_minor),
-            DeviceNode(f"/dev/nvidia-caps/nvidia-cap{ci_minor}", major, ci_minor),
-        )
-
-    def _caps_major(self) -> int:
-        return _number_in(self.proc / "devices", r"^\s*(\d+)\s+nvidia-caps$", "the nvidia-caps major")
-
-    def _file_minor(self, access: Path) -> int:
-        return _number_in(access, r"^DeviceFileMinor:\s*(\d+)$", "a DeviceFileMinor")
-
-
-def _number_in(file: Path, pattern: str, what: str) -> int:
-    """The number `pattern` captures in a /proc file of the driver (MIG needs these)."""
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise InventoryError(f"{file}: {exc.strerror}") from None
-    found = re.search(pattern, text, re.M)
-    if found is None:
-        raise InventoryError(f"{file} names no {what}")
-    return int(found.group(1))
 
 
 def _clean_abs(p: Any) -> bool:

@@ -3,7 +3,7 @@ processes the CUDA shim does not bind (docs/threat-model.md "Reconciliation", do
 "Reconciliation").
 
 Pure: plain data in, findings and a plan out; no I/O, no clock. `daemon.backstop` gathers the data
-each round and `NodeAgent` carries the plan out.
+each round and `handoff.HandOff` carries the plan out.
 
 **Scope.** Only the GPUs on which a container holds a *slice* (`grant_kind`): never a whole GPU,
 never a MIG instance (nobody shares those). A container's processes are the host PIDs of its cgroup;

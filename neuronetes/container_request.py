@@ -6,7 +6,7 @@ docs/contracts.md "Resources"): `read_container` turns one container's ``resourc
 an unknown ``neuronetes.io/*`` resource or MIG profile, two kinds of GPU in one container, a
 shared slice without its memory or compute). How the containers of a pod combine is
 `neuronetes.assignment.pod_gpu_request`'s; the types it returns live here, so that
-`neuronetes.assigned_gpus` (the other direction) needs neither of the two.
+`neuronetes.assigned_gpus` (the other direction) reads them without importing the pod reader.
 """
 
 from __future__ import annotations

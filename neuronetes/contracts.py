@@ -9,6 +9,11 @@ are the only way to write and read it; decoding is strict (exact types, no unkno
 ranges and formats checked, unknown schema versions refused) because the node agent acts on
 it: a document it does not fully understand must stop the container, never be half-applied.
 The builder from engine output and the pod-spec reader live in `neuronetes.assignment`.
+
+Over 400 lines because it is one table: every name that crosses a process boundary (resources,
+labels, annotations, node paths, the documented metrics with their help and labels) beside the
+one document the Binding carries, each defined once so that a reader looks in one place, as
+docs/contracts.md does row by row. Split by theme, the table would gain seams and no structure.
 """
 
 from __future__ import annotations

@@ -26,15 +26,34 @@ Slot 7 is usable only by instances of size >= 2 that cover it, which is why seve
 number in the profile name: ``1g.5gb`` is 4864 MiB). Reported sizes move slightly with
 the driver; the catalog holds the smallest published value so that a pod that fits the
 catalog fits the hardware.
+
+Three modules, re-exported here: `neuronetes.mig_profiles` (a profile, its name, configuration
+strings), `neuronetes.mig_layout` (the instances on one GPU and the search for a layout) and this
+one, the catalogs of the modelled GPUs and the lookups that need them.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from typing import Final
+
+from neuronetes.mig_layout import MigLayout, first_layout
+from neuronetes.mig_profiles import (
+    COMPUTE_SLICES,
+    MEMORY_SLICES,
+    PROFILE_NAME_RE,
+    MigConfigError,
+    MigError,
+    MigPlacementError,
+    MigProfile,
+    PlacedInstance,
+    UnsupportedGpuError,
+    compute_milli,
+    format_mig_config,
+    normalize_profile_name,
+)
 
 __all__ = [
     "COMPUTE_SLICES",
@@ -56,93 +75,6 @@ __all__ = [
     "normalize_profile_name",
     "parse_mig_config",
 ]
-
-MEMORY_SLICES: Final = 8
-"""Memory slices (placement slots) of a MIG-capable A100/H100."""
-COMPUTE_SLICES: Final = 7
-"""Compute slices (GPCs available to MIG) of a MIG-capable A100/H100."""
-
-_PROFILE_NAME_RE: Final = re.compile(r"(?P<compute>[1-9][0-9]*)g\.(?P<memory>[1-9][0-9]*)gb(?P<me>\+me)?")
-
-
-class MigError(Exception):
-    """Base class of the errors this module raises on purpose."""
-
-
-class MigPlacementError(MigError, ValueError):
-    """A profile cannot be placed (or removed) on a GPU's current layout."""
-
-
-class MigConfigError(MigError, ValueError):
-    """A MIG configuration string (``"1g.5gb:7,2g.10gb:3"``) is malformed."""
-
-
-class UnsupportedGpuError(MigError, KeyError, ValueError):
-    """The GPU model has no MIG catalog (not MIG-capable, or not modelled yet).
-
-    A ``KeyError`` (a failed lookup) and a ``ValueError`` (a bad argument) at once, so
-    callers may catch either.
-    """
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else ""
-
-
-@dataclass(frozen=True, slots=True)
-class MigProfile:
-    """One GPU-instance profile of one GPU model.
-
-    Attributes:
-        name: NVIDIA's profile name, e.g. ``"1g.5gb"`` or ``"1g.5gb+me"``.
-        compute_slices: compute slices (the ``Ng`` of the name).
-        memory_slices: memory slices occupied, i.e. the placement size.
-        memory_mib: usable framebuffer of one instance in MiB.
-        max_instances: most instances of this profile one GPU can hold.
-        starts: allowed start slots (index of the first memory slice), ascending.
-        media_extensions: the ``+me`` variant that owns the GPU's shared media engines
-            (JPEG/OFA); at most one such instance per GPU.
-    """
-
-    name: str
-    compute_slices: int
-    memory_slices: int
-    memory_mib: int
-    max_instances: int
-    starts: tuple[int, ...]
-    media_extensions: bool = False
-
-    def __post_init__(self) -> None:
-        if _PROFILE_NAME_RE.fullmatch(self.name) is None:
-            raise ValueError(f"invalid MIG profile name {self.name!r}")
-        if not 1 <= self.compute_slices <= COMPUTE_SLICES:
-            raise ValueError(f"{self.name}: compute_slices {self.compute_slices} not in 1..{COMPUTE_SLICES}")
-        if not self.starts or list(self.starts) != sorted(set(self.starts)):
-            raise ValueError(f"{self.name}: starts must be non-empty, ascending and unique")
-        if self.starts[0] < 0 or self.starts[-1] + self.memory_slices > MEMORY_SLICES:
-            raise ValueError(f"{self.name}: placements exceed the GPU's {MEMORY_SLICES} memory slices")
-        if self.media_extensions != self.name.endswith("+me"):
-            raise ValueError(f"{self.name}: media_extensions must match the '+me' suffix")
-
-    @property
-    def resource_name(self) -> str:
-        """The name as Kubernetes resource names and label values can spell it (``+me`` -> ``.me``)."""
-        return self.name.replace("+", ".")
-
-    def slots(self, start: int) -> range:
-        """Memory slices an instance placed at ``start`` occupies."""
-        return range(start, start + self.memory_slices)
-
-
-class PlacedInstance(NamedTuple):
-    """A GPU instance on a GPU: its profile and start slot."""
-
-    profile: MigProfile
-    start: int
-
-    @property
-    def slots(self) -> range:
-        """Memory slices the instance occupies."""
-        return self.profile.slots(self.start)
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -194,6 +126,10 @@ class MigCatalog:
             valid = ", ".join(self.names)
             raise KeyError(f"{self.gpu_model} has no MIG profile {name!r}; valid profiles: {valid}") from None
 
+    def offers(self, profile: MigProfile) -> bool:
+        """Whether ``profile`` is this catalog's own profile of that name (not another model's)."""
+        return self._by_name.get(profile.name) == profile
+
     def empty_layout(self) -> MigLayout:
         """A GPU of this model with MIG enabled and no instances."""
         return MigLayout(self)
@@ -217,190 +153,11 @@ class MigCatalog:
             wanted += [self.profile(name)] * count
         # Biggest first: fewer branches, and the first layout found packs small ones high.
         wanted.sort(key=lambda p: (-p.memory_slices, -p.compute_slices, p.name))
-        found = _search(self.empty_layout(), wanted)
+        found = first_layout(self.empty_layout(), wanted)
         if found is None:
             summary = format_mig_config(counts)
             raise MigPlacementError(f"{self.gpu_model}: no MIG layout holds {summary or 'nothing'}")
         return found
-
-
-def _search(layout: MigLayout, remaining: Sequence[MigProfile]) -> MigLayout | None:
-    if not remaining:
-        return layout
-    head, tail = remaining[0], remaining[1:]
-    for start in layout.valid_starts(head):
-        found = _search(layout.place_at(head, start), tail)
-        if found is not None:
-            return found
-    return None
-
-
-def _why_not(instances: Sequence[PlacedInstance], profile: MigProfile, start: int) -> str | None:
-    """Why ``profile`` cannot be added at ``start`` next to ``instances`` (``None`` when it can)."""
-    if start not in profile.starts:
-        allowed = ", ".join(map(str, profile.starts))
-        return f"{profile.name} cannot start at slot {start} (allowed: {allowed})"
-    same = sum(1 for inst in instances if inst.profile.name == profile.name)
-    if same >= profile.max_instances:
-        return f"{profile.name} allows at most {profile.max_instances} instance(s) per GPU"
-    if profile.media_extensions and any(inst.profile.media_extensions for inst in instances):
-        return "only one media-extension (+me) instance per GPU"
-    free_compute = COMPUTE_SLICES - sum(inst.profile.compute_slices for inst in instances)
-    if profile.compute_slices > free_compute:
-        return f"{profile.name} needs {profile.compute_slices} compute slices, {free_compute} free"
-    used = {s for inst in instances for s in inst.slots}
-    overlap = sorted(used.intersection(profile.slots(start)))
-    if overlap:
-        return f"{profile.name} at slot {start} overlaps occupied memory slice(s) {overlap}"
-    return None
-
-
-@dataclass(frozen=True, slots=True, repr=False)
-class MigLayout:
-    """The GPU instances on one GPU (immutable: placing or removing returns a new layout).
-
-    Attributes:
-        catalog: the GPU model's catalog; every instance's profile comes from it.
-        instances: placed instances, ordered by start slot.
-    """
-
-    catalog: MigCatalog
-    instances: tuple[PlacedInstance, ...] = ()
-
-    def __post_init__(self) -> None:
-        ordered = tuple(sorted(self.instances, key=lambda i: i.start))
-        for i, inst in enumerate(ordered):
-            if self.catalog._by_name.get(inst.profile.name) != inst.profile:
-                model = self.catalog.gpu_model
-                raise MigPlacementError(
-                    f"invalid MIG layout: {inst.profile.name} is not a MIG profile of {model}"
-                )
-            reason = _why_not(ordered[:i], inst.profile, inst.start)
-            if reason is not None:
-                raise MigPlacementError(f"invalid MIG layout on {self.catalog.gpu_model}: {reason}")
-        object.__setattr__(self, "instances", ordered)
-
-    def __repr__(self) -> str:
-        placed = ", ".join(f"{inst.profile.name}@{inst.start}" for inst in self.instances)
-        return f"MigLayout({self.catalog.gpu_model!r}, [{placed}])"
-
-    def __iter__(self) -> Iterator[PlacedInstance]:
-        return iter(self.instances)
-
-    def __len__(self) -> int:
-        return len(self.instances)
-
-    # -- occupancy -----------------------------------------------------------------
-
-    @property
-    def used_slots(self) -> frozenset[int]:
-        """Memory slices occupied by some instance."""
-        return frozenset(s for inst in self.instances for s in inst.slots)
-
-    @property
-    def free_slots(self) -> tuple[int, ...]:
-        """Memory slices no instance occupies, ascending."""
-        used = self.used_slots
-        return tuple(s for s in range(MEMORY_SLICES) if s not in used)
-
-    @property
-    def free_memory_slices(self) -> int:
-        """Number of memory slices no instance occupies."""
-        return MEMORY_SLICES - len(self.used_slots)
-
-    @property
-    def used_compute_slices(self) -> int:
-        """Compute slices taken by the placed instances."""
-        return sum(inst.profile.compute_slices for inst in self.instances)
-
-    @property
-    def free_compute_slices(self) -> int:
-        """Compute slices not yet taken."""
-        return COMPUTE_SLICES - self.used_compute_slices
-
-    @property
-    def memory_mib(self) -> int:
-        """Usable framebuffer of all placed instances together, in MiB."""
-        return sum(inst.profile.memory_mib for inst in self.instances)
-
-    def counts(self) -> dict[str, int]:
-        """Instances per profile name, largest profile first."""
-        tally = Counter(inst.profile.name for inst in self.instances)
-        return {name: tally[name] for name in self.catalog.names if tally[name]}
-
-    def to_config(self) -> str:
-        """The layout's counts as ``"3g.20gb:1,1g.5gb:2"`` (see :func:`format_mig_config`)."""
-        return format_mig_config(self.counts())
-
-    # -- placement -----------------------------------------------------------------
-
-    def _resolve(self, profile: MigProfile | str) -> MigProfile:
-        if isinstance(profile, str):
-            return self.catalog.profile(profile)
-        if self.catalog._by_name.get(profile.name) != profile:
-            raise MigPlacementError(
-                f"profile {profile.name} is not a MIG profile of {self.catalog.gpu_model}"
-            )
-        return profile
-
-    def _why_not(self, profile: MigProfile, start: int) -> str | None:
-        """Why ``profile`` cannot go at ``start`` (``None`` when it can)."""
-        return _why_not(self.instances, profile, start)
-
-    def valid_starts(self, profile: MigProfile | str) -> tuple[int, ...]:
-        """Every start slot where ``profile`` could be placed now, ascending."""
-        prof = self._resolve(profile)
-        return tuple(s for s in prof.starts if self._why_not(prof, s) is None)
-
-    def can_place(self, profile: MigProfile | str) -> int | None:
-        """The first start slot where ``profile`` fits now, or ``None``.
-
-        A slot fits when it is one of the profile's allowed starts, the memory slices it
-        covers are free, the profile's ``max_instances`` is not reached, no other ``+me``
-        instance exists (for ``+me`` profiles) and enough compute slices are free.
-        """
-        starts = self.valid_starts(profile)
-        return starts[0] if starts else None
-
-    def place(self, profile: MigProfile | str, start: int | None = None) -> MigLayout:
-        """A new layout with ``profile`` added at ``start``, or at its first fitting slot.
-
-        Raises:
-            MigPlacementError: it does not fit at ``start`` (or, without one, anywhere).
-        """
-        prof = self._resolve(profile)
-        if start is not None:
-            return self.place_at(prof, start)
-        first = self.can_place(prof)
-        if first is None:
-            reasons = "; ".join(dict.fromkeys(r for s in prof.starts if (r := self._why_not(prof, s))))
-            raise MigPlacementError(f"cannot place {prof.name} on {self.catalog.gpu_model}: {reasons}")
-        return self.place_at(prof, first)
-
-    def place_at(self, profile: MigProfile | str, start: int) -> MigLayout:
-        """A new layout with ``profile`` added at ``start`` (e.g. mirroring what NVML reports).
-
-        Raises:
-            MigPlacementError: it does not fit there.
-        """
-        prof = self._resolve(profile)
-        reason = self._why_not(prof, start)
-        if reason is not None:
-            raise MigPlacementError(f"cannot place on {self.catalog.gpu_model}: {reason}")
-        return MigLayout(self.catalog, (*self.instances, PlacedInstance(prof, start)))
-
-    def remove(self, start: int) -> MigLayout:
-        """A new layout without the instance that starts at slot ``start``.
-
-        Raises:
-            MigPlacementError: no instance starts there.
-        """
-        kept = tuple(inst for inst in self.instances if inst.start != start)
-        if len(kept) == len(self.instances):
-            raise MigPlacementError(
-                f"no MIG instance starts at slot {start} on this {self.catalog.gpu_model}"
-            )
-        return MigLayout(self.catalog, kept)
 
 
 # -- catalogs ----------------------------------------------------------------------
@@ -534,38 +291,6 @@ def is_mig_capable(gpu_model: str) -> bool:
     return True
 
 
-# -- names and configuration strings ------------------------------------------------
-
-
-def normalize_profile_name(name: str) -> str:
-    """Canonical spelling of a profile name.
-
-    Strips a leading ``"MIG "`` (as ``nvidia-smi`` prints), an ``nvidia.com/mig-`` or
-    ``neuronetes.io/mig-`` resource prefix, lower-cases, and turns the resource-safe
-    ``.me`` suffix back into ``+me``. Does not check that the result is valid.
-    """
-    text = name.strip()
-    lowered = text.lower()
-    for prefix in ("mig ", "nvidia.com/mig-", "neuronetes.io/mig-"):
-        if lowered.startswith(prefix):
-            text = text[len(prefix) :]
-            lowered = lowered[len(prefix) :]
-            break
-    text = lowered.strip()
-    if text.endswith(".me"):
-        text = text[: -len(".me")] + "+me"
-    return text
-
-
-def compute_milli(name: str) -> int:
-    """A profile's share of its GPU's compute in milli-GPU (``3g.20gb`` → 428): the fraction
-    usage views and the simulator's trace count a MIG instance as. ValueError for a bad name."""
-    m = _PROFILE_NAME_RE.fullmatch(normalize_profile_name(name))
-    if m is None or int(m["compute"]) > COMPUTE_SLICES:
-        raise ValueError(f"invalid MIG profile name {name!r}")
-    return int(m["compute"]) * 1000 // COMPUTE_SLICES
-
-
 def is_valid_profile_name(name: str, gpu_model: str | None = None) -> bool:
     """Whether ``name`` is a MIG profile name (``<N>g.<M>gb`` with optional ``+me``).
 
@@ -573,7 +298,7 @@ def is_valid_profile_name(name: str, gpu_model: str | None = None) -> bool:
     ``gpu_model``, also whether that model offers the profile (``False`` for a model
     without a catalog).
     """
-    if _PROFILE_NAME_RE.fullmatch(name) is None:
+    if PROFILE_NAME_RE.fullmatch(name) is None:
         return False
     if gpu_model is None:
         return True
@@ -632,26 +357,3 @@ def parse_mig_config(text: str, catalog: MigCatalog | None = None) -> dict[str, 
             )
         result[name] = result.get(name, 0) + int(match["count"])
     return result
-
-
-def format_mig_config(
-    counts: Mapping[str, int] | Iterable[tuple[str, int]], *, label_safe: bool = False
-) -> str:
-    """Spell instance counts as a configuration string (inverse of :func:`parse_mig_config`).
-
-    ``label_safe=False`` gives ``"1g.5gb:7,2g.10gb:3"``; ``label_safe=True`` gives a valid
-    Kubernetes label value, ``"1g.5gb-7_2g.10gb-3"``. Zero counts are left out; order is kept.
-    """
-    items = counts.items() if isinstance(counts, Mapping) else counts
-    parts: list[str] = []
-    for name, count in items:
-        if count < 0:
-            raise ValueError(f"negative MIG instance count {count} for {name!r}")
-        if count == 0:
-            continue
-        canonical = normalize_profile_name(name)
-        if label_safe:
-            parts.append(f"{canonical.replace('+', '.')}-{count}")
-        else:
-            parts.append(f"{canonical}:{count}")
-    return ("_" if label_safe else ",").join(parts)

@@ -22,8 +22,9 @@ It also serves the API server's egress proxy (`neuronetes.devcluster.egress`), r
 and pod addresses to the processes it runs. ``runner.json`` in its root lists what runs (pods,
 processes, argv, skipped containers and why); each container logs to ``logs/<ns>_<pod>_<container>.log``.
 Its children share its process group, so stopping the runner's group stops them all.
-(Under 500 lines: the one loop a kubelet would run — pods, fleet, resolver, state — kept
-together; processes and files are in `neuronetes.devcluster.hostprocs`.)
+The loop that changes things is here (pods, fleet, state); the pods it runs (`PodRun`) and the
+read-only lookups over them, the egress proxy's addresses and the log server's files, are in
+`neuronetes.devcluster.podruns`; processes and files in `neuronetes.devcluster.hostprocs`.
 
 Run as ``python -m neuronetes.devcluster.chartrun`` (`neuronetes.devcluster.chartmode` starts it).
 """
@@ -39,7 +40,6 @@ import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -51,7 +51,6 @@ from neuronetes.devcluster.hostprocs import Proc, declared_ports, listens, stop_
 from neuronetes.devcluster.podfiles import kubeconfig_text
 from neuronetes.devcluster.podlogs import LogServer
 from neuronetes.devcluster.podplan import (
-    ContainerLaunch,
     Credentials,
     Entrypoints,
     HostFile,
@@ -60,69 +59,24 @@ from neuronetes.devcluster.podplan import (
     automounts_token,
     plan_pod,
 )
+from neuronetes.devcluster.podruns import (
+    FLEET,
+    PodRun,
+    find_log,
+    fleet_launch,
+    is_node_agent,
+    resolve_address,
+)
 
 __all__ = ["FLEET", "RUNNING_CONDITION", "Runner", "fleet_launch", "is_node_agent", "main"]
 
 log = logging.getLogger("neuronetes.chartrun")
-FLEET: Final = "node-agent-fleet"
 TOKEN_SECONDS: Final = 24 * 3600
 RUNNING_CONDITION: Final = "dev.neuronetes.io/HostProcesses"
 """The pod condition the runner sets: True once every container's process runs and each declared
 TCP port accepts connections (kwok's Ready says nothing about processes)."""
 FLEET_SETTLE_S: Final = 2.0
 """The agent fleet restarts once its node set has not changed for this long (nodes come in batches)."""
-
-
-def is_node_agent(launch: ContainerLaunch) -> bool:
-    """``neuronetes agent run --node NODE``: one node's agent."""
-    argv = list(launch.argv)
-    has_node = "--node" in argv or any(a.startswith("--node=") for a in argv)
-    return has_node and any(argv[i : i + 2] == ["agent", "run"] for i in range(len(argv)))
-
-
-def fleet_launch(
-    first: ContainerLaunch, nodes: Sequence[str], kubeconfig: Path | None = None
-) -> ContainerLaunch:
-    """`first`'s agent, serving `nodes` (simulated) instead of its own node, with the credentials
-    of `kubeconfig` (the fleet's own identity) when given."""
-    selector = f"kubernetes.io/hostname in ({','.join(sorted(nodes))})"
-    argv: list[str] = []
-    skip = False
-    for a in first.argv:
-        if skip:
-            skip = False
-            continue
-        if a == "--node":
-            argv += ["--simulate-nodes", selector]
-            skip = True
-        elif a.startswith("--node="):
-            argv += ["--simulate-nodes", selector]
-        else:
-            argv.append(a)
-    env = dict(first.env) if kubeconfig is None else {**first.env, "KUBECONFIG": str(kubeconfig)}
-    return replace(first, name=FLEET, argv=tuple(argv), env=env)
-
-
-# ---- the pods ------------------------------------------------------------------------------------
-
-
-@dataclass
-class PodRun:
-    pod: dict[str, Any]
-    credentials: Credentials | None
-    plan: PodPlan
-    procs: dict[str, Proc] = field(default_factory=dict)
-    agents: dict[str, ContainerLaunch] = field(default_factory=dict)
-    reported: bool | None = None
-
-    @property
-    def key(self) -> str:
-        meta = self.pod["metadata"]
-        return f"{meta['namespace']}_{meta['name']}"
-
-
-def _labels_match(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
-    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
 class Runner:
@@ -340,47 +294,16 @@ class Runner:
         with self._lock:
             services = list(self._services)
             runs = list(self.runs.values())
-        for svc in services:
-            spec = svc.get("spec") or {}
-            if spec.get("clusterIP") != host:
-                continue
-            for p in spec.get("ports") or ():
-                if int(p.get("port", 0)) != port:
-                    continue
-                target = p.get("targetPort", port)
-                ns = svc["metadata"]["namespace"]
-                ready = [
-                    r
-                    for r in runs
-                    if r.pod["metadata"]["namespace"] == ns
-                    and _labels_match(spec.get("selector") or {}, r.pod["metadata"].get("labels") or {})
-                    and any(pr.alive() for pr in r.procs.values())
-                ]
-                if not ready:
-                    return None
-                run = ready[next(self._rr) % len(ready)]
-                return run.plan.address, _container_port(run.pod, target)
-        for run in runs:
-            if (run.pod.get("status") or {}).get("podIP") == host:
-                return run.plan.address, port
-        if host == self.node_ip and self.kubelet_port:
-            return "127.0.0.1", self.kubelet_port  # every simulated node's kubelet: `podlogs`
-        return None
+        return resolve_address(
+            services, runs, host, port, turns=self._rr, kubelet=(self.node_ip, self.kubelet_port)
+        )
 
     def find_log(self, namespace: str, pod: str, container: str) -> Path | None:
         """The log file of a container the runner runs (an agent pod's agent: the fleet's)."""
         with self._lock:
             runs = list(self.runs.values())
             fleet = self.fleet
-        for run in runs:
-            meta = run.pod["metadata"]
-            if (meta["namespace"], meta["name"]) != (namespace, pod):
-                continue
-            if container in run.procs:
-                return run.procs[container].log_file
-            if container in {launch.name for launch in run.agents.values()} and fleet is not None:
-                return fleet.log_file
-        return None
+        return find_log(runs, fleet, namespace, pod, container)
 
     # ---- state -----------------------------------------------------------------------------------
     def _write_state(self) -> None:
@@ -416,16 +339,6 @@ class Runner:
         self.fleet = None
         stop_procs(procs)
         self._write_state()
-
-
-def _container_port(pod: Mapping[str, Any], target: int | str) -> int:
-    if isinstance(target, int) or str(target).isdigit():
-        return int(target)
-    for ctr in pod["spec"].get("containers") or ():
-        for p in ctr.get("ports") or ():
-            if p.get("name") == target:
-                return int(p["containerPort"])
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

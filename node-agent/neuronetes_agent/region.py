@@ -16,8 +16,10 @@ A region is two files in one directory per container with a GPU assignment (docs
 ``tests/unit/test_region_layout.py`` compiles the header and checks that these ctypes structures
 agree with it byte for byte.
 
-This module is over 400 lines because it is the one mirror of the header: the layout test checks
-every structure, constant and validation rule here against the C side, so they stay in one file.
+This module is over 400 lines because it is the one mirror of one wire format, the header: the
+layout test checks every structure, constant and validation rule here against the C side byte for
+byte, and creating a region (sizes, magic, pair id, the robust mutex) follows the same header, so
+they stay in one file; a split would put one format's rules in several places to compare.
 
 Every reader validates before it trusts anything: magic, major version, every recorded size, the
 pair id shared by both files. A mismatch raises `RegionError` — the caller must fail closed (the

@@ -1,6 +1,5 @@
 """The node agent process: GPU discovery, health, publication to Kubernetes, fleet mode, metrics.
 
-Its modules import each other relatively, so mypy checks them as the package ``daemon`` (the
-folder ``node-agent/`` is installed as ``neuronetes_agent``, a mapping mypy cannot follow), the way
-``extender/`` is checked as ``extender``. docs/gpu-health.md describes what the agent does.
+`node.NodeAgent` is a thin coordinator over one module per job (docs/gpu-health.md, "The agent's
+modules"); docs/gpu-health.md describes what the agent does.
 """

@@ -15,5 +15,5 @@ checkpoint, stop/continue) and survives its own restart. One module per job (doc
 - `statedir`: the state directory's checks and link-free file access; `logtail`: bounded tails;
 - `scheduler`: the loop tying these together; `recovery`: re-adoption after a restart;
 - `protocol` / `server` / `client`: the local socket and its JSON protocol;
-- `main`: the daemon's entry point; `commands`: the CLI verbs.
+- `main`: the daemon's entry point (the CLI verbs are `neuronetes.cli`'s).
 """

@@ -25,7 +25,7 @@ from extender_support import (
 
 from neuronetes import contracts as c
 from neuronetes.assignment import ResourceRequestError, pod_gpu_request
-from neuronetes_extender.cache import BindRefused, CacheInvariantError, GpuCache
+from neuronetes_extender.cache import BindPlan, BindRefused, CacheInvariantError, GpuCache
 from neuronetes_extender.config import ExtenderSettings
 from neuronetes_extender.gangs import GangSpec, decode_reservation, encode_reservation
 from neuronetes_extender.pods import PodInfo
@@ -369,6 +369,18 @@ def test_filter_and_bind_carry_an_explanation_with_the_deciding_terms() -> None:
     env.cache.check_invariants()
     terms = env.cache.explain(info(gpu_pod("other", 2)), e.node)
     assert set(terms) == set(env.cache.policy.weights)
+
+
+def test_the_bind_explains_on_a_scratch_copy_and_leaves_the_live_state_alone() -> None:
+    env = Env({"dgx-a100-80gb": 1})
+    pod = env.add(gpu_pod("scratch", 2))
+    (node,) = env.cache.filter(info(pod), env.names).feasible
+    state = env.cache._books.snap.state
+    gen, free = state.gen.copy(), state.gpu_milli_free.copy()
+    plan = env.cache.prepare_bind(info(pod).id, node)
+    assert isinstance(plan, BindPlan) and plan.explanation is not None and plan.explanation.terms
+    assert (state.gen == gen).all() and (state.gpu_milli_free == free).all()
+    env.cache.check_invariants()
 
 
 # ---- invariants and restore ----------------------------------------------------------------------

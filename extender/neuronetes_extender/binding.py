@@ -61,7 +61,7 @@ def prepare_bind(books: CacheBooks, pod_id: str, node: str, pod: PodInfo | None)
     Binding's answer must not undo the bind)."""
     plan = plan_bind(books, pod_id, node, pod)
     if isinstance(plan, BindPlan) and not plan.already_bound:
-        known = pod or books.store.pods.get(pod_id)
+        known = books.store.pods.get(pod_id) or pod
         if known is not None:
             books.store.expect_bound(known.bound_to(plan.node, plan.assignment, plan.annotations))
     return plan
@@ -75,7 +75,7 @@ def plan_bind(books: CacheBooks, pod_id: str, node: str, pod: PodInfo | None) ->
     posted. Every pod binds only if the node passes its nodeSelector, required node affinity and
     taints (kube-scheduler checked them for what it filtered; a request that did not come from it
     did not). Pods of other schedulers are never bound. `pod`: the pod as the caller obtained it
-    (from the cache or the API); the cache's own record wins when it says the pod is bound.
+    (from the cache or the API); the cache's own record, when it has one now, wins.
     """
     snap, store, holds = books.snap, books.store, books.holds
     known = store.pods.get(pod_id)
@@ -83,7 +83,7 @@ def plan_bind(books: CacheBooks, pod_id: str, node: str, pod: PodInfo | None) ->
         if known.node != node:
             return BindRefused(f"pod {known.key} is already bound to {known.node}")
         return BindPlan(pod_id, node, {}, None, known.assignment, already_bound=True)
-    info = pod or known
+    info = known or pod  # the cache's record is the newest: the watch may have moved on since
     if info is None:
         return BindRefused(f"pod {pod_id} is not known to the extender")
     allowed = snap.settings.bind_scheduler_names

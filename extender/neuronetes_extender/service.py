@@ -4,8 +4,9 @@ No HTTP here (`neuronetes_extender.app` does that), no body decoding (`neuronete
 and no placement logic (the cache and the engine do that): each verb asks the `GpuCache` and
 translates the answer back. Filter refuses to decide (an Error, which kube-scheduler retries)
 while the cache is not synced or a watch has been broken longer than ``maxWatchStalenessSeconds``.
-Bind is async: it posts the Binding through the async API client, and a gang member's bind waits
-at the barrier without holding a thread. Every verb returns ``(result, outcome)``; the outcome
+Bind is async: it obtains the pod (the cache's record, else the API server's) and then makes
+one attempt, posts the Binding through the async API client, and a gang member's bind waits at
+the barrier without holding a thread. Every verb returns ``(result, outcome)``; the outcome
 labels the latency metric.
 """
 

@@ -76,7 +76,7 @@ def measure(nodes: int, pending: int, rounds: int) -> dict[str, Any]:
     def locked_part() -> None:
         with cache._lock:  # what `GpuCache.demand` does under the lock
             cache._ensure()
-            take_inputs(cache._snap.state, cache._store.pods.values(), settings.gang_ttl_seconds)
+            take_inputs(cache._books.snap.state, cache._books.store.pods.values(), settings.gang_ttl_seconds)
 
     return {
         "nodes": nodes,

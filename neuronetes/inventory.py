@@ -9,6 +9,7 @@ changes, so callers (the engine's score cache) can recompute only the rows that 
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -256,6 +257,25 @@ class ClusterState:
                 self.gpu_mem_free[i, grant.gpu_index] += grant.memory_mib
         self._touch(i)
         return alloc
+
+    def without(self, alloc_id: str) -> ClusterState:
+        """A scratch copy of this state with `alloc_id` given back (this state is not changed):
+        for a read that must see a node as it was before an allocation, such as a bind's
+        explanation. What a release writes is copied (the free-capacity arrays, the MIG layouts,
+        the allocation book and the allocation's node's set); the rest is shared, read-only."""
+        alloc = self.allocations.get(alloc_id)
+        if alloc is None:
+            raise UnknownAllocationError(alloc_id)
+        scratch = copy.copy(self)
+        scratch.cpu_free, scratch.mem_free = self.cpu_free.copy(), self.mem_free.copy()
+        scratch.gpu_milli_free, scratch.gpu_mem_free = self.gpu_milli_free.copy(), self.gpu_mem_free.copy()
+        scratch.gen = self.gen.copy()
+        scratch.mig_layouts = dict(self.mig_layouts)
+        scratch.allocations = dict(self.allocations)
+        scratch.by_node = list(self.by_node)
+        scratch.by_node[alloc.node_index] = set(self.by_node[alloc.node_index])
+        scratch.release(alloc_id)
+        return scratch
 
     def confirm(self, alloc_id: str) -> Allocation:
         """Turn an assumed (TTL) allocation into a committed one."""

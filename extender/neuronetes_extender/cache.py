@@ -1,66 +1,61 @@
-"""The cluster GPU cache: a thin facade that owns the one lock and delegates.
+"""The cluster GPU cache: a thin facade that owns the one lock and delegates to its parts.
 
-Shaped like kube-scheduler's ``internal/cache``: the parts each do one job and none is
-thread-safe on its own; `GpuCache` holds the lock for every call into them, and only briefly
-(every decision is a few NumPy operations on cached per-shape scores; never network I/O).
+Shaped like kube-scheduler's ``internal/cache``: small parts, one job each, none thread-safe on
+its own; `GpuCache` holds the lock for every call into them, and only briefly (every decision is
+a few NumPy operations on cached per-shape scores; never network I/O). The parts, by composition:
 
-- `ClusterStore` (`store`): nodes, GPUNodes and pods as the watches report them;
-- `Snapshot` (`snapshot`): the engine's `ClusterState` and `PlacementEngine`, rebuilt from the
-  store when the node set changes (bound pods replayed, then live holds);
-- `Ledger` (`ledger`): what each bound pod holds (``pod/<id>``), written by our binds, never
-  re-read from a tenant-writable annotation;
-- `SliceBook` (`slices`): what each Bound GPUSlice reserves (``slice/<ns>/<name>``), read from
-  the status the operator writes; pods naming a slice run inside it;
-- `HoldBook` (`holds`): holds (``hold/<id>``, ``group/<ns>/<group>/<i>``) with the one TTL;
-  released GPUs nudge the pods the filter rejected;
-- `GangManager` (`gang_manager`): gang reservations, their non-blocking bind barrier, restore;
-- `decisions`: filter, prioritize, bind planning and preemption refinement over the parts;
+- `CacheBooks` (`books`, the store part): the `ClusterStore` (nodes, GPUNodes and pods as the
+  watches report them), the `Snapshot` (the engine's `ClusterState` and `PlacementEngine`,
+  rebuilt when the node set changes), the `Ledger` (what each bound pod holds, ``pod/<id>``,
+  written by our binds) and the `SliceBook` (what each Bound GPUSlice reserves), kept current;
+- `HoldBook` (`holds`): every hold (``hold/<id>``, ``group/<ns>/<group>/<i>``) with the one TTL;
+  a lone pod's hold is the book's alone; released GPUs nudge the pods the filter rejected;
+- `GangManager` (`gang_manager`, restore in `gang_restore`): gang reservations only: plan,
+  claim, the non-blocking bind barrier, release;
+- the decisions: `decisions` (filter, prioritize, preemption refinement) and `binding` (bind
+  plan and outcome), functions over the books that answer with typed results;
+- `CacheReads` (`cache_reads`): what the metrics, `/debug` and the explain tools read;
 - `demand`: free capacity against the pending pods (the fragmentation gauges), read at scrape.
 
 Pods are identified by UID (``namespace/name`` for hand-made requests without one). Nothing is
 oversubscribed (`ClusterState` refuses it) and nothing is leaked (allocations are derived from
 the pods and holds the cache keeps, never patched in place): `check_invariants` checks both and
-raises `CacheInvariantError`.
-
-This module holds the feeds (one short locked method per watch event) and the decisions; the
-gang methods are in `GangFacade` (`gang_facade`) and the reads in `CacheReads` (`cache_reads`),
-mixins that take the same lock.
+raises `CacheInvariantError`, the one exception (a bug); refusals are answers (`BindRefused`).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
 from neuronetes.api.models import GPUNode
-from neuronetes.model import NodeSpec
+from neuronetes.engine.policy import Policy
+from neuronetes.model import Locality, NodeSpec, PodRequest
 
+from . import binding
 from . import decisions as d
+from .books import CacheBooks
 from .cache_reads import CacheReads
 from .config import ExtenderSettings, SettingsSource
-from .gang_facade import GangFacade
-from .gang_manager import GangListener, GangManager
-from .gangs import GangSpec
-from .holds import HoldBook, pod_of_hold
-from .ledger import Ledger
+from .demand import Demand, measure
+from .gang_manager import GangListener
+from .gang_restore import restore_gangs
+from .gangs import GangGroup, GangSpec, RestoredGang
 from .pods import PodInfo, pod_identity
 from .results import (
     BarrierState,
     BindPlan,
-    BindRefusedError,
+    BindRefused,
     CacheInvariantError,
     CacheStats,
     Explanation,
     FilterDecision,
     Hold,
-    PodUnknownError,
 )
 from .slice_filter import filter_slice_pod
-from .slices import GPUSLICES, SliceBook, SliceInfo, slice_covers
-from .snapshot import NodeLookup, Snapshot
-from .store import GPUNODES, RESOURCES, ClusterStore
+from .slices import GPUSLICES, SliceInfo
+from .store import GPUNODES, RESOURCES
 from .wire import Node, Pod
 
 __all__ = [
@@ -69,7 +64,7 @@ __all__ = [
     "RESOURCES",
     "BarrierState",
     "BindPlan",
-    "BindRefusedError",
+    "BindRefused",
     "CacheInvariantError",
     "CacheStats",
     "Explanation",
@@ -77,15 +72,12 @@ __all__ = [
     "GangListener",
     "GpuCache",
     "Hold",
-    "PodUnknownError",
 ]
 
-log = logging.getLogger(__name__)
 
-
-class GpuCache(GangFacade, CacheReads):
-    """The extender's picture of the cluster's GPUs (thread-safe); gang methods in `GangFacade`,
-    reads in `CacheReads`."""
+class GpuCache:
+    """The extender's picture of the cluster's GPUs (thread-safe): every method takes the one
+    lock and asks a part."""
 
     def __init__(
         self,
@@ -94,212 +86,141 @@ class GpuCache(GangFacade, CacheReads):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings if isinstance(settings, SettingsSource) else SettingsSource(initial=settings)
-        self._clock = clock
         self._lock = threading.RLock()
         self._settings_version = self.settings.version
-        self._snap = Snapshot.empty(self.settings.get(), clock)
-        self._store = ClusterStore(clock)
-        self._holds = HoldBook()
-        self._ledger = Ledger()
-        self._slices = SliceBook()
-        self._gangs = GangManager(self._snap, self._store, self._holds, d.REASON_UNKNOWN_NODE)
-        self._gangs.barrier_listener = self._barrier_changed
-        self._barrier_listener: Callable[[str], None] | None = None
-        self._parts = d.Parts(self._snap, self._store, self._holds, self._gangs)
-        self._memo: NodeLookup | None = None
+        self._books = CacheBooks(self.settings.get(), clock)
+        self._reads = CacheReads(self._books)
 
-    # ---- keeping the snapshot current (lock held) ---------------------------------------------
     def _ensure(self) -> None:
-        """Bring the snapshot up to date: settings, node changes, expired holds."""
+        """Bring the books up to date (lock held): settings, node changes, expired holds."""
         settings = self.settings.get()  # re-reads a changed settings file (at most once a second)
-        if self.settings.version != self._settings_version:
-            self._settings_version = self.settings.version
-            self._snap.use_settings(settings, rebuild_pending=self._store.dirty)
-        if self._store.dirty:
-            self._rebuild()
-        now = self._clock()
-        for due in self._holds.due(now):
-            hold = self._holds.get(due.alloc_id)
-            if hold is None or hold.expires_at > now or self._gangs.expire(hold):
-                continue  # gone or renewed meanwhile, or its gang expired with it
-            log.info("hold %s for %s on %s expired", hold.alloc_id, hold.pod or hold.group, hold.node)
-            self._holds.drop(self._snap.state, hold.alloc_id)
-
-    def _rebuild(self) -> None:
-        """Rebuild from the node specs; replay bound pods and Bound slices, then live holds (those
-        that no longer fit are dropped; those whose node is gone wait, dormant, for it or their TTL)."""
-        snap = self._snap
-        snap.rebuild(self._store.specs.values())
-        self._store.dirty = False
-        self._ledger.reset()
-        for info in self._store.pods.values():
-            if info.holds_resources:
-                self._account(info)
-        for sl in self._store.slices.values():  # after the pods: a running pod outranks a claim
-            self._slices.account(snap, self._holds, sl)
-        for hold in sorted(self._holds, key=lambda h: h.expires_at):
-            if hold.node not in snap.state.index:
-                continue
-            if not self._holds.allocate(snap.state, hold):
-                log.info(
-                    "hold %s dropped: no longer fits on %s after a node change", hold.alloc_id, hold.node
-                )
-                self._holds.forget(hold.alloc_id)
-
-    def _account(self, info: PodInfo) -> None:
-        in_slice = bool(info.slice) and slice_covers(info, self._store.slices)
-        self._ledger.account(self._snap, self._holds, info, self._fulfil, in_slice=in_slice)
-
-    def _fulfil(self, pod_id: str) -> None:
-        self._gangs.release_hold_of(pod_id, bound=True)
-
-    def _lookup(self, names: Sequence[str]) -> NodeLookup:
-        memo = self._memo
-        if memo is None or not memo.matches(self._snap.state, names):
-            memo = self._memo = NodeLookup.build(self._snap.state, names)
-        return memo
+        changed = self.settings.version != self._settings_version
+        self._settings_version = self.settings.version
+        self._books.ensure(settings, changed)
 
     # ---- feeding from the API server -----------------------------------------------------------
     def set_node_specs(self, specs: Iterable[NodeSpec]) -> None:
         """Replace the node set with ready-made specs (tests, benchmarks)."""
         with self._lock:
-            self._store.set_node_specs(specs)
+            self._books.store.set_node_specs(specs)
 
     def replace_nodes(self, nodes: Iterable[Node]) -> None:
         """The node set after a (re)list."""
         with self._lock:
-            self._store.replace_nodes(nodes)
+            self._books.store.replace_nodes(nodes)
         self.touch("nodes")
 
     def upsert_node(self, node: Node) -> None:
         if not node.metadata.name:
             return
         with self._lock:
-            self._store.upsert_node(node)
+            self._books.store.upsert_node(node)
         self.touch("nodes")
 
     def delete_node(self, name: str) -> None:
         with self._lock:
-            self._store.delete_node(name)
+            self._books.store.delete_node(name)
         self.touch("nodes")
 
     def replace_gpunodes(self, objs: Iterable[GPUNode]) -> None:
         """Every GPUNode after a (re)list: each node's GPUs as its agent discovered them."""
         with self._lock:
-            self._store.replace_gpunodes(objs)
+            self._books.store.replace_gpunodes(objs)
         self.touch(GPUNODES)
 
     def upsert_gpunode(self, obj: GPUNode) -> None:
         with self._lock:
-            self._store.upsert_gpunode(obj)
+            self._books.store.upsert_gpunode(obj)
         self.touch(GPUNODES)
 
     def delete_gpunode(self, name: str) -> None:
         with self._lock:
-            self._store.delete_gpunode(name)
+            self._books.store.delete_gpunode(name)
         self.touch(GPUNODES)
 
     def replace_slices(self, slices: Iterable[SliceInfo]) -> None:
         """Every Bound GPUSlice after a (re)list (`slices.slice_of` of each object)."""
         with self._lock:
-            if self._store.replace_slices(slices):
-                self._holds.freed = True  # pods waiting for a slice may fit now
+            if self._books.store.replace_slices(slices):
+                self._books.holds.freed = True  # pods waiting for a slice may fit now
         self.touch(GPUSLICES)
 
     def put_slice(self, key: str, info: SliceInfo | None) -> None:
         """GPUSlice `key` (``namespace/name``) changed: `info` is what it reserves (None: nothing,
         or it is gone)."""
         with self._lock:
-            if self._store.put_slice(key, info):
-                self._holds.freed = True
+            if self._books.store.put_slice(key, info):
+                self._books.holds.freed = True
         self.touch(GPUSLICES)
-
-    def _upsert(self, info: PodInfo) -> None:
-        info = self._store.put_pod(info)
-        if info.terminal:
-            self._gangs.release_hold_of(info.id)
-        if not self._store.dirty:
-            self._account(info)
-            if info.terminal:
-                self._retry_slices()
-
-    def _remove(self, pod_id: str) -> None:
-        self._store.pop_pod(pod_id)
-        self._holds.rejected.pop(pod_id, None)
-        self._gangs.release_hold_of(pod_id)
-        self._ledger.remove(self._snap, pod_id)
-        self._retry_slices()
-
-    def _retry_slices(self) -> None:
-        """A pod went or finished: slices left out for overlapping it may fit now."""
-        if self._slices.unaccounted and not self._store.dirty:
-            self._slices.retry(self._snap, self._holds, self._store.slices)
 
     def upsert_pod(self, pod: Pod) -> None:
         meta = pod.metadata  # `ClusterStore.previous` needs no lock
-        info = PodInfo.from_pod(pod, self._store.previous(pod_identity(meta.uid, meta.namespace, meta.name)))
+        previous = self._books.store.previous(pod_identity(meta.uid, meta.namespace, meta.name))
+        info = PodInfo.from_pod(pod, previous)
         with self._lock:
-            self._upsert(info)
+            self._books.upsert(info)
         self.touch("pods")
 
     def delete_pod(self, pod: Pod) -> None:
         info = PodInfo.from_pod(pod)
         with self._lock:
-            self._remove(info.id)
+            self._books.remove(info.id)
         self.touch("pods")
 
     def replace_pods(self, pods: Iterable[Pod]) -> None:
         """The pod set after a (re)list: pods not in it are gone."""
         infos = [PodInfo.from_pod(p) for p in pods]
         with self._lock:
+            books = self._books
             keep = {i.id for i in infos}
-            for gone in [k for k in self._store.pods if k not in keep]:
-                self._remove(gone)
+            for gone in [k for k in books.store.pods if k not in keep]:
+                books.remove(gone)
             for info in infos:
-                self._upsert(info)
+                books.upsert(info)
         self.touch("pods")
 
     # ---- sync bookkeeping ----------------------------------------------------------------------
     def touch(self, resource: str) -> None:
         """The API server just told this cache something about `resource` (sync age 0)."""
-        self._store.touch(resource)
+        self._books.store.touch(resource)
 
     def mark_synced(self, resource: str) -> None:
         """The first list of `resource` ("nodes", "pods", …) is in."""
         with self._lock:
-            self._store.mark_synced(resource)
+            self._books.store.mark_synced(resource)
 
     def require_sync(self, resource: str) -> None:
         """`synced` also waits for `resource` (e.g. the gang reservations a restart restores)."""
         with self._lock:
-            self._store.require_sync(resource)
+            self._books.store.require_sync(resource)
 
     def is_synced(self, resource: str) -> bool:
         with self._lock:
-            return self._store.is_synced(resource)
+            return self._books.store.is_synced(resource)
 
     @property
     def synced(self) -> bool:
-        return self._store.synced
+        return self._books.store.synced
 
     def sync_age(self, resource: str) -> float:
         """Seconds since the API server last told this cache anything about `resource` (inf: never)."""
-        return self._store.sync_age(resource)
+        return self._books.store.sync_age(resource)
 
     # ---- decisions -----------------------------------------------------------------------------
     def filter(self, pod: PodInfo, node_names: Sequence[str], gang: GangSpec | None = None) -> FilterDecision:
         """`decisions.filter_pod`; a GPU pod found no node for is remembered to be nudged."""
         with self._lock:
             self._ensure()
-            lookup = self._lookup(node_names)
+            books = self._books
+            lookup = books.lookup(node_names)
             if pod.slice:
-                decision = filter_slice_pod(self._parts, pod, lookup)
+                decision = filter_slice_pod(books, pod, lookup)
             else:
-                decision = d.filter_pod(self._parts, pod, lookup, gang)
+                decision = d.filter_pod(books, pod, lookup, gang)
             if decision.feasible:
-                self._holds.rejected.pop(pod.id, None)
+                books.holds.rejected.pop(pod.id, None)
             elif pod.gpu is not None:
-                self._holds.rejected[pod.id] = (pod.namespace, pod.name)
+                books.holds.rejected[pod.id] = (pod.namespace, pod.name)
             return decision
 
     def take_nudges(self) -> list[tuple[str, str]]:
@@ -309,68 +230,161 @@ class GpuCache(GangFacade, CacheReads):
         caller touches them (`ReservationStore`)."""
         with self._lock:
             self._ensure()
-            if not self._holds.freed:
+            holds = self._books.holds
+            if not holds.freed:
                 return []
-            self._holds.freed = False
-            pods = self._store.pods
+            holds.freed = False
+            pods = self._books.store.pods
             out = [
                 key
-                for pod_id, key in self._holds.rejected.items()
+                for pod_id, key in holds.rejected.items()
                 if (p := pods.get(pod_id)) is not None and p.pending_gpu
             ]
-            self._holds.rejected.clear()
+            holds.rejected.clear()
             return out
 
     def prioritize(self, pod: PodInfo, node_names: Sequence[str]) -> list[int]:
         """`decisions.prioritize`: 0..10 per node."""
         with self._lock:
             self._ensure()
-            return d.prioritize(self._parts, pod, self._lookup(node_names))
+            return d.prioritize(self._books, pod, self._books.lookup(node_names))
 
-    def prepare_bind(self, pod_id: str, node: str, pod: PodInfo | None = None) -> BindPlan:
-        """`decisions.prepare_bind` (raises `PodUnknownError`, `BindRefusedError`)."""
+    def prepare_bind(self, pod_id: str, node: str, pod: PodInfo | None = None) -> BindPlan | BindRefused:
+        """`binding.prepare_bind`: the plan, or why the pod may not go to `node`. `pod`: the pod
+        as the caller obtained it (needed when the cache does not know it yet)."""
         with self._lock:
             self._ensure()
-            plan = d.prepare_bind(self._parts, pod_id, node, pod)
-            if not plan.already_bound and (known := pod or self._store.pods.get(pod_id)) is not None:
-                self._store.expect_bound(known.bound_to(plan.node, plan.assignment, plan.annotations))
-            return plan
+            return binding.prepare_bind(self._books, pod_id, node, pod)
 
     def bind_done(self, plan: BindPlan, *, ok: bool, ambiguous: bool = False, pod: Pod | None = None) -> None:
-        """Record a bind's outcome.
-
-        On success the hold becomes the pod's allocation in the ledger (the watch will report the
-        same pod; that is a no-op). On a definite failure the hold is released; on an ambiguous
-        one (timeout, server error) it stays until the watch tells or the TTL ends.
-        """
+        """`binding.bind_done`: a bind's outcome recorded (`pod`: the pod as the API returned it)."""
         with self._lock:
-            self._store.bind_settled(plan.pod)
-            hold = self._holds.get(plan.alloc_id)
-            if not ok:
-                if hold is not None and not ambiguous:
-                    group = self._gangs.groups.get(hold.group) if hold.group else None
-                    if group is not None:
-                        # After the barrier: a partial gang. The operator recreates the group.
-                        log.warning("gang %s: binding %s failed after the barrier", group.id, plan.pod)
-                        self._gangs.end(group, "Failed")
-                    else:
-                        self._holds.drop(self._snap.state, hold.alloc_id)
-                return
-            if hold is not None:
-                self._ledger.record_bind(plan.pod, plan.node, hold.grants, plan.assignment)
-            if pod is not None:
-                self._upsert(PodInfo.from_pod(pod))
-                return
-            info = self._store.pods.get(plan.pod)
-            if info is None and hold is not None:  # fetched at bind, not yet seen by the watch
-                info = pod_of_hold(plan.pod, hold)
-            if info is not None:
-                self._upsert(info.bound_to(plan.node, plan.assignment, plan.annotations))
+            binding.bind_done(self._books, plan, ok=ok, ambiguous=ambiguous, pod=pod)
 
     def refine_victims(self, pod: PodInfo, node: str, victims: Sequence[tuple[str, int]]) -> list[str] | None:
         """The fewest of `victims` ((pod identity, priority)) whose removal lets `pod` onto `node`
         (`decisions.fewest_victims`, on a scratch copy of the node: nothing here changes)."""
         with self._lock:
             self._ensure()
-            engine = d.scratch_engine(self._parts, pod, node)
+            engine = d.scratch_engine(self._books, pod, node)
         return None if engine is None else d.fewest_victims(engine, pod.request, victims)
+
+    # ---- gang reservations ---------------------------------------------------------------------
+    @property
+    def on_gang_change(self) -> GangListener | None:
+        """Told of every change of a gang reservation (under the lock: it must not block)."""
+        return self._books.gangs.on_change
+
+    @on_gang_change.setter
+    def on_gang_change(self, listener: GangListener | None) -> None:
+        with self._lock:
+            self._books.gangs.on_change = listener
+
+    def set_barrier_listener(self, fn: Callable[[str], None] | None) -> None:
+        """`fn(group_id)` is called (under the lock: it must not block) whenever a group's
+        barrier state may have changed: a member arrived, it opened, expired, was released or
+        failed. A waiting bind then asks `gang_arrive` again."""
+        with self._lock:
+            self._books.gangs.barrier_listener = fn
+
+    def gang_arrive(self, plan: BindPlan) -> BarrierState:
+        """`plan`'s member is at bind: the barrier says open, wait or failed (never blocks;
+        idempotent: a member counts as arrived from its first call)."""
+        with self._lock:
+            self._ensure()
+            return self._books.gangs.arrive(plan)
+
+    def fail_waiting_binds(self, reason: str) -> None:
+        """Shutdown: every member waiting at (or reaching) a barrier gets "failed" with `reason`."""
+        with self._lock:
+            self._books.gangs.fail_waiting(reason)
+
+    def restore_gangs(self, restored: Iterable[RestoredGang]) -> int:
+        """Hold the slots of reservations read from the API (a restart, or a standby following
+        the active extender); may be called again with the current set: known groups stay as
+        they are, new ones are restored. Returns how many groups were restored now."""
+        with self._lock:
+            self._ensure()
+            return restore_gangs(self._books, restored)
+
+    def release_gang(self, group_id: str, reservation_id: str | None = None) -> int:
+        """Release every slot of `group_id` (only if it is still `reservation_id`, when given)."""
+        with self._lock:
+            return self._books.gangs.release(group_id, reservation_id)
+
+    def reserve_group(
+        self,
+        group: str,
+        members: Sequence[PodRequest],
+        locality: Locality = Locality.ANY,
+        ttl: float | None = None,
+    ) -> tuple[Hold, ...] | None:
+        """Hold GPUs for every member of `group` at once, or for none (slots expire together after
+        `ttl`, default the assume TTL, unless released; members claim them at their filter)."""
+        with self._lock:
+            self._ensure()
+            return self._books.gangs.reserve(group, members, locality, ttl)
+
+    def tick(self) -> None:
+        """Apply what time has done (expired holds and reservations) without a decision."""
+        with self._lock:
+            self._ensure()
+
+    def gangs(self) -> list[GangGroup]:
+        with self._lock:
+            self._ensure()
+            return list(self._books.gangs.groups.values())
+
+    # ---- reads (`CacheReads`) ------------------------------------------------------------------
+    @property
+    def policy(self) -> Policy:
+        """The placement policy in force (the configured weights applied)."""
+        with self._lock:
+            self._ensure()
+            return self._reads.policy()
+
+    def check_invariants(self) -> None:
+        """Nothing oversubscribed, leaked or held for nothing (raises `CacheInvariantError`)."""
+        with self._lock:
+            self._ensure()
+            self._reads.check_invariants()
+
+    def holds(self) -> list[Hold]:
+        with self._lock:
+            return self._reads.holds()
+
+    def hold_of(self, pod_id: str) -> Hold | None:
+        with self._lock:
+            return self._reads.hold_of(pod_id)
+
+    def pod(self, pod_id: str) -> PodInfo | None:
+        with self._lock:
+            return self._reads.pod(pod_id)
+
+    def node_spec(self, name: str) -> NodeSpec | None:
+        with self._lock:
+            return self._reads.node_spec(name)
+
+    def explain(self, pod: PodInfo, node: str) -> dict[str, float]:
+        """`pod`'s score on `node` by scorer term, as the engine sees it now ({}: not feasible)."""
+        with self._lock:
+            self._ensure()
+            return self._reads.explain(pod, node)
+
+    def gpu_usage(self, node: str) -> list[tuple[int, int]] | None:
+        """Per GPU of `node`: (milli-GPU free, MiB free) as the cache counts them now."""
+        with self._lock:
+            self._ensure()
+            return self._reads.gpu_usage(node)
+
+    def demand(self) -> Demand:
+        """Unallocated and fragmented GPU capacity against the pending pods, and pending gangs."""
+        with self._lock:
+            self._ensure()
+            inputs = self._reads.demand_inputs()
+        return measure(inputs)
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            self._ensure()
+            return self._reads.stats()

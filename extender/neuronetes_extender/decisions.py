@@ -1,74 +1,49 @@
-"""The extender's decisions as functions over a snapshot: filter, prioritize, bind planning and
-preemption refinement (kube-scheduler's framework, for one extender).
+"""The extender's decisions as functions over the cache's books: filter, prioritize and
+preemption refinement (kube-scheduler's framework, for one extender; the bind is `binding`'s).
 
-Each takes the cache's parts (`Parts`: the snapshot, the store, the holds and the gang manager)
-with the cache's lock held, and returns a typed result (`FilterDecision`, scores,
-`BindPlan`) or raises `BindRefusedError` / `PodUnknownError` with a reason.
+Each takes the `CacheBooks` with the cache's lock held and returns a typed result
+(`FilterDecision`, scores, victims); a refusal is an answer, never an exception.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from neuronetes import contracts as c
-from neuronetes.assignment import build_assignment, visible_devices_annotations
 from neuronetes.engine import PlacementEngine, scale_scores
 from neuronetes.engine.core import FEASIBLE
 from neuronetes.engine.filters import FILTERS
 from neuronetes.inventory import Allocation, ClusterState
-from neuronetes.model import GpuGrant, Placement, PodRequest
+from neuronetes.model import Placement, PodRequest
 
+from .books import CacheBooks
 from .config import ExtenderSettings
-from .gang_manager import GangManager
-from .gangs import GangSpec, gang_assignment
-from .holds import HoldBook, owned_by
-from .nodefit import node_fit_reason
+from .gangs import GangSpec
+from .holds import owned_by
 from .pods import PodInfo
-from .results import (
-    BindPlan,
-    BindRefusedError,
-    CacheInvariantError,
-    Explanation,
-    FilterDecision,
-    Hold,
-    PodUnknownError,
-)
-from .slices import gpu_index, slice_request_mismatch
-from .snapshot import NodeLookup, Snapshot, violated_locality
-from .store import ClusterStore
+from .results import Explanation, FilterDecision, Hold
+from .snapshot import REASON_UNKNOWN_NODE, NodeLookup, Snapshot, violated_locality
 
 __all__ = [
     "REASON_UNKNOWN_NODE",
-    "Parts",
     "explain",
     "fewest_victims",
     "filter_pod",
-    "prepare_bind",
     "prioritize",
     "scratch_engine",
+    "short",
 ]
 
 log = logging.getLogger(__name__)
 
-REASON_UNKNOWN_NODE: Final = "node not in the gpu inventory yet"
 _MAX_REASON: Final = 240
 _TOP_TERMS: Final = 3
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Parts:
-    """The cache's parts a decision reads and writes (under the cache's lock)."""
-
-    snap: Snapshot
-    store: ClusterStore
-    holds: HoldBook
-    gangs: GangManager
 
 
 def short(text: str) -> str:
@@ -77,13 +52,14 @@ def short(text: str) -> str:
 
 
 # ---- explanations ---------------------------------------------------------------------------------
-def explain(snap: Snapshot, placement: Placement, *, terms: bool) -> Explanation:
-    """The placement's explanation; `terms`: with the score terms that decided it."""
-    st, i = snap.state, placement.node_index
+def explain(engine: PlacementEngine, placement: Placement, *, terms: bool) -> Explanation:
+    """The placement's explanation; `terms`: with the score terms that decided it, as `engine`
+    (the live one, or a scratch copy) sees the node."""
+    st, i = engine.state, placement.node_index
     gpus = st.nodes[i].gpus
     top: tuple[tuple[str, float], ...] = ()
     if terms:
-        values = snap.engine.explain(placement.request, i)
+        values = engine.explain(placement.request, i)
         top = tuple(sorted(values.items(), key=lambda kv: -abs(kv[1]))[:_TOP_TERMS])
     return Explanation(
         placement.node,
@@ -92,23 +68,6 @@ def explain(snap: Snapshot, placement: Placement, *, terms: bool) -> Explanation
         placement.reason,
         top,
     )
-
-
-def _explain_held(snap: Snapshot, hold: Hold, placement: Placement) -> Explanation:
-    """The held placement explained with its score terms, the node seen as the filter saw it
-    (the hold's own resources given back for the moment)."""
-    st = snap.state
-    alloc = st.allocations.get(hold.alloc_id)
-    if alloc is not None:
-        st.release(hold.alloc_id)
-    try:
-        explanation = explain(snap, placement, terms=True)
-    finally:
-        if alloc is not None:
-            st.allocate(alloc.id, alloc.node_index, alloc.cpu_milli, alloc.memory_mib, alloc.grants)
-    if hold.explanation is not None:
-        return replace(hold.explanation, terms=explanation.terms)
-    return explanation
 
 
 # ---- filter ---------------------------------------------------------------------------------------
@@ -145,9 +104,9 @@ def _place(
     return placement, [placement.node_index, *(i for i in order if i != placement.node_index)][:top_k]
 
 
-def _assume(parts: Parts, pod: PodInfo, placement: Placement, explanation: Explanation) -> Hold | None:
+def _assume(books: CacheBooks, pod: PodInfo, placement: Placement, explanation: Explanation) -> Hold | None:
     """Hold the placement for `pod` for the assume TTL (None: it does not fit: a bug upstream)."""
-    snap = parts.snap
+    snap = books.snap
     hold = Hold(
         alloc_id="hold/" + pod.id,
         node=placement.node,
@@ -159,11 +118,11 @@ def _assume(parts: Parts, pod: PodInfo, placement: Placement, explanation: Expla
         explanation=explanation,
         **owned_by(pod),
     )
-    if not parts.holds.allocate(snap.state, hold):
+    if not books.holds.allocate(snap.state, hold):
         log.error("engine placement of %s on %s does not fit the state it was made on", pod.key, hold.node)
         return None
     hold = replace(hold, grants=snap.state.allocations[hold.alloc_id].grants)
-    parts.holds.put(hold)
+    books.holds.put(hold)
     return hold
 
 
@@ -186,7 +145,7 @@ def gang_limit_reason(pod: PodInfo, spec: GangSpec, settings: ExtenderSettings) 
     return None
 
 
-def filter_pod(parts: Parts, pod: PodInfo, lookup: NodeLookup, gang: GangSpec | None) -> FilterDecision:
+def filter_pod(books: CacheBooks, pod: PodInfo, lookup: NodeLookup, gang: GangSpec | None) -> FilterDecision:
     """The engine's choice for a GPU pod among the looked-up nodes, held at once (assume TTL).
 
     Any earlier hold of the pod is replaced. Rejected nodes get their engine filter's reason
@@ -194,7 +153,7 @@ def filter_pod(parts: Parts, pod: PodInfo, lookup: NodeLookup, gang: GangSpec | 
     gang member (`pod.gang`, with the group's size and TTL in `gang`) gets its slot of the
     group's reservation, made now for the whole group if there is none.
     """
-    snap = parts.snap
+    snap = books.snap
     settings = snap.settings
     nodes = snap.state.nodes
     if gang is not None and pod.gang is not None and not pod.gpu_error:
@@ -203,10 +162,10 @@ def filter_pod(parts: Parts, pod: PodInfo, lookup: NodeLookup, gang: GangSpec | 
             refused = short(refused)
             unresolvable = {nodes[i].name: refused for i in lookup.candidates.tolist()}
             return FilterDecision((), dict.fromkeys(lookup.unknown, REASON_UNKNOWN_NODE), unresolvable, None)
-        decided = parts.gangs.filter_member(pod, lookup, gang)
+        decided = books.gangs.filter_member(pod, lookup, gang)
         if decided is not None:
             return decided
-    parts.gangs.release_hold_of(pod.id, refilter=True)
+    books.release_hold_of(pod.id, refilter=True)
     unknown = dict.fromkeys(lookup.unknown, REASON_UNKNOWN_NODE)
     if pod.gpu_error:
         reason = short(f"invalid gpu request: {pod.gpu_error}")
@@ -217,8 +176,8 @@ def filter_pod(parts: Parts, pod: PodInfo, lookup: NodeLookup, gang: GangSpec | 
     failed.update(unknown)
     if placement is None:
         return FilterDecision((), failed, unresolvable, None)
-    explanation = explain(snap, placement, terms=False)  # the terms are worked out at bind
-    hold = _assume(parts, pod, placement, explanation)
+    explanation = explain(snap.engine, placement, terms=False)  # the terms are worked out at bind
+    hold = _assume(books, pod, placement, explanation)
     if hold is None:
         failed[placement.node] = "gpu placement conflict, retry"
         return FilterDecision((), failed, unresolvable, None)
@@ -229,149 +188,36 @@ def filter_pod(parts: Parts, pod: PodInfo, lookup: NodeLookup, gang: GangSpec | 
 
 
 # ---- prioritize -----------------------------------------------------------------------------------
-def prioritize(parts: Parts, pod: PodInfo, lookup: NodeLookup) -> list[int]:
+def prioritize(books: CacheBooks, pod: PodInfo, lookup: NodeLookup) -> list[int]:
     """0..10 per node: the engine's scores (`scale_scores`); the node holding the pod's GPUs alone
     gets 10 (the hold was made with the pod's GPUs taken, so the engine's view of that node is
     skewed; and kube-scheduler should bind where the GPUs are held)."""
-    snap = parts.snap
+    snap = books.snap
     if pod.gpu_error:
         return [0] * len(lookup.names)
     scores = scale_scores(snap.engine.evaluate(pod.request), lookup.rows)
-    hold = parts.holds.of(pod.id)
+    hold = books.holds.of(pod.id)
     if hold is not None:
         held = snap.state.index.get(hold.node, -2)
         scores = np.where(lookup.rows == held, 10, np.minimum(scores, 9))
     return [int(x) for x in scores.tolist()]
 
 
-# ---- bind -----------------------------------------------------------------------------------------
-def _check_node_rules(store: ClusterStore, info: PodInfo, node: str) -> None:
-    """Refuse unless `node` passes the pod's nodeSelector, required node affinity and taints."""
-    facts = store.facts.get(node)
-    if facts is None:
-        raise BindRefusedError(f"{node}: node not known to the extender")
-    why = node_fit_reason(facts, info.node_selector, info.affinity, info.tolerations)
-    if why is not None:
-        raise BindRefusedError(short(f"pod {info.key}: {why}"))
-
-
-def prepare_bind(parts: Parts, pod_id: str, node: str, pod: PodInfo | None) -> BindPlan:
-    """The Binding's annotations for `pod_id` on `node`: only what this extender decided.
-
-    A GPU pod binds only where its live hold (from this extender's filter) is, with exactly
-    those GPUs; the hold is re-stamped with a full TTL so it cannot expire while the Binding is
-    posted. Every pod binds only if the node passes its nodeSelector, required node affinity and
-    taints (kube-scheduler checked them for what it filtered; a request that did not come from it
-    did not). Pods of other schedulers are never bound.
-
-    Raises:
-        PodUnknownError: the pod is not known (pass `pod` after fetching it).
-        BindRefusedError: the pod may not go to `node` (the message says why).
-    """
-    snap, store, holds = parts.snap, parts.store, parts.holds
-    known = store.pods.get(pod_id)
-    if known is not None and known.node:
-        if known.node != node:
-            raise BindRefusedError(f"pod {known.key} is already bound to {known.node}")
-        return BindPlan(pod_id, node, {}, None, known.assignment, already_bound=True)
-    info = pod or known
-    if info is None:
-        raise PodUnknownError(pod_id)
-    allowed = snap.settings.bind_scheduler_names
-    if info.scheduler_name not in allowed:
-        raise BindRefusedError(
-            f"pod {info.key}: schedulerName {info.scheduler_name!r} is not "
-            f"{' or '.join(allowed)}; not ours to bind"
-        )
-    if info.gpu_error:
-        raise BindRefusedError(short(f"invalid gpu request: {info.gpu_error}"))
-    if info.gpu is None and not info.slice:
-        _check_node_rules(store, info, node)
-        return BindPlan(pod_id, node, {}, None)
-    hold = holds.of(pod_id)
-    if hold is None:
-        raise BindRefusedError(
-            f"pod {info.key}: no gpus held for it on {node} (this extender did not filter it there, "
-            "or the hold expired); it is scheduled again"
-        )
-    group = parts.gangs.groups.get(hold.group) if hold.group else None
-    if hold.node != node:
-        if group is not None:
-            raise BindRefusedError(f"gang {group.name}: this member's gpus are reserved on {hold.node}")
-        raise BindRefusedError(f"pod {info.key}: its gpus are held on {hold.node}, not on {node}")
-    i = snap.state.index.get(node)
-    if i is None:
-        if group is None:
-            holds.drop(snap.state, hold.alloc_id)
-        raise BindRefusedError(f"{node}: {REASON_UNKNOWN_NODE}")
-    _check_node_rules(store, info, node)  # a filter reached without kube-scheduler's own checks
-    if group is None:
-        hold = holds.renew(hold.alloc_id, snap.now() + snap.settings.assume_ttl_seconds)
-    if hold.gpu is None:
-        raise CacheInvariantError(f"hold {hold.alloc_id} of pod {pod_id} carries no gpu request")
-    placement = Placement(hold.request, node, i, hold.grants, hold.score, hold.reason)
-    qos = c.QoS.GUARANTEED
-    if info.slice:
-        placement, qos = _inside_slice(parts, info, hold, placement)
-    uid = info.assignment_uid
-    try:
-        assignment = build_assignment(
-            placement, snap.state.nodes[i], hold.gpu, qos=qos, pod_uid=uid, gang=gang_assignment(group)
-        )
-    except ValueError as exc:
-        if group is None:
-            holds.drop(snap.state, hold.alloc_id)
-        raise BindRefusedError(short(f"cannot build the gpu assignment: {exc}")) from None
-    annotations = {c.ANNOTATION_ASSIGNED_GPUS: c.encode_assignment(assignment)}
-    if snap.settings.visible_devices_annotations:
-        annotations.update(visible_devices_annotations(assignment))
-    explanation = hold.explanation if info.slice else _explain_held(snap, hold, placement)
-    if group is not None:
-        return BindPlan(
-            pod_id,
-            node,
-            annotations,
-            hold.alloc_id,
-            assignment,
-            group=group.id,
-            reservation_id=group.reservation_id,
-            explanation=explanation,
-        )
-    return BindPlan(pod_id, node, annotations, hold.alloc_id, assignment, explanation=explanation)
-
-
-def _inside_slice(parts: Parts, info: PodInfo, hold: Hold, placement: Placement) -> tuple[Placement, c.QoS]:
-    """The placement of a pod that names a GPUSlice: the slice's GPU with the slice's share (the
-    hold took only CPU and memory), and the slice's QoS class."""
-    sl = parts.store.slices.get(info.slice_key)
-    if sl is None or sl.node != placement.node:
-        parts.holds.drop(parts.snap.state, hold.alloc_id)
-        raise BindRefusedError(
-            f"pod {info.key}: GPUSlice {info.slice} is no longer Bound on {placement.node}"
-        )
-    why = slice_request_mismatch(info, sl)
-    j = gpu_index(parts.snap.state, placement.node_index, sl.gpu_uuid)
-    if why is not None or j is None:
-        parts.holds.drop(parts.snap.state, hold.alloc_id)
-        raise BindRefusedError(short(why or f"{placement.node} has no GPU {sl.gpu_uuid}"))
-    return replace(placement, grants=(GpuGrant(j, sl.milli, sl.memory_mib),)), sl.qos
-
-
 # ---- preemption -----------------------------------------------------------------------------------
-def scratch_engine(parts: Parts, pod: PodInfo, node: str) -> PlacementEngine | None:
+def scratch_engine(books: CacheBooks, pod: PodInfo, node: str) -> PlacementEngine | None:
     """A one-node copy of `node` with everything allocated there but `pod`'s own hold."""
-    st = parts.snap.state
+    st = books.snap.state
     i = st.index.get(node)
     if i is None or pod.gpu_error:
         return None
     scratch = ClusterState([st.nodes[i]], max_gpus_per_node=st.max_gpus)
-    own = parts.holds.alloc_of(pod.id)
+    own = books.holds.alloc_of(pod.id)
     for alloc_id in sorted(st.by_node[i]):
         if alloc_id == own:
             continue
         a = st.allocations[alloc_id]
         scratch.allocate(alloc_id, 0, a.cpu_milli, a.memory_mib, a.grants)
-    return PlacementEngine(scratch, parts.snap.engine.policy)
+    return PlacementEngine(scratch, books.snap.engine.policy)
 
 
 def fewest_victims(

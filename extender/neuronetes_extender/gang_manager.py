@@ -1,4 +1,5 @@
-"""The gang manager: plan, claim, barrier, restore and release of gang reservations.
+"""The gang manager: plan, claim, barrier and release of gang reservations (restoring them
+from the API is `gang_restore`'s job; a lone pod's hold is the `HoldBook`'s).
 
 Shaped like scheduler-plugins' coscheduling ``core.Manager``. At a member's filter the whole
 group is planned at once by the pure `plan_gang` and committed here as one hold per member
@@ -14,17 +15,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from neuronetes.engine.gang import plan_gang
 from neuronetes.model import Locality, NodeSpec, Placement, PodRequest
 
-from .gangs import GangGroup, GangSlot, GangSpec, RestoredGang, same_shape
+from .gangs import GangGroup, GangSlot, GangSpec, same_shape
 from .holds import HoldBook, owned_by
 from .pods import PodInfo
 from .results import BarrierState, BindPlan, CacheInvariantError, Explanation, FilterDecision, Hold
-from .snapshot import NodeLookup, Snapshot, violated_locality
+from .snapshot import REASON_UNKNOWN_NODE, NodeLookup, Snapshot, violated_locality
 from .store import ClusterStore
 
 __all__ = ["GangListener", "GangManager"]
@@ -38,18 +39,18 @@ REASON_ENDED = "gang reservation ended before every member reached bind (expired
 
 
 class GangManager:
-    def __init__(self, snap: Snapshot, store: ClusterStore, holds: HoldBook, unknown_reason: str) -> None:
+    def __init__(self, snap: Snapshot, store: ClusterStore, holds: HoldBook) -> None:
         self._snap = snap
         self._store = store
         self._holds = holds
-        self._unknown_reason = unknown_reason
         self.groups: dict[str, GangGroup] = {}
         self.on_change: GangListener | None = None
         self.barrier_listener: Callable[[str], None] | None = None
         self._failing: str | None = None  # set by `fail_waiting`: no barrier opens any more
 
     # ---- notifications -------------------------------------------------------------------------
-    def _emit(self, group: GangGroup, ended: bool = False) -> None:
+    def emit(self, group: GangGroup, ended: bool = False) -> None:
+        """Tell the listeners `group` changed (`ended`: its reservation is over)."""
         listener = self.on_change
         if listener is not None:
             try:
@@ -78,7 +79,7 @@ class GangManager:
                 held += 1
         group.phase = phase
         if emit:
-            self._emit(group, ended=True)
+            self.emit(group, ended=True)
         else:
             self._poke(group.id)
         return held
@@ -144,35 +145,29 @@ class GangManager:
             self._holds.put(hold)
             group.slots.append(GangSlot(k, alloc.id, members[k], placement.node, alloc.grants))
         self.groups[group_id] = group
-        self._emit(group)
+        self.emit(group)
         return group
 
-    def release_hold_of(self, pod_id: str, *, bound: bool = False, refilter: bool = False) -> None:
-        """The pod no longer needs its hold: bound (`bound`), gone, finished, or filtered again
-        (`refilter`: its GPUs are not freed for others, the pod takes new ones at once).
-
-        A gang slot is not dropped but handed back to the group (or marked bound).
-        """
-        hold = self._holds.of(pod_id)
-        if hold is None:
-            return
-        if hold.group and hold.group in self.groups:
-            self.leave_slot(hold, bound=bound)
-        else:
-            self._holds.drop(self._snap.state, hold.alloc_id, freed=not (bound or refilter))
+    def leave_slot_of(self, hold: Hold, *, bound: bool) -> bool:
+        """If `hold` is a slot of a live group, its pod leaves it (`leave_slot`); False: it is
+        not (a lone pod's hold, the `HoldBook`'s to drop)."""
+        if not hold.group or hold.group not in self.groups:
+            return False
+        self.leave_slot(hold, bound=bound)
+        return True
 
     def claim(self, group: GangGroup, slot: GangSlot, pod: PodInfo) -> Hold:
         """`pod` takes `slot` (its hold now carries the pod's identity and GPU request)."""
-        old = self._holds.alloc_of(pod.id)
-        if old is not None and old != slot.alloc_id:
-            self.release_hold_of(pod.id)
+        old = self._holds.of(pod.id)
+        if old is not None and old.alloc_id != slot.alloc_id and not self.leave_slot_of(old, bound=False):
+            self._holds.drop(self._snap.state, old.alloc_id)  # a lone hold the pod had before
         held = self._holds.get(slot.alloc_id)
         if held is None:
             raise CacheInvariantError(f"gang {group.id}: slot {slot.alloc_id} has no hold")
         hold = replace(held, request=pod.request, **owned_by(pod))
         self._holds.put(hold)
         slot.pod, slot.pod_name, slot.pod_uid = pod.id, pod.name, pod.uid
-        self._emit(group)
+        self.emit(group)
         return hold
 
     def leave_slot(self, hold: Hold, *, bound: bool) -> None:
@@ -195,7 +190,22 @@ class GangManager:
                 )
             )
             slot.pod = slot.pod_name = slot.pod_uid = ""
-        self._emit(group)
+        self.emit(group)
+
+    def reserve(
+        self, group_id: str, members: Sequence[PodRequest], locality: Locality, ttl: float | None
+    ) -> tuple[Hold, ...] | None:
+        """Hold GPUs for every member of `group_id` at once, or for none (a known reservation of
+        the group is released first; `ttl` defaults to the assume TTL)."""
+        existing = self.groups.get(group_id)
+        if existing is not None:
+            self.end(existing, "Released")
+        namespace, _, name = group_id.rpartition("/")
+        ttl = self._snap.settings.assume_ttl_seconds if ttl is None else ttl
+        planned = self.plan(group_id, namespace, name, len(members), members, locality, ttl)
+        if planned is None:
+            return None
+        return tuple(h for s in planned.slots if (h := self._holds.get(s.alloc_id)) is not None)
 
     def release(self, group_id: str, reservation_id: str | None = None) -> int:
         group = self.groups.get(group_id)
@@ -234,7 +244,7 @@ class GangManager:
             if group is None:
                 where = "" if locality is Locality.ANY else f" {locality.value}"
                 reason = f"gang {gang.name}: no room for all {needed} members{where}"
-                return FilterDecision((), lookup.reject_all(reason, self._unknown_reason), {}, None)
+                return FilterDecision((), lookup.reject_all(reason, REASON_UNKNOWN_NODE), {}, None)
         slot = next((s for s in group.slots if s.pod == pod.id and not s.bound), None)
         if slot is None:
             free = [s for s in group.slots if not s.pod and not s.bound]
@@ -245,7 +255,7 @@ class GangManager:
                     if free
                     else f"gang {gang.name}: all {len(group.slots)} reserved member slots are taken"
                 )
-                return FilterDecision((), lookup.reject_all(reason, self._unknown_reason), {}, None)
+                return FilterDecision((), lookup.reject_all(reason, REASON_UNKNOWN_NODE), {}, None)
             hold = self.claim(group, slot, pod)
         else:
             held = self._holds.get(slot.alloc_id)
@@ -258,7 +268,7 @@ class GangManager:
             reason = (
                 f"gang {gang.name}: this member's gpus are reserved on {slot.node}, not among these nodes"
             )
-            return FilterDecision((), lookup.reject_all(reason, self._unknown_reason), {}, None)
+            return FilterDecision((), lookup.reject_all(reason, REASON_UNKNOWN_NODE), {}, None)
         reason = f"gang {gang.name}: gpus reserved on {slot.node}"
         placement = Placement(hold.request, slot.node, row, hold.grants, hold.score, hold.reason)
         explanation = Explanation(
@@ -269,7 +279,7 @@ class GangManager:
         )
         return FilterDecision(
             (slot.node,),
-            lookup.reject_all(reason, self._unknown_reason, keep=row),
+            lookup.reject_all(reason, REASON_UNKNOWN_NODE, keep=row),
             {},
             hold,
             violated_locality(st, placement),
@@ -296,7 +306,7 @@ class GangManager:
                 self._open_barrier(group)
             return BarrierState("open", "", group.ready_members, group.size, group.expires_at)
         if arrived:
-            self._emit(group)
+            self.emit(group)
         reason = (
             f"gang {group.name}: {group.ready_members} of {group.size} members at bind; waiting for the rest"
         )
@@ -314,101 +324,10 @@ class GangManager:
             if slot.alloc_id in self._holds:
                 self._holds.renew(slot.alloc_id, group.expires_at)
         log.info("gang %s: all %d members at bind, binding", group.id, group.size)
-        self._emit(group)
+        self.emit(group)
 
     def fail_waiting(self, reason: str) -> None:
         """From now on no barrier opens: every member waiting (or arriving) is told `reason`."""
         self._failing = reason
         for group_id in [g.id for g in self.groups.values() if not g.open]:
             self._poke(group_id)
-
-    # ---- restore (a restart, or a standby following the active extender) ----------------------
-    def restore(self, restored: Iterable[RestoredGang]) -> int:
-        """Hold the slots of reservations read from the API; idempotent and incremental.
-
-        A group already known with the same reservation id is left alone; one known under
-        another id (the other extender planned it again) is replaced without a word to the API;
-        a new one is restored: expired ones are ended, slots whose pod is bound count as bound,
-        one whose slots no longer fit is released. Returns how many groups were restored.
-        """
-        count = 0
-        snap = self._snap
-        now, wall = snap.now(), time.time()
-        for r in restored:
-            group_id = f"{r.namespace}/{r.name}"
-            if r.phase not in ("Reserved", "Binding"):
-                continue
-            known = self.groups.get(group_id)
-            if known is not None:
-                if not r.reservation_id or known.reservation_id == r.reservation_id:
-                    continue
-                self.end(known, "Released", emit=False)
-            remaining = r.expires_wall - wall
-            group = GangGroup(
-                id=group_id,
-                namespace=r.namespace,
-                name=r.name,
-                size=r.size,
-                locality=r.locality,
-                expires_at=now + remaining,
-                expires_wall=r.expires_wall,
-                slots=[replace(s) for s in r.slots],
-                phase=r.phase,
-                open=r.phase == "Binding",
-            )
-            if r.reservation_id:
-                group.reservation_id = r.reservation_id
-            if remaining <= 0:
-                self.end(group, "Expired")
-                continue
-            if self._restore_slots(group):
-                count += 1
-        return count
-
-    def _restore_slots(self, group: GangGroup) -> bool:
-        self.groups[group.id] = group
-        pods = self._store.pods
-        by_name = {(p.namespace, p.name): p for p in pods.values() if p.namespace == group.namespace}
-        intact = True
-        for slot in group.slots:
-            pod = pods.get(slot.pod_uid) if slot.pod_uid else None
-            if pod is None and slot.pod_name:
-                pod = by_name.get((group.namespace, slot.pod_name))
-            if pod is not None and pod.holds_resources:
-                slot.bound = True
-            if slot.bound:
-                continue
-            spec = self._store.specs.get(slot.node)
-            if spec is not None and slot.request.exclusive:
-                mem = {g.index: g.memory_mib for g in spec.gpus}
-                slot.grants = tuple(
-                    replace(g, memory_mib=mem.get(g.gpu_index, g.memory_mib)) for g in slot.grants
-                )
-            hold = Hold(
-                alloc_id=slot.alloc_id,
-                pod="",
-                node=slot.node,
-                request=slot.request,
-                gpu=None,
-                grants=slot.grants,
-                expires_at=group.expires_at,
-                reason="restored gang reservation",
-                group=group.id,
-            )
-            self._holds.put(hold)
-            on_known_node = not self._store.dirty and slot.node in self._snap.state.index
-            if on_known_node and not self._holds.allocate(self._snap.state, hold):
-                intact = False
-            slot.pod = slot.pod_name = slot.pod_uid = ""
-            if pod is not None and pod.pending_gpu and not pod.gpu_error:
-                self.claim(group, slot, pod)
-        if not intact:
-            log.warning("gang %s: restored reservation no longer fits; released", group.id)
-            self.end(group, "Released")
-            return False
-        if all(s.bound for s in group.slots):
-            self.end(group, "Bound")
-            return False
-        log.info("gang %s: reservation restored (%d slots)", group.id, len(group.slots))
-        self._emit(group)
-        return True

@@ -1,5 +1,7 @@
-"""What the GPU cache's decisions return: holds, filter decisions, bind plans, barrier states,
-explanations, statistics, and the errors its callers handle (typed results, not bare errors)."""
+"""What the GPU cache's decisions return: holds, filter decisions, bind plans and refusals,
+barrier states, explanations and statistics. An expected refusal is a typed result
+(`BindRefused`, like the engine's `Unschedulable`); the one exception, `CacheInvariantError`,
+is a bug."""
 
 from __future__ import annotations
 
@@ -13,22 +15,13 @@ from neuronetes.model import GpuGrant, PodRequest
 __all__ = [
     "BarrierState",
     "BindPlan",
-    "BindRefusedError",
+    "BindRefused",
     "CacheInvariantError",
     "CacheStats",
     "Explanation",
     "FilterDecision",
     "Hold",
-    "PodUnknownError",
 ]
-
-
-class PodUnknownError(LookupError):
-    """The cache does not know the pod (the caller may fetch it and retry)."""
-
-
-class BindRefusedError(RuntimeError):
-    """The pod cannot be bound to the node (the message is the reason)."""
 
 
 class CacheInvariantError(RuntimeError):
@@ -103,6 +96,14 @@ class BindPlan:
     group: str = ""  # the gang whose slot this bind realises ("" for a lone pod)
     reservation_id: str = ""
     explanation: Explanation | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BindRefused:
+    """The pod may not be bound to the node (an expected answer, not an error): `reason` says
+    why; kube-scheduler forgets what it assumed for the pod and schedules it again."""
+
+    reason: str
 
 
 BarrierStatus = Literal["open", "wait", "failed"]

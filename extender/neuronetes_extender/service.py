@@ -4,8 +4,9 @@ No HTTP here (`neuronetes_extender.app` does that), no body decoding (`neuronete
 and no placement logic (the cache and the engine do that): each verb asks the `GpuCache` and
 translates the answer back. Filter refuses to decide (an Error, which kube-scheduler retries)
 while the cache is not synced or a watch has been broken longer than ``maxWatchStalenessSeconds``.
-Bind is async: it posts the Binding through the async API client, and a gang member's bind waits
-at the barrier without holding a thread. Every verb returns ``(result, outcome)``; the outcome
+Bind is async: it obtains the pod (the cache's record, else the API server's) and then makes
+one attempt, posts the Binding through the async API client, and a gang member's bind waits at
+the barrier without holding a thread. Every verb returns ``(result, outcome)``; the outcome
 labels the latency metric.
 """
 
@@ -17,7 +18,7 @@ from typing import Final
 
 from .barrier import GangBarrier
 from .bodies import BadInputError, NodeSet, PreemptRequest, meta_victims
-from .cache import BindPlan, BindRefusedError, GpuCache, PodUnknownError
+from .cache import BindPlan, BindRefused, GpuCache
 from .events import EventRecorder, PodRef, rejections_note
 from .gangs import GangSpec
 from .kube import Binder, KubeError
@@ -164,31 +165,15 @@ class ExtenderService:
         if binder is None:
             return ExtenderBindingResult(error="neuronetes extender: binding is not configured"), "error"
         pod_id = pod_identity(uid, ns, name)
-        try:
-            try:
-                plan = self.cache.prepare_bind(pod_id, node)
-            except PodUnknownError:
-                started = time.perf_counter()
-                try:
-                    pod = await binder.get_pod(ns, name)
-                finally:
-                    self._api_took("get_pod", started)
-                if pod is None or (uid and pod.metadata.uid != uid):
-                    return ExtenderBindingResult(error=f"pod {ns}/{name} ({uid}) does not exist"), "error"
-                if pod.spec.node_name:
-                    self.cache.upsert_pod(pod)
-                    if pod.spec.node_name == node:
-                        return ExtenderBindingResult(), "ok"
-                    return ExtenderBindingResult(
-                        error=f"pod {ns}/{name} is already bound to {pod.spec.node_name}"
-                    ), "error"
-                plan = self.cache.prepare_bind(pod_id, node, PodInfo.from_pod(pod))
-        except BindRefusedError as exc:
-            return ExtenderBindingResult(error=f"neuronetes extender: {exc}"), "refused"
-        except KubeError as exc:
-            return ExtenderBindingResult(
-                error=f"neuronetes extender: reading pod {ns}/{name}: {exc}"
-            ), "error"
+        info = self.cache.pod(pod_id)
+        if info is None:  # not seen by the watch yet: read it, then decide once
+            found = await self._fetch_pod(binder, ns, name, uid, node)
+            if isinstance(found, tuple):
+                return found
+            info = found
+        plan = self.cache.prepare_bind(pod_id, node, info)
+        if isinstance(plan, BindRefused):
+            return ExtenderBindingResult(error=f"neuronetes extender: {plan.reason}"), "refused"
         if plan.already_bound:
             return ExtenderBindingResult(), "ok"
         ref = PodRef(ns, name, uid)
@@ -227,6 +212,31 @@ class ExtenderService:
         if self.metrics is not None:
             self.metrics.success.inc()
         return ExtenderBindingResult(), "ok"
+
+    async def _fetch_pod(
+        self, binder: Binder, ns: str, name: str, uid: str, node: str
+    ) -> PodInfo | tuple[ExtenderBindingResult, str]:
+        """The pod to bind as the API server has it, or the bind's answer when there is nothing
+        to decide (gone, replaced, or already bound: then the cache learns it)."""
+        started = time.perf_counter()
+        try:
+            pod = await binder.get_pod(ns, name)
+        except KubeError as exc:
+            return ExtenderBindingResult(
+                error=f"neuronetes extender: reading pod {ns}/{name}: {exc}"
+            ), "error"
+        finally:
+            self._api_took("get_pod", started)
+        if pod is None or (uid and pod.metadata.uid != uid):
+            return ExtenderBindingResult(error=f"pod {ns}/{name} ({uid}) does not exist"), "error"
+        if pod.spec.node_name:
+            self.cache.upsert_pod(pod)
+            if pod.spec.node_name == node:
+                return ExtenderBindingResult(), "ok"
+            return ExtenderBindingResult(
+                error=f"pod {ns}/{name} is already bound to {pod.spec.node_name}"
+            ), "error"
+        return PodInfo.from_pod(pod)
 
     def _api_took(self, call: str, started: float) -> None:
         """Export how long an API server call of the bind verb took (its share of bind latency)."""

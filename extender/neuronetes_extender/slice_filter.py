@@ -1,19 +1,20 @@
 """The filter of a pod that names a GPUSlice: the slice's node or nothing (docs/gpuslice.md).
 
 The slice already holds the GPU share, so the pod's hold takes only its CPU and memory on the
-slice's node; the bind (`decisions.prepare_bind`) then gives the pod the slice's GPU and share.
+slice's node; the bind (`binding.prepare_bind`) then gives the pod the slice's GPU and share.
 A slice that is not Bound yet rejects the pod for now (it is nudged when the slice binds); a pod
 whose request is not the slice's share, or that is a gang member, is refused for good.
 """
 
 from __future__ import annotations
 
-from .decisions import REASON_UNKNOWN_NODE, Parts, short
+from .books import CacheBooks
+from .decisions import short
 from .holds import owned_by
 from .pods import PodInfo
 from .results import Explanation, FilterDecision, Hold
 from .slices import gpu_index, slice_request_mismatch
-from .snapshot import NodeLookup
+from .snapshot import REASON_UNKNOWN_NODE, NodeLookup
 
 __all__ = ["filter_slice_pod"]
 
@@ -25,12 +26,12 @@ def _refused(lookup: NodeLookup, why: str) -> FilterDecision:
     return FilterDecision((), dict.fromkeys(lookup.unknown, REASON_UNKNOWN_NODE), unresolvable, None)
 
 
-def filter_slice_pod(parts: Parts, pod: PodInfo, lookup: NodeLookup) -> FilterDecision:
+def filter_slice_pod(books: CacheBooks, pod: PodInfo, lookup: NodeLookup) -> FilterDecision:
     """Hold `pod`'s CPU and memory on its slice's node, if that node is among the looked-up ones."""
-    snap = parts.snap
+    snap = books.snap
     st = snap.state
-    parts.gangs.release_hold_of(pod.id, refilter=True)
-    sl = parts.store.slices.get(pod.slice_key)
+    books.release_hold_of(pod.id, refilter=True)
+    sl = books.store.slices.get(pod.slice_key)
     if pod.gpu_error:
         return _refused(lookup, f"invalid gpu request: {pod.gpu_error}")
     if sl is None:
@@ -59,8 +60,8 @@ def filter_slice_pod(parts: Parts, pod: PodInfo, lookup: NodeLookup) -> FilterDe
         explanation=explanation,
         **owned_by(pod),
     )
-    if not parts.holds.allocate(st, hold):
+    if not books.holds.allocate(st, hold):
         failed[sl.node] = "insufficient cpu or memory for the pod beside its GPUSlice"
         return FilterDecision((), failed, {}, None)
-    parts.holds.put(hold)
+    books.holds.put(hold)
     return FilterDecision((sl.node,), failed, {}, hold, None, explanation)

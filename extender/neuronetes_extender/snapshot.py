@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -17,7 +18,10 @@ from neuronetes.model import Locality, NodeSpec, Placement
 from .config import ExtenderSettings
 from .results import CacheInvariantError, Hold
 
-__all__ = ["NodeLookup", "Snapshot", "check_books", "violated_locality"]
+__all__ = ["REASON_UNKNOWN_NODE", "NodeLookup", "Snapshot", "check_books", "violated_locality"]
+
+REASON_UNKNOWN_NODE: Final = "node not in the gpu inventory yet"
+"""Why a node the request names is refused: the cache has no GPU inventory for it (yet)."""
 
 
 def _engine(state: ClusterState, settings: ExtenderSettings) -> PlacementEngine:

@@ -25,7 +25,7 @@ from extender_support import (
 
 from neuronetes import contracts as c
 from neuronetes.assignment import ResourceRequestError, pod_gpu_request
-from neuronetes_extender.cache import BindRefusedError, CacheInvariantError, GpuCache
+from neuronetes_extender.cache import BindPlan, BindRefused, CacheInvariantError, GpuCache
 from neuronetes_extender.config import ExtenderSettings
 from neuronetes_extender.gangs import GangSpec, decode_reservation, encode_reservation
 from neuronetes_extender.pods import PodInfo
@@ -371,11 +371,23 @@ def test_filter_and_bind_carry_an_explanation_with_the_deciding_terms() -> None:
     assert set(terms) == set(env.cache.policy.weights)
 
 
+def test_the_bind_explains_on_a_scratch_copy_and_leaves_the_live_state_alone() -> None:
+    env = Env({"dgx-a100-80gb": 1})
+    pod = env.add(gpu_pod("scratch", 2))
+    (node,) = env.cache.filter(info(pod), env.names).feasible
+    state = env.cache._books.snap.state
+    gen, free = state.gen.copy(), state.gpu_milli_free.copy()
+    plan = env.cache.prepare_bind(info(pod).id, node)
+    assert isinstance(plan, BindPlan) and plan.explanation is not None and plan.explanation.terms
+    assert (state.gen == gen).all() and (state.gpu_milli_free == free).all()
+    env.cache.check_invariants()
+
+
 # ---- invariants and restore ----------------------------------------------------------------------
 def test_a_broken_invariant_raises_the_named_error() -> None:
     env = Env()
     env.filter(env.add(gpu_pod("p", 1)))
-    env.cache._snap.state.allocate("leak", 0, 0, 0, [])  # a bug elsewhere: an allocation nobody owns
+    env.cache._books.snap.state.allocate("leak", 0, 0, 0, [])  # a bug elsewhere: an allocation nobody owns
     with pytest.raises(CacheInvariantError, match="leaked allocation leak"):
         env.cache.check_invariants()
 
@@ -411,8 +423,7 @@ def test_a_gang_spec_is_what_the_filter_gets() -> None:
     pod = env.add(gang("x", 1, "g", 2))
     decision = env.cache.filter(info(pod), env.names, GangSpec(size=8, ttl_seconds=60))
     assert decision.feasible == () and "maxGangSize=4" in next(iter(decision.unresolvable.values()))
-    with pytest.raises(BindRefusedError):
-        env.cache.prepare_bind(info(pod).id, T4)
+    assert isinstance(env.cache.prepare_bind(info(pod).id, T4), BindRefused)
 
 
 def test_a_pod_bound_before_the_watch_showed_it_keeps_its_gpus_past_the_hold_ttl() -> None:

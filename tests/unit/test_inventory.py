@@ -103,6 +103,22 @@ def test_allocate_release_round_trip_restores_arrays(cluster: ClusterState) -> N
     assert_sound(cluster)
 
 
+def test_without_gives_a_scratch_copy_and_leaves_the_state_alone(cluster: ClusterState) -> None:
+    cluster.allocate("pod-a", 0, 4000, 16_000, [GpuGrant(0, 1000, 81920)])
+    cluster.allocate("pod-b", 0, 1000, 1000, [GpuGrant(1, 500, 1000)])
+    before = snapshot(cluster)
+    gen = cluster.gen.copy()
+    scratch = cluster.without("pod-a")
+    assert scratch.cpu_free[0] == cluster.cpu_free[0] + 4000
+    assert scratch.gpu_milli_free[0, 0] == 1000 and cluster.gpu_milli_free[0, 0] == 0
+    assert set(scratch.allocations) == {"pod-b"} and scratch.by_node[0] == {"pod-b"}
+    assert_same(cluster, before)
+    np.testing.assert_array_equal(cluster.gen, gen)
+    assert_sound(scratch)
+    with pytest.raises(UnknownAllocationError):
+        cluster.without("nobody")
+
+
 @pytest.mark.parametrize(
     ("cpu", "mem", "grants", "message"),
     [

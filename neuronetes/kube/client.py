@@ -11,14 +11,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 import urllib3
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
-from kubernetes.client import ApiClient
-from kubernetes.client.exceptions import ApiException
+
+if TYPE_CHECKING:  # imported when a client is made: importing this module stays cheap
+    from kubernetes.client import ApiClient
 
 __all__ = [
     "APPLY",
@@ -89,6 +88,9 @@ def load_api_client(kubeconfig: str | Path | None = None) -> ApiClient:
     Raises:
         KubeError: no configuration could be loaded (status 0; `reason`: why, on one line).
     """
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+
     try:
         if kubeconfig is not None:
             return k8s_config.new_client_from_config(config_file=str(kubeconfig))
@@ -103,6 +105,8 @@ def load_api_client(kubeconfig: str | Path | None = None) -> ApiClient:
 
 def token_api_client(server: str, token: str, ca_file: str | Path) -> ApiClient:
     """An `ApiClient` for `server` with a bearer token and verified TLS (a cluster we started)."""
+    from kubernetes import client as k8s_client
+
     configuration = k8s_client.Configuration()
     configuration.host = server
     configuration.api_key = {"authorization": token}
@@ -151,6 +155,8 @@ class KubeClient:
         timeout: float | tuple[float, float] | None = None,
         content_type: str = JSON,
     ) -> urllib3.BaseHTTPResponse:
+        from kubernetes.client.exceptions import ApiException
+
         headers = {"Accept": JSON}
         if body is not None:
             headers["Content-Type"] = content_type

@@ -109,8 +109,8 @@ def token_api_client(server: str, token: str, ca_file: str | Path) -> ApiClient:
 
     configuration = k8s_client.Configuration()
     configuration.host = server
-    configuration.api_key = {"authorization": token}
-    configuration.api_key_prefix = {"authorization": "Bearer"}
+    # The header's whole value: older clients look the prefix up under another key than newer ones.
+    configuration.api_key = {"authorization": f"Bearer {token}"}
     configuration.ssl_ca_cert = str(ca_file)
     configuration.verify_ssl = True
     return k8s_client.ApiClient(configuration)

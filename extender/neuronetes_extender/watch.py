@@ -21,7 +21,8 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from neuronetes import contracts as c
-from neuronetes.kube.informer import Informer, InformerHooks, InformerSettings, ListWatch, StructCodec
+from neuronetes.kube.codec import StructCodec
+from neuronetes.kube.informer import Informer, InformerHooks, InformerSettings, ListWatch
 from neuronetes.kube.informer import crd_installed as crd_installed
 
 from .wire import ListMeta, ObjectMeta

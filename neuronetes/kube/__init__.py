@@ -10,7 +10,8 @@ metrics read).
 from __future__ import annotations
 
 from .client import KubeClient, KubeError, WatchStream, load_api_client, token_api_client
-from .informer import Informer, InformerHooks, InformerSettings, JsonCodec, ListWatch, StructCodec
+from .codec import JsonCodec, StructCodec
+from .informer import Informer, InformerHooks, InformerSettings, ListWatch
 
 __all__ = [
     "Informer",

@@ -11,8 +11,8 @@ list or broken watch, until a list succeeds again) and calls `on_heard` for ever
 component can refuse to decide from a view that no longer follows the API server, and export
 how stale it is. `stop` returns within its timeout: it closes the open watch from outside.
 
-Objects are decoded by a `Codec`: `StructCodec` into msgspec structs (the extender's lean wire
-types), `JsonCodec` into plain dicts (the agent's).
+Objects are decoded by a `Codec` (`neuronetes.kube.codec`): `StructCodec` into msgspec structs
+(the extender's lean wire types), `JsonCodec` into plain dicts (the agent's).
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Generic, Protocol, TypeVar
+from typing import Final, Generic, Protocol, TypeVar
 
 import msgspec
 
 from .client import KubeError
+from .codec import Codec
 
-__all__ = ["Codec", "Informer", "InformerHooks", "InformerSettings", "JsonCodec", "ListWatch", "StructCodec"]
+__all__ = ["Informer", "InformerHooks", "InformerSettings", "ListWatch", "WatchLines", "crd_installed"]
 
 log = logging.getLogger(__name__)
 
@@ -57,30 +58,6 @@ class ListWatch(Protocol):
     def watch(self, path: str, query: Sequence[tuple[str, str]], *, read_timeout: float) -> WatchLines: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Page(Generic[T]):
-    """One page of a list answer."""
-
-    items: Sequence[T]
-    resource_version: str
-    continue_token: str
-
-
-class Codec(Protocol[T]):
-    """Decodes the objects of one resource (raising `msgspec.DecodeError` on bad input)."""
-
-    def page(self, data: bytes) -> Page[T]: ...
-    def item(self, data: bytes) -> T: ...
-    def version(self, obj: T) -> str:
-        """The object's resourceVersion ("" when it has none)."""
-        ...
-
-
-class _ListMeta(msgspec.Struct, rename="camel"):
-    resource_version: str = ""
-    continue_: str = msgspec.field(default="", name="continue")
-
-
 class _ObjectMeta(msgspec.Struct, rename="camel"):
     resource_version: str = ""
 
@@ -102,69 +79,6 @@ class _Status(msgspec.Struct):
 
 class _Gone(Exception):
     pass
-
-
-class _HasListMeta(Protocol):
-    @property
-    def metadata(self) -> Any: ...
-    @property
-    def items(self) -> Sequence[Any] | None: ...
-
-
-class _HasVersion(Protocol):
-    @property
-    def resource_version(self) -> str: ...
-
-
-class _Object(Protocol):
-    @property
-    def metadata(self) -> _HasVersion: ...
-
-
-S = TypeVar("S", bound=_Object)
-
-
-class StructCodec(Generic[S]):
-    """Objects as msgspec structs with ``metadata.resource_version`` (lists: ``metadata`` with
-    ``resource_version`` and ``continue_``, ``items``); numbers decoded with msgspec's lax rules."""
-
-    def __init__(self, item: type[S], list_type: type[Any]) -> None:
-        self._item = msgspec.json.Decoder(item, strict=False)
-        self._list = msgspec.json.Decoder(list_type, strict=False)
-
-    def page(self, data: bytes) -> Page[S]:
-        listed: _HasListMeta = self._list.decode(data)
-        meta = listed.metadata
-        return Page(listed.items or (), str(meta.resource_version), str(meta.continue_))
-
-    def item(self, data: bytes) -> S:
-        obj: S = self._item.decode(data)
-        return obj
-
-    def version(self, obj: S) -> str:
-        return obj.metadata.resource_version or ""
-
-
-class _JsonList(msgspec.Struct):
-    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
-    items: list[dict[str, Any]] | None = None
-
-
-class JsonCodec:
-    """Objects as plain JSON dicts."""
-
-    _list: Final = msgspec.json.Decoder(_JsonList)
-    _item: Final = msgspec.json.Decoder(dict[str, Any])
-
-    def page(self, data: bytes) -> Page[dict[str, Any]]:
-        listed = self._list.decode(data)
-        return Page(listed.items or (), listed.metadata.resource_version, listed.metadata.continue_)
-
-    def item(self, data: bytes) -> dict[str, Any]:
-        return self._item.decode(data)
-
-    def version(self, obj: dict[str, Any]) -> str:
-        return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from neuronetes.kube.client import KubeError, status_error
-from neuronetes.kube.informer import Informer, InformerHooks, InformerSettings, JsonCodec
+from neuronetes.kube.codec import JsonCodec
+from neuronetes.kube.informer import Informer, InformerHooks, InformerSettings
 
 pytestmark = pytest.mark.unit
 

@@ -18,8 +18,9 @@ from kubernetes.client import ApiClient
 
 from neuronetes import contracts as c
 from neuronetes.kube.client import KubeClient, KubeError
+from neuronetes.kube.codec import JsonCodec
 from neuronetes.kube.informer import Informer as CoreInformer
-from neuronetes.kube.informer import InformerHooks, InformerSettings, JsonCodec
+from neuronetes.kube.informer import InformerHooks, InformerSettings
 
 __all__ = ["EVENT_SOURCE", "GPUNODES_PATH", "Informer", "Kube", "KubeError", "NodeWrites"]
 

@@ -91,6 +91,10 @@ TENANT_FORBIDDEN_ENV_PREFIXES: Final = ("NVIDIA_", "CUDA_DEVICE_", "NEURONETES_"
 TENANT_FORBIDDEN_ENV_NAMES: Final = ("LD_PRELOAD", "LD_AUDIT")
 TENANT_FORBIDDEN_ANNOTATION_PREFIXES: Final = (f"{GROUP}/", "cdi.k8s.io/")
 
+# ---- GPUNode annotations (an administrator's orders to the agent) --------------------------------
+ANNOTATION_OFFLINE_GPUS: Final = f"{GROUP}/offline-gpus"
+"""Comma-separated UUIDs an administrator holds OFFLINE (`neuronetes offline`; the agent and the CLI)."""
+
 # ---- node-side paths (agent <-> NRI plugin <-> shim) ------------------------------------------
 # The shim's region inside the container (= NN_REGION_DIR, NN_CONTROL_PATH, NN_STATE_PATH in the header):
 # the directory and the agent's control file read-only, the container's state file writable.

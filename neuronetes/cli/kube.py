@@ -6,13 +6,13 @@ refused credentials, object not found), never a client traceback.
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Sequence
 from typing import Any, Final
 from urllib.parse import quote
 
 from neuronetes import contracts as c
+from neuronetes.contracts import ANNOTATION_OFFLINE_GPUS
 
 from .output import CliError
 
@@ -24,8 +24,7 @@ TIMEOUT_S: Final = 15.0
 
 def offline_gpus(gpunode: dict[str, Any]) -> set[str]:
     """The UUIDs `neuronetes offline` holds out of service on this GPUNode (the agent's annotation)."""
-    key = importlib.import_module("neuronetes_agent.daemon.node").ANNOTATION_OFFLINE_GPUS
-    raw = ((gpunode.get("metadata") or {}).get("annotations") or {}).get(key, "")
+    raw = ((gpunode.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_OFFLINE_GPUS, "")
     return {u.strip() for u in str(raw).split(",") if u.strip()}
 
 
@@ -33,48 +32,28 @@ class Cluster:
     """A read-only view of the cluster through `kubeconfig` (default: in-cluster, else ~/.kube/config)."""
 
     def __init__(self, kubeconfig: str | None) -> None:
-        from kubernetes import config as kube_config
-        from kubernetes.client import ApiClient
+        from neuronetes.kube.client import KubeClient, KubeError, load_api_client
 
         try:
-            if kubeconfig:
-                self.api = kube_config.new_client_from_config(config_file=kubeconfig)
-            else:
-                try:
-                    kube_config.load_incluster_config()
-                    self.api = ApiClient()
-                except kube_config.ConfigException:
-                    self.api = kube_config.new_client_from_config()
-        except (kube_config.ConfigException, OSError, ValueError, TypeError) as exc:
-            where = kubeconfig or "the default kubeconfig"
-            raise CliError(f"kubeconfig {where}: {' '.join(str(exc).split())}") from None
-        self.api.configuration.retries = 1  # an unreachable server answers in seconds, not minutes
-        self.server = str(self.api.configuration.host)
+            api = load_api_client(kubeconfig or None)
+        except KubeError as exc:
+            raise CliError(f"kubeconfig {kubeconfig or 'the default kubeconfig'}: {exc.reason}") from None
+        api.configuration.retries = 1  # an unreachable server answers in seconds, not minutes
+        self.client = KubeClient(api, timeout=TIMEOUT_S)
+        self.server = self.client.server
 
     def get(self, path: str, query: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
-        from kubernetes.client.exceptions import ApiException
+        from neuronetes.kube.client import KubeError
 
         try:
-            resp = self.api.call_api(
-                path,
-                "GET",
-                query_params=list(query),
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _return_http_data_only=True,
-                _request_timeout=TIMEOUT_S,
-            )
-        except ApiException as exc:
+            data = self.client.get(path, query)
+        except KubeError as exc:
             if exc.status == 404:
                 raise CliError(f"not found: {path}") from None
-            raise CliError(f"GET {path}: the API server answered {exc.status} {exc.reason}") from None
-        except Exception as exc:  # urllib3's connection errors, of many types
-            reason = getattr(exc, "reason", None) or exc
-            raise CliError(
-                f"cannot reach the API server at {self.server}: {' '.join(str(reason).split())}"
-            ) from None
-        return dict(json.loads(resp.data))
+            if exc.status:
+                raise CliError(f"GET {path}: the API server answered {exc.status} {exc.reason}") from None
+            raise CliError(f"cannot reach the API server at {self.server}: {exc.reason}") from None
+        return dict(json.loads(data))
 
     def items(self, path: str, query: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
         return list(self.get(path, query).get("items") or [])

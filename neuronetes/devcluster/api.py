@@ -1,7 +1,8 @@
 """Talking to the dev cluster: a small JSON client for the API server, kubectl, health probes.
 
-The client verifies the API server's certificate and sends a bearer token; the probes are for
-the loopback health endpoints of the components (some serve self-signed certificates).
+The client (the core `neuronetes.kube.KubeClient`) verifies the API server's certificate and sends
+a bearer token; the probes are for the loopback health endpoints of the components (some serve
+self-signed certificates).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+
+from neuronetes.kube.client import APPLY, KubeClient, KubeError, token_api_client
 
 __all__ = [
     "Api",
@@ -53,12 +56,15 @@ def run_kubectl(
     return proc
 
 
-class ApiError(RuntimeError):
-    """A request to the API server failed."""
+class ApiError(KubeError):
+    """A request to the API server failed with an HTTP status (one without any answer is an
+    `OSError`, as urllib's were)."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
+    def __str__(self) -> str:
+        return f"HTTP {self.status}: {self.message}"
+
+
+REQUEST_TIMEOUT_S: Final = 30.0
 
 
 def free_ports(n: int) -> list[int]:
@@ -99,12 +105,14 @@ def http_ok(url: str, *, context: ssl.SSLContext | None = None, token: str | Non
 
 
 class Api:
-    """A minimal JSON client for the API server (bearer token, verified TLS)."""
+    """A minimal JSON client for the API server (bearer token, verified TLS): the core
+    `KubeClient` over an `ApiClient` for `server`."""
 
     def __init__(self, server: str, token: str, ca_file: Path) -> None:
         self.server = server
         self.token = token
-        self.context = ssl.create_default_context(cafile=str(ca_file))
+        self.context = ssl.create_default_context(cafile=str(ca_file))  # for health probes
+        self.client = KubeClient(token_api_client(server, token, ca_file), timeout=REQUEST_TIMEOUT_S)
 
     def request(
         self,
@@ -113,24 +121,16 @@ class Api:
         body: Any = None,
         *,
         content_type: str = "application/json",
-        timeout: float = 30.0,
+        timeout: float = REQUEST_TIMEOUT_S,
     ) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.server + path, data=data, method=method)
-        req.add_header("Authorization", f"Bearer {self.token}")
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", content_type)
+        """One call; the parsed JSON answer (None when empty). Raises `ApiError` for an HTTP
+        status, `ConnectionError` when the server did not answer."""
         try:
-            with urllib.request.urlopen(req, timeout=timeout, context=self.context) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            text = exc.read().decode(errors="replace")
-            try:
-                message = str(json.loads(text).get("message", text))
-            except ValueError:
-                message = text
-            raise ApiError(exc.code, message) from None
+            raw = self.client.request(method, path, body=body, timeout=timeout, content_type=content_type)
+        except KubeError as exc:
+            if not exc.status:
+                raise ConnectionError(exc.message) from None
+            raise ApiError(exc.status, exc.message, exc.reason) from None
         return json.loads(raw) if raw else None
 
     def apply(self, obj: dict[str, Any], *, field_manager: str) -> Any:
@@ -139,7 +139,7 @@ class Api:
             "PATCH",
             f"{object_path(obj)}?fieldManager={field_manager}&force=true",
             obj,
-            content_type="application/apply-patch+yaml",
+            content_type=APPLY,
         )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from .apiread import api_reader
+from .apiread import api_reader, pod_path
 
 __all__ = [
     "NODE_NAME_EXTRA",
@@ -136,9 +136,4 @@ def review_pod_event(request: Mapping[str, Any], read: PodReader | None) -> list
 def api_pod_reader(timeout_s: float = 3.0) -> PodReader | None:
     """A `PodReader` over the API server: in-cluster credentials, else ``$KUBECONFIG`` (None:
     neither is available; the agent's evictions are then refused)."""
-    from kubernetes import client
-
-    def get(api: Any, namespace: str, name: str, timeout: float) -> Any:
-        return client.CoreV1Api(api).read_namespaced_pod(name, namespace, _request_timeout=timeout)
-
-    return api_reader(get, PodReadError, timeout_s)
+    return api_reader(pod_path, PodReadError, timeout_s)

@@ -23,7 +23,7 @@ from neuronetes.assignment import GpuKind, ResourceRequestError, pod_gpu_request
 from neuronetes.model import MILLI_PER_GPU
 from neuronetes.quantity import QuantityError
 
-from .apiread import api_reader
+from .apiread import api_reader, gpuslice_path
 
 __all__ = [
     "SliceReadError",
@@ -154,11 +154,4 @@ def review_slice_pod(pod: Mapping[str, Any], namespace: str, read: SliceReader |
 def api_slice_reader(timeout_s: float = 3.0) -> SliceReader | None:
     """A `SliceReader` over the API server: in-cluster credentials, else ``$KUBECONFIG`` (None:
     neither is available; pods naming a slice are then refused)."""
-    from kubernetes import client
-
-    def get(api: Any, namespace: str, name: str, timeout: float) -> Any:
-        return client.CustomObjectsApi(api).get_namespaced_custom_object(
-            c.GROUP, c.VERSION, namespace, "gpuslices", name, _request_timeout=timeout
-        )
-
-    return api_reader(get, SliceReadError, timeout_s)
+    return api_reader(gpuslice_path, SliceReadError, timeout_s)

@@ -23,7 +23,7 @@ import msgspec
 from neuronetes.api.models import AgentPool, decode
 
 from . import CONVERT_LOCK
-from .apiread import api_reader
+from .apiread import api_reader, namespace_path
 from .tiers import CLASS_PREFIX, PriorityTier, TierError, may_use, pool_priority, tier_listing, tier_of_class
 
 __all__ = [
@@ -134,9 +134,4 @@ def review_pod_priority(
 def api_namespace_reader(timeout_s: float = 2.0) -> NamespaceReader | None:
     """A `NamespaceReader` over the API server (None: no credentials; a tier granted by label is
     then refused)."""
-    from kubernetes import client
-
-    def get(api: Any, _namespace: str, name: str, timeout: float) -> Any:
-        return client.CoreV1Api(api).read_namespace(name, _request_timeout=timeout)
-
-    return api_reader(get, NamespaceReadError, timeout_s)
+    return api_reader(namespace_path, NamespaceReadError, timeout_s)

@@ -6,6 +6,7 @@ watch's relist reporting pods deleted meanwhile."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -143,14 +144,17 @@ def test_a_pod_deleted_while_the_watch_was_down_is_reported_deleted_at_the_relis
         [pod(UID_B, "b", [])],  # a was deleted while the watch was broken
     ]
 
+    class ListingApi:
+        def get(self, path: str, query: Any = (), *, timeout: float | None = None) -> bytes:
+            return json.dumps({"metadata": {"resourceVersion": "7"}, "items": lists.pop(0)}).encode()
+
     class ListingKube:
-        def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
-            return {"metadata": {"resourceVersion": "7"}, "items": lists.pop(0)}
+        client = ListingApi()
 
     events: list[tuple[str, Any]] = []
     informer = Informer(ListingKube(), "/api/v1/pods", lambda k, o: events.append((k, o)))  # type: ignore[arg-type]
-    informer._list()
-    informer._list()
+    informer.relist()
+    informer.relist()
     assert [(k, o["metadata"]["uid"]) for k, o in events] == [
         ("SYNC", UID_A),
         ("SYNC", UID_B),

@@ -23,16 +23,11 @@ __all__ = ["cmd_agent_run", "cmd_gpu_admin", "cmd_inject"]
 
 
 def _api(kubeconfig: str | None) -> ApiClient:
-    from kubernetes import config as kube_config
-    from kubernetes.client import ApiClient
+    """The API client of `kubeconfig`, else in-cluster, else the default kubeconfig (`KubeError`
+    when none can be loaded)."""
+    from neuronetes.kube.client import load_api_client
 
-    if kubeconfig:
-        return kube_config.new_client_from_config(config_file=kubeconfig)
-    try:
-        kube_config.load_incluster_config()
-        return ApiClient()
-    except kube_config.ConfigException:
-        return kube_config.new_client_from_config()
+    return load_api_client(kubeconfig or None)
 
 
 def _error(message: str) -> int:
@@ -44,7 +39,7 @@ def _error(message: str) -> int:
 
 
 def cmd_agent_run(ns: argparse.Namespace) -> int:
-    from kubernetes.config import ConfigException
+    from neuronetes.kube.client import KubeError
 
     from .devices import DiscoveryError
     from .fleet import AgentProcess, AgentSettings
@@ -73,7 +68,7 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
             ),
         )
         api = _api(ns.kubeconfig)
-    except (ValueError, ConfigException, OSError) as exc:
+    except (ValueError, KubeError, OSError) as exc:
         return _error(str(exc))
 
     def nvml_backend() -> Any:
@@ -136,7 +131,7 @@ def _request(kube: Kube, node: str, order: dict[str, Any]) -> str:
 def _set_lists(kube: Kube, gpunode: dict[str, Any], uuid: str, *, cordon: bool, offline: bool) -> None:
     """Add or remove `uuid` in spec.cordonedGPUs and the offline annotation, guarded by the
     object's resourceVersion (a concurrent change makes the patch fail with 409, not lose data)."""
-    from .node import ANNOTATION_OFFLINE_GPUS
+    from neuronetes.contracts import ANNOTATION_OFFLINE_GPUS
 
     meta = gpunode["metadata"]
     cordoned = [u for u in (gpunode.get("spec") or {}).get("cordonedGPUs") or () if u != uuid]
@@ -160,8 +155,6 @@ def _set_lists(kube: Kube, gpunode: dict[str, Any], uuid: str, *, cordon: bool, 
 
 
 def cmd_gpu_admin(ns: argparse.Namespace) -> int:
-    from kubernetes.config import ConfigException
-
     from .kube import Kube, KubeError
 
     try:
@@ -189,7 +182,7 @@ def cmd_gpu_admin(ns: argparse.Namespace) -> int:
             _set_lists(kube, gpunode, ns.gpu_id, cordon=False, offline=False)
             _request(kube, node, {"verb": "online", "gpu": ns.gpu_id})
             print(f"GPU {ns.gpu_id} on {node}: back in service")
-    except (KeyError, KubeError, ConfigException, OSError) as exc:
+    except (KeyError, KubeError, OSError) as exc:
         return _error(str(exc).strip("'\""))
     return 0
 
@@ -208,15 +201,13 @@ def cmd_inject(ns: argparse.Namespace) -> int:
         if ns.corrected < 0 or ns.uncorrected < 0 or not (ns.corrected or ns.uncorrected):
             return _error("give --corrected and/or --uncorrected as positive counts")
         fault = {k: v for k, v in (("eccCorrected", ns.corrected), ("eccUncorrected", ns.uncorrected)) if v}
-    from kubernetes.config import ConfigException
-
     from .kube import Kube, KubeError
 
     try:
         kube = Kube(_api(ns.kubeconfig))
         node = _find_gpunode(kube, ns.gpu_id)["metadata"]["name"]
         key = _request(kube, node, {"verb": "inject", "gpu": ns.gpu_id, "fault": fault})
-    except (KeyError, KubeError, ConfigException, OSError) as exc:
+    except (KeyError, KubeError, OSError) as exc:
         return _error(str(exc).strip("'\""))
     print(f"{node}: {key} {json.dumps(fault)}")
     return 0

@@ -7,7 +7,6 @@ deserialisation. Writes are merge patches of exactly the fields the agent owns.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -16,11 +15,12 @@ from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 from kubernetes.client import ApiClient
-from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
-from urllib3.exceptions import HTTPError
 
 from neuronetes import contracts as c
+from neuronetes.kube.client import KubeClient, KubeError
+from neuronetes.kube.codec import JsonCodec
+from neuronetes.kube.informer import Informer as CoreInformer
+from neuronetes.kube.informer import InformerHooks, InformerSettings
 
 __all__ = ["EVENT_SOURCE", "GPUNODES_PATH", "Informer", "Kube", "KubeError", "NodeWrites"]
 
@@ -29,14 +29,8 @@ log = logging.getLogger("neuronetes_agent")
 GPUNODES_PATH: Final = f"/apis/{c.GROUP}/{c.VERSION}/gpunodes"
 EVENT_SOURCE: Final = "neuronetes-agent"
 MERGE: Final = "application/merge-patch+json"
-
-
-class KubeError(RuntimeError):
-    """An API request failed; `status` is the HTTP status (0: no answer)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+REQUEST_TIMEOUT_S: Final = 30.0
+STOP_TIMEOUT_S: Final = 2.0
 
 
 def _now() -> str:
@@ -59,10 +53,11 @@ class NodeWrites(Protocol):
 
 
 class Kube:
-    """JSON requests against the API server of one `ApiClient`."""
+    """JSON requests against the API server of one `ApiClient` (the core `KubeClient`)."""
 
     def __init__(self, api: ApiClient) -> None:
         self.api = api
+        self.client = KubeClient(api, timeout=REQUEST_TIMEOUT_S)
 
     def request(
         self,
@@ -72,31 +67,13 @@ class Kube:
         *,
         query: Sequence[tuple[str, str]] = (),
         content_type: str = MERGE,
-        timeout: float = 30.0,
-        stream: bool = False,
+        timeout: float = REQUEST_TIMEOUT_S,
     ) -> Any:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        try:
-            resp = self.api.call_api(
-                path,
-                method,
-                query_params=list(query),
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _return_http_data_only=True,
-                _request_timeout=timeout,
-            )
-        except ApiException as exc:
-            raise KubeError(int(exc.status or 0), f"{method} {path}: {exc.status} {exc.reason}") from exc
-        except Exception as exc:  # urllib3 connection errors
-            raise KubeError(0, f"{method} {path}: {exc}") from exc
-        if stream:
-            return resp
-        data = resp.data
+        """One call; the parsed JSON answer (None when empty). Raises `KubeError` (and
+        `ValueError` for an answer that is not JSON)."""
+        data = self.client.request(
+            method, path, query=query, body=body, timeout=timeout, content_type=content_type
+        )
         return json.loads(data) if data else None
 
     # ---- writes --------------------------------------------------------------------------------
@@ -199,8 +176,9 @@ class Kube:
 
 
 class Informer:
-    """List+watch of one resource in a thread, calling `on_event(type, object)` for every change
-    (``SYNC`` with each listed object after a (re)list, then ``ADDED``/``MODIFIED``/``DELETED``).
+    """List+watch of one resource in a thread (the core `neuronetes.kube.Informer`), calling
+    `on_event(type, object)` for every change (``SYNC`` with each listed object after a (re)list,
+    then ``ADDED``/``MODIFIED``/``DELETED``).
 
     An object deleted while the watch was down is missing from the relist: it is reported
     ``DELETED`` then, with the identity the informer kept of it (metadata name, namespace, UID and
@@ -215,55 +193,45 @@ class Informer:
         query: Sequence[tuple[str, str]] = (),
         watch_timeout: int = 240,
     ) -> None:
-        self.kube = kube
         self.path = path
         self.on_event = on_event
-        self.query = list(query)
-        self.watch_timeout = watch_timeout
         self.synced = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"informer {path}", daemon=True)
-        self._resp: Any = None
         self._known: dict[str, dict[str, Any]] = {}  # key -> identity of each object seen
+        hooks: InformerHooks[dict[str, Any]] = InformerHooks(self._replace, self._change)
+        self._informer = CoreInformer(
+            kube.client,
+            path,
+            path,
+            JsonCodec(),
+            hooks,
+            _settings(query, watch_timeout),
+            thread_name=f"informer {path}",
+        )
 
     def start(self) -> Informer:
-        self._thread.start()
+        self._informer.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        resp = self._resp
-        if resp is not None:
-            with contextlib.suppress(Exception):  # a stream that already ended
-                resp.shutdown()  # unblocks the watch thread's read (urllib3 >= 2.3)
-                resp.close()
-        self._thread.join(timeout=2)
+        self._informer.stop(STOP_TIMEOUT_S)
 
-    def _run(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
-            try:
-                rv = self._list()
-                self.synced.set()
-                backoff = 0.5
-                while not self._stop.is_set():
-                    rv = self._watch(rv)
-            except (KubeError, OSError, ValueError, HTTPError) as exc:
-                if self._stop.is_set():
-                    return
-                log.warning("watch %s: %s; relisting in %.1f s", self.path, exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+    def relist(self) -> str:
+        """List the resource and report it (``SYNC``, then ``DELETED`` for what is gone); returns
+        the list's resourceVersion."""
+        return self._informer.relist()
 
-    def _list(self) -> str:
-        doc = self.kube.request("GET", self.path, query=self.query)
+    def _replace(self, items: Sequence[dict[str, Any]]) -> None:
         listed: set[str] = set()
-        for item in doc.get("items") or ():
+        for item in items:
             listed.add(self._remember("SYNC", item))
             self.on_event("SYNC", item)
         for key in [k for k in self._known if k not in listed]:
             self.on_event("DELETED", self._known.pop(key))
-        return str(doc["metadata"]["resourceVersion"])
+        self.synced.set()
+
+    def _change(self, kind: str, obj: dict[str, Any]) -> None:
+        self._remember(kind, obj)
+        self.on_event(kind, obj)
 
     def _remember(self, kind: str, obj: Mapping[str, Any]) -> str:
         """Keep (or, for DELETED, forget) the object's identity; returns its key."""
@@ -281,30 +249,16 @@ class Informer:
         self._known[key] = identity
         return key
 
-    def _watch(self, rv: str) -> str:
-        query = [
-            *self.query,
-            ("watch", "true"),
-            ("resourceVersion", rv),
-            ("allowWatchBookmarks", "true"),
-            ("timeoutSeconds", str(self.watch_timeout)),
-        ]
-        self._resp = self.kube.request(
-            "GET", self.path, query=query, stream=True, timeout=self.watch_timeout + 30
-        )
-        try:
-            for line in iter_resp_lines(self._resp):
-                if self._stop.is_set():
-                    break
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    raise KubeError(int(obj.get("code") or 0), f"watch {self.path}: {obj.get('message')}")
-                rv = str(obj.get("metadata", {}).get("resourceVersion") or rv)
-                if kind != "BOOKMARK":
-                    self._remember(str(kind), obj)
-                    self.on_event(str(kind), obj)
-        finally:
-            self._resp.release_conn()
-            self._resp = None
-        return rv
+
+def _settings(query: Sequence[tuple[str, str]], watch_timeout: int) -> InformerSettings:
+    """The agent's list+watch: one unpaged list per relist, fixed watch timeouts, no periodic
+    resync, backoff from 0.5 s to 10 s."""
+    return InformerSettings(
+        query=tuple(query),
+        page_size=0,
+        list_timeout=REQUEST_TIMEOUT_S,
+        watch_timeout=float(watch_timeout),
+        resync_period=None,
+        max_backoff=10.0,
+        jitter=False,
+    )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from neuronetes import contracts as c
+from neuronetes.contracts import ANNOTATION_OFFLINE_GPUS  # re-exported: importable from here too
 
 from .devices import Discovery
 from .events import NodeEvents
@@ -23,8 +24,6 @@ __all__ = ["ANNOTATION_OFFLINE_GPUS", "REQUEST_PREFIX", "Orders"]
 
 log = logging.getLogger("neuronetes_agent")
 
-ANNOTATION_OFFLINE_GPUS: Final = f"{c.GROUP}/offline-gpus"
-"""GPUNode annotation: comma-separated UUIDs an administrator holds OFFLINE (`neuronetes offline`)."""
 REQUEST_PREFIX: Final = f"request.{c.GROUP}/"
 """GPUNode annotations ``request.neuronetes.io/<id>``: one-shot orders the agent executes and removes
 (``online``, ``evict``, and on simulated nodes ``inject``); docs/gpu-health.md."""

@@ -34,7 +34,7 @@ OPERATOR: Final = "operator"
 WEBHOOK_REPLICAS: Final = 2
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 KWOK_SELECTOR: Final = "type=kwok"
-"""Every simulated node (`neuronetes.devcluster.profiles` labels them so)."""
+"""Every simulated node (`neuronetes.profiles` labels them so)."""
 
 
 def agent_argv(at: Layout) -> list[str]:

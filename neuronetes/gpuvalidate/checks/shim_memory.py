@@ -377,6 +377,7 @@ def run(ctx: Context) -> Report:
         report.skip("torch", "skipped: no GPU")
         report.skip("cupy", "skipped: no GPU")
     else:
+        # Probes, not imports: PyTorch and CuPy are optional; their workloads import them in a child.
         if importlib.util.find_spec("torch") is None:
             report.skip("torch", "skipped: needs PyTorch (import torch)")
         else:

@@ -332,7 +332,7 @@ def cupy_subchecks(runs: Runs, report: Report) -> None:
 
 
 def workstation_subcheck(ctx: Context, report: Report) -> None:
-    """The workstation's way: the daemon writes the region (standalone) and sets the environment."""
+    """The workstation's way: the daemon writes the region (a workstation region) and sets the environment."""
     script = "torch_memory" if not ctx.fake else "driver_memory"
     args = [
         *([] if script == "torch_memory" else ["oom"]),

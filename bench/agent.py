@@ -36,7 +36,7 @@ from kubernetes import config as kube_config
 
 from neuronetes.devcluster import DevCluster
 from neuronetes.devcluster.procs import interrupt_on
-from neuronetes.devcluster.profiles import PROFILES
+from neuronetes.profiles import PROFILES
 from neuronetes_agent.daemon.fleet import AgentProcess, AgentSettings
 from neuronetes_agent.daemon.kube import GPUNODES_PATH, Kube, KubeError
 from neuronetes_agent.daemon.simulated import SimulatedGpus

@@ -69,7 +69,7 @@ from typing import Any
 from neuronetes import contracts as c
 from neuronetes.devcluster import DevCluster, ExtenderConfig
 from neuronetes.devcluster.procs import interrupt_on
-from neuronetes.devcluster.profiles import PROFILES, profile
+from neuronetes.profiles import PROFILES, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from extender_harness import ExtenderProcess

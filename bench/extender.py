@@ -37,7 +37,7 @@ import msgspec
 import numpy as np
 
 from neuronetes import contracts as c
-from neuronetes.devcluster.profiles import PROFILES, node_manifest
+from neuronetes.profiles import PROFILES, node_manifest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from extender_harness import free_port, terminate

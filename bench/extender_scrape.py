@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from neuronetes import contracts as c
-from neuronetes.devcluster.profiles import PROFILES, node_manifest
+from neuronetes.profiles import PROFILES, node_manifest
 from neuronetes_extender.cache import GpuCache
 from neuronetes_extender.demand import take_inputs
 from neuronetes_extender.events import EventRecorder

@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import DevCluster, procs
-from neuronetes.devcluster.profiles import KWOK_TAINT
+from neuronetes.profiles import KWOK_TAINT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from pod_builder import manifest

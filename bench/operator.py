@@ -2,7 +2,7 @@
 
 One local control plane (``bench-operator-<pid>``) with ``--nodes`` simulated DGX A100 nodes,
 the extender behind kube-scheduler, the operator and two webhook replicas as host processes
-(`neuronetes_operator.processes.LocalStack`). Two scenarios, each in its own namespace:
+(`neuronetes.devcluster.localstack.LocalStack`). Two scenarios, each in its own namespace:
 
 1. one AgentPool of ``--replicas`` single-GPU replicas (goal: 64 bound in ≤ 10 s);
 2. ``--gangs`` pools with gang scheduling, ``--gang-size`` single-GPU members each, ``same-node``
@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from neuronetes.devcluster import DevCluster, ExtenderConfig
+from neuronetes.devcluster.localstack import LocalStack
 from neuronetes.devcluster.procs import interrupt_on
 from neuronetes_operator.pods import LABEL_POOL
-from neuronetes_operator.processes import LocalStack
 
 _spec = importlib.util.spec_from_file_location("e2e_throughput", Path(_BENCH_DIR) / "e2e_throughput.py")
 assert _spec is not None and _spec.loader is not None

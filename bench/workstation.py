@@ -1,6 +1,6 @@
 """Workstation mode: preempt and resume latency per rung of the preemption ladder.
 
-Starts a real workstation daemon (``neuronetes-agent --standalone``, simulated GPU, the fake CUDA
+Starts a real workstation daemon (``neuronetes-agent --workstation``, simulated GPU, the fake CUDA
 driver of node-agent/shim/fake as its checkpoint API) and, N times per rung, runs a low-priority
 job, submits an urgent one and lets it finish. From the daemon's own transition timestamps:
 
@@ -138,7 +138,7 @@ def main() -> int:
                 sys.executable,
                 "-c",
                 "from neuronetes.cli.agent import agent_main; raise SystemExit(agent_main())",
-                "--standalone",
+                "--workstation",
                 "--state-dir",
                 str(state),
                 "--simulate-gpus",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up the virtual environment, then lint (ruff), type-check (mypy), build the local control plane
-# (hack/build-control-plane.sh, cached) and run every test (pytest: unit and e2e).
+# Set up the virtual environment, then lint (ruff), type-check (mypy), check the layers (lint-imports),
+# build the local control plane (hack/build-control-plane.sh, cached) and run every test (pytest: unit and e2e).
 # Extra arguments go to pytest, e.g. `bash hack/test.sh -m unit`.
 set -euo pipefail
 
@@ -14,6 +14,11 @@ ruff check .
 
 echo ">> mypy" >&2
 mypy
+
+# The layers as contracts ([tool.importlinter] in pyproject.toml): the core imports no component
+# and no top-layer tool, the components are independent, only the CLI and tools use the dev cluster.
+echo ">> lint-imports" >&2
+lint-imports --no-logo
 
 # ---- NRI plugin (node-agent/nri, Go) --------------------------------------------------------
 # gofmt, go vet and go test for the plugin module (its decoder also runs the shared vectors in

@@ -32,6 +32,13 @@ VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 SCHEDULER_NAME: Final = "neuronetes-scheduler"
 
+# ---- identities (the chart's ServiceAccounts; the admission policies and the webhook trust them) ----
+SYSTEM_NAMESPACE: Final = "neuronetes-system"
+EXTENDER_SERVICE_ACCOUNT: Final = "neuronetes-scheduler"
+EXTENDER_USERNAME: Final = f"system:serviceaccount:{SYSTEM_NAMESPACE}:{EXTENDER_SERVICE_ACCOUNT}"
+"""The scheduler extender's user: the one the admission policies in ``manifests/policies/`` trust
+to write ``neuronetes.io/assigned-gpus``, and the webhook's default trusted user."""
+
 # ---- extended resources (integers, requests == limits) ----------------------------------------
 RESOURCE_GPU: Final = f"{GROUP}/gpu"  # whole GPUs
 RESOURCE_GPU_MEMORY: Final = f"{GROUP}/gpu-memory"  # MiB of GPU memory

@@ -19,7 +19,7 @@ import msgspec
 from pod_builder import container, manifest, new_uid, served
 
 from neuronetes import contracts as c
-from neuronetes.devcluster.profiles import node_manifest, profile
+from neuronetes.profiles import node_manifest, profile
 from neuronetes_extender.bodies import NodeSet
 from neuronetes_extender.cache import GpuCache
 from neuronetes_extender.config import ExtenderSettings

@@ -13,7 +13,7 @@ from typing import Any
 
 from pod_builder import node_view
 
-from neuronetes.devcluster.profiles import PROFILES
+from neuronetes.profiles import PROFILES
 from neuronetes_agent.daemon.backstop import Backstop
 from neuronetes_agent.daemon.containers import RECORDS_DIR, ContainerTender
 from neuronetes_agent.daemon.ledger import LEDGER_FILE, LedgerWriter

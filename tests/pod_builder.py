@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from neuronetes import contracts as c
-from neuronetes.devcluster.profiles import KWOK_TAINT
+from neuronetes.profiles import KWOK_TAINT
 
 __all__ = ["container", "manifest", "new_uid", "node_view", "served"]
 

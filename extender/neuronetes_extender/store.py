@@ -16,9 +16,10 @@ from typing import Final
 
 from neuronetes.api.models import GPUNode
 from neuronetes.model import NodeSpec
+from neuronetes.nodes import NodeSpecError, apply_gpunode, unusable_node
 
 from .nodefit import NodeFacts
-from .nodes import NodeSpecError, apply_gpunode, node_spec_from_node, unusable_node
+from .nodes import node_spec_from_node
 from .pods import PodInfo
 from .slices import SliceInfo
 from .wire import Node

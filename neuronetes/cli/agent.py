@@ -5,7 +5,6 @@ online, health) are cluster commands (`neuronetes.cli.cluster`); its fault injec
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from typing import Any
 
@@ -13,14 +12,9 @@ import click
 
 from .options import LOG_LEVEL
 from .root import group, with_version
-from .standalone import STANDALONE_KEYS, STANDALONE_OPTIONS, run_standalone
+from .workstation import WORKSTATION_KEYS, WORKSTATION_OPTIONS, run_workstation
 
-__all__ = ["agent", "agent_commands", "agent_main"]
-
-
-def agent_commands() -> Any:
-    """The agent's commands (`neuronetes_agent.daemon.commands`), imported when used."""
-    return importlib.import_module("neuronetes_agent.daemon.commands")
+__all__ = ["agent", "agent_main"]
 
 
 @group("agent", help="The node agent.")
@@ -35,10 +29,12 @@ def agent() -> None:
     "(docs/gpu-health.md). Give exactly one of --node and --simulate-nodes.",
 )
 @click.option(
-    "--standalone",
+    "--workstation",
     is_flag=True,
     help="workstation mode: schedule jobs on this machine, no cluster (docs/workstation.md)",
 )
+# The mode's former name, kept so that existing command lines and units still start.
+@click.option("--standalone", "standalone_alias", is_flag=True, hidden=True)
 @click.option("--node", help="serve this node's real GPUs through NVML")
 @click.option("--simulate-nodes", metavar="SELECTOR", help="serve every Node matching this label selector")
 @click.option("--kubeconfig", help="kubeconfig (default: in-cluster, else ~/.kube/config)")
@@ -87,7 +83,7 @@ def agent() -> None:
 @click.option(
     "--state-dir",
     help="--node: where the node inventory file (inventory.json) is written for the NRI plugin (default "
-    "/run/neuronetes); --standalone: the daemon's state (default $NEURONETES_STATE_DIR, else "
+    "/run/neuronetes); --workstation: the daemon's state (default $NEURONETES_STATE_DIR, else "
     "$XDG_STATE_HOME/neuronetes)",
 )
 @click.option(
@@ -139,28 +135,30 @@ def agent() -> None:
     metavar="MIB",
     help="--node: MiB NVML may attribute past a slice's limit and its processes' allowances",
 )
-@STANDALONE_OPTIONS
+@WORKSTATION_OPTIONS
 @LOG_LEVEL
 @with_version  # `neuronetes-agent --version` (that script is `agent run`)
 def agent_run(**opts: Any) -> int:
-    standalone = {k: opts.pop(k) for k in STANDALONE_KEYS}
-    if opts.pop("standalone"):
+    workstation = {k: opts.pop(k) for k in WORKSTATION_KEYS}
+    if opts.pop("workstation") | opts.pop("standalone_alias"):
         if opts["node"] is not None or opts["simulate_nodes"] is not None:
-            raise click.UsageError("--standalone runs without a cluster: no --node or --simulate-nodes")
-        return run_standalone(opts["state_dir"], opts["shim_library"], opts["log_level"], **standalone)
+            raise click.UsageError("--workstation runs without a cluster: no --node or --simulate-nodes")
+        return run_workstation(opts["state_dir"], opts["shim_library"], opts["log_level"], **workstation)
     if (opts["node"] is None) == (opts["simulate_nodes"] is None):
-        raise click.UsageError("give exactly one of --node and --simulate-nodes (or --standalone)")
-    if any(v is not None for v in standalone.values()):
+        raise click.UsageError("give exactly one of --node and --simulate-nodes (or --workstation)")
+    if any(v is not None for v in workstation.values()):
         raise click.UsageError(
             "--simulate-gpus, --utilization-cap, --headroom, --aging-seconds, --checkpoint-deadline, "
-            "--cuda-driver, --containment, --log-max-size and --max-clients need --standalone"
+            "--cuda-driver, --containment, --log-max-size and --max-clients need --workstation"
         )
     opts["state_dir"] = opts["state_dir"] or "/run/neuronetes"
-    return int(agent_commands().cmd_agent_run(argparse.Namespace(**opts)))
+    from neuronetes_agent.daemon.commands import cmd_agent_run  # the agent's stack: only when run
+
+    return cmd_agent_run(argparse.Namespace(**opts))
 
 
 def agent_main() -> int:
-    """`neuronetes-agent`: the node agent on its own, ``neuronetes-agent --standalone [...]`` for
+    """`neuronetes-agent`: the node agent on its own, ``neuronetes-agent --workstation [...]`` for
     workstation mode (the same options as ``neuronetes agent run``)."""
     from . import main
 

@@ -3,22 +3,24 @@
 docs/gpu-health.md). The plugin's other views, ``top`` and ``explain``, have their own modules.
 
 ``status``, ``health``, ``drain``, ``offline`` and ``online`` also drive a workstation daemon:
-`standalone.target_state_dir` is the one rule that picks the target (docs/workstation.md)."""
+`workstation.target_state_dir` is the one rule that picks the target (docs/workstation.md)."""
 
 from __future__ import annotations
 
 import argparse
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from . import standalone, workstation
-from .agent import agent_commands
+from . import workstation
 from .kube import Cluster, event_time
 from .options import GPU_ID, KUBECONFIG
 from .output import emit, output_option
 from .views import GpuView, NodeView, cluster_views
+
+if TYPE_CHECKING:
+    from neuronetes_agent.workstation.protocol import GpuAction
 
 __all__ = ["drain", "health", "offline", "online", "status"]
 
@@ -56,13 +58,13 @@ def _views(kubeconfig: str | None) -> list[NodeView]:
     "(docs/workstation.md): the daemon, its GPUs and its jobs (--all: finished jobs too).",
 )
 @KUBECONFIG
-@standalone.STATE_DIR
+@workstation.STATE_DIR
 @click.option(
     "--all", "every_gpu", is_flag=True, help="one row per GPU, with its pods (workstation: finished jobs too)"
 )
 @output_option
 def status(kubeconfig: str | None, state_dir: str | None, every_gpu: bool, output: str) -> int:
-    target = standalone.target_state_dir(state_dir, kubeconfig)
+    target = workstation.target_state_dir(state_dir, kubeconfig)
     if target is not None:
         return workstation.show_status(target, every_gpu, output)
     views = _views(kubeconfig)
@@ -129,11 +131,11 @@ def _health_document(gpunode: dict[str, Any], gpu: GpuView, events: list[dict[st
     "workstation: its GPUs, or one with its processes, jobs and state history.",
 )
 @KUBECONFIG
-@standalone.STATE_DIR
+@workstation.STATE_DIR
 @click.option("--gpu-id", metavar="UUID", help="one GPU in detail")
 @output_option
 def health(kubeconfig: str | None, state_dir: str | None, gpu_id: str | None, output: str) -> int:
-    target = standalone.target_state_dir(state_dir, kubeconfig)
+    target = workstation.target_state_dir(state_dir, kubeconfig)
     if target is not None:
         return workstation.show_health(target, gpu_id, output)
     cluster = Cluster(kubeconfig)
@@ -183,19 +185,21 @@ def health(kubeconfig: str | None, state_dir: str | None, gpu_id: str | None, ou
 
 
 def _gpu_admin(
-    verb: str, gpu_id: str, kubeconfig: str | None, state_dir: str | None, force: bool = False
+    verb: GpuAction, gpu_id: str, kubeconfig: str | None, state_dir: str | None, force: bool = False
 ) -> int:
-    target = standalone.target_state_dir(state_dir, kubeconfig)
+    target = workstation.target_state_dir(state_dir, kubeconfig)
     if target is not None:
         return workstation.gpu_admin(target, verb, gpu_id, force)
+    from neuronetes_agent.daemon.commands import cmd_gpu_admin  # the agent's stack: only when run
+
     ns = argparse.Namespace(command=verb, gpu_id=gpu_id, kubeconfig=kubeconfig, force=force)
-    return int(agent_commands().cmd_gpu_admin(ns))
+    return cmd_gpu_admin(ns)
 
 
 @click.command("drain", help="Keep new work off a GPU; running work continues.")
 @GPU_ID
 @KUBECONFIG
-@standalone.STATE_DIR
+@workstation.STATE_DIR
 def drain(gpu_id: str, kubeconfig: str | None, state_dir: str | None) -> int:
     return _gpu_admin("drain", gpu_id, kubeconfig, state_dir)
 
@@ -207,7 +211,7 @@ def drain(gpu_id: str, kubeconfig: str | None, state_dir: str | None) -> int:
 )
 @GPU_ID
 @KUBECONFIG
-@standalone.STATE_DIR
+@workstation.STATE_DIR
 @click.option("--force", is_flag=True, help="evict the pods (workstation: the jobs) using the GPU")
 def offline(gpu_id: str, kubeconfig: str | None, state_dir: str | None, force: bool) -> int:
     return _gpu_admin("offline", gpu_id, kubeconfig, state_dir, force)
@@ -216,6 +220,6 @@ def offline(gpu_id: str, kubeconfig: str | None, state_dir: str | None, force: b
 @click.command("online", help="Put a GPU back in service (after a repair or a failed reset).")
 @GPU_ID
 @KUBECONFIG
-@standalone.STATE_DIR
+@workstation.STATE_DIR
 def online(gpu_id: str, kubeconfig: str | None, state_dir: str | None) -> int:
     return _gpu_admin("online", gpu_id, kubeconfig, state_dir)

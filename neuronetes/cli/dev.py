@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .agent import agent_commands
 from .options import GPU_ID, KUBECONFIG
 from .output import CliError, emit, output_option, spinner
 from .root import group
@@ -236,8 +235,10 @@ def cluster_cmd(action: str, name: str, as_json: bool, output: str, **opts: Any)
 
 
 def _inject(verb: str, **fields: Any) -> int:
+    from neuronetes_agent.daemon.commands import cmd_inject  # the agent's stack: only when run
+
     ns = argparse.Namespace(dev_command=verb, **fields)
-    return int(agent_commands().cmd_inject(ns))
+    return cmd_inject(ns)
 
 
 @dev.command(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 from typing import Any
 
 import click
@@ -61,7 +60,7 @@ def extender() -> None:
 )
 @LOG_LEVEL
 def serve(**opts: Any) -> int:
-    # Through importlib: extender/ is installed as neuronetes_extender, which mypy cannot follow;
-    # imported here because the HTTP stack is only the extender's.
-    server = importlib.import_module("neuronetes_extender.server")
-    return int(server.serve(argparse.Namespace(**opts)))
+    # Imported here: the HTTP stack is only the extender's (and slow to load).
+    from neuronetes_extender.server import serve as serve_extender
+
+    return serve_extender(argparse.Namespace(**opts))

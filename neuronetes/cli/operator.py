@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 from typing import Any
 
 import click
@@ -20,11 +19,6 @@ PRIORITY_TIERS = click.option(
 )
 
 
-def _main_module() -> Any:
-    # Through importlib: operator/ is installed as neuronetes_operator, which mypy cannot follow.
-    return importlib.import_module("neuronetes_operator.main")
-
-
 @group("operator", help="The AgentPool/GPUSlice/ToolBinding operator.")
 def operator() -> None:
     pass
@@ -39,7 +33,9 @@ def operator() -> None:
 @PRIORITY_TIERS
 @LOG_LEVEL
 def operator_run(**opts: Any) -> int:
-    return int(_main_module().operator_run(argparse.Namespace(**opts)))
+    from neuronetes_operator.main import operator_run as run  # kopf and its stack: only when run
+
+    return run(argparse.Namespace(**opts))
 
 
 @group("webhook", help="The admission webhook.")
@@ -69,4 +65,6 @@ def webhook() -> None:
 @PRIORITY_TIERS
 @LOG_LEVEL
 def webhook_serve(**opts: Any) -> int:
-    return int(_main_module().webhook_serve(argparse.Namespace(**opts)))
+    from neuronetes_operator.main import webhook_serve as serve  # the operator's stack: only when run
+
+    return serve(argparse.Namespace(**opts))

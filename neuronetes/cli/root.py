@@ -60,6 +60,7 @@ COMMANDS: list[tuple[str, tuple[str, ...]]] = [
 
 def _registered() -> Iterator[click.Command]:
     for module_name, names in COMMANDS:
+        # By name from the table: one list of the CLI's areas, in help order (a plugin table).
         module = importlib.import_module(f"{__package__}.{module_name}")
         for name in names:
             command = getattr(module, name)

@@ -1,10 +1,17 @@
-"""Workstation mode's verbs: ``submit``, ``jobs …``, ``cancel``, ``watch``, and the workstation
-side of ``status``, ``health``, ``drain``, ``offline``, ``online`` (`neuronetes.cli.cluster`).
+"""Workstation mode in the CLI: reaching the daemon, running it, and its verbs.
 
-They talk to the workstation daemon (``neuronetes agent run --standalone``) over its socket in the
-state directory (docs/workstation.md; `neuronetes.cli.standalone` finds it). Specs are validated
-here with the daemon's own rules before anything is sent, so a bad priority or size is refused
-even when no daemon runs.
+- the reach: `target_state_dir` is the ONE rule for the verbs that exist for a cluster and a
+  workstation (``status``, ``health``, ``drain``, ``offline``, ``online``; docs/workstation.md,
+  "CLI"); `call` sends one request to the daemon over its socket in the state directory;
+- the daemon: ``agent run --workstation`` takes `WORKSTATION_OPTIONS` and runs `run_workstation`;
+- the verbs: ``submit``, ``jobs …``, ``cancel``, ``watch``, and the workstation side of ``status``,
+  ``health``, ``drain``, ``offline``, ``online`` (`neuronetes.cli.cluster`). Specs are validated here
+  with the daemon's own rules before anything is sent, so a bad priority or size is refused even
+  when no daemon runs.
+
+One module for the one mode (about 500 lines): the verbs' tables, the daemon's options and the
+reach change together. The workstation package (`neuronetes_agent.workstation`) is imported inside
+the functions that use it: ``neuronetes --help`` and the cluster verbs never load it.
 """
 
 from __future__ import annotations
@@ -13,14 +20,148 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 
 from .output import CliError, emit, output_option, rows_of, stdout_console
-from .standalone import STATE_DIR, call, standalone, state_dir_of, target_state_dir
 
-__all__ = ["cancel", "gpu_admin", "jobs", "show_health", "show_status", "submit", "watch"]
+if TYPE_CHECKING:
+    from neuronetes_agent.workstation.protocol import GpuAction, Request
+
+__all__ = [
+    "STATE_DIR",
+    "WORKSTATION_KEYS",
+    "WORKSTATION_OPTIONS",
+    "call",
+    "cancel",
+    "gpu_admin",
+    "jobs",
+    "run_workstation",
+    "show_health",
+    "show_status",
+    "state_dir_of",
+    "submit",
+    "target_state_dir",
+    "watch",
+]
+
+STATE_DIR = click.option(
+    "--state-dir",
+    metavar="DIR",
+    help="the workstation daemon's state directory (default: $NEURONETES_STATE_DIR, else "
+    "$XDG_STATE_HOME/neuronetes)",
+)
+
+
+# ---- reaching the daemon -------------------------------------------------------------------------
+
+
+def target_state_dir(option: str | None, kubeconfig: str | None = None) -> Path | None:
+    """THE target rule for verbs that exist for both: the workstation's state directory, or None
+    for the cluster. In order: ``--state-dir`` → workstation; ``--kubeconfig`` → cluster;
+    ``$NEURONETES_STATE_DIR`` set → workstation; a daemon answering in the default state
+    directory → workstation; otherwise the cluster."""
+    from neuronetes_agent.workstation import client
+
+    if option:
+        return Path(option).expanduser()
+    if kubeconfig:
+        return None
+    path, named = client.state_dir_from(None)
+    return path if named or client.daemon_live(path) else None
+
+
+def state_dir_of(option: str | None) -> Path:
+    from neuronetes_agent.workstation import client
+
+    return client.state_dir_from(option)[0]
+
+
+def call(state_dir: Path, request: Request) -> Any:
+    """The daemon's answer to `request` (its JSON result), or CliError with its one-line error."""
+    from neuronetes_agent.workstation import client, protocol
+
+    reply = client.call(state_dir, request)
+    if isinstance(reply, protocol.Err):
+        raise CliError(reply.message)
+    return reply.result
+
+
+# ---- the daemon (`agent run --workstation`) -----------------------------------------------------
+
+_WORKSTATION: Final = (
+    click.option("--simulate-gpus", type=click.IntRange(1, 8), help="--workstation: simulate N GPUs"),
+    click.option(
+        "--utilization-cap", type=click.FloatRange(1, 90), help="--workstation: admission cap, percent (85)"
+    ),
+    click.option(
+        "--headroom", type=click.FloatRange(0, 89), help="--workstation: safety headroom, percent (5)"
+    ),
+    click.option(
+        "--aging-seconds",
+        type=click.FloatRange(min=0, min_open=True),
+        help="--workstation: a waiting job gains one priority point per this many seconds (60)",
+    ),
+    click.option(
+        "--checkpoint-deadline",
+        type=click.FloatRange(min=0, min_open=True),
+        help="--workstation: seconds a --checkpointable job has to exit after SIGUSR1 (30)",
+    ),
+    click.option(
+        "--cuda-driver", metavar="PATH", help="--workstation: the CUDA driver library (libcuda.so.1)"
+    ),
+    click.option(
+        "--containment",
+        type=click.Choice(["auto", "cgroup2", "cgroup1", "subreaper"]),
+        help="--workstation: how each attempt is contained (auto: the first usable cgroup, else subreaper)",
+    ),
+    click.option(
+        "--log-max-size",
+        metavar="SIZE",
+        help="--workstation: each job log is rotated to one .1 file at this size (64Mi; at least 1Mi)",
+    ),
+    click.option(
+        "--max-clients",
+        type=click.IntRange(1, 1024),
+        help="--workstation: connections served at once; one more gets a busy reply (16)",
+    ),
+)
+WORKSTATION_KEYS: Final = (
+    "simulate_gpus",
+    "utilization_cap",
+    "headroom",
+    "aging_seconds",
+    "checkpoint_deadline",
+    "cuda_driver",
+    "containment",
+    "log_max_size",
+    "max_clients",
+)
+
+
+def WORKSTATION_OPTIONS(func: Any) -> Any:  # a decorator, named like the other option constants
+    for option in reversed(_WORKSTATION):
+        func = option(func)
+    return func
+
+
+def run_workstation(state_dir: str | None, shim_library: str | None, log_level: str, **opts: Any) -> int:
+    """Run the workstation daemon until SIGTERM/SIGINT."""
+    from neuronetes_agent.workstation.main import DaemonOptions, run_daemon
+
+    given = {k: v for k, v in opts.items() if v is not None}
+    return run_daemon(
+        DaemonOptions(
+            state_dir=state_dir_of(state_dir),
+            shim_library=Path(shim_library) if shim_library else None,
+            log_level=log_level,
+            **given,
+        )
+    )
+
+
+# ---- the verbs' tables ---------------------------------------------------------------------------
 
 _INTERVAL_RE: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m)?")
 _SCALE: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
@@ -105,7 +246,8 @@ def submit(
     state_dir: str | None,
     output: str,
 ) -> None:
-    jobs = standalone("jobs")
+    from neuronetes_agent.workstation import jobs, protocol
+
     if gpus is not None and (gpu_memory or gpu_compute is not None):
         raise click.UsageError("give either --gpus or a share (--gpu-memory and --gpu-compute), not both")
     if gpu_compute is not None and not gpu_memory:
@@ -116,7 +258,7 @@ def submit(
         jobs.JobSpec(command, priority, name, gpus or 1, memory, compute, checkpointable).check_new()
     except jobs.SpecError as exc:
         raise CliError(str(exc)) from None
-    request = standalone("protocol").Submit(
+    request = protocol.Submit(
         command=command,
         priority=priority,
         name=name,
@@ -139,11 +281,13 @@ def submit(
 def _workstation(option: str | None) -> Path:
     """The state directory of `watch` (a workstation-only view): as the target rule picks it, or the
     no-daemon line."""
+    from neuronetes_agent.workstation import protocol
+
     target = target_state_dir(option)
     if target is not None:
         return target
     path = state_dir_of(option)
-    call(path, standalone("protocol").Ping())  # nobody answers there: raises the one-line error
+    call(path, protocol.Ping())  # nobody answers there: raises the one-line error
     return path
 
 
@@ -174,7 +318,9 @@ def _daemon_line(d: dict[str, Any]) -> str:
 
 def show_status(state_dir: Path, all_: bool, output: str) -> int:
     """``status`` on the workstation: the daemon, its GPUs and its jobs (all: finished jobs too)."""
-    document = call(state_dir, standalone("protocol").Status(all=all_))
+    from neuronetes_agent.workstation import protocol
+
+    document = call(state_dir, protocol.Status(all=all_))
     if output != "table":
         emit(output, document)
         return 0
@@ -187,7 +333,8 @@ def show_status(state_dir: Path, all_: bool, output: str) -> int:
 
 def show_health(state_dir: Path, gpu_id: str | None, output: str) -> int:
     """``health`` on the workstation: every GPU, or one with its processes, jobs and state history."""
-    protocol = standalone("protocol")
+    from neuronetes_agent.workstation import protocol
+
     if gpu_id is None:
         gpus = call(state_dir, protocol.Status())["gpus"]
         emit(output, {"gpus": gpus}, columns=_GPU_COLUMNS, rows=_gpu_rows(gpus))
@@ -238,9 +385,11 @@ def watch(interval: str, count: int, all_: bool, state_dir: str | None) -> None:
     from rich.console import Group
     from rich.live import Live
 
+    from neuronetes_agent.workstation import protocol
+
     seconds = parse_interval(interval)
     target = _workstation(state_dir)
-    request = standalone("protocol").Status(all=all_)
+    request = protocol.Status(all=all_)
 
     def frame() -> Group:
         document = call(target, request)
@@ -267,7 +416,9 @@ def jobs() -> None:
 @STATE_DIR
 @output_option
 def jobs_list(all_: bool, state_dir: str | None, output: str) -> None:
-    items = call(state_dir_of(state_dir), standalone("protocol").ListJobs(all=all_))
+    from neuronetes_agent.workstation import protocol
+
+    items = call(state_dir_of(state_dir), protocol.ListJobs(all=all_))
     emit(output, items, columns=_JOB_COLUMNS, rows=_job_rows(items))
 
 
@@ -276,7 +427,9 @@ def jobs_list(all_: bool, state_dir: str | None, output: str) -> None:
 @STATE_DIR
 @output_option
 def jobs_describe(job: str, state_dir: str | None, output: str) -> None:
-    item = call(state_dir_of(state_dir), standalone("protocol").Describe(job=job))
+    from neuronetes_agent.workstation import protocol
+
+    item = call(state_dir_of(state_dir), protocol.Describe(job=job))
     if output != "table":
         emit(output, item)
         return
@@ -307,7 +460,9 @@ def jobs_describe(job: str, state_dir: str | None, output: str) -> None:
 
 
 def _cancel(job: str, state_dir: str | None, force: bool) -> None:
-    item = call(state_dir_of(state_dir), standalone("protocol").Cancel(job=job, force=force))
+    from neuronetes_agent.workstation import protocol
+
+    item = call(state_dir_of(state_dir), protocol.Cancel(job=job, force=force))
     click.echo(f"job {item['id']} ({item['name']}) {item['state']}: {item['reason']}")
 
 
@@ -331,9 +486,11 @@ def jobs_kill(job: str, state_dir: str | None) -> None:
 @click.option("--tail", type=click.IntRange(1, 10_000), default=100, show_default=True)
 @STATE_DIR
 def jobs_logs(job: str, stderr: bool, tail: int, state_dir: str | None) -> None:
+    from neuronetes_agent.workstation import protocol
+
     out = call(
         state_dir_of(state_dir),
-        standalone("protocol").Logs(job=job, stream="stderr" if stderr else "stdout", tail=tail),
+        protocol.Logs(job=job, stream="stderr" if stderr else "stdout", tail=tail),
     )
     for line in out["lines"]:
         click.echo(line)
@@ -349,8 +506,10 @@ def cancel(job: str, state_dir: str | None) -> None:
 # ---- GPU holds (the cluster verbs' workstation form) ---------------------------------------------
 
 
-def gpu_admin(state_dir: Path, verb: str, gpu_id: str, force: bool) -> int:
+def gpu_admin(state_dir: Path, verb: GpuAction, gpu_id: str, force: bool) -> int:
     """``drain``/``offline``/``online`` on the workstation daemon."""
-    out = call(state_dir, standalone("protocol").GpuAdmin(gpu=gpu_id, action=verb, force=force))
+    from neuronetes_agent.workstation import protocol
+
+    out = call(state_dir, protocol.GpuAdmin(gpu=gpu_id, action=verb, force=force))
     click.echo(out["message"])
     return 0

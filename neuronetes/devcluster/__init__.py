@@ -14,16 +14,16 @@ from __future__ import annotations
 from neuronetes.devcluster.api import ApiError, KubectlError
 from neuronetes.devcluster.cluster import POLICIES_DIR, DevCluster
 from neuronetes.devcluster.config import ExtenderConfig, LeaderElection
-from neuronetes.devcluster.profiles import (
+from neuronetes.devcluster.state import ClusterError
+from neuronetes.devcluster.status import ClusterStatus, ComponentStatus
+from neuronetes.devcluster.tools import BuildError, Toolchain, Versions, build, read_versions
+from neuronetes.profiles import (
     PROFILES,
     TopologyProfile,
     node_manifest,
     parse_node_counts,
     profile,
 )
-from neuronetes.devcluster.state import ClusterError
-from neuronetes.devcluster.status import ClusterStatus, ComponentStatus
-from neuronetes.devcluster.tools import BuildError, Toolchain, Versions, build, read_versions
 
 __all__ = [
     "POLICIES_DIR",

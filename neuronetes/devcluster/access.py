@@ -6,7 +6,7 @@ kube-controller-manager and kwok use it. kube-scheduler runs as its stock identi
 The extender runs as the ServiceAccount ``neuronetes-system/neuronetes-scheduler`` with a
 ClusterRole holding exactly the calls its code makes (the extender's modules ``kube``, ``watch``,
 ``reservations`` and ``service``), and a token from the TokenRequest API in a kubeconfig of its
-own. `EXTENDER_USERNAME` is the one name the
+own. `EXTENDER_USERNAME` (from `neuronetes.contracts`) is the one name the
 admission policies in ``manifests/policies/`` trust to write ``neuronetes.io/assigned-gpus``; a unit
 test checks that the policy file names the same identity.
 """
@@ -20,7 +20,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Final
 
-from neuronetes.contracts import GROUP
+from neuronetes.contracts import EXTENDER_SERVICE_ACCOUNT, EXTENDER_USERNAME, GROUP
+from neuronetes.contracts import SYSTEM_NAMESPACE as EXTENDER_NAMESPACE
 from neuronetes.devcluster.api import Api
 
 __all__ = [
@@ -49,9 +50,6 @@ SCHEDULER_USER: Final = "system:kube-scheduler"
 """kube-scheduler's stock identity: the API server's bootstrap RBAC binds the ClusterRoles
 ``system:kube-scheduler`` and ``system:volume-scheduler`` (and the role that reads the
 authentication ConfigMap) to this user."""
-EXTENDER_NAMESPACE: Final = "neuronetes-system"
-EXTENDER_SERVICE_ACCOUNT: Final = "neuronetes-scheduler"
-EXTENDER_USERNAME: Final = f"system:serviceaccount:{EXTENDER_NAMESPACE}:{EXTENDER_SERVICE_ACCOUNT}"
 EXTENDER_TOKEN_SECONDS: Final = 7 * 24 * 3600
 """The extender's token outlives any dev cluster (the API server signs it; nothing refreshes it)."""
 _ROLE: Final = "neuronetes:scheduler-extender"

@@ -7,25 +7,26 @@ a chart gives it: ``neuronetes agent run --simulate-nodes`` for every kwok node 
 describe the hardware; the agent publishes GPUNode, labels and capacity from it), and
 ``neuronetes operator run`` plus two ``neuronetes webhook serve`` replicas sharing one port, with
 the webhook configurations registered against their self-signed CA (``failurePolicy: Fail``).
-The component packages live in folders mapped into ``neuronetes`` at install time, which mypy
-cannot follow: they are reached through importlib.
+The dev cluster is a tool on top of the components: it imports their launch helpers directly.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import ssl
 import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 from neuronetes.devcluster import procs
 from neuronetes.devcluster.components import Layout
 from neuronetes.devcluster.state import ClusterError, RunState
 from neuronetes.devcluster.supervisor import Supervisor
+from neuronetes_agent.daemon.fleet import fleet_agent_argv
+from neuronetes_operator import launch, webhook
+from neuronetes_operator.tiers import DEFAULT_TIERS
 
 __all__ = ["AGENT", "KWOK_SELECTOR", "OPERATOR", "WEBHOOK_REPLICAS", "agent_argv", "start_addons"]
 
@@ -34,16 +35,12 @@ OPERATOR: Final = "operator"
 WEBHOOK_REPLICAS: Final = 2
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 KWOK_SELECTOR: Final = "type=kwok"
-"""Every simulated node (`neuronetes.devcluster.profiles` labels them so)."""
+"""Every simulated node (`neuronetes.profiles` labels them so)."""
 
 
 def agent_argv(at: Layout) -> list[str]:
     """The fleet agent serving every simulated node, metrics on the cluster's port for it."""
-    fleet: Any = importlib.import_module("neuronetes_agent.daemon.fleet")
-    argv: list[str] = fleet.fleet_agent_argv(
-        at.kubeconfig, KWOK_SELECTOR, metrics_port=at.ports["agent_metrics"]
-    )
-    return argv
+    return fleet_agent_argv(at.kubeconfig, KWOK_SELECTOR, metrics_port=at.ports["agent_metrics"])
 
 
 def _webhook_ready(url: str, ca_file: str) -> Callable[[], tuple[bool, str]]:
@@ -73,10 +70,8 @@ def start_addons(
         sup.spawn(state, AGENT, agent_argv(at))
     if not state.run_operator:
         return
-    launch: Any = importlib.import_module("neuronetes_operator.launch")
-    webhook: Any = importlib.import_module("neuronetes_operator.webhook")
     cert_dir = at.state_dir / "webhook-certs"
-    ca_pem: bytes = webhook.ensure_certificate(cert_dir)
+    ca_pem = webhook.ensure_certificate(cert_dir)
     port = at.ports["webhook"]
     url = f"https://127.0.0.1:{port}"
     for i in range(WEBHOOK_REPLICAS):
@@ -88,8 +83,7 @@ def start_addons(
     for obj in launch.webhook_configurations(ca_pem, url):
         kubectl("apply", "-f", "-", input=json.dumps(obj))
     # The default priority tiers' PriorityClasses (the chart creates them in a cluster).
-    tiers: Any = importlib.import_module("neuronetes_operator.tiers")
-    for obj in launch.priority_classes(tiers.DEFAULT_TIERS):
+    for obj in launch.priority_classes(DEFAULT_TIERS):
         kubectl("apply", "-f", "-", input=json.dumps(obj))
     settings = at.state_dir / "operator.json"
     settings.write_text(json.dumps(launch.dev_operator_settings()) + "\n")

@@ -32,10 +32,10 @@ from neuronetes.api.models import DEFAULT_MAX_REPLICAS
 from neuronetes.devcluster import components as cmd
 from neuronetes.devcluster.egress import egress_selector_config
 from neuronetes.devcluster.policyprobe import PolicyProbe, policy_names, probes_for, wait_enforced
-from neuronetes.devcluster.profiles import node_manifest, profile
 from neuronetes.devcluster.state import ClusterError, RunState
 from neuronetes.devcluster.supervisor import Supervisor
 from neuronetes.devcluster.tools import REPO_ROOT
+from neuronetes.profiles import node_manifest, profile
 
 if TYPE_CHECKING:
     from neuronetes.devcluster.cluster import DevCluster

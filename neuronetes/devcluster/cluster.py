@@ -37,7 +37,6 @@ from neuronetes.devcluster.config import (
     ExtenderConfig,
 )
 from neuronetes.devcluster.nodes import create_nodes
-from neuronetes.devcluster.profiles import REGION, ZONES, parse_node_counts, profile
 from neuronetes.devcluster.startup import Startup, apply_crds, apply_manifests
 from neuronetes.devcluster.state import ClusterError, RunState, StateStore
 from neuronetes.devcluster.status import ClusterStatus, component_statuses, leader_index, probes
@@ -51,6 +50,7 @@ from neuronetes.devcluster.tools import (
     want_controller_manager,
 )
 from neuronetes.model import NodeSpec
+from neuronetes.profiles import REGION, ZONES, parse_node_counts, profile
 
 __all__ = ["ApiError", "ClusterError", "DevCluster", "KubectlError", "parse_node_counts"]
 

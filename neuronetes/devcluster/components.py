@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from neuronetes.devcluster.profiles import KWOK_ANNOTATION
 from neuronetes.devcluster.tools import Toolchain
+from neuronetes.profiles import KWOK_ANNOTATION
 
 __all__ = [
     "NODE_IP",

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from neuronetes import mig
 from neuronetes.contracts import RESOURCE_GPU, RESOURCE_GPU_COMPUTE, RESOURCE_GPU_MEMORY, SCHEDULER_NAME
-from neuronetes.devcluster.profiles import mig_resource_name
+from neuronetes.profiles import mig_resource_name
 
 __all__ = [
     "BUILTIN_EXTENDER_WEIGHT",

@@ -26,7 +26,7 @@ from typing import Any, Final, TextIO
 from neuronetes import contracts as c
 from neuronetes.devcluster.chartmode import ChartRelease
 from neuronetes.devcluster.cluster import DevCluster
-from neuronetes.devcluster.profiles import KWOK_TAINT
+from neuronetes.profiles import KWOK_TAINT
 
 __all__ = [
     "DEMO_NODES",

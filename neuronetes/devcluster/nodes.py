@@ -6,9 +6,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from neuronetes.devcluster.api import Api
-from neuronetes.devcluster.profiles import node_manifest
 from neuronetes.devcluster.state import ClusterError
 from neuronetes.model import NodeSpec
+from neuronetes.profiles import node_manifest
 
 __all__ = ["create_nodes"]
 

@@ -10,7 +10,6 @@ The agent container of every agent pod reads the fleet's log.
 
 from __future__ import annotations
 
-import importlib
 import ssl
 import threading
 import time
@@ -19,6 +18,8 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
+
+from neuronetes_operator import webhook
 
 __all__ = ["FindLog", "LogServer", "log_lines"]
 
@@ -113,7 +114,6 @@ class LogServer:
     """Serves `find`'s log files on a free loopback port, HTTPS with a certificate in `cert_dir`."""
 
     def __init__(self, cert_dir: Path, find: FindLog) -> None:
-        webhook: Any = importlib.import_module("neuronetes_operator.webhook")
         webhook.ensure_certificate(cert_dir)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert_dir / webhook.CERT_FILE, cert_dir / webhook.KEY_FILE)

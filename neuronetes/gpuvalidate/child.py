@@ -23,6 +23,7 @@ def main(argv: list[str]) -> int:
     out: dict[str, object]
     try:
         module, _, function = run.partition(":")
+        # By name: the runner's check table names each check as "module:function" (a plugin table).
         check = getattr(importlib.import_module(module), function)
         ctx = Context.from_json(Path(context_file).read_text())
         report = check(ctx)

@@ -3,7 +3,7 @@ workload under the shim exactly as the agent would.
 
 `Context` is plain data (written as JSON by the runner, read by each check's process). Its methods
 are the helpers the checks share: a region written by the agent's own region writer (the cluster's
-way; `standalone=True` for the workstation's), the environment that preloads the shim, a workload
+way; `workstation=True` for the workstation's), the environment that preloads the shim, a workload
 run as its own process whose ``RESULT {json}`` lines are its answer, and NVML's per-process memory.
 In fake mode every process also gets the fake driver (``LD_LIBRARY_PATH``) and the check's own fake
 GPU account (``FAKE_CUDA_STATE``), so the fake's NVML is the oracle where the real one would be.
@@ -118,7 +118,7 @@ class Context:
         limit_bytes: int,
         *,
         share: int = 100,
-        standalone: bool = False,
+        workstation: bool = False,
         at: Path | None = None,
     ) -> Path:
         """A region (its directory: control and state files) for the GPU under test, written by the
@@ -130,7 +130,7 @@ class Context:
         if path.exists():
             shutil.rmtree(path)
         device = r.DeviceLimit(self.gpu_uuid, limit_bytes, self.gpu_total_bytes, compute_share_percent=share)
-        r.create_region(path, [device], admitted=True, standalone=standalone).close()
+        r.create_region(path, [device], admitted=True, workstation=workstation).close()
         return path
 
     def region_figures(self, path: Path) -> dict[str, int]:

@@ -45,7 +45,7 @@ def missing_needs(spec: CheckSpec, built: dict[str, str]) -> list[str]:
         kind, _, name = need.partition(":")
         if kind == "cmd" and shutil.which(name) is None:
             missing.append(f"the command {name}")
-        elif kind == "py" and importlib.util.find_spec(name) is None:
+        elif kind == "py" and importlib.util.find_spec(name) is None:  # a probe: optional, not imported here
             missing.append(f"the Python module {name}")
         elif kind == "built" and not Path(built.get(name, "")).is_file():
             missing.append(f"the {name} build (it failed: see build.log)")

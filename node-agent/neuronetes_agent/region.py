@@ -62,7 +62,7 @@ __all__ = [
     "QOS_GUARANTEED",
     "REGION_DIR",
     "REGION_F_READY",
-    "REGION_F_STANDALONE",
+    "REGION_F_WORKSTATION",
     "REGION_VERSION_MAJOR",
     "REGION_VERSION_MINOR",
     "SLOT_ACTIVE",
@@ -116,7 +116,7 @@ CONTROL_PATH: Final = f"{REGION_DIR}/{CONTROL_NAME}"
 STATE_PATH: Final = f"{REGION_DIR}/{STATE_NAME}"
 
 REGION_F_READY: Final = 1 << 0
-REGION_F_STANDALONE: Final = 1 << 1
+REGION_F_WORKSTATION: Final = 1 << 1
 QOS_GUARANTEED: Final = 1
 QOS_BURSTABLE: Final = 2
 QOS_BEST_EFFORT: Final = 3
@@ -719,7 +719,7 @@ def create_region(
     namespace: str = "",
     container_name: str = "",
     admitted: bool = False,
-    standalone: bool = False,
+    workstation: bool = False,
     mode: int = 0o666,
     control_mode: int = 0o644,
 ) -> Region:
@@ -802,7 +802,7 @@ def create_region(
             entry.host_index = dev.host_index
             entry.flags = DEV_F_MIG if dev.mig_start is not None else 0
             entry.mig_start = dev.mig_start or 0
-        control.header.flags = REGION_F_READY | (REGION_F_STANDALONE if standalone else 0)
+        control.header.flags = REGION_F_READY | (REGION_F_WORKSTATION if workstation else 0)
         del control, ct, entry
         mm.flush()
         os.fchmod(fd, control_mode)

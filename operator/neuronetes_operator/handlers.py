@@ -9,7 +9,7 @@ for the next (its batch was full). No handler adds a finalizer, so pools delete
 normally even while the operator is down.
 
 One replica: kopf's peering only pauses an operator while a higher-priority peer runs; it is not
-leader election. The operator runs standalone, and a second copy would only duplicate API calls
+leader election. The operator runs without kopf peering, and a second copy would only duplicate API calls
 (pods have deterministic names, so it could not duplicate pods). docs/agentpool.md says so.
 """
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from neuronetes import contracts as c
+from neuronetes.profiles import KWOK_TAINT
 
 from .admission import ANNOTATION_SLICE
 from .tiers import CLASS_PREFIX, PriorityTier, priority_classes
@@ -107,9 +108,7 @@ def webhook_argv(
     NeuroNetes annotations of existing pods (default: a local cluster's extender, whose nudge
     touches pending pods). `tiers`: the priority tiers file (default: `tiers.DEFAULT_TIERS`)."""
     if trusted is None:
-        from neuronetes.devcluster.access import EXTENDER_USERNAME
-
-        trusted = [EXTENDER_USERNAME]
+        trusted = [c.EXTENDER_USERNAME]
     env = ["env", f"KUBECONFIG={kubeconfig}"] if kubeconfig is not None else []
     return [
         *env,
@@ -131,8 +130,6 @@ def webhook_argv(
 
 def dev_operator_settings() -> dict[str, Any]:
     """Settings for a local cluster: pool pods tolerate the simulated (kwok) nodes' taint."""
-    from neuronetes.devcluster.profiles import KWOK_TAINT
-
     return {"podTolerations": [dict(KWOK_TAINT, operator="Equal")]}
 
 

@@ -5,14 +5,13 @@ choosing, so concurrent slices never oversubscribe a GPU. Before binding, the sl
 quota is checked again (`quota`, counting Bound slices and pods outside a slice): two slices the
 webhook admitted at the same instant cannot both bind past a ResourceQuota; the one that does not
 fit stays Pending with condition ``Bound=False``, reason ``QuotaExceeded``. The choice is
-`slices.choose_gpu`; the node inventory is the extender's reading of Node objects
-(`neuronetes_extender.nodes`), refined by the agents' GPUNode objects, so both see the same GPUs
-and UUIDs.
+`slices.choose_gpu`; the node inventory is the core's reading of Node objects
+(`neuronetes.nodes`, which the extender reads them with too), refined by the agents' GPUNode
+objects, so both see the same GPUs and UUIDs.
 """
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -25,6 +24,7 @@ from kubernetes.client.rest import ApiException
 from neuronetes import contracts as c
 from neuronetes.api.models import GPUNode, GPUSlice, decode
 from neuronetes.model import NodeSpec
+from neuronetes.nodes import apply_gpunode, node_spec_from_object
 
 from . import CONVERT_LOCK
 from .controller import patch_status
@@ -34,10 +34,6 @@ from .slices import FINALIZER, choose_gpu, gpu_use, pods_using, reserved
 __all__ = ["SliceController"]
 
 PLURAL = "gpuslices"
-# Through importlib: extender/ is installed as neuronetes_extender, which mypy cannot follow.
-_nodes = importlib.import_module("neuronetes_extender.nodes")
-node_spec_from_node: Callable[[Mapping[str, Any]], NodeSpec] = _nodes.node_spec_from_node
-apply_gpunode: Callable[[NodeSpec, GPUNode], NodeSpec] = _nodes.apply_gpunode
 
 
 class SliceController:
@@ -181,7 +177,7 @@ class SliceController:
             nodes = []
             for item in nodes_raw:
                 try:
-                    spec = node_spec_from_node(item)
+                    spec = node_spec_from_object(item)
                 except ValueError:
                     continue
                 nodes.append(apply_gpunode(spec, gpunodes[spec.name]) if spec.name in gpunodes else spec)

@@ -9,7 +9,7 @@ admission policies of ``manifests/policies/``, and yields an `E2ECluster`:
   an extender a test runs must use it, the policies let no one else write GPU assignments)
 - ``.kubectl(*args, input=None, check=True) -> subprocess.CompletedProcess[str]``
 - ``.add_nodes(profile, count, prefix) -> list[str]`` (kwok nodes of a named topology profile,
-  Ready on return; profiles in ``neuronetes/devcluster/profiles.py``)
+  Ready on return; profiles in ``neuronetes/profiles.py``)
 - ``.api_client() -> kubernetes.client.ApiClient`` (admin; ``extender_api_client()``: the extender's)
 - ``.set_extender(url_or_config_or_None)`` restarts kube-scheduler with another extender
 - ``.wait_until(fn, timeout=..., what=...)`` polls until ``fn()`` is truthy and returns it

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from neuronetes import contracts as c
-from neuronetes.devcluster.profiles import LABEL_PROFILE, profile
+from neuronetes.profiles import LABEL_PROFILE, profile
 
 
 def gpu_memory_of(nodes: Iterable[Mapping[str, Any]]) -> dict[str, int]:

@@ -23,7 +23,7 @@ from extender_harness import ExtenderThread
 from neuronetes import contracts as c
 from neuronetes.cli import main as cli
 from neuronetes.devcluster import ExtenderConfig
-from neuronetes.devcluster.profiles import KWOK_TAINT, PROFILES
+from neuronetes.profiles import KWOK_TAINT, PROFILES
 from neuronetes_agent.daemon.fleet import start_fleet_agent
 from neuronetes_extender.server import build
 

@@ -24,7 +24,7 @@ from neuronetes import contracts as c
 from neuronetes.devcluster import DevCluster
 from neuronetes.devcluster.chartmode import SYSTEM_NODE, ChartOps, ChartRelease
 from neuronetes.devcluster.podplan import Credentials, Entrypoints, automounts_token, plan_pod
-from neuronetes.devcluster.profiles import KWOK_ANNOTATION
+from neuronetes.profiles import KWOK_ANNOTATION
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,7 @@
 
 The extender runs as a process too (kube-scheduler's ``neuronetes-scheduler`` profile calls it),
 the operator with ``neuronetes operator run`` and two webhook replicas sharing one port with
-``neuronetes webhook serve`` (`neuronetes_operator.processes.LocalStack`). Nodes are kwok nodes
+``neuronetes webhook serve`` (`neuronetes.devcluster.localstack.LocalStack`). Nodes are kwok nodes
 of the simulated GPU profiles; the operator's dev settings make pool pods tolerate their taint.
 """
 
@@ -25,9 +25,9 @@ from extender_harness import ExtenderProcess
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, decode
 from neuronetes.devcluster import ExtenderConfig
+from neuronetes.devcluster.localstack import LocalStack
 from neuronetes_operator.launch import dev_operator_settings
 from neuronetes_operator.pods import LABEL_POOL, LABEL_TEMPLATE_HASH
-from neuronetes_operator.processes import LocalStack
 from neuronetes_operator.slices import FINALIZER
 from neuronetes_operator.tiers import DEFAULT_TIERS, pool_priority
 

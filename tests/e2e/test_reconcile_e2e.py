@@ -23,7 +23,7 @@ from region_fakes import fake_process
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
-from neuronetes.devcluster.profiles import KWOK_TAINT, PROFILES
+from neuronetes.profiles import KWOK_TAINT, PROFILES
 from neuronetes_agent.daemon.backstop import Backstop
 from neuronetes_agent.daemon.containers import ContainerTender
 from neuronetes_agent.daemon.kube import Kube

@@ -1,6 +1,6 @@
 """What one tenant cannot take from the others, against the real API server: priority and GPU quota.
 
-The operator and two webhook replicas run as processes (`neuronetes_operator.processes.LocalStack`)
+The operator and two webhook replicas run as processes (`neuronetes.devcluster.localstack.LocalStack`)
 with priority tiers of their own: ``high`` granted to namespaces labelled ``tenancy-e2e/tier=gold``
 (read from the Namespace by the webhook), ``critical`` to none, ``default`` to all.
 
@@ -28,8 +28,8 @@ from e2e_cluster import E2ECluster, wait_until
 from pod_builder import manifest
 
 from neuronetes import contracts as c
+from neuronetes.devcluster.localstack import LocalStack
 from neuronetes_operator.launch import dev_operator_settings
-from neuronetes_operator.processes import LocalStack
 from neuronetes_operator.tiers import DEFAULT_TIERS, NamespaceSelector, priority_classes
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,7 @@ from e2e_cluster import E2ECluster
 from webhook_cases import OBJECT_CASES, POD_CASES, VALID_OBJECTS, ObjectCase, PodCase, gpu_pod
 
 from neuronetes import contracts as c
-from neuronetes_operator.processes import LocalStack
+from neuronetes.devcluster.localstack import LocalStack
 
 pytestmark = pytest.mark.e2e
 

@@ -209,7 +209,7 @@ def test_the_daemon_refuses_a_state_directory_others_may_write(tmp_path: Path) -
     (state / "daemon.lock").symlink_to(victim)
     d = Daemon(tmp_path)
     agent = Path(sys.executable).parent / "neuronetes-agent"
-    argv = [str(agent), "--standalone", "--simulate-gpus", "1", "--state-dir", str(state)]
+    argv = [str(agent), "--workstation", "--simulate-gpus", "1", "--state-dir", str(state)]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=d.env, check=False)
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
     assert "writable by its group or by others" in result.stderr

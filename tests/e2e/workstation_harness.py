@@ -1,4 +1,4 @@
-"""A workstation daemon for the tests: a real ``neuronetes-agent --standalone`` process on the
+"""A workstation daemon for the tests: a real ``neuronetes-agent --workstation`` process on the
 simulated GPU backend, with the fake CUDA driver (node-agent/shim/fake) as its checkpoint API and as
 the jobs' GPU, and the fake NVML read in-process as the oracle of GPU memory.
 """
@@ -91,7 +91,7 @@ class Daemon:
             sys.executable,
             "-c",
             "from neuronetes.cli.agent import agent_main; raise SystemExit(agent_main())",
-            "--standalone",
+            "--workstation",
             "--state-dir",
             str(self.state_dir),
             "--simulate-gpus",

@@ -9,8 +9,8 @@ import pytest
 
 from neuronetes import contracts as c
 from neuronetes.api import models as m
-from neuronetes.devcluster.profiles import PROFILES, node_labels, node_resources
 from neuronetes.model import GpuHealth
+from neuronetes.profiles import PROFILES, node_labels, node_resources
 from neuronetes_agent.daemon.devices import GpuLost
 from neuronetes_agent.daemon.health import GpuHealthState, Phase, Recovery, Usage, classify_xid
 from neuronetes_agent.daemon.publish import gpu_capacity, gpu_labels, gpunode_status

@@ -21,7 +21,7 @@ from nri_tools import build_nri_tool
 from shim_build import build
 
 from neuronetes import contracts as c
-from neuronetes.devcluster.profiles import PROFILES
+from neuronetes.profiles import PROFILES
 from neuronetes_agent.daemon import inventory as inv
 from neuronetes_agent.daemon.fleet import AgentProcess, AgentSettings
 from neuronetes_agent.daemon.node import NodeAgent

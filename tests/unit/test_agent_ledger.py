@@ -15,7 +15,7 @@ import pytest
 from handoff_support import NODE, UID_A, UID_B, Clock, QuietKube, gpus_of, ledger_doc, pod, use
 from nri_tools import build_nri_tool
 
-from neuronetes.devcluster.profiles import LABEL_PROFILE, PROFILES
+from neuronetes.profiles import LABEL_PROFILE, PROFILES
 from neuronetes_agent.daemon.ledger import LEDGER_FILE, LedgerWriter
 from neuronetes_agent.daemon.simulated import SimulatedGpus
 

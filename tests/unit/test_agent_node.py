@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from region_fakes import state_file
 
 from neuronetes import contracts as c
-from neuronetes.devcluster.profiles import PROFILES
+from neuronetes.profiles import PROFILES
 from neuronetes_agent import region
 from neuronetes_agent.daemon.exporter import AgentCollector
 from neuronetes_agent.daemon.node import ANNOTATION_OFFLINE_GPUS, REQUEST_PREFIX, NodeAgent

@@ -167,11 +167,19 @@ CASES = [
     ),
     ("ws-bad-interval", "neuronetes", ["watch", "--interval", "soon", "--state-dir", "{dir}"], 2, "soon"),
     ("ws-unknown-command", "neuronetes", ["jobs", "frobnicate"], 2, "No such command"),
-    ("ws-standalone-and-node", "neuronetes", ["agent", "run", "--standalone", "--node", "a"], 2, "no --node"),
+    (
+        "ws-workstation-and-node",
+        "neuronetes",
+        ["agent", "run", "--workstation", "--node", "a"],
+        2,
+        "no --node",
+    ),
+    # the mode's former flag name, a hidden alias: old command lines and units still start
+    ("ws-former-flag-name-and-node", "neuronetes-agent", ["--standalone", "--node", "a"], 2, "no --node"),
     (
         "ws-cap-above-90",
         "neuronetes-agent",
-        ["--standalone", "--utilization-cap", "95"],
+        ["--workstation", "--utilization-cap", "95"],
         2,
         "--utilization-cap",
     ),
@@ -179,7 +187,7 @@ CASES = [
         # deeper than a Unix socket path may be (108 bytes): one line, not the bind's AttributeError
         "ws-state-dir-too-deep",
         "neuronetes-agent",
-        ["--standalone", "--simulate-gpus", "1", "--state-dir", "{dir}/" + "d" * 120],
+        ["--workstation", "--simulate-gpus", "1", "--state-dir", "{dir}/" + "d" * 120],
         1,
         "choose a shorter state directory",
     ),
@@ -201,14 +209,14 @@ CASES = [
     (
         "ws-log-cap-below-a-mebibyte",
         "neuronetes-agent",
-        ["--standalone", "--simulate-gpus", "1", "--log-max-size", "1k", "--state-dir", "{dir}/logcap"],
+        ["--workstation", "--simulate-gpus", "1", "--log-max-size", "1k", "--state-dir", "{dir}/logcap"],
         1,
         "--log-max-size: bad size '1k': at least 1Mi",
     ),
     (
         "ws-state-dir-others-may-write",
         "neuronetes-agent",
-        ["--standalone", "--simulate-gpus", "1", "--state-dir", "{open_state}"],
+        ["--workstation", "--simulate-gpus", "1", "--state-dir", "{open_state}"],
         1,
         "is writable by its group or by others (mode 0777): refusing to use it",
     ),

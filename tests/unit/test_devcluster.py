@@ -21,7 +21,10 @@ from neuronetes.contracts import (
 )
 from neuronetes.devcluster import ExtenderConfig, parse_node_counts, procs, profile, read_versions
 from neuronetes.devcluster.config import default_managed_resources, default_scheduler_config, scheduler_config
-from neuronetes.devcluster.profiles import (
+from neuronetes.engine.core import PlacementEngine
+from neuronetes.inventory import ClusterState
+from neuronetes.model import Locality, PodRequest
+from neuronetes.profiles import (
     PROFILES,
     gpu_type_label,
     mig_resource_name,
@@ -29,9 +32,6 @@ from neuronetes.devcluster.profiles import (
     node_manifest,
     node_resources,
 )
-from neuronetes.engine.core import PlacementEngine
-from neuronetes.inventory import ClusterState
-from neuronetes.model import Locality, PodRequest
 
 pytestmark = pytest.mark.unit
 
@@ -198,9 +198,9 @@ def test_addons_are_recorded_in_the_run_state_and_the_agent_serves_every_simulat
 ) -> None:
     from neuronetes.devcluster.addons import KWOK_SELECTOR, agent_argv
     from neuronetes.devcluster.components import Layout
-    from neuronetes.devcluster.profiles import node_labels, profile
     from neuronetes.devcluster.state import RunState
     from neuronetes.devcluster.tools import Toolchain
+    from neuronetes.profiles import node_labels, profile
 
     state = RunState(name="x", ports={"agent_metrics": 9500}, versions={}, run_agent=True, run_operator=True)
     again = RunState.from_json(state.to_json())

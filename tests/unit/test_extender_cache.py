@@ -27,14 +27,15 @@ from extender_support import (
 )
 
 from neuronetes import contracts as c
-from neuronetes.devcluster.profiles import PROFILES, node_manifest
 from neuronetes.engine import PlacementEngine
 from neuronetes.inventory import ClusterState
 from neuronetes.model import GpuGrant, Locality, PodRequest
+from neuronetes.nodes import NodeSpecError
+from neuronetes.profiles import PROFILES, node_manifest
 from neuronetes_extender.cache import GpuCache
 from neuronetes_extender.config import ConfigError, ExtenderSettings, SettingsSource, load_settings
 from neuronetes_extender.kube import KubeError
-from neuronetes_extender.nodes import NodeSpecError, node_spec_from_node
+from neuronetes_extender.nodes import node_spec_from_node
 from neuronetes_extender.pods import PodInfo
 from neuronetes_extender.service import ExtenderService
 from neuronetes_extender.watch import Reflector

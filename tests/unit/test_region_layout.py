@@ -573,8 +573,8 @@ def test_a_major_1_region_is_named_as_such(tmp_path: Path) -> None:
 
 def test_create_publishes_atomically_and_validates_arguments(tmp_path: Path) -> None:
     path = tmp_path / "region"
-    with make_region(path, standalone=True, mode=0o640) as region:
-        assert region.control.header.flags == r.REGION_F_READY | r.REGION_F_STANDALONE
+    with make_region(path, workstation=True, mode=0o640) as region:
+        assert region.control.header.flags == r.REGION_F_READY | r.REGION_F_WORKSTATION
         assert region.control.container.control == r.CTL_ADMITTED
         assert [d.uuid.decode() for d in region.devices] == [UUIDS[0], UUIDS[1], "MIG-" + UUIDS[2][4:]]
         region.set_control(r.CTL_ADMITTED, False)

@@ -30,7 +30,7 @@ CASES = [
     "pause",
     "admission",
     "env-cluster",
-    "env-standalone",
+    "env-workstation",
     "children",
     "checkpoint",
     "unassigned",

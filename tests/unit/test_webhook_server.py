@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from webhook_cases import gpu_pod
 
-from neuronetes_operator.processes import free_port
+from neuronetes.devcluster.localstack import free_port
 from neuronetes_operator.webhook import CA_FILE, WebhookServer, ensure_certificate
 
 pytestmark = pytest.mark.unit

@@ -21,7 +21,7 @@ def _gpu(index: int) -> GpuView:
     return GpuView(f"GPU-{index}", index, "A100", 80 * GIB, 0, 0.0, 40.0, (), GpuHealth.AVAILABLE, "", False)
 
 
-def test_a_share_gets_its_limits_through_env_and_a_standalone_region(tmp_path: Path) -> None:
+def test_a_share_gets_its_limits_through_env_and_a_workstation_region(tmp_path: Path) -> None:
     launcher = Launcher(tmp_path, shim_library=tmp_path / "libneuronetes-cuda.so")
     job = Job(
         "j1", JobSpec("x", 3, name="infer", memory_bytes=8 * GIB, compute_percent=40), JobState.QUEUED, 0, 0
@@ -36,7 +36,7 @@ def test_a_share_gets_its_limits_through_env_and_a_standalone_region(tmp_path: P
     launcher.write_region(job, [_gpu(1)])
     with shim.open_region(env["NEURONETES_REGION_DIR"], writable=False) as region:
         view = region.snapshot_control()
-        assert view.header.flags & shim.REGION_F_STANDALONE and view.container.control & shim.CTL_ADMITTED
+        assert view.header.flags & shim.REGION_F_WORKSTATION and view.container.control & shim.CTL_ADMITTED
         device = view.devices[0]
         assert view.container.device_count == 1
         assert device.uuid == b"GPU-1" and device.memory_limit_bytes == 8 * GIB

@@ -46,7 +46,7 @@ def run(ctx: Context) -> Report:
     alone_pp, tenants_pp = TOLERANCE_PP[ctx.mode]
     if ctx.fake:
         kind, graph_kind = "fake", "fake-graph"
-    elif importlib.util.find_spec("torch") is None:
+    elif importlib.util.find_spec("torch") is None:  # a probe: PyTorch is optional (its workload imports it)
         report.skip("pacing", "skipped: needs PyTorch (import torch)")
         kind = graph_kind = ""
     else:

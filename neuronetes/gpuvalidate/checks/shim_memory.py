@@ -332,7 +332,7 @@ def cupy_subchecks(runs: Runs, report: Report) -> None:
 
 
 def workstation_subcheck(ctx: Context, report: Report) -> None:
-    """The workstation's way: the daemon writes the region (standalone) and sets the environment."""
+    """The workstation's way: the daemon writes the region (a workstation region) and sets the environment."""
     script = "torch_memory" if not ctx.fake else "driver_memory"
     args = [
         *([] if script == "torch_memory" else ["oom"]),
@@ -377,6 +377,7 @@ def run(ctx: Context) -> Report:
         report.skip("torch", "skipped: no GPU")
         report.skip("cupy", "skipped: no GPU")
     else:
+        # Probes, not imports: PyTorch and CuPy are optional; their workloads import them in a child.
         if importlib.util.find_spec("torch") is None:
             report.skip("torch", "skipped: needs PyTorch (import torch)")
         else:

@@ -55,7 +55,7 @@ class Workstation:
         self.env = dict(ctx.base_env)
         self.env["NEURONETES_STATE_DIR"] = str(self.state_dir)
         argv = [
-            "--standalone",
+            "--workstation",
             "--state-dir",
             str(self.state_dir),
             "--shim-library",

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from kubernetes.client import ApiClient
 
-from neuronetes.devcluster.profiles import LABEL_PROFILE, PROFILES
+from neuronetes.profiles import LABEL_PROFILE, PROFILES
 
 from .backstop import Backstop
 from .containers import ContainerTender

@@ -42,6 +42,7 @@ _XID_WAIT_MAX_MS: Final = 1000
 def load_nvml() -> ModuleType:
     """Import ``pynvml`` (from ``nvidia-ml-py``) and initialise NVML. Raises `DiscoveryError`."""
     try:
+        # By name: NVML is optional (no driver on a CPU node, a workstation or CI), untyped too.
         nvml = importlib.import_module("pynvml")
         nvml.nvmlInit()
     except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...

@@ -1,7 +1,7 @@
 """What the agent writes to Kubernetes for one node: GPU labels, capacity, the GPUNode status.
 
 Pure functions of the discovered inventory and the GPUs' states. Labels and capacity go through the
-same definitions the simulated nodes use (`neuronetes.devcluster.profiles.node_labels` and
+same definitions the simulated nodes use (`neuronetes.profiles.node_labels` and
 `node_resources`, docs/contracts.md "Node labels" and "Node capacity"), so a node the agent serves
 and a node the dev cluster describes agree exactly; capacity counts only GPUs that can take new
 work (schedulable state, not cordoned).
@@ -15,8 +15,8 @@ from typing import Any, Final
 
 from neuronetes import contracts as c
 from neuronetes import mig
-from neuronetes.devcluster.profiles import node_labels, node_resources
 from neuronetes.model import GpuHealth, GpuSpec, NodeSpec
+from neuronetes.profiles import node_labels, node_resources
 
 from .devices import GpuDevice, Inventory
 

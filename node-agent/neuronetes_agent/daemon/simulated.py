@@ -1,6 +1,6 @@
 """The simulated discovery backend: a node profile's GPUs plus a fault-injection API.
 
-The hardware is what `neuronetes.devcluster.profiles` describes for the node (the same GPUs, UUIDs,
+The hardware is what `neuronetes.profiles` describes for the node (the same GPUs, UUIDs,
 NUMA nodes, NVLink groups and MIG layout the dev cluster and the placement engine use), so a kwok
 node served by the agent looks exactly like the profile says. Faults — XID events, ECC counts,
 temperature, utilization, power, processes holding memory, a GPU falling off the bus, a hung
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from neuronetes import mig
-from neuronetes.devcluster.profiles import TopologyProfile
+from neuronetes.profiles import TopologyProfile
 
 from .devices import GpuDevice, GpuLost, GpuProcess, GpuSample, Inventory, MigDevice, XidEvent
 

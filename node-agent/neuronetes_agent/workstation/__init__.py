@@ -1,4 +1,4 @@
-"""Workstation mode: the node agent run with ``--standalone`` schedules GPU jobs on one machine.
+"""Workstation mode: the node agent run with ``--workstation`` schedules GPU jobs on one machine.
 
 No cluster: a daemon keeps a priority queue of jobs (real processes), admits them when the GPU is
 safe to use, preempts low-priority work for urgent work (transparent CUDA checkpoint, cooperative

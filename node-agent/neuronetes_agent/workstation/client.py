@@ -44,7 +44,7 @@ def _no_daemon(state_dir: Path, why: str) -> p.Err:
     return p.Err(
         "no_daemon",
         f"no workstation daemon is running for {state_dir} ({why}); start one with "
-        f"`neuronetes agent run --standalone --state-dir {state_dir}`",
+        f"`neuronetes agent run --workstation --state-dir {state_dir}`",
     )
 
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from neuronetes.devcluster.profiles import TopologyProfile
 from neuronetes.model import GpuHealth
+from neuronetes.profiles import TopologyProfile
 from neuronetes_agent.daemon.devices import DiscoveryError, GpuLost, GpuProcess
 from neuronetes_agent.daemon.health import GpuHealthState, Usage
 

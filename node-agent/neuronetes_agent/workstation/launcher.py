@@ -8,7 +8,7 @@ stdout and stderr go to ``<state>/jobs/<id>/stdout.log`` / ``stderr.log``, throu
 which rotates each to ``.1`` at the log cap; every file is opened through `statedir` (no link
 followed). The job gets its GPUs through
 ``CUDA_VISIBLE_DEVICES`` (UUIDs) and its limits through the shim's workstation-mode contract
-(docs/shim.md): a standalone region (its control and state files) in ``NEURONETES_REGION_DIR`` plus
+(docs/shim.md): a workstation region (its control and state files) in ``NEURONETES_REGION_DIR`` plus
 ``CUDA_DEVICE_MEMORY_LIMIT`` and ``CUDA_DEVICE_SM_LIMIT``; with ``--shim-library`` the shim is
 preloaded (``LD_PRELOAD``). The shim takes the directory from the environment only where no region
 exists at its default path, as on a workstation (it never does in a container).
@@ -172,7 +172,7 @@ class Launcher:
         return self.job_dir(job.id) / "region"
 
     def write_region(self, job: Job, gpus: Sequence[GpuView]) -> None:
-        """The job's standalone region: its devices with their memory limit and compute share (both
+        """The job's workstation region: its devices with their memory limit and compute share (both
         files written anew for every attempt)."""
         spec = job.spec
         devices = [
@@ -197,7 +197,7 @@ class Launcher:
             path,
             devices,
             admitted=True,
-            standalone=True,
+            workstation=True,
             mode=0o600,
             control_mode=0o600,
             container_name=job.id,

@@ -1,4 +1,4 @@
-"""The workstation daemon: ``neuronetes agent run --standalone`` (``neuronetes-agent --standalone``).
+"""The workstation daemon: ``neuronetes agent run --workstation`` (``neuronetes-agent --workstation``).
 
 One daemon per state directory (an exclusive ``flock`` on ``daemon.lock``, released by the kernel
 even on SIGKILL). Start: check the state directory (`statedir`), open the store, the GPU backend,

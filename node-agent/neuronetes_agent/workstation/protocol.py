@@ -19,6 +19,7 @@ __all__ = [
     "Cancel",
     "Describe",
     "Err",
+    "GpuAction",
     "GpuAdmin",
     "Health",
     "ListJobs",
@@ -85,9 +86,13 @@ class Health(_Op, tag="health"):
     gpu: str
 
 
+GpuAction = Literal["drain", "offline", "online"]
+"""What ``drain``, ``offline`` and ``online`` ask of one GPU."""
+
+
 class GpuAdmin(_Op, tag="gpu"):
     gpu: str
-    action: Literal["drain", "offline", "online"]
+    action: GpuAction
     force: bool = False
 
 

@@ -329,10 +329,10 @@ func TestTenantDeviceEnvIsStripped(t *testing.T) {
 	plan := decide(t, h, pod, Container{Name: "trainer", Env: []string{
 		"PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=all", "CUDA_VISIBLE_DEVICES=0,1,2,3", "LD_PRELOAD=/tmp/evil.so",
 		"LD_AUDIT=/tmp/a.so", "NVIDIA_DRIVER_CAPABILITIES=all", "NVIDIA_MIG_CONFIG_DEVICES=all",
-		"CUDA_DEVICE_ORDER=FASTEST_FIRST", "NEURONETES_STANDALONE=1", "CUDA_HOME=/usr/local/cuda", "LD_LIBRARY_PATH=/opt",
+		"CUDA_DEVICE_ORDER=FASTEST_FIRST", "NEURONETES_WORKSTATION=1", "CUDA_HOME=/usr/local/cuda", "LD_LIBRARY_PATH=/opt",
 	}})
 	// keys the plugin sets are replaced; the other forbidden ones are removed; the rest stays
-	wantRemoved := []string{"LD_PRELOAD", "LD_AUDIT", "NVIDIA_MIG_CONFIG_DEVICES", "CUDA_DEVICE_ORDER", "NEURONETES_STANDALONE"}
+	wantRemoved := []string{"LD_PRELOAD", "LD_AUDIT", "NVIDIA_MIG_CONFIG_DEVICES", "CUDA_DEVICE_ORDER", "NEURONETES_WORKSTATION"}
 	if !reflect.DeepEqual(plan.ClearEnv, wantRemoved) {
 		t.Fatalf("removed %v, want %v", plan.ClearEnv, wantRemoved)
 	}

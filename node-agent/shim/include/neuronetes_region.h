@@ -121,7 +121,7 @@ extern "C" {
 
 /* header.flags (both files) */
 #define NN_REGION_F_READY (1u << 0)      /* every field below is valid; set last, before rename */
-#define NN_REGION_F_STANDALONE (1u << 1) /* control only — workstation mode: the shim may also read
+#define NN_REGION_F_WORKSTATION (1u << 1) /* control only — workstation mode: the shim may also read
                                             the HAMi-style env limits (the user owns the box);
                                             never in a cluster */
 

@@ -62,7 +62,7 @@ static uint32_t parse_share(const char *v) {
 /* Workstation mode only: the user owns the machine, so their env may narrow the region's limits.
  * In a cluster these variables would let a tenant choose its own limit and are ignored. */
 static void read_workstation_env(const nn_region *r) {
-    if (!(r->control->header.flags & NN_REGION_F_STANDALONE)) return;
+    if (!(r->control->header.flags & NN_REGION_F_WORKSTATION)) return;
     uint64_t all_mem = parse_size(getenv("CUDA_DEVICE_MEMORY_LIMIT"));
     uint32_t all_share = parse_share(getenv("CUDA_DEVICE_SM_LIMIT"));
     for (unsigned i = 0; i < NN_MAX_DEVICES; i++) {

@@ -21,7 +21,7 @@ case "$name" in
     capture) share=10 ;;
     admission) control=0 ;;
     env-cluster) case=env; export CUDA_DEVICE_MEMORY_LIMIT=64m ;;
-    env-standalone) case=env flags=2; export CUDA_DEVICE_MEMORY_LIMIT=64m ;;
+    env-workstation) case=env flags=2; export CUDA_DEVICE_MEMORY_LIMIT=64m ;;
     unassigned) export FAKE_CUDA_DEVICES=2 ;;
     refused-missing) case=refused ;;
     refused-version) case=refused major=1 ;; # both files of the old major version

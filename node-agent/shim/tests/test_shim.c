@@ -665,14 +665,14 @@ static void case_refused(void) {
 /* ---- workstation env -------------------------------------------------------------------------------- */
 
 static void case_env_limit(void) {
-    /* CUDA_DEVICE_MEMORY_LIMIT=64m in the environment; honoured only in a STANDALONE region */
-    int standalone = (R.control->header.flags & NN_REGION_F_STANDALONE) != 0;
-    uint64_t want = standalone ? 64 * MIB : 128 * MIB;
+    /* CUDA_DEVICE_MEMORY_LIMIT=64m in the environment; honoured only in a WORKSTATION region */
+    int workstation = (R.control->header.flags & NN_REGION_F_WORKSTATION) != 0;
+    uint64_t want = workstation ? 64 * MIB : 128 * MIB;
     size_t free_b, total;
     CHECK_RC(C.cuMemGetInfo_v2(&free_b, &total), CUDA_SUCCESS);
     CHECK(total == want);
     CUdeviceptr p;
-    CHECK_RC(C.cuMemAlloc_v2(&p, 100 * MIB), standalone ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS);
+    CHECK_RC(C.cuMemAlloc_v2(&p, 100 * MIB), workstation ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS);
 }
 
 /* ---- children: forked and exec'd processes are covered and share the limit ---------------------------- */

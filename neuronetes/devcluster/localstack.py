@@ -1,4 +1,7 @@
-"""The operator and webhook replicas as host processes (local clusters, e2e tests, benchmarks).
+"""The operator and webhook replicas as host processes (e2e tests, benchmarks).
+
+Dev tooling, not the operator's: it lives with the dev cluster, whose process records
+(`procs`) it uses, so the operator never imports the dev cluster.
 
 `HostProcess` runs one command in its own session with its working directory outside the checkout
 (whose ``operator/`` folder would shadow the standard library's module), logs to a file, and is
@@ -23,8 +26,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from neuronetes.devcluster import procs
-
-from .launch import (
+from neuronetes_operator.launch import (
     dev_operator_settings,
     operator_argv,
     priority_classes,
@@ -32,8 +34,8 @@ from .launch import (
     webhook_argv,
     webhook_configurations,
 )
-from .tiers import DEFAULT_TIERS, PriorityTier
-from .webhook import CA_FILE, ensure_certificate
+from neuronetes_operator.tiers import DEFAULT_TIERS, PriorityTier
+from neuronetes_operator.webhook import CA_FILE, ensure_certificate
 
 __all__ = ["HostProcess", "LocalStack", "free_port"]
 

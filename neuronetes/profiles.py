@@ -1,5 +1,7 @@
-"""Named GPU node topologies, as data, and the Node manifests the dev cluster creates from them.
+"""Named GPU node topologies, as data, and the Node labels, capacity and manifests made from them.
 
+Core, because the node agent (its simulated GPU backend; the labels and capacity it publishes), the
+operator (the simulated nodes' taint its local settings tolerate) and the dev cluster all read it.
 A profile is one kind of machine (a DGX A100, a 4×T4 PCIe box, …). `TopologyProfile.node_spec`
 turns it into the `neuronetes.model.NodeSpec` the placement engine reads, and `node_manifest`
 turns any `NodeSpec` into the Kubernetes Node object the NeuroNetes agent would advertise for it

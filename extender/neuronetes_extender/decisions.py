@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from neuronetes import contracts as c
 from neuronetes.assignment import build_assignment, visible_devices_annotations
-from neuronetes.engine import PlacementEngine, scale_scores
+from neuronetes.engine import PlacementEngine, Separation, scale_scores
 from neuronetes.engine.core import FEASIBLE
 from neuronetes.engine.filters import FILTERS
 from neuronetes.inventory import Allocation, ClusterState
@@ -31,6 +31,8 @@ from .holds import HoldBook, owned_by
 from .nodefit import node_fit_reason
 from .pods import PodInfo
 from .results import (
+    IN_GANG,
+    NO_OTHER_NODE,
     BindPlan,
     BindRefusedError,
     CacheInvariantError,
@@ -58,7 +60,7 @@ log = logging.getLogger(__name__)
 
 REASON_UNKNOWN_NODE: Final = "node not in the gpu inventory yet"
 _MAX_REASON: Final = 240
-_TOP_TERMS: Final = 3
+_TOP_TERMS: Final = 3  # terms an explanation lists (the largest differences from the runner-up)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -77,38 +79,47 @@ def short(text: str) -> str:
 
 
 # ---- explanations ---------------------------------------------------------------------------------
-def explain(snap: Snapshot, placement: Placement, *, terms: bool) -> Explanation:
-    """The placement's explanation; `terms`: with the score terms that decided it."""
+def explain(
+    snap: Snapshot, placement: Placement, *, runner_up: int | None, alone: str = NO_OTHER_NODE
+) -> Explanation:
+    """The placement's explanation as the filter makes it: node, GPUs, why, and the runner-up
+    (the row of the candidate that scored best after the node; None: there is none, `alone` says
+    why). The terms that set the two apart are scored at bind (`_explain_held`)."""
     st, i = snap.state, placement.node_index
     gpus = st.nodes[i].gpus
-    top: tuple[tuple[str, float], ...] = ()
-    if terms:
-        values = snap.engine.explain(placement.request, i)
-        top = tuple(sorted(values.items(), key=lambda kv: -abs(kv[1]))[:_TOP_TERMS])
     return Explanation(
         placement.node,
         tuple(g.gpu_index for g in placement.grants),
         tuple(gpus[g.gpu_index].uuid for g in placement.grants if g.gpu_index < len(gpus)),
         placement.reason,
-        top,
+        runner_up="" if runner_up is None else st.nodes[runner_up].name,
+        alone="" if runner_up is not None else alone,
     )
 
 
 def _explain_held(snap: Snapshot, hold: Hold, placement: Placement) -> Explanation:
-    """The held placement explained with its score terms, the node seen as the filter saw it
-    (the hold's own resources given back for the moment)."""
+    """The held placement's explanation with the terms that set its node apart from the
+    runner-up, the node seen as the filter saw it (the hold's own resources given back for the
+    moment). A gang member's slot has no runner-up of its own: the gang was placed as a whole."""
     st = snap.state
     alloc = st.allocations.get(hold.alloc_id)
     if alloc is not None:
         st.release(hold.alloc_id)
     try:
-        explanation = explain(snap, placement, terms=True)
+        held = hold.explanation or explain(snap, placement, runner_up=None, alone=IN_GANG)
+        explanation = held.scored(_versus(snap, placement, held.runner_up), _TOP_TERMS)
     finally:
         if alloc is not None:
             st.allocate(alloc.id, alloc.node_index, alloc.cpu_milli, alloc.memory_mib, alloc.grants)
-    if hold.explanation is not None:
-        return replace(hold.explanation, terms=explanation.terms)
     return explanation
+
+
+def _versus(snap: Snapshot, placement: Placement, runner_up: str) -> Separation | None:
+    """The engine's comparison of the node with `runner_up` now, two rows whatever the cluster's
+    size (None: no runner-up; one gone from the inventory is one that no longer fits)."""
+    row = snap.state.index.get(runner_up, -1)
+    rivals = [row] if row >= 0 else []
+    return snap.engine.separation(placement.request, placement.node_index, rivals) if runner_up else None
 
 
 # ---- filter ---------------------------------------------------------------------------------------
@@ -130,19 +141,17 @@ def _reasons(
 def _place(
     snap: Snapshot, req: PodRequest, candidates: npt.NDArray[np.int64], top_k: int
 ) -> tuple[Placement | None, list[int]]:
-    """The engine's placement among `candidates`, and up to `top_k` feasible rows best first."""
+    """The engine's placement among `candidates`, and feasible rows best first: the placement's,
+    then up to max(`top_k`, 2) − 1 others (the first of them the runner-up its explanation names),
+    all from one evaluation."""
     engine = snap.engine
     cand = None if candidates.size == snap.state.n_nodes else candidates
-    placement = engine.place(req, candidates=cand)
+    ev = engine.evaluate(req, cand)
+    placement = engine.place_evaluated(req, ev)
     if placement is None:
         return None, []
-    if top_k <= 1:
-        return placement, [placement.node_index]
-    ev = engine.evaluate(req, cand)
-    k = min(top_k + 1, ev.rows.size)
-    best = np.argpartition(-ev.node_scores, k - 1)[:k] if k < ev.rows.size else np.arange(ev.rows.size)
-    order = [int(ev.rows[j]) for j in best[np.argsort(-ev.node_scores[best], kind="stable")]]
-    return placement, [placement.node_index, *(i for i in order if i != placement.node_index)][:top_k]
+    others = ev.best_rows(max(top_k, 2) - 1, exclude=placement.node_index)
+    return placement, [placement.node_index, *others]
 
 
 def _assume(parts: Parts, pod: PodInfo, placement: Placement, explanation: Explanation) -> Hold | None:
@@ -217,7 +226,7 @@ def filter_pod(parts: Parts, pod: PodInfo, lookup: NodeLookup, gang: GangSpec | 
     failed.update(unknown)
     if placement is None:
         return FilterDecision((), failed, unresolvable, None)
-    explanation = explain(snap, placement, terms=False)  # the terms are worked out at bind
+    explanation = explain(snap, placement, runner_up=order[1] if len(order) > 1 else None)
     hold = _assume(parts, pod, placement, explanation)
     if hold is None:
         failed[placement.node] = "gpu placement conflict, retry"

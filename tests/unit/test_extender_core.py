@@ -353,7 +353,9 @@ def test_an_expired_reservation_fails_the_barrier_and_tells_the_listener() -> No
 
 # ---- explanations ---------------------------------------------------------------------------------
 def test_filter_and_bind_carry_an_explanation_with_the_deciding_terms() -> None:
-    env = Env({"dgx-a100-80gb": 1})
+    # Two models: the terms are those that set the node apart from the runner-up (a lone node has
+    # none, nor have two equal ones: tests/unit/test_extender_explanations.py).
+    env = Env({"dgx-a100-80gb": 1, "dgx-h100": 1})
     pod = env.add(gpu_pod("explained", 2))
     decision = env.cache.filter(info(pod), env.names)
     e = decision.explanation

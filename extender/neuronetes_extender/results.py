@@ -77,14 +77,14 @@ class Explanation:
 
     def text(self) -> str:
         """One line: ``node n1, gpus 0,1 (one nvlink group (nvlink group 0)); vs runner-up n2
-        (margin +360): topology +360`` or ``…; no runner-up: no other candidate node fits``."""
+        (margin +0.0765): topology +0.0765`` or ``…; no runner-up: no other candidate node fits``."""
         gpus = ",".join(str(j) for j in self.gpu_indices) or "none"
         line = f"node {self.node}, gpus {gpus}" + (f" ({self.reason})" if self.reason else "")
         listed = ", ".join(f"{name} {value:+.3g}" for name, value in self.terms)
         if self.more_terms:
             listed += f", +{self.more_terms} more"
         if self.runner_up and self.margin is None:
-            return line + f"; vs runner-up {self.runner_up} (not scored yet)"
+            return line + f"; vs runner-up {self.runner_up} (not scored)"
         if self.runner_up:
             return line + f"; vs runner-up {self.runner_up} (margin {self.margin:+.3g}): " + (listed or TIE)
         if self.alone:

@@ -152,6 +152,7 @@ class FakeApi:
 
     `bind` refuses (409) a pod already bound or a UID that does not match; `fail_next` injects
     failures. With `cache`, every binding is also delivered to it as a watch event would be.
+    It takes Events too (the `EventPoster` protocol): `events` holds their bodies.
     """
 
     def __init__(self, pods: Sequence[Mapping[str, Any]] = (), cache: GpuCache | None = None) -> None:
@@ -163,6 +164,12 @@ class FakeApi:
         self.fail_pods: dict[str, KubeError] = {}  # pod name -> the error its (first) bind gets
         for pod in pods:
             self.add(pod)
+        self.events: list[dict[str, Any]] = []
+
+    async def post(self, path: str, body: dict[str, Any]) -> bytes:
+        with self._lock:
+            self.events.append(body)
+        return b"{}"
 
     def add(self, pod: Mapping[str, Any]) -> None:
         with self._lock:

@@ -18,12 +18,12 @@ from neuronetes.engine import PlacementEngine
 from neuronetes.model import GpuGrant, Placement
 
 from .books import CacheBooks
-from .decisions import explain, short
+from .decisions import TOP_TERMS, explain, short, versus
 from .gangs import gang_assignment
 from .holds import pod_of_hold
 from .nodefit import node_fit_reason
 from .pods import PodInfo
-from .results import BindPlan, BindRefused, CacheInvariantError, Explanation, Hold
+from .results import IN_GANG, BindPlan, BindRefused, CacheInvariantError, Explanation, Hold
 from .slices import gpu_index, slice_request_mismatch
 from .snapshot import REASON_UNKNOWN_NODE, Snapshot
 from .store import ClusterStore
@@ -35,16 +35,15 @@ log = logging.getLogger(__name__)
 
 
 def explain_held(snap: Snapshot, hold: Hold, placement: Placement) -> Explanation:
-    """The held placement explained with its score terms, the node seen as the filter saw it:
-    on a scratch copy of the state with the hold's own resources given back (the live state is
-    only read)."""
+    """The held placement explained with the terms that set its node apart from the runner-up,
+    the node seen as the filter saw it: on a scratch copy of the state with the hold's own
+    resources given back (the live state is only read). A gang member's slot has no runner-up of
+    its own: the gang was placed as a whole."""
     engine = snap.engine
     if hold.alloc_id in snap.state.allocations:
         engine = PlacementEngine(snap.state.without(hold.alloc_id), engine.policy, engine.profile)
-    explanation = explain(engine, placement, terms=True)
-    if hold.explanation is not None:
-        return replace(hold.explanation, terms=explanation.terms)
-    return explanation
+    held = hold.explanation or explain(engine, placement, runner_up=None, alone=IN_GANG)
+    return held.scored(versus(engine, placement, held.runner_up), TOP_TERMS)
 
 
 def _node_rules_refusal(store: ClusterStore, info: PodInfo, node: str) -> BindRefused | None:

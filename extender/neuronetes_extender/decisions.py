@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from neuronetes import contracts as c
-from neuronetes.engine import PlacementEngine, scale_scores
+from neuronetes.engine import PlacementEngine, Separation, scale_scores
 from neuronetes.engine.core import FEASIBLE
 from neuronetes.engine.filters import FILTERS
 from neuronetes.inventory import Allocation, ClusterState
@@ -27,23 +27,25 @@ from .config import ExtenderSettings
 from .gangs import GangSpec
 from .holds import owned_by
 from .pods import PodInfo
-from .results import Explanation, FilterDecision, Hold
+from .results import NO_OTHER_NODE, Explanation, FilterDecision, Hold
 from .snapshot import REASON_UNKNOWN_NODE, NodeLookup, Snapshot, violated_locality
 
 __all__ = [
     "REASON_UNKNOWN_NODE",
+    "TOP_TERMS",
     "explain",
     "fewest_victims",
     "filter_pod",
     "prioritize",
     "scratch_engine",
     "short",
+    "versus",
 ]
 
 log = logging.getLogger(__name__)
 
 _MAX_REASON: Final = 240
-_TOP_TERMS: Final = 3
+TOP_TERMS: Final = 3  # terms an explanation lists (the largest differences from the runner-up)
 
 
 def short(text: str) -> str:
@@ -52,22 +54,31 @@ def short(text: str) -> str:
 
 
 # ---- explanations ---------------------------------------------------------------------------------
-def explain(engine: PlacementEngine, placement: Placement, *, terms: bool) -> Explanation:
-    """The placement's explanation; `terms`: with the score terms that decided it, as `engine`
-    (the live one, or a scratch copy) sees the node."""
+def explain(
+    engine: PlacementEngine, placement: Placement, *, runner_up: int | None, alone: str = NO_OTHER_NODE
+) -> Explanation:
+    """The placement's explanation as the filter makes it: node, GPUs, why, and the runner-up
+    (the row of the candidate that scored best after the node; None: there is none, `alone` says
+    why). The terms that set the two apart are scored at bind (`explain_held`, on a scratch copy
+    of the state)."""
     st, i = engine.state, placement.node_index
     gpus = st.nodes[i].gpus
-    top: tuple[tuple[str, float], ...] = ()
-    if terms:
-        values = engine.explain(placement.request, i)
-        top = tuple(sorted(values.items(), key=lambda kv: -abs(kv[1]))[:_TOP_TERMS])
     return Explanation(
         placement.node,
         tuple(g.gpu_index for g in placement.grants),
         tuple(gpus[g.gpu_index].uuid for g in placement.grants if g.gpu_index < len(gpus)),
         placement.reason,
-        top,
+        runner_up="" if runner_up is None else st.nodes[runner_up].name,
+        alone="" if runner_up is not None else alone,
     )
+
+
+def versus(engine: PlacementEngine, placement: Placement, runner_up: str) -> Separation | None:
+    """`engine`'s comparison of the node with `runner_up`, two rows whatever the cluster's size
+    (None: no runner-up; one gone from the inventory is one that no longer fits)."""
+    row = engine.state.index.get(runner_up, -1)
+    rivals = [row] if row >= 0 else []
+    return engine.separation(placement.request, placement.node_index, rivals) if runner_up else None
 
 
 # ---- filter ---------------------------------------------------------------------------------------
@@ -89,19 +100,17 @@ def _reasons(
 def _place(
     snap: Snapshot, req: PodRequest, candidates: npt.NDArray[np.int64], top_k: int
 ) -> tuple[Placement | None, list[int]]:
-    """The engine's placement among `candidates`, and up to `top_k` feasible rows best first."""
+    """The engine's placement among `candidates`, and feasible rows best first: the placement's,
+    then up to max(`top_k`, 2) − 1 others (the first of them the runner-up its explanation names),
+    all from one evaluation."""
     engine = snap.engine
     cand = None if candidates.size == snap.state.n_nodes else candidates
-    placement = engine.place(req, candidates=cand)
+    ev = engine.evaluate(req, cand)
+    placement = engine.place_evaluated(req, ev)
     if placement is None:
         return None, []
-    if top_k <= 1:
-        return placement, [placement.node_index]
-    ev = engine.evaluate(req, cand)
-    k = min(top_k + 1, ev.rows.size)
-    best = np.argpartition(-ev.node_scores, k - 1)[:k] if k < ev.rows.size else np.arange(ev.rows.size)
-    order = [int(ev.rows[j]) for j in best[np.argsort(-ev.node_scores[best], kind="stable")]]
-    return placement, [placement.node_index, *(i for i in order if i != placement.node_index)][:top_k]
+    others = ev.best_rows(max(top_k, 2) - 1, exclude=placement.node_index)
+    return placement, [placement.node_index, *others]
 
 
 def _assume(books: CacheBooks, pod: PodInfo, placement: Placement, explanation: Explanation) -> Hold | None:
@@ -176,7 +185,7 @@ def filter_pod(books: CacheBooks, pod: PodInfo, lookup: NodeLookup, gang: GangSp
     failed.update(unknown)
     if placement is None:
         return FilterDecision((), failed, unresolvable, None)
-    explanation = explain(snap.engine, placement, terms=False)  # the terms are worked out at bind
+    explanation = explain(snap.engine, placement, runner_up=order[1] if len(order) > 1 else None)
     hold = _assume(books, pod, placement, explanation)
     if hold is None:
         failed[placement.node] = "gpu placement conflict, retry"

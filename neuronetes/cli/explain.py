@@ -1,7 +1,8 @@
 """``neuronetes explain POD``: why a pod runs on its node and GPUs, or why it is Pending, from what
 the extender recorded: the pod's `neuronetes.io/assigned-gpus` annotation, its ``GpusAssigned``
-Event (the reason and the score terms that decided), its ``GpuFilterRejected`` Event (each
-rejected node's reason) and kube-scheduler's ``FailedScheduling``."""
+Event (the reason, the runner-up node and the score terms that set the node apart from it), its
+``GpuFilterRejected`` Event (each rejected node's reason) and kube-scheduler's
+``FailedScheduling``."""
 
 from __future__ import annotations
 
@@ -25,20 +26,54 @@ REJECTED: Final = "GpuFilterRejected"
 FAILED_SCHEDULING: Final = "FailedScheduling"
 
 _PLACEMENT = re.compile(r"^node (?P<node>\S+), gpus (?P<gpus>\S+)(?: \((?P<why>.*?)\))?(?:; (?P<terms>.*))?$")
+_VERSUS = re.compile(r"^vs runner-up (?P<node>\S+) \((?:margin (?P<margin>\S+)|[^)]*)\)(?:: (?P<terms>.*))?$")
+_ALONE: Final = "no runner-up: "
+_MORE = re.compile(r"^\+(?P<count>\d+) more$")
+_TERM = re.compile(r"^(?P<name>\S+) (?P<value>[+-]\S+)$")
 _GROUP = re.compile(r"(?P<reason>.+?) \[(?P<nodes>[^\]]*)\](?:; |$)")
 
 
 def parse_placement(note: str) -> dict[str, Any]:
-    """``node n1, gpus 0,1 (why); term +1, term -2`` → its parts (the whole note when it differs)."""
+    """The extender's placement note → its parts (the whole note when it differs):
+    ``node n1, gpus 0,1 (why); vs runner-up n2 (margin +0.5): topology +0.4, cost +0.1, +1 more``
+    gives the runner-up, the margin and the terms that set the node apart from it (its weighted
+    value minus the runner-up's), ``…; no runner-up: why`` says why there is none, and
+    ``…; term +1, term -2`` (terms without a runner-up) gives the terms alone."""
     m = _PLACEMENT.match(note.strip())
     if m is None:
         return {"note": note}
+    doc: dict[str, Any] = {"node": m["node"], "gpus": m["gpus"], "why": m["why"] or ""}
+    tail = m["terms"] or ""
+    versus = _VERSUS.match(tail)
+    if versus is not None:
+        terms, more = _terms(versus["terms"] or "")
+        return doc | {
+            "runnerUp": versus["node"],
+            "margin": versus["margin"],
+            "scoreTerms": terms,
+            "moreTerms": more,
+        }
+    if tail.startswith(_ALONE):
+        return doc | {"runnerUp": None, "noRunnerUp": tail.removeprefix(_ALONE), "scoreTerms": {}}
     terms = {}
-    for part in (m["terms"] or "").split(", "):
+    for part in tail.split(", "):
         name, _, value = part.rpartition(" ")
         if name:
             terms[name] = value
-    return {"node": m["node"], "gpus": m["gpus"], "why": m["why"] or "", "scoreTerms": terms}
+    return doc | {"scoreTerms": terms}
+
+
+def _terms(listed: str) -> tuple[dict[str, str], int]:
+    """``topology +0.4, cost -0.1, +2 more`` → ({"topology": "+0.4", "cost": "-0.1"}, 2); what is
+    neither a term nor a count (the words of a tie) is left out."""
+    terms: dict[str, str] = {}
+    more = 0
+    for part in listed.split(", "):
+        if (count := _MORE.match(part)) is not None:
+            more = int(count["count"])
+        elif (term := _TERM.match(part)) is not None:
+            terms[term["name"]] = term["value"]
+    return terms, more
 
 
 def parse_rejections(note: str) -> list[dict[str, Any]]:
@@ -124,8 +159,7 @@ def _print_table(doc: dict[str, Any]) -> None:
         rows.append(["assignment", f"unreadable: {assignment['error']}"])
     if placement:
         rows.append(["why this node", placement.get("why") or placement.get("note") or "-"])
-        for term, value in (placement.get("scoreTerms") or {}).items():
-            rows.append([f"score term {term}", value])
+        rows.extend(_versus_rows(placement))
     elif doc["node"] and not assignment:
         rows.append(
             ["why", "no GPU placement recorded (not a NeuroNetes GPU pod, or placed by another scheduler)"]
@@ -147,11 +181,33 @@ def _print_table(doc: dict[str, Any]) -> None:
         )
 
 
+def _versus_rows(placement: dict[str, Any]) -> list[list[Any]]:
+    """The table's rows for what set the node apart: the runner-up and the margin, then each term
+    the two differ on (the node's weighted value minus the runner-up's)."""
+    runner_up = placement.get("runnerUp")
+    terms = placement.get("scoreTerms") or {}
+    if "noRunnerUp" in placement:
+        return [["runner-up", f"none: {placement['noRunnerUp']}"]]
+    if not runner_up:
+        return [[f"score term {term}", value] for term, value in terms.items()]
+    rows: list[list[Any]] = [["runner-up", runner_up]]
+    if placement.get("margin") is None:
+        return rows
+    rows.append(["margin", f"{placement['margin']} (this node's score minus {runner_up}'s)"])
+    rows.extend([f"score term {term}", f"{value} vs {runner_up}"] for term, value in terms.items())
+    if placement.get("moreTerms"):
+        rows.append(["score terms not listed", f"{placement['moreTerms']} smaller differences"])
+    if not terms:
+        rows.append(["score terms", "none differs: a tie the scheduling policy broke"])
+    return rows
+
+
 @click.command(
     "explain",
     short_help="Why a pod runs on its node and GPUs, or why it is Pending.",
-    help="Why POD (NAME or NAMESPACE/NAME) runs on its node and GPUs (the extender's reason and score "
-    "terms), or why it is Pending (each rejected node's reason and kube-scheduler's summary).",
+    help="Why POD (NAME or NAMESPACE/NAME) runs on its node and GPUs (the extender's reason, the "
+    "runner-up node and the score terms that set the node apart from it), or why it is Pending "
+    "(each rejected node's reason and kube-scheduler's summary).",
 )
 @click.argument("pod")
 @click.option("-n", "--namespace", default="default", show_default=True)

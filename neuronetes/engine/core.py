@@ -16,6 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from neuronetes.engine import select
+from neuronetes.engine.evaluation import FEASIBLE, MAX_SCORE, Evaluation, scale_scores
+from neuronetes.engine.explain import Separation, separate
 from neuronetes.engine.filters import FILTERS, mig_slot, share_fit
 from neuronetes.engine.policy import Policy, get_policy
 from neuronetes.engine.profile import LargeShapes, ProfileArrays, WorkloadProfile
@@ -27,10 +29,17 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 BOOL = npt.NDArray[np.bool_]
 
-FEASIBLE = -1
+__all__ = [
+    "FEASIBLE",
+    "MAX_SCORE",
+    "Evaluation",
+    "PlacementEngine",
+    "Selection",
+    "Unschedulable",
+    "scale_scores",
+]
+
 _CACHE_SHAPES = 64
-MAX_SCORE = 10
-"""Prioritize scores are 0..MAX_SCORE (kube-scheduler's ``MaxExtenderPriority``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,29 +54,6 @@ Selection = tuple[list[GpuGrant], str]
 """GPUs chosen on a node, and why."""
 
 
-def scale_scores(ev: Evaluation, rows: I64) -> I64:
-    """The one 0..MAX_SCORE normaliser: per row of `rows` (-1: unknown node), the engine's score
-    mapped linearly so that the best feasible node of the cluster gets MAX_SCORE and the worst 0
-    (all MAX_SCORE when they are equal); infeasible and unknown nodes get 0."""
-    out = np.zeros(rows.size, dtype=np.int64)
-    finite = np.isfinite(ev.node_scores)
-    if not finite.any():
-        return out
-    values = ev.node_scores[finite]
-    lo, hi = float(values.min()), float(values.max())
-    full = np.full(ev.reasons.size, np.nan)
-    full[ev.rows[finite]] = values
-    known = rows >= 0
-    mine = full[rows[known]]
-    scaled = (
-        np.full(mine.shape, float(MAX_SCORE))
-        if hi - lo <= 0
-        else np.round(MAX_SCORE * (mine - lo) / (hi - lo))
-    )
-    out[known] = np.where(np.isnan(mine), 0, scaled).astype(np.int64)
-    return out
-
-
 _MODEL_FILTER = next(k for k, f in enumerate(FILTERS) if f.name == "GpuModel")
 
 
@@ -76,20 +62,6 @@ class _ShapeCache:
     gen: I64  # node generation each row was computed at (-1: never)
     reason: npt.NDArray[np.int16]  # index into FILTERS of the first rejecting filter, or FEASIBLE
     score: F64  # [N] or [N, G]; -inf where a GPU cannot take the request
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """Feasible rows with their scores, and one categorical reason per rejected node."""
-
-    rows: I64
-    node_scores: F64  # best score per feasible row
-    gpu_scores: F64 | None  # [R, G] when the request takes a share of one GPU
-    reasons: npt.NDArray[np.int16]  # per node
-
-    def reason_text(self, node_index: int) -> str:
-        code = int(self.reasons[node_index])
-        return "" if code == FEASIBLE else FILTERS[code].reason
 
 
 class PlacementEngine:
@@ -242,27 +214,60 @@ class PlacementEngine:
         the terms are taken at the GPU the total scores best; an infeasible node gives {}.
         """
         rows = np.array([node_index], dtype=np.int64)
-        # The filters on this one row, not `_refresh`: the shape's cache row would be scored in
-        # full only to be stale again at the next change of the node (the bind that follows),
-        # and the terms below are each computed once. Two of three scoring passes per bind fewer
-        # (`bench/e2e_throughput.py --profile-extender`: "bind: cache").
-        shape = replace(req.shape(), gpu_models=())
-        if not all(bool(flt.fn(self.state, shape, rows)[0]) for flt in FILTERS):
+        if not self._passes_filters(req, rows)[0]:
             return {}
+        names, values = self._weighted_terms(req, rows)
+        return dict(zip(names, values[0].tolist(), strict=True))
+
+    def separation(self, req: PodRequest, chosen: int, rivals: Sequence[int]) -> Separation | None:
+        """How node `chosen` beat the best of `rivals` (node rows) for `req`: the runner-up's
+        row, the margin and the terms that differ (`explain.separate`), as scored now.
+
+        Rivals that no longer pass the filters are left out (no runner-up when none is left);
+        None when `chosen` itself does not pass them. The cost is that of `explain` for
+        1 + len(rivals) rows, not of an evaluation of the cluster: the caller names the
+        runner-up it found among the scores it already had (`Evaluation.best_rows`).
+        """
+        rows = np.array([chosen, *rivals], dtype=np.int64)
+        fits = self._passes_filters(req, rows)
+        if not fits[0]:
+            return None
+        rows = rows[fits]
+        names, values = self._weighted_terms(req, rows)
+        found = separate(names, values, 0)
+        if found.runner_up is None:
+            return found
+        return replace(found, runner_up=int(rows[found.runner_up]))
+
+    def _passes_filters(self, req: PodRequest, rows: I64) -> BOOL:
+        """Whether each of `rows` passes every filter for `req`'s shape (GPU models aside).
+
+        The filters on these rows only, not `_refresh`: the shape's cache row would be scored
+        in full only to be stale again at the next change of the node (the bind that follows),
+        and the terms are each computed once by `_weighted_terms`. Two of three scoring passes
+        per bind fewer (`bench/e2e_throughput.py --profile-extender`: "bind: cache").
+        """
+        shape = replace(req.shape(), gpu_models=())
+        ok = np.ones(rows.size, dtype=bool)
+        for flt in FILTERS:
+            alive = np.nonzero(ok)[0]
+            if alive.size == 0:
+                break
+            ok[alive] = flt.fn(self.state, shape, rows[alive])
+        return ok
+
+    def _weighted_terms(self, req: PodRequest, rows: I64) -> tuple[tuple[str, ...], F64]:
+        """The terms' names and their weighted values on `rows` ([rows, terms]); for a one-GPU
+        share each row's values are taken at the GPU its total scores best."""
         ctx = self._context(req, rows)
-        terms = [
-            (scorer.name, weight * scorer.fn(ctx))
-            for scorer, weight in (*self._cached_terms, *self._volatile_terms)
-        ]
-        column: int | None = None
-        if ctx.per_gpu:
-            total = self._total(ctx, [values for _, values in terms])
-            column = int(np.argmax(total[0]))
-        out: dict[str, float] = {}
-        for name, values in terms:
-            v = np.asarray(values)
-            out[name] = float(v[0, column] if v.ndim == 2 and column is not None else v.reshape(-1)[0])
-        return out
+        scorers = (*self._cached_terms, *self._volatile_terms)
+        values = [np.asarray(weight * scorer.fn(ctx), dtype=np.float64) for scorer, weight in scorers]
+        total = self._total(ctx, values)
+        column = np.argmax(total, axis=1) if total.ndim == 2 else np.zeros(rows.size, dtype=np.int64)
+        out = np.empty((rows.size, len(values)))
+        for t, v in enumerate(values):
+            out[:, t] = v[np.arange(rows.size), column] if v.ndim == 2 else v.reshape(rows.size)
+        return tuple(scorer.name for scorer, _ in scorers), out
 
     # ---- decisions ---------------------------------------------------------------------------
     def place(self, req: PodRequest, candidates: Iterable[int] | None = None) -> Placement | None:
@@ -271,7 +276,11 @@ class PlacementEngine:
         The best-scoring node (ties broken by the policy) gets the pod unless its GPU selection
         cannot honour the request (`Unschedulable`), then the next node by score does.
         """
-        ev = self.evaluate(req, candidates)
+        return self.place_evaluated(req, self.evaluate(req, candidates))
+
+    def place_evaluated(self, req: PodRequest, ev: Evaluation) -> Placement | None:
+        """`place` on `ev`, an evaluation of `req` just made (for a caller that reads more from
+        the same scores: a runner-up, the next best nodes)."""
         if ev.rows.size == 0:
             return None
         best = ev.node_scores.max()

@@ -101,14 +101,18 @@ def fleet(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
                     node_selector=pin,
                 ),
             ]
-            cluster.kubectl(
-                "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": pods})
-            )
-            for name in ("whole", "slice"):
+            # The slice first, bound before the others come: the two nodes then differ when
+            # "whole" is placed, so its explanation has terms that set its node apart from the
+            # runner-up (two equal nodes would be a tie on every term, and list none).
+            for batch, placed in (([pods[1]], "slice"), ([pods[0], pods[2]], "whole")):
+                items = json.dumps({"apiVersion": "v1", "kind": "List", "items": batch})
+                cluster.kubectl("create", "-f", "-", input=items)
                 wait_until(
-                    lambda name=name: get_json(cluster, "pod", name, "-n", NAMESPACE)["spec"].get("nodeName"),
+                    lambda name=placed: get_json(cluster, "pod", name, "-n", NAMESPACE)["spec"].get(
+                        "nodeName"
+                    ),
                     timeout=60,
-                    what=f"pod {name} bound",
+                    what=f"pod {placed} bound",
                 )
             yield {"nodes": nodes}
             cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)

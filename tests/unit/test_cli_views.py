@@ -4,6 +4,7 @@ the trace of `simulate --from-cluster`, and `explain`'s reading of the extender'
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ from extender_support import node_objects
 from pod_builder import manifest
 
 from neuronetes import contracts as c
-from neuronetes.cli.explain import parse_placement, parse_rejections
+from neuronetes.cli import explain as explain_cli
+from neuronetes.cli.explain import ASSIGNED, parse_placement, parse_rejections
 from neuronetes.cli.views import cluster_views
 from neuronetes.sim.cluster_trace import node_rows, pod_rows, write_trace
 from neuronetes.sim.trace import load_nodes, load_pods
@@ -141,3 +143,73 @@ def test_explain_reads_the_extenders_notes_back() -> None:
         {"reason": "insufficient gpus", "nodes": ["n0", "n1", "n2", "n3", "n4"], "more": 2},
         {"reason": "gpu unhealthy", "nodes": ["m"], "more": 0},
     ]
+
+
+def test_explain_reads_the_runner_up_the_margin_and_the_terms_that_differ() -> None:
+    base = Explanation("n1", (0, 1), ("GPU-a", "GPU-b"), "one nvlink group (nvlink group 0)")
+    scored = replace(
+        base, terms=(("topology", 0.36), ("cost", -0.01)), runner_up="n2", margin=0.35, more_terms=1
+    )
+    assert parse_placement(scored.text()) == {
+        "node": "n1",
+        "gpus": "0,1",
+        "why": "one nvlink group (nvlink group 0)",
+        "runnerUp": "n2",
+        "margin": "+0.35",
+        "scoreTerms": {"topology": "+0.36", "cost": "-0.01"},
+        "moreTerms": 1,
+    }
+    tie = parse_placement(replace(base, runner_up="n2", margin=0.0).text())
+    assert (tie["runnerUp"], tie["margin"], tie["scoreTerms"]) == ("n2", "+0", {})
+    unscored = parse_placement(replace(base, runner_up="n2").text())
+    assert (unscored["runnerUp"], unscored["margin"]) == ("n2", None)
+    alone = parse_placement(replace(base, alone="no other candidate node fits").text())
+    assert (alone["runnerUp"], alone["noRunnerUp"]) == (None, "no other candidate node fits")
+
+
+def _table_rows(out: str) -> dict[str, str]:
+    """`explain`'s two-column table: first cell -> second cell."""
+    cells = (line.split("  ", 1) for line in out.splitlines())
+    return {row[0].strip(): row[1].strip() for row in cells if len(row) == 2}
+
+
+def _fake_cluster(pod: dict[str, Any], note: str) -> type:
+    class FakeCluster:
+        def __init__(self, kubeconfig: str | None) -> None:
+            pass
+
+        def pod(self, namespace: str, name: str) -> dict[str, Any]:
+            return pod
+
+        def events_about(self, kind: str, namespace: str, name: str) -> list[dict[str, Any]]:
+            return [{"reason": ASSIGNED, "message": note, "involvedObject": {"uid": "u-1"}}]
+
+    return FakeCluster
+
+
+def test_explain_prints_the_runner_up_the_margin_and_the_terms_that_differ(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    note = Explanation(
+        "n1", (0,), ("GPU-a",), "tightest fit", (("topology", 0.36), ("cost", -0.01)), "n2", 0.35, 2
+    ).text()
+    pod = placed(manifest("p", {c.RESOURCE_GPU: 1}, namespace="team"), "n1", [])
+    pod["metadata"]["uid"] = "u-1"
+    monkeypatch.setattr(explain_cli, "Cluster", _fake_cluster(pod, note))
+    explain_cli.explain.main(["team/p"], standalone_mode=False)
+    rows = _table_rows(capsys.readouterr().out)
+    assert rows["runner-up"] == "n2"
+    assert rows["margin"].startswith("+0.35")
+    assert rows["score term topology"] == "+0.36 vs n2" and rows["score term cost"] == "-0.01 vs n2"
+    assert rows["score terms not listed"] == "2 smaller differences"
+    explain_cli.explain.main(["team/p", "-o", "json"], standalone_mode=False)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["placement"]["runnerUp"] == "n2" and doc["placement"]["scoreTerms"] == {
+        "topology": "+0.36",
+        "cost": "-0.01",
+    }
+    alone = Explanation("n1", (0,), ("GPU-a",), "tightest fit", alone="no other candidate node fits")
+    monkeypatch.setattr(explain_cli, "Cluster", _fake_cluster(pod, alone.text()))
+    explain_cli.explain.main(["team/p"], standalone_mode=False)
+    rows = _table_rows(capsys.readouterr().out)
+    assert rows["runner-up"] == "none: no other candidate node fits" and "margin" not in rows

@@ -12,10 +12,12 @@ from neuronetes.engine import (
     POLICIES,
     PlacementEngine,
     Policy,
+    Separation,
     Unschedulable,
     WorkloadProfile,
     get_policy,
     scale_scores,
+    separate,
 )
 from neuronetes.engine.select import select_bestfit, select_first, select_random, select_topology
 from neuronetes.inventory import ClusterState
@@ -470,6 +472,69 @@ def test_explain_breaks_a_nodes_score_down_by_term(nodes) -> None:
     assert sum(engine.explain(share, 1).values()) == pytest.approx(
         float(engine.evaluate(share, [1]).node_scores[0])
     )
+
+
+def test_separate_lists_only_the_terms_that_differ_from_the_runner_up() -> None:
+    names = ("neutral", "topology", "cost", "packing")
+    weighted = np.array(
+        [
+            [1.0, 0.875, 0.5, 0.0],  # chosen
+            [1.0, 0.25, 0.25, 0.125],  # the runner-up: the best total of the others
+            [1.0, 0.0, 0.125, 0.0],
+        ]
+    )
+    found = separate(names, weighted, 0)
+    assert found.runner_up == 1
+    # Largest difference first; a term the chosen node lost on is negative; the term equal on
+    # every candidate is not there.
+    assert found.terms == (("topology", 0.625), ("cost", 0.25), ("packing", -0.125))
+    assert found.margin == pytest.approx(0.75)
+    assert separate(names, weighted[:1], 0) == Separation(None, 0.0, ())  # no other candidate
+    assert separate(names, weighted[[0, 0]], 1) == Separation(0, 0.0, ())  # a tie: no term differs
+    jitter = weighted[[0, 0]] + np.array([[0.0] * 4, [0.0, 1e-14, 0.0, 0.0]])
+    assert separate(names, jitter, 0).terms == ()  # last-bit differences are equality
+
+
+def without_nvlink(node: NodeSpec, name: str) -> NodeSpec:
+    """`node` under another name, its GPUs on PCIe only (nothing else differs)."""
+    gpus = tuple(
+        replace(g, uuid=f"GPU-{name}-{g.index}", nvlink_group=-1, nvlink_bandwidth_gbps=0.0, nvlink_peers=())
+        for g in node.gpus
+    )
+    return replace(node, name=name, gpus=gpus)
+
+
+def test_two_nodes_that_differ_only_in_nvlink_are_separated_by_topology(nodes) -> None:
+    nvlink = nodes.dgx("nvlink", groups=1)
+    state = ClusterState([without_nvlink(nvlink, "pcie"), nvlink, nodes.t4("small")])
+    engine = PlacementEngine(state, "default")
+    req = PodRequest("p", gpus=4)
+    ev = engine.evaluate(req)
+    placement = engine.place_evaluated(req, ev)
+    assert placement is not None and placement.node == "nvlink"
+    runner_up = ev.best_rows(1, exclude=placement.node_index)
+    assert runner_up == [state.index["pcie"]]
+    found = engine.separation(req, placement.node_index, runner_up)
+    assert found is not None and found.runner_up == state.index["pcie"]
+    [(term, value)] = found.terms  # every other term is equal on the two nodes
+    assert term == "topology" and value > 0 and found.margin == pytest.approx(value)
+    scores = dict(zip(ev.rows.tolist(), ev.node_scores.tolist(), strict=True))
+    assert found.margin == pytest.approx(scores[placement.node_index] - scores[runner_up[0]])
+    # A rival that no longer passes the filters leaves no runner-up; a chosen node that does not, nothing.
+    full = hold(state, "pcie", dict.fromkeys(range(8), 1000))
+    assert engine.separation(req, placement.node_index, runner_up) == Separation(None, 0.0, ())
+    state.release(full)
+    assert engine.separation(PodRequest("big", gpus=8), state.index["small"], runner_up) is None
+
+
+def test_best_rows_are_the_best_scores_without_the_excluded_node(nodes) -> None:
+    state = ClusterState([nodes.t4("a"), nodes.dgx("b"), nodes.t4("c"), nodes.cpu("d")])
+    engine = PlacementEngine(state, "default")
+    ev = engine.evaluate(PodRequest("p", gpus=1))
+    ranked = [int(ev.rows[k]) for k in np.argsort(-ev.node_scores, kind="stable")]
+    assert ev.best_rows(3) == ranked and ev.best_rows(1) == ranked[:1]
+    assert ev.best_rows(5, exclude=ranked[0]) == ranked[1:]
+    assert ev.best_rows(0) == [] and state.index["d"] not in ev.best_rows(4)
 
 
 def test_scale_scores_maps_to_0_10_and_zeroes_unknown_and_infeasible_rows(nodes) -> None:

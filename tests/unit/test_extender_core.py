@@ -353,7 +353,9 @@ def test_an_expired_reservation_fails_the_barrier_and_tells_the_listener() -> No
 
 # ---- explanations ---------------------------------------------------------------------------------
 def test_filter_and_bind_carry_an_explanation_with_the_deciding_terms() -> None:
-    env = Env({"dgx-a100-80gb": 1})
+    # Two models: the terms are those that set the node apart from the runner-up (a lone node has
+    # none, nor have two equal ones: tests/unit/test_extender_explanations.py).
+    env = Env({"dgx-a100-80gb": 1, "dgx-h100": 1})
     pod = env.add(gpu_pod("explained", 2))
     decision = env.cache.filter(info(pod), env.names)
     e = decision.explanation
@@ -372,9 +374,10 @@ def test_filter_and_bind_carry_an_explanation_with_the_deciding_terms() -> None:
 
 
 def test_the_bind_explains_on_a_scratch_copy_and_leaves_the_live_state_alone() -> None:
-    env = Env({"dgx-a100-80gb": 1})
+    # Two models, so the explanation has a runner-up and terms to list.
+    env = Env({"dgx-a100-80gb": 1, "dgx-h100": 1})
     pod = env.add(gpu_pod("scratch", 2))
-    (node,) = env.cache.filter(info(pod), env.names).feasible
+    node = env.cache.filter(info(pod), env.names).feasible[0]
     state = env.cache._books.snap.state
     gen, free = state.gen.copy(), state.gpu_milli_free.copy()
     plan = env.cache.prepare_bind(info(pod).id, node)

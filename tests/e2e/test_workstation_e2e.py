@@ -220,9 +220,15 @@ def test_without_the_checkpoint_api_the_daemon_says_so(
         status = d.cli_json(capsys, "status")
         assert status["daemon"]["checkpoint"].startswith("unavailable: no CUDA driver")
         d.submit("low", 1, 10_000)
-        d.wait_state("low", "RUNNING")
-        d.submit("high", 10, 2)  # whole GPU: stopping the low job would leave no room
-        wait_for(lambda: "held by job j1" in d.job("high")["reason"], "the urgent job waits")
+        low = d.wait_state("low", "RUNNING")
+        d.simulate(process={"pid": low["pid"], "bytes": 70 << 30})  # what NVML measures of it
+        d.submit("high", 10, 2)  # whole GPU: stopping the low job would leave 10 GiB of 80
+        wait_for(
+            lambda: "held by job j1; preemption cannot make room" in d.job("high")["reason"],
+            "the urgent job waits",
+            show=lambda: d.job("high"),
+        )
+        assert "the driver has no checkpoint API" in d.job("high")["reason"]
         assert d.state("low") == "RUNNING"
 
 

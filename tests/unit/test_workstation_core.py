@@ -11,7 +11,7 @@ from neuronetes_agent.daemon.devices import GpuProcess
 from neuronetes_agent.workstation import admission as adm
 from neuronetes_agent.workstation.gpus import GpuView
 from neuronetes_agent.workstation.jobs import TRANSITIONS, Job, JobSpec, JobState, SpecError, parse_size
-from neuronetes_agent.workstation.preemption import Rung, plan
+from neuronetes_agent.workstation.preemption import NoRoom, Plan, Rung, plan
 from neuronetes_agent.workstation.store import SCHEMA_VERSION, Store, StoreError
 
 pytestmark = pytest.mark.unit
@@ -167,16 +167,88 @@ def test_preemption_plan_picks_the_ladder_and_never_equal_priority() -> None:
     low = job("low", 1, S.RUNNING, gpus=("GPU-0",))
     urgent = job("urgent", 10)
     chosen = plan(urgent, views, [low, urgent], {}, settings, lambda j: Rung.CHECKPOINT)
-    assert chosen is not None and [(v.id, r) for v, r in chosen.victims] == [("low", Rung.CHECKPOINT)]
-    # stopping a whole-GPU job keeps its memory: no room for another whole-GPU job
-    assert plan(urgent, views, [low, urgent], {}, settings, lambda j: Rung.STOP) is None
+    assert isinstance(chosen, Plan) and [(v.id, r) for v, r in chosen.victims] == [("low", Rung.CHECKPOINT)]
     same = job("same", 1)
-    assert plan(same, views, [low, same], {}, settings, lambda j: Rung.CHECKPOINT) is None
+    refused = plan(same, views, [low, same], {}, settings, lambda j: Rung.CHECKPOINT)
+    assert isinstance(refused, NoRoom) and refused.reason == (
+        "GPU 0: job low has priority 1 ≥ 1: only lower-priority jobs are preempted"
+    )
     # a share that fits beside a stopped share: stop/continue is enough
     small = job("small", 1, S.RUNNING, gpus=("GPU-0",), memory=10 * GIB, compute=80)
     share = job("share", 10, memory=10 * GIB, compute=50)
     chosen = plan(share, views, [small, share], {}, settings, lambda j: Rung.STOP)
-    assert chosen is not None and [(v.id, r) for v, r in chosen.victims] == [("small", Rung.STOP)]
+    assert isinstance(chosen, Plan) and [(v.id, r) for v, r in chosen.victims] == [("small", Rung.STOP)]
+
+
+def _stop(j: Job) -> Rung:
+    return Rung.STOP
+
+
+def test_stop_rung_fits_beside_what_the_stopped_job_holds_measured() -> None:
+    """A stopped job frees its compute, not its memory: it is stopped when the urgent job fits
+    beside the memory its processes hold (measured), not beside its request."""
+    settings = adm.Settings()
+    views = [view()]
+    low = job("low", 1, S.RUNNING, gpus=("GPU-0",))  # a whole GPU, holding nothing measured
+    share = job("share", 10, memory=8 * GIB, compute=50)
+    nothing: dict[str, dict[str, int]] = {}
+    for measured in (nothing, {"low": {"GPU-0": 70 * GIB}}):
+        chosen = plan(share, views, [low, share], {}, settings, _stop, held=measured)
+        assert isinstance(chosen, Plan) and [(v.id, r) for v, r in chosen.victims] == [("low", Rung.STOP)]
+    # the same share does not fit beside 75 GiB: the missing rung is named
+    held = {"low": {"GPU-0": 75 * GIB}}
+    refused = plan(share, views, [low, share], {}, settings, _stop, held=held, why_not_saved=lambda j: "why")
+    assert isinstance(refused, NoRoom) and refused.reason == (
+        "job low holds 75.0 GiB and cannot be checkpointed: why; stopped, it would leave 5.0 GiB"
+        " on GPU 0 and this job needs 8.0 GiB"
+    )
+    # the checkpoint rungs free the memory: they make room where stopping does not
+    chosen = plan(share, views, [low, share], {}, settings, lambda j: Rung.COOPERATIVE, held=held)
+    assert isinstance(chosen, Plan) and [r for _, r in chosen.victims] == [Rung.COOPERATIVE]
+
+
+def test_whole_gpu_jobs_are_exclusive_in_compute_and_a_stopped_job_does_not_compute() -> None:
+    settings = adm.Settings()
+    views = {"GPU-0": view()}
+    urgent = job("urgent", 10)  # a whole GPU
+    low = job("low", 1, S.RUNNING, gpus=("GPU-0",))
+    held = adm.place(urgent, list(views.values()), adm.loads([low], views), {}, settings)
+    assert isinstance(held, adm.Hold) and held.reason == "GPU 0 is held by job low" and held.blocked_by_jobs
+    chosen = plan(urgent, list(views.values()), [low, urgent], {}, settings, _stop)
+    assert isinstance(chosen, Plan) and [(v.id, r) for v, r in chosen.victims] == [("low", Rung.STOP)]
+    # stopped and holding nothing: the whole-GPU job starts beside it
+    low.state, low.suspended = S.PREEMPTED, "stopped"
+    admit = adm.place(urgent, list(views.values()), adm.loads([low], views), {}, settings)
+    assert isinstance(admit, adm.Admit)
+    # stopped and holding memory: a whole-GPU job needs all of it, a share only its own
+    measured = {"low": {"GPU-0": 1 * GIB}}
+    held = adm.place(urgent, list(views.values()), adm.loads([low], views, (), measured), {}, settings)
+    assert isinstance(held, adm.Hold) and held.reason == (
+        "GPU 0: needs 80.0 GiB, 79.0 GiB free (job low holds 1.0 GiB, stopped)"
+    )
+    share = job("share", 10, memory=8 * GIB, compute=100)
+    load = adm.loads([low], views, (), measured)
+    assert isinstance(adm.place(share, list(views.values()), load, {}, settings), adm.Admit)
+    # the stopped job resumes only once no job of the daemon computes on its GPU
+    urgent.state, urgent.gpus = S.RUNNING, ("GPU-0",)
+    held = adm.place(low, list(views.values()), adm.loads([low, urgent], views, (), measured), {}, settings)
+    assert isinstance(held, adm.Hold) and held.reason == "GPU 0 is held by job urgent"
+    urgent.state = S.COMPLETED
+    resumed = adm.place(
+        low, list(views.values()), adm.loads([low, urgent], views, (), measured), {}, settings
+    )
+    assert isinstance(resumed, adm.Admit)
+    # outside processes never keep a whole-GPU job off a GPU the daemon's jobs leave empty
+    busy = {"GPU-0": view(processes=(GpuProcess(999, 10 * GIB),))}
+    outside = adm.place(urgent, list(busy.values()), adm.loads([], busy), {"GPU-0": 10 * GIB}, settings)
+    assert isinstance(outside, adm.Admit)
+
+
+def test_measured_memory_is_split_between_jobs_and_outside_processes() -> None:
+    gpu = view(processes=(GpuProcess(10, 3 * GIB), GpuProcess(11, 1 * GIB), GpuProcess(99, 2 * GIB)))
+    measured = adm.measure([gpu], {"a": frozenset({10, 11, 12}), "b": frozenset({20})})
+    assert measured.external == {"GPU-0": 2 * GIB}
+    assert measured.held == {"a": {"GPU-0": 4 * GIB}}
 
 
 def test_whole_gpu_jobs_take_the_first_free_gpus() -> None:

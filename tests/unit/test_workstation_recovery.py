@@ -84,3 +84,42 @@ def test_a_cancelled_job_that_outlived_its_daemon_is_killed(sched: Scheduler) ->
         assert proc.wait(5) == -signal.SIGKILL
     finally:
         proc.kill()
+
+
+def _proc_state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2]
+
+
+def test_a_stopped_job_whose_resume_was_cut_short_stays_stopped_then_is_continued(sched: Scheduler) -> None:
+    """The daemon died after requeueing a stopped job to resume it, before its SIGCONT: the next
+    daemon keeps it stopped (its processes are the job's, not leftovers) and continues it."""
+    token = f"j1.1.{os.getpid()}"
+    proc = subprocess.Popen(
+        ["sleep", "30"], env={**os.environ, "NEURONETES_JOB_TOKEN": token}, start_new_session=True
+    )
+    try:
+        job = sched.store.add_job(JobSpec("sleep 30", 1), 1.0)
+        sched.store.transition(job, S.QUEUED, "queued", 1.0)
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+        start = int(stat[stat.rfind(")") + 2 :].split()[19])
+        gpu = sched.gpus.devices[0].uuid
+        sched.store.transition(
+            job, S.RUNNING, "started", 2.0, token=token, attempt=1, gpus=(gpu,), pid=proc.pid, pid_start=start
+        )
+        sched.store.transition(job, S.PREEMPTED, "stopped", 3.0, suspended="stopped")
+        os.killpg(proc.pid, signal.SIGSTOP)
+        sched.store.transition(job, S.QUEUED, "requeued: room for it again", 4.0)  # the daemon dies here
+
+        assert recover(sched) == [f"{job.id}: re-adopted, still preempted (stopped)"]
+        assert proc.poll() is None and _proc_state(proc.pid) == "T"
+        sched.tick()
+        again = sched.store.find(job.id)
+        assert again is not None and again.state is S.RUNNING and again.reason == "continued (SIGCONT)"
+        deadline = time.monotonic() + 5
+        while _proc_state(proc.pid) == "T" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _proc_state(proc.pid) != "T" and again.attempt == 1
+    finally:
+        proc.kill()
+        proc.wait()

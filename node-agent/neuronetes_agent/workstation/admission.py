@@ -10,9 +10,13 @@ A job starts on a GPU only when every rule passes (priority never overrides them
   machine, which also pauses a GPU above 85 °C) and it is not drained;
 - utilization: the load the daemon's own jobs do not account for (measured utilization minus the
   compute shares of its jobs running there) plus the safety headroom is at most the cap;
-- compute: whole-GPU jobs are exclusive; shares on one GPU add up to at most 100 %;
-- memory: the job's memory fits beside what the daemon's jobs hold (a stopped job keeps its
-  memory) and what processes the daemon did not start hold (NVML's process list).
+- compute: a running whole-GPU job is exclusive, and a whole-GPU job starts where no job of the
+  daemon computes; shares on one GPU add up to at most 100 %. A stopped job (SIGSTOP) does not
+  compute: it holds memory only;
+- memory: the job's memory fits beside what the daemon's jobs hold — a running job its share or
+  the whole GPU, a stopped job what its processes hold, measured (NVML's process list) — and
+  what processes the daemon did not start hold. A whole-GPU job needs all the memory those
+  outside processes leave: it starts only where no job of the daemon holds any.
 """
 
 from __future__ import annotations
@@ -29,13 +33,17 @@ __all__ = [
     "Admit",
     "GpuLoad",
     "Hold",
+    "Measured",
     "Settings",
     "effective_priority",
     "external_memory",
     "gib",
+    "is_stopped",
     "loads",
+    "measure",
     "place",
     "queue_order",
+    "whole_gpu_memory",
 ]
 
 MAX_CAP: Final = 90.0
@@ -61,9 +69,19 @@ class GpuLoad:
     """What the daemon's jobs hold on one GPU."""
 
     compute: int = 0  # percent, of running jobs
-    memory: int = 0  # bytes reserved by running and stopped jobs
+    memory: int = 0  # bytes: reserved by running jobs, measured for stopped ones
     holders: list[str] = field(default_factory=list)  # job ids (running or stopped)
-    exclusive: bool = False
+    exclusive: bool = False  # a running whole-GPU job: nothing else computes here
+    computing: list[str] = field(default_factory=list)  # job ids running here (stopped ones do not)
+    stopped: dict[str, int] = field(default_factory=dict)  # stopped job id → bytes its processes hold
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """GPU memory by owner, from NVML's process lists at one refresh."""
+
+    external: dict[str, int] = field(default_factory=dict)  # GPU → bytes of processes not ours
+    held: dict[str, dict[str, int]] = field(default_factory=dict)  # job id → GPU → bytes it holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,32 +116,67 @@ def job_memory(job: Job, view: GpuView) -> int:
     return job.spec.memory_bytes or view.memory_total_bytes
 
 
+def is_stopped(job: Job) -> bool:
+    """A preempted job held by SIGSTOP (QUEUED too, while a resume of it is under way)."""
+    return job.suspended == "stopped" and job.state in (JobState.PREEMPTED, JobState.QUEUED)
+
+
 def loads(
-    jobs: Iterable[Job], views: Mapping[str, GpuView], ending: Iterable[Job] = ()
+    jobs: Iterable[Job],
+    views: Mapping[str, GpuView],
+    ending: Iterable[Job] = (),
+    held: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, GpuLoad]:
     """Per GPU, what running jobs and stopped (SIGSTOP) preempted jobs hold, and the attempts that
-    ended but whose processes are not all gone yet (`ending`: they hold what they held running)."""
+    ended but whose processes are not all gone yet (`ending`: they hold what they held running).
+    A running job holds its share (or the whole GPU) and its compute; a stopped job computes
+    nothing and holds what its processes hold (`held`: job id → GPU → bytes, measured)."""
     out = {u: GpuLoad() for u in views}
     for job, over in [(j, False) for j in jobs] + [(j, True) for j in ending]:
         running = over or job.state is JobState.RUNNING
-        stopped = job.state is JobState.PREEMPTED and job.suspended == "stopped"
-        if not (running or stopped):
+        if not (running or is_stopped(job)):
             continue
         for uuid in job.gpus:
             if uuid not in out:
                 continue
             load = out[uuid]
-            load.holders.append(f"{job.id} (its processes are exiting)" if over else job.id)
-            load.memory += job_memory(job, views[uuid])
+            label = f"{job.id} (its processes are exiting)" if over else job.id
+            load.holders.append(label)
             if running:
+                load.memory += job_memory(job, views[uuid])
                 load.compute += job.spec.compute_percent
-            load.exclusive = load.exclusive or job.spec.whole
+                load.computing.append(label)
+                load.exclusive = load.exclusive or job.spec.whole
+            else:
+                measured = (held or {}).get(job.id, {}).get(uuid, 0)
+                load.memory += measured
+                load.stopped[job.id] = measured
     return out
 
 
 def external_memory(view: GpuView, own_pids: frozenset[int]) -> int:
     """Memory held on the GPU by processes the daemon did not start."""
     return sum(p.used_memory_bytes for p in view.processes if p.pid not in own_pids)
+
+
+def measure(views: Iterable[GpuView], pids_of: Mapping[str, frozenset[int]]) -> Measured:
+    """Who holds the GPUs' memory, by NVML's process lists: each job (`pids_of`: job id → its
+    processes) and, per GPU, the processes the daemon did not start."""
+    own = frozenset(pid for pids in pids_of.values() for pid in pids)
+    external: dict[str, int] = {}
+    held: dict[str, dict[str, int]] = {}
+    for view in views:
+        external[view.uuid] = external_memory(view, own)
+        for job_id, pids in pids_of.items():
+            used = sum(p.used_memory_bytes for p in view.processes if p.pid in pids)
+            if used:
+                held.setdefault(job_id, {})[view.uuid] = used
+    return Measured(external, held)
+
+
+def whole_gpu_memory(view: GpuView, external: int) -> int:
+    """What a whole-GPU job needs: all the memory processes the daemon did not start leave."""
+    return max(1, view.memory_total_bytes - external)
 
 
 def check_gpu(job: Job, view: GpuView, load: GpuLoad, external: int, settings: Settings) -> Hold | None:
@@ -140,8 +193,8 @@ def check_gpu(job: Job, view: GpuView, load: GpuLoad, external: int, settings: S
             f" is above the cap {settings.cap_percent:.0f} %",
             False,
         )
-    if load.holders and (job.spec.whole or load.exclusive):
-        return Hold(job, f"GPU {view.index} is held by job {', '.join(load.holders)}", True)
+    if load.exclusive or (job.spec.whole and load.computing):
+        return Hold(job, f"GPU {view.index} is held by job {', '.join(load.computing)}", True)
     if load.compute + job.spec.compute_percent > 100:
         return Hold(
             job,
@@ -149,11 +202,14 @@ def check_gpu(job: Job, view: GpuView, load: GpuLoad, external: int, settings: S
             True,
         )
     free = view.memory_total_bytes - external - load.memory
-    need = job_memory(job, view) if not job.spec.whole else 1
+    need = whole_gpu_memory(view, external) if job.spec.whole else job_memory(job, view)
     if need > free:
         by_jobs = need <= view.memory_total_bytes - external
-        ext = f" (processes the daemon did not start hold {gib(external)})" if external else ""
-        return Hold(job, f"GPU {view.index}: needs {gib(need)}, {gib(max(0, free))} free{ext}", by_jobs)
+        held = [f"job {j} holds {gib(b)}, stopped" for j, b in load.stopped.items() if b]
+        if external:
+            held.append(f"processes the daemon did not start hold {gib(external)}")
+        why = f" ({'; '.join(held)})" if held else ""
+        return Hold(job, f"GPU {view.index}: needs {gib(need)}, {gib(max(0, free))} free{why}", by_jobs)
     return None
 
 
@@ -173,7 +229,7 @@ def place(
     holds: list[Hold] = []
     for view in candidates:
         # a stopped job's own memory is already counted there: check the others' load only
-        own = _without(load_of[view.uuid], job, view) if job.suspended == "stopped" else load_of[view.uuid]
+        own = _without(load_of[view.uuid], job) if is_stopped(job) else load_of[view.uuid]
         hold = check_gpu(job, view, own, external_of.get(view.uuid, 0), settings)
         if hold is None:
             fits.append(view)
@@ -186,8 +242,13 @@ def place(
     return Hold(job, "; ".join(h.reason for h in holds), all(h.blocked_by_jobs for h in holds))
 
 
-def _without(load: GpuLoad, job: Job, view: GpuView) -> GpuLoad:
-    holders = [h for h in load.holders if h != job.id]
+def _without(load: GpuLoad, job: Job) -> GpuLoad:
+    """The load of the others: a stopped job's own measured memory taken out."""
     return GpuLoad(
-        load.compute, load.memory - job_memory(job, view), holders, load.exclusive and bool(holders)
+        load.compute,
+        load.memory - load.stopped.get(job.id, 0),
+        [h for h in load.holders if h != job.id],
+        load.exclusive,
+        list(load.computing),
+        {j: b for j, b in load.stopped.items() if j != job.id},
     )

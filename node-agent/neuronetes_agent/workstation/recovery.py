@@ -11,7 +11,8 @@ The store records a transition before the daemon acts on it, so after a SIGKILL 
   again (it may have started: a job is never run twice);
 - a RUNNING job whose process is gone is finished from the exit status its shepherd wrote (or
   FAILED when there is none);
-- a PREEMPTED job holding a process is suspended again if a resume was cut short, or FAILED if
+- a PREEMPTED job holding a process (checkpointed or stopped), or one QUEUED again whose resume
+  was cut short, is suspended again (the scheduler resumes it when there is room), or FAILED if
   its process is gone;
 - a cancelled job whose processes still run is killed, and so is whatever the last attempt of a
   job that is not running left behind (found by its cgroup or its token): its GPUs wait for it.
@@ -89,7 +90,7 @@ def _recover(sched: Scheduler, job: Job, now: float, done: list[str], over: list
         if job.suspended == "signalled":
             sched.coop_deadline[job.id] = now + sched.config.cooperative_deadline_s
         done.append(f"{job.id}: re-adopted (pid {job.pid})")
-    elif job.state is S.PREEMPTED and job.suspended:
+    elif job.state in (S.PREEMPTED, S.QUEUED) and job.suspended:  # QUEUED: a resume was cut short
         if not alive(job.pid, job.pid_start):
             sched.store.transition(job, S.FAILED, "its process ended while the daemon was down", now)
             done.append(f"{job.id}: FAILED (preempted process gone)")

@@ -27,7 +27,7 @@ from .containment import ProcTable
 from .gpus import Gpus, GpuView
 from .jobs import ACTIVE, FINAL, Job, JobState
 from .launcher import Launcher
-from .preemption import Plan, Rung, plan
+from .preemption import NoRoom, Plan, Rung, plan
 from .store import Store
 
 __all__ = ["Config", "Scheduler"]
@@ -80,7 +80,7 @@ class Scheduler:
             for job in jobs:
                 if job.state is S.RUNNING:
                     self.reap(job, now)
-                elif job.state is S.PREEMPTED and job.suspended:
+                elif job.suspended:  # PREEMPTED, or QUEUED while its resume is under way
                     self.check_suspended(job, now)
             self._settle_ending(now)
             jobs = [j for j in jobs if j.state not in FINAL]
@@ -154,39 +154,70 @@ class Scheduler:
     def _admit(self, jobs: list[Job], views: dict[str, GpuView], now: float, ending: list[Job]) -> None:
         settings = self.config.settings
         view_list = sorted(views.values(), key=lambda v: v.index)
-        external = self._external(jobs + ending, view_list)
+        measured = self._measure(jobs + ending, view_list)
+        external = measured.external
         for job in adm.queue_order(jobs, now, settings.aging_s):
-            decision = adm.place(job, view_list, adm.loads(jobs, views, ending), external, settings)
+            load_of = adm.loads(jobs, views, ending, measured.held)
+            decision = adm.place(job, view_list, load_of, external, settings)
             if isinstance(decision, adm.Admit):
                 self._start(job, decision.gpus, now)
                 continue
-            waiting = f"waiting: {decision.reason}"
-            if job.reason != waiting and job.state is S.QUEUED:
-                self.store.update(job, reason=waiting)
-            if not decision.blocked_by_jobs:
-                continue
-            if self.coop_deadline:
+            if decision.blocked_by_jobs and self.coop_deadline:
+                self._waiting(job, decision.reason)
                 return  # a preemption is under way: nothing starts behind the job it is for
-            chosen = plan(job, view_list, jobs, external, settings, self._rung, ending)
-            if chosen is not None:
-                self._preempt(chosen, now)
+            outcome: Plan | NoRoom = NoRoom(job, "")
+            if decision.blocked_by_jobs:
+                outcome = plan(
+                    job,
+                    view_list,
+                    jobs,
+                    external,
+                    settings,
+                    self._rung,
+                    ending,
+                    held=measured.held,
+                    why_not_saved=self._why_not_saved,
+                )
+            if isinstance(outcome, Plan):
+                self._waiting(job, decision.reason)
+                self._preempt(outcome, now, measured.held)
                 self.wake.set()  # the next round starts the urgent job without waiting
                 return
+            no_room = f"; preemption cannot make room: {outcome.reason}" if outcome.reason else ""
+            self._waiting(job, decision.reason + no_room)
 
-    def _external(self, jobs: list[Job], views: list[GpuView]) -> dict[str, int]:
+    def _waiting(self, job: Job, reason: str) -> None:
+        """A queued job's reason says why it waits (a preempted one keeps how it was preempted)."""
+        waiting = f"waiting: {reason}"
+        if job.reason != waiting and job.state is S.QUEUED:
+            self.store.update(job, reason=waiting)
+
+    def _measure(self, jobs: list[Job], views: list[GpuView]) -> adm.Measured:
+        """Who holds the GPUs' memory (NVML's process lists): each job, and outside processes."""
         if not any(v.processes for v in views):
-            return {}
-        own: set[int] = set()
+            return adm.Measured()
         table = ProcTable()
+        pids_of: dict[str, frozenset[int]] = {}
         for job in jobs:
             if job.pid:  # running, held, or an attempt still ending
-                own.update(self.launcher.processes(job, table, by_token=False))
-        return {v.uuid: adm.external_memory(v, frozenset(own)) for v in views}
+                mine = self.launcher.processes(job, table, by_token=False)
+                pids_of[job.id] = pids_of.get(job.id, frozenset()) | mine
+        return adm.measure(views, pids_of)
 
     def _rung(self, job: Job) -> Rung:
         if job.id not in self.checkpoint_failed and self.cuda_pids(job):
             return Rung.CHECKPOINT
         return Rung.COOPERATIVE if job.spec.checkpointable else Rung.STOP
+
+    def _why_not_saved(self, job: Job) -> str:
+        """Why neither checkpoint rung applies to `job` (it can only be stopped)."""
+        if not self.ckpt.available:
+            driver = "the driver has no checkpoint API"
+        elif job.id in self.checkpoint_failed:
+            driver = "its transparent checkpoint failed"
+        else:
+            driver = "the CUDA driver knows none of its processes"
+        return f"it was not submitted --checkpointable and {driver}"
 
     def cuda_pids(self, job: Job) -> list[int]:
         if not self.ckpt.available or not job.pid:
@@ -195,7 +226,7 @@ class Scheduler:
             p for p in sorted(self.launcher.processes(job, by_token=False)) if self.ckpt.state(p) is not None
         ]
 
-    def _preempt(self, chosen: Plan, now: float) -> None:
+    def _preempt(self, chosen: Plan, now: float, held: dict[str, dict[str, int]]) -> None:
         urgent = chosen.job
         for victim, rung in chosen.victims:
             why = f"preempted for job {urgent.id} (priority {urgent.spec.priority})"
@@ -229,10 +260,12 @@ class Scheduler:
                 self.coop_deadline[victim.id] = now + self.config.cooperative_deadline_s
                 self.launcher.signal(victim, signal.SIGUSR1)
             else:
+                kept = adm.gib(sum(held.get(victim.id, {}).values()))
                 self.store.transition(
                     victim,
                     S.PREEMPTED,
-                    f"{why}: stopped (SIGSTOP); its GPU memory stays allocated",
+                    f"{why}: stopped (SIGSTOP): its compute is free, the {kept} of GPU memory it holds"
+                    " stay allocated",
                     now,
                     suspended="stopped",
                     queued_at=now,
@@ -288,20 +321,20 @@ class Scheduler:
     def _resume(self, job: Job, now: float) -> None:
         started = time.monotonic()
         how = job.suspended
-        if how == "stopped":
+        if how == "stopped":  # recorded first: a daemon killed before SIGCONT continues it (recovery)
+            self.store.transition(job, S.RUNNING, "continued (SIGCONT)", self.clock(), suspended="")
             self.launcher.signal(job, signal.SIGCONT)
-        else:
-            for pid in sorted(self.launcher.processes(job, by_token=False)):
-                if self.ckpt.state(pid) not in (None, STATE_RUNNING):
-                    failed = self.ckpt.resume(pid)
-                    if failed is not None:  # still checkpointed: it waits for room
-                        self.store.update(job, reason=f"waiting: restore failed: {failed}")
-                        return
-        why = (
-            "resumed: GPU memory restored from the checkpoint"
-            if how == "checkpoint"
-            else "continued (SIGCONT)"
-        )
+            self.last_preemption["resume-stopped"] = time.monotonic() - started
+            return
+        for pid in sorted(self.launcher.processes(job, by_token=False)):
+            if self.ckpt.state(pid) not in (None, STATE_RUNNING):
+                failed = self.ckpt.resume(pid)
+                if failed is not None:  # still checkpointed: it waits for room
+                    self.store.update(job, reason=f"waiting: restore failed: {failed}")
+                    return
+        # Recorded after the restore, which may fail; a daemon killed between the two finds the
+        # job QUEUED and still marked checkpointed, and checkpoints it again (recovery).
+        why = "resumed: GPU memory restored from the checkpoint"
         self.store.transition(job, S.RUNNING, why, self.clock(), suspended="")
         self.last_preemption[f"resume-{how}"] = time.monotonic() - started
 

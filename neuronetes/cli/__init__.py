@@ -62,11 +62,15 @@ def _fail(message: str, status: int) -> int:
     return status
 
 
-def main(argv: Sequence[str] | None = None, prog_name: str = "neuronetes") -> int:
-    """Run the CLI on `argv` (default: sys.argv[1:]); returns the exit status."""
+def main(
+    argv: Sequence[str] | None = None, prog_name: str = "neuronetes", command: click.Command | None = None
+) -> int:
+    """Run the CLI on `argv` (default: sys.argv[1:]); returns the exit status. `command`: one command
+    run on its own under `prog_name` (`neuronetes-agent`), through the same error path."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        status = build_root().main(args=args, prog_name=prog_name, standalone_mode=False)
+        root = build_root()  # also resets the root's -v for a fresh command line
+        status = (command or root).main(args=args, prog_name=prog_name, standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
         return _fail(
             f"a command is needed (see {exc.ctx.command_path if exc.ctx else prog_name} --help)", USAGE

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from .options import LOG_LEVEL
-from .root import group, with_version
+from .root import CONTEXT, group, with_version
 from .workstation import WORKSTATION_KEYS, WORKSTATION_OPTIONS, run_workstation
 
 __all__ = ["agent", "agent_main"]
@@ -26,7 +26,9 @@ def agent() -> None:
     "run",
     help="Serve a GPU node (NVML) or a fleet of simulated nodes: discover GPUs, track their health, "
     "publish GPUNode, labels and capacity, evict pods from failed GPUs, export metrics "
-    "(docs/gpu-health.md). Give exactly one of --node and --simulate-nodes.",
+    "(docs/gpu-health.md). Give exactly one of --node and --simulate-nodes, or --workstation: no "
+    "cluster, this machine's GPUs run a job queue over a local socket (docs/workstation.md).",
+    context_settings=CONTEXT,  # -h as well when `neuronetes-agent` runs this command on its own
 )
 @click.option(
     "--workstation",
@@ -162,4 +164,5 @@ def agent_main() -> int:
     workstation mode (the same options as ``neuronetes agent run``)."""
     from . import main
 
-    return main(["agent", "run", *sys.argv[1:]], prog_name="neuronetes-agent")
+    # This command itself, not the root's `agent run`: its usage line reads `neuronetes-agent [OPTIONS]`.
+    return main(sys.argv[1:], prog_name="neuronetes-agent", command=agent_run)

@@ -45,8 +45,13 @@ def _state(gpu: GpuView) -> str:
     return gpu.health + (f" ({', '.join(marks)})" if marks else "")
 
 
+def _cluster(kubeconfig: str | None) -> Cluster:
+    """The cluster a verb fell through to by the target rule (its kubeconfig error says so)."""
+    return Cluster(kubeconfig, fallback=workstation.no_daemon_either())
+
+
 def _views(kubeconfig: str | None) -> list[NodeView]:
-    cluster = Cluster(kubeconfig)
+    cluster = _cluster(kubeconfig)
     return cluster_views(cluster.gpunodes(), cluster.nodes(), cluster.pods())
 
 
@@ -132,13 +137,17 @@ def _health_document(gpunode: dict[str, Any], gpu: GpuView, events: list[dict[st
 )
 @KUBECONFIG
 @workstation.STATE_DIR
-@click.option("--gpu-id", metavar="UUID", help="one GPU in detail")
+@click.option(
+    "--gpu-id",
+    metavar="GPU",
+    help="one GPU in detail: its UUID or a unique prefix of it (on a workstation also its index)",
+)
 @output_option
 def health(kubeconfig: str | None, state_dir: str | None, gpu_id: str | None, output: str) -> int:
     target = workstation.target_state_dir(state_dir, kubeconfig)
     if target is not None:
         return workstation.show_health(target, gpu_id, output)
-    cluster = Cluster(kubeconfig)
+    cluster = _cluster(kubeconfig)
     views = cluster_views(cluster.gpunodes(), cluster.nodes(), cluster.pods())
     if gpu_id is None:
         gpus = [g for v in views for g in v.gpus]
@@ -149,7 +158,8 @@ def health(kubeconfig: str | None, state_dir: str | None, gpu_id: str | None, ou
             rows=[[g.node, g.index, g.uuid, g.health, g.reason or "-", g.cordoned, g.offline] for g in gpus],
         )
         return 0
-    gpunode, _ = cluster.gpu(gpu_id)
+    gpunode, entry = cluster.gpu(gpu_id)
+    gpu_id = str(entry["uuid"])  # a prefix names it too
     gpu = next(g for v in views for g in v.gpus if g.uuid == gpu_id)
     events = [e for e in cluster.events_about("Node", "", gpu.node) if gpu_id in str(e.get("message", ""))]
     doc = _health_document(gpunode, gpu, events)

@@ -1,5 +1,5 @@
 """``neuronetes dev``: the local control plane (``dev cluster``), the simulated-GPU fault injectors
-(``dev inject-*``, served by a fleet agent) and ``neuronetes demo``."""
+(``dev inject-*``, served by a fleet agent or a workstation daemon) and ``neuronetes demo``."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import argparse
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 
+from . import workstation
 from .options import GPU_ID, KUBECONFIG
 from .output import CliError, emit, output_option, spinner
 from .root import group
@@ -234,45 +235,57 @@ def cluster_cmd(action: str, name: str, as_json: bool, output: str, **opts: Any)
 # ---- fault injection on simulated GPUs (the agent's verbs) ----------------------------------------------
 
 
-def _inject(verb: str, **fields: Any) -> int:
-    from neuronetes_agent.daemon.commands import cmd_inject  # the agent's stack: only when run
+def _inject(verb: str, gpu_id: str, kubeconfig: str | None, state_dir: str | None, **fields: Any) -> int:
+    """One fault on a simulated GPU, wherever the target rule points (docs/workstation.md, "CLI"):
+    a workstation daemon on the simulated backend, else a fleet agent through the cluster."""
+    from neuronetes_agent.daemon.commands import cmd_inject, fault_order  # the agent's: only when run
 
-    ns = argparse.Namespace(dev_command=verb, **fields)
-    return cmd_inject(ns)
+    ns = argparse.Namespace(dev_command=verb, gpu_id=gpu_id, kubeconfig=kubeconfig, **fields)
+    target = workstation.target_state_dir(state_dir, kubeconfig)
+    if target is None:
+        return cmd_inject(ns)
+    from neuronetes_agent.workstation.protocol import Simulate
+
+    try:
+        fault = fault_order(ns)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    out = workstation.call(target, Simulate(gpu=gpu_id, fault=fault))
+    click.echo(f"{out['gpu']}: {out['message']}")
+    return 0
 
 
-@dev.command(
-    "inject-xid", help="Report an XID on a simulated GPU (served by a fleet agent; docs/gpu-health.md)."
-)
+_SERVED_BY: Final = "served by a fleet agent or a workstation daemon's simulated backend; docs/gpu-health.md"
+
+
+@dev.command("inject-xid", help=f"Report an XID on a simulated GPU ({_SERVED_BY}).")
 @GPU_ID
 @KUBECONFIG
+@workstation.STATE_DIR
 @click.option("--xid", type=int, required=True, help="the XID (1-999)")
-def inject_xid(gpu_id: str, kubeconfig: str | None, xid: int) -> int:
-    return _inject("inject-xid", gpu_id=gpu_id, kubeconfig=kubeconfig, xid=xid)
+def inject_xid(gpu_id: str, kubeconfig: str | None, state_dir: str | None, xid: int) -> int:
+    return _inject("inject-xid", gpu_id, kubeconfig, state_dir, xid=xid)
 
 
-@dev.command(
-    "inject-temperature",
-    help="Set a simulated GPU's temperature (served by a fleet agent; docs/gpu-health.md).",
-)
+@dev.command("inject-temperature", help=f"Set a simulated GPU's temperature ({_SERVED_BY}).")
 @GPU_ID
 @KUBECONFIG
+@workstation.STATE_DIR
 @click.option("--celsius", type=float, required=True)
-def inject_temperature(gpu_id: str, kubeconfig: str | None, celsius: float) -> int:
-    return _inject("inject-temperature", gpu_id=gpu_id, kubeconfig=kubeconfig, celsius=celsius)
+def inject_temperature(gpu_id: str, kubeconfig: str | None, state_dir: str | None, celsius: float) -> int:
+    return _inject("inject-temperature", gpu_id, kubeconfig, state_dir, celsius=celsius)
 
 
-@dev.command(
-    "inject-ecc", help="Add ECC errors to a simulated GPU (served by a fleet agent; docs/gpu-health.md)."
-)
+@dev.command("inject-ecc", help=f"Add ECC errors to a simulated GPU ({_SERVED_BY}).")
 @GPU_ID
 @KUBECONFIG
+@workstation.STATE_DIR
 @click.option("--corrected", type=int, default=0)
 @click.option("--uncorrected", type=int, default=0)
-def inject_ecc(gpu_id: str, kubeconfig: str | None, corrected: int, uncorrected: int) -> int:
-    return _inject(
-        "inject-ecc", gpu_id=gpu_id, kubeconfig=kubeconfig, corrected=corrected, uncorrected=uncorrected
-    )
+def inject_ecc(
+    gpu_id: str, kubeconfig: str | None, state_dir: str | None, corrected: int, uncorrected: int
+) -> int:
+    return _inject("inject-ecc", gpu_id, kubeconfig, state_dir, corrected=corrected, uncorrected=uncorrected)
 
 
 # ---- GPU validation ---------------------------------------------------------------------------------

@@ -202,6 +202,13 @@ def _versus_rows(placement: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+# A cluster-only view: its kubeconfig error points a workstation user to the jobs' own view.
+_WORKSTATION_HINT: Final = (
+    "explain reads the cluster (on a workstation: neuronetes jobs describe JOB, once its daemon runs: "
+    "neuronetes agent run --workstation)"
+)
+
+
 @click.command(
     "explain",
     short_help="Why a pod runs on its node and GPUs, or why it is Pending.",
@@ -215,7 +222,7 @@ def _versus_rows(placement: dict[str, Any]) -> list[list[Any]]:
 @output_option
 def explain(pod: str, namespace: str, kubeconfig: str | None, output: str) -> int:
     ns, name = _pod_ref(pod, namespace)
-    cluster = Cluster(kubeconfig)
+    cluster = Cluster(kubeconfig, fallback=_WORKSTATION_HINT)
     obj = cluster.pod(ns, name)
     uid = (obj.get("metadata") or {}).get("uid")
     events = [

@@ -31,13 +31,18 @@ def offline_gpus(gpunode: dict[str, Any]) -> set[str]:
 class Cluster:
     """A read-only view of the cluster through `kubeconfig` (default: in-cluster, else ~/.kube/config)."""
 
-    def __init__(self, kubeconfig: str | None) -> None:
+    def __init__(self, kubeconfig: str | None, fallback: str = "") -> None:
+        """`fallback`: what else was tried before the cluster (the workstation's line, from the
+        target rule), said after a kubeconfig error when no --kubeconfig was given."""
         from neuronetes.kube.client import KubeClient, KubeError, load_api_client
 
         try:
             api = load_api_client(kubeconfig or None)
         except KubeError as exc:
-            raise CliError(f"kubeconfig {kubeconfig or 'the default kubeconfig'}: {exc.reason}") from None
+            tried = f"; {fallback}" if fallback and not kubeconfig else ""
+            raise CliError(
+                f"kubeconfig {kubeconfig or 'the default kubeconfig'}: {exc.reason}{tried}"
+            ) from None
         api.configuration.retries = 1  # an unreachable server answers in seconds, not minutes
         self.client = KubeClient(api, timeout=TIMEOUT_S)
         self.server = self.client.server
@@ -84,13 +89,21 @@ class Cluster:
         events = self.items(where, [("fieldSelector", selector)])
         return sorted(events, key=event_time)
 
-    def gpu(self, uuid: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(GPUNode, its status entry) of the GPU `uuid`; CliError when no GPUNode lists it."""
-        for node in self.gpunodes():
-            for gpu in (node.get("status") or {}).get("gpus") or ():
-                if gpu.get("uuid") == uuid:
-                    return node, dict(gpu)
-        raise CliError(f"no GPUNode lists GPU {uuid}")
+    def gpu(self, ref: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(GPUNode, its status entry) of the GPU `ref` names: its UUID or a unique UUID prefix
+        (`match_gpu`, as the workstation takes it less the index); CliError when no GPUNode lists
+        it or the prefix is ambiguous."""
+        from neuronetes_agent.daemon.devices import GpuRefError, match_gpu
+
+        found = {
+            str(gpu.get("uuid")): (node, dict(gpu))
+            for node in self.gpunodes()
+            for gpu in (node.get("status") or {}).get("gpus") or ()
+        }
+        try:
+            return found[match_gpu(ref, ((None, uuid) for uuid in found), "")]
+        except GpuRefError as exc:
+            raise CliError(exc.message if exc.ambiguous else f"no GPUNode lists GPU {ref}") from None
 
 
 def event_time(event: dict[str, Any]) -> str:

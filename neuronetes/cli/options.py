@@ -12,5 +12,11 @@ LOG_LEVEL = click.option(
     default="info",
     show_default=True,
 )
-GPU_ID = click.option("--gpu-id", required=True, metavar="UUID", help="the GPU's NVML UUID (GPU-...)")
+GPU_ID = click.option(
+    "--gpu-id",
+    required=True,
+    metavar="GPU",
+    help="the GPU as nvidia-smi -i takes it: its UUID (GPU-...) or a unique prefix of it; on a "
+    "workstation also its index",
+)
 KUBECONFIG = click.option("--kubeconfig", help="kubeconfig (default: in-cluster, else ~/.kube/config)")

@@ -9,7 +9,7 @@
   with the daemon's own rules before anything is sent, so a bad priority or size is refused even
   when no daemon runs.
 
-One module for the one mode (about 500 lines): the verbs' tables, the daemon's options and the
+One module for the one mode (about 600 lines): the verbs' tables, the daemon's options and the
 reach change together. The workstation package (`neuronetes_agent.workstation`) is imported inside
 the functions that use it: ``neuronetes --help`` and the cluster verbs never load it.
 """
@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import click
 
 from .output import CliError, emit, output_option, rows_of, stdout_console
+from .root import group
 
 if TYPE_CHECKING:
     from neuronetes_agent.workstation.protocol import GpuAction, Request
@@ -37,6 +39,7 @@ __all__ = [
     "cancel",
     "gpu_admin",
     "jobs",
+    "no_daemon_either",
     "run_workstation",
     "show_health",
     "show_status",
@@ -70,6 +73,18 @@ def target_state_dir(option: str | None, kubeconfig: str | None = None) -> Path 
         return None
     path, named = client.state_dir_from(None)
     return path if named or client.daemon_live(path) else None
+
+
+def no_daemon_either() -> str:
+    """What a cluster verb adds to a kubeconfig error when the target rule fell through to the
+    cluster: the workstation it tried first, and how to start a daemon there."""
+    from neuronetes_agent.workstation import client
+
+    path = client.state_dir_from(None)[0]
+    return (
+        f"the target was the cluster: no --state-dir, no $NEURONETES_STATE_DIR and no workstation "
+        f"daemon answers in {path} (start one: neuronetes agent run --workstation)"
+    )
 
 
 def state_dir_of(option: str | None) -> Path:
@@ -217,18 +232,34 @@ def _gpu_rows(gpus: list[dict[str, Any]]) -> list[list[Any]]:
 # ---- submit ---------------------------------------------------------------------------------------
 
 
-@click.command("submit", help="Queue a job on the workstation (docs/workstation.md).")
-@click.option("--cmd", "command", required=True, help="the command line (run by /bin/sh)")
-@click.option("--priority", required=True, type=int, help="0-1000; higher runs first and may preempt lower")
+@click.command(
+    "submit",
+    help="Queue a job on the workstation (docs/workstation.md). A command run directly must be found "
+    "(on PATH, or an executable path) or it is refused here.",
+)
+@click.option(
+    "--cmd", "command", required=True, help="the command line (run by /bin/sh if it uses its syntax)"
+)
+@click.option(
+    "--priority",
+    type=int,
+    default=0,
+    show_default=True,
+    help="0-1000; higher runs first and may preempt lower (0, the lowest, preempts nothing)",
+)
 @click.option(
     "--name", default="", help="a name to refer to the job by (lower-case, digits, . _ -; not j<number>)"
 )
-@click.option("--gpus", type=int, default=None, help="whole GPUs, exclusively (default 1)")
+@click.option("--gpus", type=int, default=None, help="whole GPUs, exclusively, 1-16 (default 1)")
 @click.option(
     "--gpu-memory", default="", metavar="SIZE", help="a GPU share: memory (8Gi, 512Mi; at least 1Mi)"
 )
 @click.option(
-    "--gpu-compute", type=int, default=None, metavar="PCT", help="a GPU share: compute percent (1-100)"
+    "--gpu-compute",
+    type=int,
+    default=None,
+    metavar="PCT",
+    help="a GPU share: compute percent (1-100; default: the share's part of the GPU's memory, rounded up)",
 )
 @click.option(
     "--checkpointable", is_flag=True, help="the job saves and exits on SIGUSR1 (cooperative preemption)"
@@ -247,32 +278,46 @@ def submit(
     output: str,
 ) -> None:
     from neuronetes_agent.workstation import jobs, protocol
+    from neuronetes_agent.workstation.launcher import missing_program
 
     if gpus is not None and (gpu_memory or gpu_compute is not None):
         raise click.UsageError("give either --gpus or a share (--gpu-memory and --gpu-compute), not both")
     if gpu_compute is not None and not gpu_memory:
         raise click.UsageError("--gpu-compute needs --gpu-memory (a share names both)")
-    compute = 100 if gpu_compute is None else gpu_compute
-    try:  # the daemon's own rules, checked before anything is sent
+    whole = 1 if gpus is None else gpus  # --gpus 0 stays 0: the spec refuses it
+    try:  # the daemon's own rules, checked before anything is sent (a share's default is its own)
         memory = jobs.parse_size(gpu_memory, "--gpu-memory") if gpu_memory else 0
-        jobs.JobSpec(command, priority, name, gpus or 1, memory, compute, checkpointable).check_new()
+        compute = gpu_compute if gpu_compute is not None else (1 if memory else 100)
+        jobs.JobSpec(command, priority, name, whole, memory, compute, checkpointable).check_new()
     except jobs.SpecError as exc:
         raise CliError(str(exc)) from None
+    missing = missing_program(command, os.getcwd(), os.environ.get("PATH", os.defpath))
+    if missing:
+        raise CliError(missing)
     request = protocol.Submit(
         command=command,
         priority=priority,
         name=name,
-        gpus=gpus or 1,
+        gpus=whole,
         gpu_memory=gpu_memory,
-        gpu_compute=compute,
+        gpu_compute=gpu_compute,
         checkpointable=checkpointable,
         workdir=os.getcwd(),
     )
     job = call(state_dir_of(state_dir), request)
     if output == "table":
-        click.echo(f"job {job['id']} ({job['name']}) {job['state']}")
+        asked = _request_text(job["request"], gpu_compute is None)
+        click.echo(f"job {job['id']} ({job['name']}) {job['state']}: {asked}, priority {job['priority']}")
     else:
         emit(output, job)
+
+
+def _request_text(request: dict[str, Any], compute_defaulted: bool = False) -> str:
+    """What a job asked for: ``1 GPU`` or ``8.0 GiB, 10 % compute`` (``submit``, ``jobs describe``)."""
+    if "gpus" in request:
+        return f"{request['gpus']} GPU" + ("s" if request["gpus"] != 1 else "")
+    default = " (default: the share's part of the GPU's memory)" if compute_defaulted else ""
+    return f"{request['gpuMemoryBytes'] / 2**30:.1f} GiB, {request['gpuComputePercent']} % compute{default}"
 
 
 # ---- status, health, watch -----------------------------------------------------------------------
@@ -395,7 +440,17 @@ def watch(interval: str, count: int, all_: bool, state_dir: str | None) -> None:
         document = call(target, request)
         return Group(_daemon_line(document["daemon"]), *_status_tables(document))
 
-    with Live(frame(), console=stdout_console(), auto_refresh=False) as live:
+    console = stdout_console()
+    if not console.is_terminal:  # a pipe or a file: whole frames one after another, no cursor moves
+        shown = 0
+        while count == 0 or shown < count:
+            if shown:
+                time.sleep(seconds)
+            console.print(frame())
+            console.file.flush()
+            shown += 1
+        return
+    with Live(frame(), console=console, auto_refresh=False) as live:
         shown = 1
         while count == 0 or shown < count:
             time.sleep(seconds)
@@ -406,7 +461,7 @@ def watch(interval: str, count: int, all_: bool, state_dir: str | None) -> None:
 # ---- jobs ---------------------------------------------------------------------------------------
 
 
-@click.group("jobs", help="List, describe, cancel and kill workstation jobs.")
+@group("jobs", help="List, describe, cancel and kill workstation jobs.")
 def jobs() -> None:
     pass
 
@@ -454,9 +509,23 @@ def jobs_describe(job: str, state_dir: str | None, output: str) -> None:
         "table",
         item,
         columns=("FIELD", "VALUE"),
-        rows=rows_of([{"k": k, "v": item.get(k)} for k in keys], ("k", "v")),
+        rows=rows_of([{"k": k, "v": _value(k, item)} for k in keys], ("k", "v")),
     )
     _emit_history(item["history"])
+
+
+def _value(key: str, job: dict[str, Any]) -> str | None:
+    """One field of `jobs describe` as a person reads it (None: shown as "-")."""
+    value: Any = job.get(key)  # the job object's JSON (docs/workstation.md, "Protocol")
+    if key == "request":
+        return _request_text(value)
+    if key == "logs":
+        return f"{value['stdout']} (stdout), {value['stderr']} (stderr)" if value else None
+    if key == "gpus":
+        return ", ".join(value) or None
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return None if value is None or value == "" else str(value)
 
 
 def _cancel(job: str, state_dir: str | None, force: bool) -> None:
@@ -480,20 +549,39 @@ def jobs_kill(job: str, state_dir: str | None) -> None:
     _cancel(job, state_dir, True)
 
 
-@jobs.command("logs", help="The last lines a job wrote (stdout, or --stderr).")
+_FOLLOW_S: Final = 0.5  # how often `jobs logs -f` asks for more
+
+
+@jobs.command(
+    "logs", help="The last lines a job wrote (stdout, or --stderr); -f: then follow it until it ends."
+)
 @click.argument("job")
 @click.option("--stderr", is_flag=True, help="show stderr instead of stdout")
 @click.option("--tail", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option("-f", "--follow", is_flag=True, help="keep printing what the job writes until it has ended")
 @STATE_DIR
-def jobs_logs(job: str, stderr: bool, tail: int, state_dir: str | None) -> None:
+def jobs_logs(job: str, stderr: bool, tail: int, follow: bool, state_dir: str | None) -> None:
+    from neuronetes_agent.workstation import jobs as job_states
     from neuronetes_agent.workstation import protocol
 
-    out = call(
-        state_dir_of(state_dir),
-        protocol.Logs(job=job, stream="stderr" if stderr else "stdout", tail=tail),
-    )
+    target = state_dir_of(state_dir)
+    stream: Literal["stdout", "stderr"] = "stderr" if stderr else "stdout"
+    out = call(target, protocol.Logs(job=job, stream=stream, tail=tail))
     for line in out["lines"]:
         click.echo(line)
+    final = {s.value for s in job_states.FINAL}
+    while follow:
+        # by its id (a name may pass to a newer job); the state is read before the data, so a final
+        # state with nothing new means nothing more comes
+        more = call(target, protocol.Logs(job=out["job"], stream=stream, after=out["offset"]))
+        if more["data"]:
+            click.echo(more["data"], nl=False)
+            sys.stdout.flush()
+        elif more["state"] in final:
+            return
+        else:
+            time.sleep(_FOLLOW_S)
+        out = more
 
 
 @click.command("cancel", help="Cancel a job (the same as `jobs cancel`).")

@@ -3,13 +3,17 @@ fake CUDA driver (docs/workstation.md). No cluster: these tests need no control 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from workstation_harness import MIB, Daemon, kill_leftovers, process_alive, running_daemon, wait_for
 
+from neuronetes_agent.workstation import client
 from neuronetes_agent.workstation import protocol as p
 
 pytestmark = pytest.mark.e2e
@@ -219,6 +223,7 @@ def test_without_the_checkpoint_api_the_daemon_says_so(
     with running_daemon(tmp_path, cuda_driver=tmp_path / "no-libcuda.so.1") as d:
         status = d.cli_json(capsys, "status")
         assert status["daemon"]["checkpoint"].startswith("unavailable: no CUDA driver")
+        assert status["daemon"]["checkpoint"].count("no-libcuda.so.1") == 1  # the library named once
         d.submit("low", 1, 10_000)
         low = d.wait_state("low", "RUNNING")
         d.simulate(process={"pid": low["pid"], "bytes": 70 << 30})  # what NVML measures of it
@@ -232,24 +237,28 @@ def test_without_the_checkpoint_api_the_daemon_says_so(
         assert d.state("low") == "RUNNING"
 
 
+NEURONETES = str(Path(sys.executable).parent / "neuronetes")
+
+
+def _script(state_dir: Path, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The installed `neuronetes` on this daemon, stdout a pipe (as a script or a log reads it)."""
+    return subprocess.run(
+        [NEURONETES, *argv, "--state-dir", str(state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 def test_gpu_holds_and_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """drain/offline/online on the workstation, and the errors that need a live daemon, through the
     installed console script (one ``error:`` line, no traceback)."""
-    import subprocess
-    import sys
-
     with running_daemon(tmp_path) as d:
         gpu = d.gpu()
 
         def run(*argv: str) -> subprocess.CompletedProcess[str]:
-            script = Path(sys.executable).parent / "neuronetes"
-            return subprocess.run(
-                [str(script), *argv, "--state-dir", str(d.state_dir)],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                stdin=subprocess.DEVNULL,
-            )
+            return _script(d.state_dir, *argv)
 
         for argv, says in [
             (["jobs", "describe", "nope"], "no job 'nope' (no such id or name)"),
@@ -333,3 +342,83 @@ def test_bad_requests_get_one_error_reply_and_change_nothing(tmp_path: Path) -> 
         assert (d.state_dir / "daemon.sock").stat().st_mode & 0o777 == 0o600
         assert d.call(p.ListJobs(all=True)) == []  # nothing was stored
         assert d.call(p.Ping())["pid"] == d.proc.pid  # type: ignore[union-attr]
+
+
+def test_gpus_by_index_uuid_or_prefix_and_faults_through_the_daemon(tmp_path: Path) -> None:
+    """--gpu-id as nvidia-smi -i takes it (index, UUID, unique prefix; an ambiguous prefix names
+    its matches) in every verb, and dev inject-* on the daemon's simulated backend."""
+    with running_daemon(tmp_path, "--simulate-gpus", "2") as d:
+        gpus = d.call(p.Status())["gpus"]
+        first, second = (g["uuid"] for g in gpus)
+        common = os.path.commonprefix([first, second])  # noqa: RUF071  # UUIDs, not paths
+        unique = first[: len(common) + 1]
+
+        refused = _script(d.state_dir, "health", "--gpu-id", common)
+        assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+        assert f"GPU {common!r} is ambiguous: it starts {first}, {second}" in refused.stderr
+        for ref in ("0", first, unique):
+            shown = _script(d.state_dir, "health", "--gpu-id", ref, "-o", "json")
+            assert shown.returncode == 0 and json.loads(shown.stdout)["uuid"] == first, shown.stderr
+        assert "GPU 1 drained" in _script(d.state_dir, "drain", "--gpu-id", "1").stdout
+        online = _script(d.state_dir, "online", "--gpu-id", second[: len(common) + 1])
+        assert "GPU 1 back in service" in online.stdout
+        assert _script(d.state_dir, "offline", "--gpu-id", "7").stderr.startswith("error: no GPU '7'")
+
+        hot = _script(d.state_dir, "dev", "inject-temperature", "--gpu-id", "1", "--celsius", "95")
+        assert hot.returncode == 0 and hot.stdout.startswith(second), hot.stderr
+        wait_for(lambda: d.call(p.Health(gpu=second))["state"] == "Degraded", "GPU 1 too hot")
+        xid = _script(d.state_dir, "dev", "inject-xid", "--gpu-id", unique, "--xid", "48")
+        assert xid.returncode == 0, xid.stderr
+        wait_for(
+            lambda: any("XID 48" in (h["reason"] or "") for h in d.call(p.Health(gpu=first))["history"]),
+            "GPU 0's history records XID 48",
+        )
+        assert _script(d.state_dir, "dev", "inject-ecc", "--gpu-id", "0", "--corrected", "2").returncode == 0
+        bad = _script(d.state_dir, "dev", "inject-xid", "--gpu-id", "0", "--xid", "0")
+        assert bad.returncode == 1 and "not an XID" in bad.stderr
+
+
+def test_submit_defaults_logs_follow_watch_and_describe(tmp_path: Path) -> None:
+    """submit's documented defaults and refusals; jobs logs -f to the end; watch's whole frames
+    on a pipe; jobs describe's values."""
+    with running_daemon(tmp_path) as d:
+        share = _script(d.state_dir, "submit", "--cmd", "true", "--gpu-memory", "8Gi", "--name", "s")
+        assert share.returncode == 0, share.stderr
+        assert share.stdout.strip().endswith(
+            "8.0 GiB, 10 % compute (default: the share's part of the GPU's memory), priority 0"
+        )
+        assert d.job("s")["request"] == {"gpuMemoryBytes": 8 << 30, "gpuComputePercent": 10}
+        assert d.job("s")["priority"] == 0
+        # the daemon refuses what the CLI would (its own PATH)
+        missing = client.call(d.state_dir, p.Submit(command="no-such-program-here", priority=1))
+        assert isinstance(missing, p.Err) and missing.code == "invalid"
+        assert missing.message == "command not found: 'no-such-program-here' is not on PATH"
+
+        script = tmp_path / "count.sh"
+        script.write_text("#!/bin/sh\nfor i in 1 2 3 4 5; do echo line $i; sleep 0.3; done\n")
+        script.chmod(0o755)
+        assert _script(d.state_dir, "drain", "--gpu-id", "0").returncode == 0  # the job waits first
+        _script(d.state_dir, "submit", "--cmd", str(script), "--name", "counter", "--priority", "3")
+        follower = subprocess.Popen(
+            [NEURONETES, "jobs", "logs", "counter", "-f", "--state-dir", str(d.state_dir)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_for(lambda: "drained" in d.job("counter")["reason"], "the job held by the drain")
+        assert _script(d.state_dir, "online", "--gpu-id", "0").returncode == 0
+        out, err = follower.communicate(timeout=30)
+        assert follower.returncode == 0, err
+        assert out.splitlines() == [f"line {i}" for i in range(1, 6)]
+        assert d.state("counter") == "COMPLETED"
+
+        described = _script(d.state_dir, "jobs", "describe", "counter")
+        assert described.returncode == 0 and "{" not in described.stdout and "None" not in described.stdout
+        fields = described.stdout.split("History")[0].splitlines()
+        rows = dict(line.split(None, 1) for line in fields if len(line.split(None, 1)) == 2)
+        assert rows["request"].strip() == "1 GPU" and rows["checkpointable"].strip() == "no"
+        assert rows["logs"].strip().endswith("stderr.log (stderr)")
+
+        watched = _script(d.state_dir, "watch", "--count", "2", "--interval", "100ms", "--all")
+        assert watched.returncode == 0 and watched.stdout.endswith("\n"), watched.stderr
+        assert watched.stdout.count("daemon pid") == 2 and "\x1b[" not in watched.stdout

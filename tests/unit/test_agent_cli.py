@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,3 +98,36 @@ def test_reconciliation_flags_reach_the_agents_policy(
     ]
     assert seen[0] == Policy(mode=Mode.ENFORCE, grace_s=30.0, context_allowance_bytes=1 << 30)
     assert main([*base, "--reconcile=evict"]) == 2  # not a mode
+
+
+def test_cluster_verbs_find_a_gpu_by_uuid_or_unique_prefix() -> None:
+    from neuronetes_agent.daemon import commands
+
+    a, b = "GPU-3f2a1b0c-0000", "GPU-3f2a9999-0001"
+
+    class FakeKube:
+        def request(self, method: str, path: str) -> dict[str, object]:
+            gpunode = {"metadata": {"name": "n1"}, "status": {"gpus": [{"uuid": a}, {"uuid": b}]}}
+            return {"items": [gpunode]}
+
+    kube: Any = FakeKube()
+    assert commands._find_gpunode(kube, "GPU-3f2a9")[1] == b
+    assert commands._find_gpunode(kube, a)[0]["metadata"]["name"] == "n1"
+    with pytest.raises(KeyError, match="is ambiguous: it starts GPU-3f2a1b0c-0000, GPU-3f2a9999-0001"):
+        commands._find_gpunode(kube, "GPU-3f2a")
+    with pytest.raises(KeyError, match="no GPUNode lists GPU 0"):
+        commands._find_gpunode(kube, "0")  # an index names nothing across a cluster
+
+
+def test_cluster_health_finds_a_gpu_by_unique_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from neuronetes.cli.kube import Cluster
+    from neuronetes.cli.output import CliError
+
+    gpunode = {"metadata": {"name": "n1"}, "status": {"gpus": [{"uuid": "GPU-aa1"}, {"uuid": "GPU-ab2"}]}}
+    monkeypatch.setattr(Cluster, "gpunodes", lambda self: [gpunode])
+    cluster = Cluster.__new__(Cluster)  # no API server: only the GPUNodes above are read
+    assert cluster.gpu("GPU-ab")[1] == {"uuid": "GPU-ab2"}
+    with pytest.raises(CliError, match="'GPU-a' is ambiguous: it starts GPU-aa1, GPU-ab2"):
+        cluster.gpu("GPU-a")
+    with pytest.raises(CliError, match="no GPUNode lists GPU GPU-b"):
+        cluster.gpu("GPU-b")

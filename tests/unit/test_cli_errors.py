@@ -5,6 +5,7 @@ scripts, as a user runs them, so a traceback anywhere would show."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,19 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (d / "open-state").mkdir()
     (d / "open-state").chmod(0o777)  # a state directory anybody may write
     out["open_state"] = str(d / "open-state")
+    (d / "home").mkdir()
+    out["home"] = str(d / "home")  # no kubeconfig, no daemon in its default state directory
+    (d / "not-executable.sh").write_text("echo hi\n")
+    out["not_executable"] = str(d / "not-executable.sh")
     return out
+
+
+def _isolated(files: dict[str, str]) -> dict[str, str]:
+    """The environment of a case: a home of its own, so no kubeconfig, no in-cluster configuration
+    and no workstation daemon of the user's can answer instead."""
+    dropped = ("KUBECONFIG", "NEURONETES_STATE_DIR", "XDG_STATE_HOME", "KUBERNETES_SERVICE_HOST")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    return {**env, "HOME": files["home"]}
 
 
 SIM = ["simulate", "--nodes", "{nodes}", "--pods", "{pods}", "--workers", "1", "--seeds", "1"]
@@ -213,6 +226,79 @@ CASES = [
         1,
         "--log-max-size: bad size '1k': at least 1Mi",
     ),
+    # no daemon and no kubeconfig: the one line says which target was tried and how to start a daemon
+    *[
+        (
+            f"{verb}-no-daemon-no-kubeconfig",
+            "neuronetes",
+            [verb],
+            1,
+            "; the target was the cluster: no --state-dir, no $NEURONETES_STATE_DIR and no workstation "
+            "daemon answers in {home}/.local/state/neuronetes (start one: neuronetes agent run "
+            "--workstation)",
+        )
+        for verb in ("status", "health")
+    ],
+    (
+        "explain-no-kubeconfig",
+        "kubectl-neuronetes",
+        ["explain", "p"],
+        1,
+        "explain reads the cluster (on a workstation: neuronetes jobs describe JOB, once its daemon runs: "
+        "neuronetes agent run --workstation)",
+    ),
+    # fault injection follows the same target rule: a workstation daemon's simulated backend
+    (
+        "ws-inject-no-daemon",
+        "neuronetes",
+        ["dev", "inject-temperature", "--gpu-id", "0", "--celsius", "90", "--state-dir", "{dir}/none"],
+        1,
+        "no workstation daemon",
+    ),
+    (
+        "ws-inject-bad-xid",
+        "neuronetes",
+        ["dev", "inject-xid", "--gpu-id", "0", "--xid", "1000", "--state-dir", "{dir}/none"],
+        1,
+        "--xid 1000 is not an XID (1-999)",
+    ),
+    (
+        "ws-inject-no-ecc-count",
+        "neuronetes",
+        ["dev", "inject-ecc", "--gpu-id", "0", "--state-dir", "{dir}/none"],
+        1,
+        "give --corrected and/or --uncorrected",
+    ),
+    # submit: zero GPUs refused, commands found before anything is queued, the priority optional
+    ("ws-zero-gpus", "neuronetes", ["submit", "--cmd", "true", "--gpus", "0"], 1, "bad GPU count 0: use"),
+    (
+        "ws-command-not-on-path",
+        "neuronetes",
+        ["submit", "--cmd", "no-such-program-here --flag"],
+        1,
+        "command not found: 'no-such-program-here' is not on PATH",
+    ),
+    (
+        "ws-command-path-missing",
+        "neuronetes",
+        ["submit", "--cmd", "{dir}/missing.sh arg"],
+        1,
+        "missing.sh' is not an executable file",
+    ),
+    (
+        "ws-command-not-executable",
+        "neuronetes",
+        ["submit", "--cmd", "{not_executable}"],
+        1,
+        "not-executable.sh' is not an executable file",
+    ),
+    (
+        "ws-priority-defaults",  # no --priority: the spec passes, only the missing daemon is left
+        "neuronetes",
+        ["submit", "--cmd", "true", "--gpu-memory", "1Gi", "--state-dir", "{dir}/none"],
+        1,
+        "no workstation daemon",
+    ),
     (
         "ws-state-dir-others-may-write",
         "neuronetes-agent",
@@ -237,10 +323,11 @@ def test_bad_input_is_one_error_line(
         timeout=60,
         cwd="/",
         stdin=subprocess.DEVNULL,
+        env=_isolated(files),
     )
     assert result.returncode == status, result.stderr
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
-    assert says in result.stderr and "Traceback" not in result.stderr
+    assert says.format(**files) in result.stderr and "Traceback" not in result.stderr
     assert result.stdout == ""
 
 
@@ -249,7 +336,16 @@ def test_there_are_enough_cases() -> None:
 
 
 @pytest.mark.parametrize(
-    "argv", [["--version"], ["dev", "--version"], ["extender", "--version"], ["agent", "--version"]]
+    "argv",
+    [
+        ["--version"],
+        ["dev", "--version"],
+        ["extender", "--version"],
+        ["agent", "--version"],
+        ["operator", "--version"],
+        ["webhook", "--version"],
+        ["jobs", "--version"],
+    ],
 )
 def test_version_everywhere(argv: list[str]) -> None:
     for script in ("neuronetes", "kubectl-neuronetes"):
@@ -284,3 +380,25 @@ def test_the_agent_script_says_its_version() -> None:
         [str(BIN / "neuronetes-agent"), "--version"], capture_output=True, text=True, timeout=60, cwd="/"
     )
     assert result.returncode == 0 and result.stdout.strip() == "neuronetes-agent 0.1.0", result.stderr
+
+
+def _help(script: str, *argv: str) -> str:
+    result = subprocess.run(
+        [str(BIN / script), *argv, "--help"], capture_output=True, text=True, timeout=60, cwd="/"
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    return " ".join(result.stdout.split())
+
+
+def test_the_agent_script_has_its_own_usage_and_names_the_workstation_flag() -> None:
+    own = _help("neuronetes-agent")
+    assert own.startswith("Usage: neuronetes-agent [OPTIONS]"), own
+    for text in (own, _help("neuronetes", "agent", "run")):
+        assert "or --workstation: no cluster" in text and "--workstation workstation mode" in text
+        assert "--standalone" not in text  # the former name stays a hidden alias
+
+
+def test_submit_says_its_defaults() -> None:
+    text = _help("neuronetes", "submit")
+    assert "[default: 0]" in text and "default: the share's part of the GPU's memory" in text
+    assert "executable path" in text

@@ -175,7 +175,7 @@ def _table_rows(out: str) -> dict[str, str]:
 
 def _fake_cluster(pod: dict[str, Any], note: str) -> type:
     class FakeCluster:
-        def __init__(self, kubeconfig: str | None) -> None:
+        def __init__(self, kubeconfig: str | None, fallback: str = "") -> None:
             pass
 
         def pod(self, namespace: str, name: str) -> dict[str, Any]:

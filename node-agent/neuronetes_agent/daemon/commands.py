@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .devices import GpuRefError, match_gpu
+
 if TYPE_CHECKING:  # imported when a verb runs: the rest of the CLI does without the API client
     from kubernetes.client import ApiClient
 
@@ -105,15 +107,20 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
 # ---- drain / offline / online ---------------------------------------------------------------------
 
 
-def _find_gpunode(kube: Kube, uuid: str) -> dict[str, Any]:
-    """The GPUNode whose status lists GPU `uuid` (KeyError when none does)."""
+def _find_gpunode(kube: Kube, ref: str) -> tuple[dict[str, Any], str]:
+    """The GPUNode whose status lists the GPU `ref` names (its UUID or a unique UUID prefix:
+    `match_gpu`), and that GPU's UUID. KeyError when no GPUNode lists it or the prefix is ambiguous."""
     from .kube import GPUNODES_PATH
 
+    owners: dict[str, dict[str, Any]] = {}
     for item in kube.request("GET", GPUNODES_PATH).get("items") or ():
         for g in (item.get("status") or {}).get("gpus") or ():
-            if g.get("uuid") == uuid:
-                return dict(item)
-    raise KeyError(f"no GPUNode lists GPU {uuid}")
+            owners.setdefault(str(g.get("uuid")), dict(item))
+    try:
+        uuid = match_gpu(ref, ((None, u) for u in owners), "")
+    except GpuRefError as exc:
+        raise KeyError(exc.message if exc.ambiguous else f"no GPUNode lists GPU {ref}") from None
+    return owners[uuid], uuid
 
 
 def _gpu_status(gpunode: dict[str, Any], uuid: str) -> dict[str, Any]:
@@ -159,7 +166,7 @@ def cmd_gpu_admin(ns: argparse.Namespace) -> int:
 
     try:
         kube = Kube(_api(ns.kubeconfig))
-        gpunode = _find_gpunode(kube, ns.gpu_id)
+        gpunode, ns.gpu_id = _find_gpunode(kube, ns.gpu_id)
         node = gpunode["metadata"]["name"]
         if ns.command == "drain":
             _set_lists(kube, gpunode, ns.gpu_id, cordon=True, offline=False)
@@ -190,22 +197,31 @@ def cmd_gpu_admin(ns: argparse.Namespace) -> int:
 # ---- dev inject-* ----------------------------------------------------------------------------
 
 
-def cmd_inject(ns: argparse.Namespace) -> int:
+def fault_order(ns: argparse.Namespace) -> dict[str, Any]:
+    """The fault fields a ``dev inject-*`` command orders (the simulated backend's ``inject``, on a
+    fleet agent or a workstation daemon alike). Raises ValueError on a bad value."""
     if ns.dev_command == "inject-xid":
         if not 1 <= ns.xid <= 999:
-            return _error(f"--xid {ns.xid} is not an XID (1-999)")
-        fault: dict[str, Any] = {"xid": ns.xid}
-    elif ns.dev_command == "inject-temperature":
-        fault = {"temperatureCelsius": ns.celsius}
-    else:
-        if ns.corrected < 0 or ns.uncorrected < 0 or not (ns.corrected or ns.uncorrected):
-            return _error("give --corrected and/or --uncorrected as positive counts")
-        fault = {k: v for k, v in (("eccCorrected", ns.corrected), ("eccUncorrected", ns.uncorrected)) if v}
+            raise ValueError(f"--xid {ns.xid} is not an XID (1-999)")
+        return {"xid": ns.xid}
+    if ns.dev_command == "inject-temperature":
+        return {"temperatureCelsius": ns.celsius}
+    if ns.corrected < 0 or ns.uncorrected < 0 or not (ns.corrected or ns.uncorrected):
+        raise ValueError("give --corrected and/or --uncorrected as positive counts")
+    return {k: v for k, v in (("eccCorrected", ns.corrected), ("eccUncorrected", ns.uncorrected)) if v}
+
+
+def cmd_inject(ns: argparse.Namespace) -> int:
+    try:
+        fault = fault_order(ns)
+    except ValueError as exc:
+        return _error(str(exc))
     from .kube import Kube, KubeError
 
     try:
         kube = Kube(_api(ns.kubeconfig))
-        node = _find_gpunode(kube, ns.gpu_id)["metadata"]["name"]
+        gpunode, ns.gpu_id = _find_gpunode(kube, ns.gpu_id)
+        node = gpunode["metadata"]["name"]
         key = _request(kube, node, {"verb": "inject", "gpu": ns.gpu_id, "fault": fault})
     except (KeyError, KubeError, OSError) as exc:
         return _error(str(exc).strip("'\""))

@@ -7,7 +7,7 @@ injection). Everything above it — health, publication, metrics — sees only t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,10 +17,12 @@ __all__ = [
     "GpuDevice",
     "GpuLost",
     "GpuProcess",
+    "GpuRefError",
     "GpuSample",
     "Inventory",
     "MigDevice",
     "XidEvent",
+    "match_gpu",
 ]
 
 
@@ -34,6 +36,40 @@ class GpuLost(DiscoveryError):
     def __init__(self, uuid: str, message: str) -> None:
         super().__init__(message)
         self.uuid = uuid
+
+
+class GpuRefError(LookupError):
+    """A ``--gpu-id`` that names no GPU, or more than one (`message`: the one line to show)."""
+
+    def __init__(self, message: str, *, ambiguous: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.ambiguous = ambiguous
+
+
+def match_gpu(ref: str, gpus: Iterable[tuple[int | None, str]], where: str) -> str:
+    """The UUID of the GPU that `ref` names among `gpus` ((index, UUID); no index where an index
+    means nothing, as across a cluster's nodes), the way ``nvidia-smi -i`` takes it: an index, a
+    whole UUID, or a prefix of one UUID only (the tables print such prefixes). `where` ends the
+    not-found line ("on this machine"). Raises GpuRefError, naming the matches of an ambiguous one."""
+    ref = ref.strip()
+    known = list(gpus)
+    by_index = any(index is not None for index, _ in known)
+    if ref.isdigit() and by_index:
+        found = [uuid for index, uuid in known if index == int(ref)]
+    else:
+        found = [uuid for _, uuid in known if uuid == ref] or [
+            uuid for _, uuid in known if ref and uuid.startswith(ref)
+        ]
+    found = list(dict.fromkeys(found))
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise GpuRefError(
+            f"GPU {ref!r} is ambiguous: it starts {', '.join(found)}; give more of the UUID", ambiguous=True
+        )
+    forms = "an index, a UUID or a unique UUID prefix" if by_index else "a UUID or a unique UUID prefix"
+    raise GpuRefError(f"no GPU {ref!r} {where} (give {forms})", ambiguous=False)
 
 
 @dataclass(frozen=True, slots=True)

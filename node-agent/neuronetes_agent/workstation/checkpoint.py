@@ -54,7 +54,9 @@ class CudaCheckpoint:
         try:
             lib = ctypes.CDLL(library)
         except OSError as exc:
-            self.reason = f"no CUDA driver ({library}: {exc})"
+            # dlopen's message names the library already ("libcuda.so.1: cannot open …")
+            said = str(exc) if library in str(exc) else f"{library}: {exc}"
+            self.reason = f"no CUDA driver ({said})"
             return
         missing = [name for name in _ENTRY_POINTS if not hasattr(lib, name)]
         if missing:

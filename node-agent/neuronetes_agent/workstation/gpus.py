@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from neuronetes.model import GpuHealth
 from neuronetes.profiles import TopologyProfile
-from neuronetes_agent.daemon.devices import DiscoveryError, GpuLost, GpuProcess
+from neuronetes_agent.daemon.devices import DiscoveryError, GpuLost, GpuProcess, match_gpu
 from neuronetes_agent.daemon.health import GpuHealthState, Usage
 
 from .store import Store
@@ -160,5 +160,7 @@ class Gpus:
         else:
             health.on_online()
 
-    def known(self, uuid: str) -> bool:
-        return uuid in self._health
+    def resolve(self, ref: str) -> str:
+        """The UUID of the GPU `ref` names: its index, UUID or unique UUID prefix (`match_gpu`).
+        Raises GpuRefError."""
+        return match_gpu(ref, ((d.index, d.uuid) for d in self.devices), "on this machine")

@@ -10,11 +10,14 @@ import os
 from collections.abc import Callable
 from typing import Any, Final
 
+from neuronetes_agent.daemon.devices import GpuRefError
+
 from . import admission as adm
 from . import protocol as p
 from .gpus import GpuView
-from .jobs import ACTIVE, FINAL, Job, JobSpec, JobState, SpecError, parse_size
-from .logtail import MAX_LINES, tail_rotated
+from .jobs import ACTIVE, FINAL, Job, JobSpec, JobState, SpecError, parse_size, share_compute_default
+from .launcher import missing_program
+from .logtail import MAX_LINES, log_size, read_after, tail_rotated
 from .scheduler import Scheduler
 
 __all__ = ["HANDLERS", "handle", "job_json"]
@@ -85,9 +88,20 @@ def _find(sched: Scheduler, name_or_id: str) -> Job | p.Err:
     return job if job is not None else p.Err("not_found", f"no job {name_or_id!r} (no such id or name)")
 
 
-def _gpu(sched: Scheduler, uuid: str) -> GpuView | p.Err:
+def _uuid(sched: Scheduler, ref: str) -> str | p.Err:
+    """The GPU `ref` names (index, UUID, unique UUID prefix; `Gpus.resolve`), or the one-line error."""
+    try:
+        return sched.gpus.resolve(ref)
+    except GpuRefError as exc:
+        return p.Err("invalid" if exc.ambiguous else "not_found", exc.message)
+
+
+def _gpu(sched: Scheduler, ref: str) -> GpuView | p.Err:
+    uuid = _uuid(sched, ref)
+    if isinstance(uuid, p.Err):
+        return uuid
     view = sched.gpus.views.get(uuid)
-    return view if view is not None else p.Err("not_found", f"no GPU {uuid!r} on this machine")
+    return view if view is not None else p.Err("not_found", f"no GPU {ref!r} on this machine")
 
 
 # ---- handlers ------------------------------------------------------------------------------------
@@ -100,22 +114,29 @@ def ping(sched: Scheduler, req: p.Ping) -> p.Reply:
 
 
 def submit(sched: Scheduler, req: p.Submit) -> p.Reply:
+    total = max(d.memory_mib << 20 for d in sched.gpus.devices)
     try:
+        memory = parse_size(req.gpu_memory, "--gpu-memory") if req.gpu_memory else 0
+        compute = req.gpu_compute
+        if compute is None:
+            compute = share_compute_default(memory, total) if memory else 100
         spec = JobSpec(
             command=req.command,
             priority=req.priority,
             name=req.name,
             gpus=req.gpus,
-            memory_bytes=parse_size(req.gpu_memory, "--gpu-memory") if req.gpu_memory else 0,
-            compute_percent=req.gpu_compute,
+            memory_bytes=memory,
+            compute_percent=compute,
             checkpointable=req.checkpointable,
             workdir=req.workdir,
         ).check_new()
     except SpecError as exc:
         return p.Err("invalid", str(exc))
+    missing = missing_program(spec.command, spec.workdir, os.environ.get("PATH", os.defpath))
+    if missing:
+        return p.Err("invalid", missing)
     if spec.whole and spec.gpus > len(sched.gpus.devices):
         return p.Err("invalid", f"--gpus {spec.gpus}: this machine has {len(sched.gpus.devices)} GPU(s)")
-    total = max(d.memory_mib << 20 for d in sched.gpus.devices)
     if spec.memory_bytes > total:
         return p.Err(
             "invalid",
@@ -194,11 +215,16 @@ def logs(sched: Scheduler, req: p.Logs) -> p.Reply:
     def open_log(name: str) -> int:
         return state.open(["jobs", job_id, name], os.O_RDONLY)
 
+    # `state` and `offset` let a follower go on from here and know when to stop
+    where = {"job": job_id, "path": str(path), "state": job.state.value}
     try:
+        if req.after is not None:
+            data, offset = read_after(open_log, path.name, max(0, req.after))
+            return p.Ok({**where, "data": data.decode(errors="replace"), "offset": offset})
         lines = tail_rotated(open_log, path.name, req.tail)
+        return p.Ok({**where, "lines": lines, "offset": log_size(open_log, path.name)})
     except OSError as exc:  # a link or no regular file in its place: refused, never followed
         return p.Err("conflict", str(exc))
-    return p.Ok({"path": str(path), "lines": lines})
 
 
 def health(sched: Scheduler, req: p.Health) -> p.Reply:
@@ -250,21 +276,22 @@ def simulate(sched: Scheduler, req: p.Simulate) -> p.Reply:
     sim = sched.gpus.simulated
     if sim is None:
         return p.Err("unsupported", "fault injection needs the simulated backend (--simulate-gpus N)")
-    if not sched.gpus.known(req.gpu):
-        return p.Err("not_found", f"no GPU {req.gpu!r} on this machine")
+    uuid = _uuid(sched, req.gpu)
+    if isinstance(uuid, p.Err):
+        return uuid
     done: list[str] = []
     try:
         if req.fault:
-            done.append(sim.inject(req.gpu, req.fault))
+            done.append(sim.inject(uuid, req.fault))
         if req.process is not None:
             if req.process.pid <= 0 or req.process.bytes < 0:
                 return p.Err("invalid", "process: pid must be positive and bytes not negative")
-            sim.set_process(req.gpu, req.process.pid, req.process.bytes)
+            sim.set_process(uuid, req.process.pid, req.process.bytes)
             done.append(f"process {req.process.pid} holds {req.process.bytes} bytes")
     except ValueError as exc:
         return p.Err("invalid", str(exc))
     sched.wake.set()
-    return p.Ok({"gpu": req.gpu, "message": "; ".join(done) or "nothing to do"})
+    return p.Ok({"gpu": uuid, "message": "; ".join(done) or "nothing to do"})
 
 
 def _checkpoint_status(sched: Scheduler) -> str:

@@ -19,6 +19,7 @@ from neuronetes.quantity import QuantityError, to_bytes
 
 __all__ = [
     "ACTIVE",
+    "DEFAULT_PRIORITY",
     "FINAL",
     "MAX_PRIORITY",
     "MIN_SIZE",
@@ -30,6 +31,7 @@ __all__ = [
     "SpecError",
     "check_transition",
     "parse_size",
+    "share_compute_default",
 ]
 
 
@@ -58,6 +60,15 @@ TRANSITIONS: Final[dict[JobState, frozenset[JobState]]] = {
 FINAL: Final = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
 ACTIVE: Final = frozenset({S.RUNNING, S.PREEMPTED})  # states that may own a live process
 MAX_PRIORITY: Final = 1000
+DEFAULT_PRIORITY: Final = 0
+"""A job submitted without a priority: the lowest, like Slurm's nice 0 among equals — such jobs
+never preempt one another, and any job given a priority may preempt them."""
+
+
+def share_compute_default(memory_bytes: int, gpu_bytes: int) -> int:
+    """A share's compute percent when only its memory is given: its part of the GPU's memory,
+    rounded up (8Gi of an 80 GiB GPU: 10 %), so shares sized by memory fit beside each other."""
+    return max(1, min(100, -(-100 * memory_bytes // max(gpu_bytes, 1))))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ import contextlib
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import stat
 import subprocess
@@ -54,6 +55,7 @@ __all__ = [
     "find_token",
     "group_members",
     "kill_group",
+    "missing_program",
 ]
 
 _PROC: Final = Path("/proc")
@@ -90,6 +92,23 @@ def command_argv(command: str) -> list[str]:
     if words and "=" not in words[0]:
         return words
     return ["/bin/sh", "-c", command]
+
+
+def missing_program(command: str, workdir: str, path: str) -> str | None:
+    """Why a command run directly cannot start (its program is neither an executable path, taken
+    from `workdir`, nor on `path`), or None. A shell command's programs are the shell's to find."""
+    argv = command_argv(command)
+    if argv == ["/bin/sh", "-c", command]:
+        return None
+    program = argv[0]
+    if "/" in program:
+        where = Path(workdir or ".", program)
+        if where.is_file() and os.access(where, os.X_OK):
+            return None
+        return f"command not found: {program!r} is not an executable file"
+    if shutil.which(program, path=path) is not None:
+        return None
+    return f"command not found: {program!r} is not on PATH"
 
 
 def group_members(pgid: int) -> list[int]:

@@ -4,6 +4,10 @@
 `MAX_SCAN_BYTES`, finds the last N line breaks, and returns each line cut to `MAX_LINE_BYTES`
 (marked with how long it was). When the log holds fewer than N lines and was rotated, the rest
 comes from the end of ``NAME.1``. Memory is bounded by the scan, whatever the file holds.
+
+``jobs logs -f`` reads forwards instead (`read_after`): what was written after the offset it got
+last, at most `MAX_SCAN_BYTES` a call, continuing into ``NAME.1`` first when the log was rotated
+since.
 """
 
 from __future__ import annotations
@@ -12,7 +16,15 @@ import os
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["MAX_LINES", "MAX_LINE_BYTES", "MAX_SCAN_BYTES", "tail", "tail_rotated"]
+__all__ = [
+    "MAX_LINES",
+    "MAX_LINE_BYTES",
+    "MAX_SCAN_BYTES",
+    "log_size",
+    "read_after",
+    "tail",
+    "tail_rotated",
+]
 
 MAX_LINES: Final = 10_000
 MAX_LINE_BYTES: Final = 4096
@@ -81,3 +93,49 @@ def tail_rotated(open_log: Callable[[str], int], name: str, lines: int) -> list[
         out[:0] = got
         scanned += used
     return out
+
+
+def log_size(open_log: Callable[[str], int], name: str) -> int:
+    """The current size of log `name` (0 when there is none yet): where following it starts."""
+    try:
+        fd = open_log(name)
+    except FileNotFoundError:
+        return 0
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def _read_from(fd: int, offset: int, budget: int) -> bytes:
+    return os.pread(fd, max(0, min(budget, os.fstat(fd).st_size - offset)), offset)
+
+
+def read_after(open_log: Callable[[str], int], name: str, offset: int) -> tuple[bytes, int]:
+    """What log `name` holds after byte `offset`, at most `MAX_SCAN_BYTES`, and the offset to ask
+    from next time. A log smaller than `offset` was rotated: the rest of ``name.1`` comes first,
+    then the new log from its start."""
+    try:
+        fd = open_log(name)
+    except FileNotFoundError:
+        return b"", 0
+    try:
+        size = os.fstat(fd).st_size
+        data = b""
+        if size < offset:  # rotated since: finish the old file, then start the new one
+            try:
+                old = open_log(name + ".1")
+            except FileNotFoundError:
+                pass
+            else:
+                try:
+                    data = _read_from(old, offset, MAX_SCAN_BYTES)
+                finally:
+                    os.close(old)
+                if len(data) == MAX_SCAN_BYTES:
+                    return data, offset + len(data)  # the rest of the old file next time
+            offset = 0
+        more = _read_from(fd, offset, MAX_SCAN_BYTES - len(data))
+        return data + more, offset + len(more)
+    finally:
+        os.close(fd)

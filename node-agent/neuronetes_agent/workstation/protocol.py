@@ -54,7 +54,7 @@ class Submit(_Op, tag="submit"):
     name: str = ""
     gpus: int = 1
     gpu_memory: str = ""  # a size (8Gi); empty: whole GPUs
-    gpu_compute: int = 100
+    gpu_compute: int | None = None  # None: 100 for whole GPUs, a share's part of the GPU's memory
     checkpointable: bool = False
     workdir: str = ""
 
@@ -80,6 +80,7 @@ class Logs(_Op, tag="logs"):
     job: str
     stream: Literal["stdout", "stderr"] = "stdout"
     tail: int = 100
+    after: int | None = None  # following (`jobs logs -f`): what was written after this byte offset
 
 
 class Health(_Op, tag="health"):

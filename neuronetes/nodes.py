@@ -7,7 +7,9 @@ the agent already writes on the Node (the labels of docs/contracts.md "Node labe
 `neuronetes.profiles` writes the same for simulated nodes):
 
 - GPU count: ``neuronetes.io/gpu-count``; of these, the ``neuronetes.io/gpu`` in allocatable are
-  whole/shareable GPUs and the rest are in MIG mode (listed after the others);
+  whole/shareable GPUs and the rest are in MIG mode (listed after the others) when the node offers
+  MIG instances and the model can be MIG; otherwise the rest are drained, offline or unhealthy
+  GPUs and left out (a T4 is never in MIG mode);
 - memory per GPU: allocatable ``neuronetes.io/gpu-memory`` / ``neuronetes.io/gpu`` (exact MiB), or
   for MIG-only nodes the ``neuronetes.io/gpu-memory`` label (``40Gi``);
 - model: NVIDIA GPU feature discovery's ``nvidia.com/gpu.product`` when present, else
@@ -106,6 +108,22 @@ def _model(labels: Mapping[str, str]) -> str:
     if family and size:
         return f"{family}-{size.group(1)}GB"
     return family
+
+
+def _held_back_are_mig(name: str, model: str, resources: Mapping[str, Any], held: int) -> bool:
+    """Whether the `held` GPUs the labels count but ``neuronetes.io/gpu`` does not offer are in MIG
+    mode. Only when the node offers MIG instances (a ``neuronetes.io/mig-*`` resource, 0 while all
+    are taken) and the model can be MIG: otherwise they are GPUs drained, offline or unhealthy (the
+    agent offers only usable GPUs), left out without a word, round after round. A node offering
+    MIG instances of a model without a MIG catalog is misconfigured: that is worth a warning."""
+    if not any(str(key).startswith(c.RESOURCE_MIG_PREFIX) for key in resources):
+        return False
+    try:
+        mig.catalog_for(model)
+    except mig.UnsupportedGpuError as exc:
+        log.warning("node %s: %d GPU(s) in MIG mode left out: %s", name, held, exc)
+        return False
+    return True
 
 
 def _pcie_gen(model: str) -> int:
@@ -207,12 +225,8 @@ def node_spec_from_fields(
         gpu_memory = _memory_label_mib(labels)
     if not 0 <= gpu_memory <= c.MAX_GPU_MEMORY_MIB:
         raise NodeSpecError(f"node {name}: {gpu_memory} MiB per GPU is out of range")
-    if mig_gpus:
-        try:
-            mig.catalog_for(model)
-        except mig.UnsupportedGpuError as exc:
-            log.warning("node %s: %d GPU(s) in MIG mode left out: %s", name, mig_gpus, exc)
-            mig_gpus, total = 0, whole
+    if mig_gpus and not _held_back_are_mig(name, model, resources, mig_gpus):
+        mig_gpus, total = 0, whole
 
     nvlink = labels.get(c.LABEL_GPU_TOPOLOGY) == "nvlink" and total > 1
     bandwidth = nominal_nvlink_gbps(model) if nvlink else 0.0

@@ -49,6 +49,18 @@ OBJECT_CASES = [
         "webhook",
     ),
     ObjectCase(
+        "gpu-type-unknown",
+        pool("v-type1", "gpuRequirements:\n  type: Z100"),
+        "spec.gpuRequirements.type: 'Z100' is no GPU model NeuroNetes knows; use one of A10, A100,",
+        "webhook",
+    ),
+    ObjectCase(
+        "gpu-type-a-model",
+        pool("v-type2", "gpuRequirements:\n  type: A100-80GB"),
+        "spec.gpuRequirements.type: 'A100-80GB' is a model, not a GPU type",
+        "webhook",
+    ),
+    ObjectCase(
         "memory-1e9999",
         pool("v-mem1", "gpuRequirements:\n  memory: 1e9999"),
         "spec.gpuRequirements.memory",
@@ -173,7 +185,14 @@ OBJECT_CASES = [
         pool(
             "v-gang2", "minReplicas: 6\nscheduling:\n  gangScheduling:\n    enabled: true\n    minMembers: 4"
         ),
-        "spec.minReplicas must be a multiple",
+        "spec.scheduling.gangScheduling.minMembers must divide spec.minReplicas",
+        "crd",
+    ),
+    ObjectCase(
+        # minReplicas unset is 1 (the CRD's default): the message starts with what the user wrote
+        "gang-without-min-replicas",
+        pool("v-gang4", "scheduling:\n  gangScheduling:\n    enabled: true\n    minMembers: 4"),
+        "spec.scheduling.gangScheduling.minMembers must divide spec.minReplicas, which is 1 when not set",
         "crd",
     ),
     ObjectCase(
@@ -218,6 +237,7 @@ OBJECT_CASES = [
 
 VALID_OBJECTS = [
     ObjectCase("memory-exactly-288Gi", pool("ok-mem", "gpuRequirements:\n  memory: 288Gi"), "", "crd"),
+    ObjectCase("gpu-type-lower-case", pool("ok-type1", "gpuRequirements:\n  type: l40s"), "", ""),
     ObjectCase(
         "mig-1g5gb-on-a100", pool("ok-mig1", 'migProfile: "1g.5gb"\ngpuRequirements:\n  type: A100'), "", ""
     ),

@@ -108,6 +108,7 @@ def status_document(st: ClusterStatus) -> dict[str, Any]:
         "apiVersion": st.api_version,
         "nodes": st.nodes,
         "extenderURLs": list(st.extender_urls),
+        "chartRelease": st.chart_release,
         "components": [
             {
                 "name": c.name,
@@ -133,6 +134,8 @@ def _status(cluster: DevCluster, output: str) -> int:
             f"cluster {st.name!r}: {'up' if st.up else 'DEGRADED'}  server {st.server}  api {st.api_version}"
         )
         extenders = ", ".join(dict.fromkeys(st.extender_urls)) or "none"
+        if st.chart_release is not None:  # the chart's gpu-scheduler pods run it, not the cluster
+            extenders = f"{extenders} (release {st.chart_release}'s gpu-scheduler)"
         click.echo(f"  kubeconfig {st.kubeconfig}  nodes {st.nodes}  extender {extenders}")
         rows = []
         for c in st.components:
@@ -205,7 +208,12 @@ def _status(cluster: DevCluster, output: str) -> int:
 def cluster_cmd(action: str, name: str, as_json: bool, output: str, **opts: Any) -> int:
     # Imported here: `simulate` needs none of it.
     from neuronetes.devcluster import DevCluster
+    from neuronetes.devcluster.cluster import check_name
 
+    try:
+        check_name(name)
+    except ValueError as exc:  # the command line's: a usage error
+        raise click.BadParameter(str(exc), param_hint="--name") from None
     if action == "up":
         with spinner(f"starting cluster {name!r}") as log:
             cluster = DevCluster(name, log=log)
@@ -262,7 +270,7 @@ _SERVED_BY: Final = "served by a fleet agent or a workstation daemon's simulated
 @GPU_ID
 @KUBECONFIG
 @workstation.STATE_DIR
-@click.option("--xid", type=int, required=True, help="the XID (1-999)")
+@click.option("--xid", type=click.IntRange(1, 999), required=True, help="the XID (1-999)")
 def inject_xid(gpu_id: str, kubeconfig: str | None, state_dir: str | None, xid: int) -> int:
     return _inject("inject-xid", gpu_id, kubeconfig, state_dir, xid=xid)
 
@@ -280,11 +288,13 @@ def inject_temperature(gpu_id: str, kubeconfig: str | None, state_dir: str | Non
 @GPU_ID
 @KUBECONFIG
 @workstation.STATE_DIR
-@click.option("--corrected", type=int, default=0)
-@click.option("--uncorrected", type=int, default=0)
+@click.option("--corrected", type=click.IntRange(min=0), default=0)
+@click.option("--uncorrected", type=click.IntRange(min=0), default=0)
 def inject_ecc(
     gpu_id: str, kubeconfig: str | None, state_dir: str | None, corrected: int, uncorrected: int
 ) -> int:
+    if not (corrected or uncorrected):
+        raise click.UsageError("give --corrected and/or --uncorrected as positive counts")
     return _inject("inject-ecc", gpu_id, kubeconfig, state_dir, corrected=corrected, uncorrected=uncorrected)
 
 

@@ -47,7 +47,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class CliError(click.ClickException):
     """An expected runtime failure (API unreachable, object not found, a build that failed):
-    one line, exit status 1."""
+    one line, exit status 1. A wrong command line is a click usage error instead (exit 2), whoever
+    finds it (docs/cli.md, "Errors and exit codes")."""
 
     exit_code = 1
 

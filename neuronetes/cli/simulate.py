@@ -1,8 +1,13 @@
 """``neuronetes simulate``: replay a pod trace (CSV files, or a live cluster's snapshot) through the
-placement engine under each policy."""
+placement engine under each policy.
+
+Everything the command line names is checked before the first seed is replayed (a replay takes
+minutes): the policies, the seeds, the trace files, ``--compare``'s results file and the folders
+``--json``, ``--plot`` and ``--save-trace`` write to. A bad one is a usage error (exit 2)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Sequence
@@ -18,7 +23,7 @@ from neuronetes.sim.simulate import RunResult, parse_seeds, summarise
 from neuronetes.sim.simulate import simulate as simulate_one
 from neuronetes.sim.trace import TraceError, load_nodes, load_pods
 
-from .output import progress
+from .output import CliError, emit, output_option, progress
 
 __all__ = ["simulate"]
 
@@ -47,6 +52,39 @@ def _seeds(spec: str) -> list[int]:
         return parse_seeds(spec)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--seeds") from None
+
+
+def _compare(directory: str, trace: str) -> dict[str, list[list[float]]]:
+    """The paper's results for `trace`, read before the replay so that a bad --compare costs nothing."""
+    try:
+        return report.load_expected(directory, trace)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"{exc.filename or directory}: {exc.strerror or exc}", param_hint="--compare"
+        ) from None
+    except (KeyError, ValueError) as exc:
+        raise click.BadParameter(
+            f"{directory}/analysis_allo_discrete.csv is not the paper's results file ({exc})",
+            param_hint="--compare",
+        ) from None
+
+
+def _writable(path: str | None, option: str, *, folder: bool = False) -> None:
+    """Refuse, before the replay, a path the command could not write after it: an existing folder
+    where a file goes (or a file where a folder goes), or a place under a file or without write access."""
+    if not path:
+        return
+    target = Path(path)
+    if target.exists() and target.is_dir() != folder:
+        what = "a folder" if target.is_dir() else "a file"
+        raise click.BadParameter(f"{path} is {what}", param_hint=option)
+    ancestor = target if folder and target.is_dir() else target.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise click.BadParameter(f"{path}: {ancestor} is not a folder", param_hint=option)
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{path}: cannot write in {ancestor}", param_hint=option)
 
 
 def _load_trace(nodes: str | None, pods: str | None) -> tuple[list[NodeSpec], list[PodRequest]]:
@@ -104,6 +142,14 @@ def replay(
     return results
 
 
+def results_document(trace: str, results: dict[str, list[RunResult]]) -> object:
+    """What ``-o json`` prints and ``--json`` writes: per policy, each seed's unallocated GPU % at the
+    report points (95, 100 and 130 % of the capacity arrived; not the whole curve, which only
+    ``--plot`` draws) and their median over the seeds. One policy: its object; several: a list."""
+    summaries = [summarise(trace, p, runs) for p, runs in results.items()]
+    return summaries[0] if len(summaries) == 1 else summaries
+
+
 @click.command(
     "simulate",
     short_help="Replay a trace (CSV files or the live cluster) under each policy.",
@@ -132,11 +178,17 @@ def replay(
     show_default=True,
     help="inflate GPU requests to TUNE × capacity",
 )
-@click.option("--json", "json_path", metavar="FILE", help="write results JSON here")
+@click.option(
+    "--json",
+    "json_path",
+    metavar="FILE",
+    help="also write the results document (-o json) to FILE",
+)
 @click.option("--compare", metavar="DIR", help="folder with the paper's analysis_allo_discrete.csv")
 @click.option("--plot", metavar="PNG", help="write an allocated-vs-arrived PNG here")
 @click.option("--workers", type=click.IntRange(min=0), default=0, help="processes (default: CPU count)")
 @click.option("-v", "--verbose", is_flag=True, help="one line per seed on stderr")
+@output_option
 def simulate(
     nodes: str | None,
     pods: str | None,
@@ -151,14 +203,20 @@ def simulate(
     plot: str | None,
     workers: int,
     verbose: bool,
+    output: str,
 ) -> int:
     ctx = click.get_current_context()
     chosen = ctx.get_parameter_source("policy") is not click.core.ParameterSource.DEFAULT
     policies = _policies(policy) if chosen or not from_cluster else list(POLICIES)
     seed_list = _seeds(seeds)
+    _writable(json_path, "--json")
+    _writable(plot, "--plot")
+    if plot and importlib.util.find_spec("matplotlib") is None:  # this machine's, not the command line's
+        raise CliError("--plot needs matplotlib, which is not installed (pip install matplotlib)")
     if from_cluster:
         if nodes or pods:
             raise click.UsageError("--from-cluster replaces --nodes and --pods: give one or the other")
+        _writable(save_trace, "--save-trace", folder=True)
         from .snapshot import snapshot_trace
 
         trace, node_specs, pod_specs = snapshot_trace(kubeconfig, save_trace)
@@ -167,22 +225,23 @@ def simulate(
             raise click.UsageError("--kubeconfig and --save-trace go with --from-cluster")
         node_specs, pod_specs = _load_trace(nodes, pods)
         trace = Path(str(pods)).stem
+    expected = _compare(compare, trace) if compare else None
     results = replay(trace, node_specs, pod_specs, policies, seed_list, tune, workers, verbose)
-    expected = report.load_expected(compare, trace) if compare else None
-    click.echo(report.table(trace, results, expected))
-    for p, runs in results.items():
-        secs = [r.seconds for r in runs]
-        click.echo(f"{p}: {len(runs)} seed(s), {min(secs):.1f}–{max(secs):.1f} s per seed")
-    if from_cluster:
-        from .snapshot import print_savings
+    document = results_document(trace, results)
+    if output != "table":
+        emit(output, document)
+    else:
+        click.echo(report.table(trace, results, expected))
+        for p, runs in results.items():
+            secs = [r.seconds for r in runs]
+            click.echo(f"{p}: {len(runs)} seed(s), {min(secs):.1f}–{max(secs):.1f} s per seed")
+        if from_cluster:
+            from .snapshot import print_savings
 
-        print_savings(results, sum(len(n.gpus) for n in node_specs))
+            print_savings(results, sum(len(n.gpus) for n in node_specs))
     if json_path:
-        summaries = [summarise(trace, p, runs) for p, runs in results.items()]
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(
-            json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2) + "\n"
-        )
+        Path(json_path).write_text(json.dumps(document, indent=2) + "\n")
     if plot:
         Path(plot).parent.mkdir(parents=True, exist_ok=True)
         report.plot(plot, trace, results, expected)

@@ -163,12 +163,21 @@ def WORKSTATION_OPTIONS(func: Any) -> Any:  # a decorator, named like the other 
 
 def run_workstation(state_dir: str | None, shim_library: str | None, log_level: str, **opts: Any) -> int:
     """Run the workstation daemon until SIGTERM/SIGINT."""
+    from neuronetes_agent.workstation.jobs import parse_size
     from neuronetes_agent.workstation.main import DaemonOptions, run_daemon
+    from neuronetes_agent.workstation.server import check_socket_path
 
     given = {k: v for k, v in opts.items() if v is not None}
+    directory = state_dir_of(state_dir)
+    try:  # the daemon's checks of its own command line: a bad one is a usage error (exit 2)
+        if "log_max_size" in given:
+            parse_size(given["log_max_size"], "--log-max-size")
+        check_socket_path(directory)
+    except ValueError as exc:  # jobs.SpecError is one
+        raise click.UsageError(str(exc)) from None
     return run_daemon(
         DaemonOptions(
-            state_dir=state_dir_of(state_dir),
+            state_dir=directory,
             shim_library=Path(shim_library) if shim_library else None,
             log_level=log_level,
             **given,
@@ -289,8 +298,8 @@ def submit(
         memory = jobs.parse_size(gpu_memory, "--gpu-memory") if gpu_memory else 0
         compute = gpu_compute if gpu_compute is not None else (1 if memory else 100)
         jobs.JobSpec(command, priority, name, whole, memory, compute, checkpointable).check_new()
-    except jobs.SpecError as exc:
-        raise CliError(str(exc)) from None
+    except jobs.SpecError as exc:  # a bad value on the command line: usage (exit 2)
+        raise click.UsageError(str(exc)) from None
     missing = missing_program(command, os.getcwd(), os.environ.get("PATH", os.defpath))
     if missing:
         raise CliError(missing)

@@ -48,6 +48,7 @@ __all__ = [
     "ChartOps",
     "ChartRelease",
     "HelmError",
+    "chart_extenders",
     "egress_flags",
     "pick_loopback_net",
     "runner_argv",
@@ -263,11 +264,7 @@ class ChartOps:
 
     def runner_state(self) -> dict[str, Any]:
         """``runner.json``: the pods the runner runs, their processes, the agent fleet, errors."""
-        try:
-            doc: dict[str, Any] = json.loads((self.runner_root / "runner.json").read_text())
-        except (FileNotFoundError, ValueError):
-            return {"pods": {}, "fleet": None, "errors": {}}
-        return doc
+        return runner_state(self.runner_root)
 
     def _not_running(self) -> list[str]:
         """What keeps the release from running: pods not run yet, dead processes, unready extenders."""
@@ -319,15 +316,40 @@ class ChartOps:
         return got
 
 
-def _unready(run: dict[str, Any]) -> dict[str, str]:
-    """Extender containers of `run` whose ``/readyz`` does not answer 200 yet."""
+def runner_state(root: Path) -> dict[str, Any]:
+    """The runner's ``runner.json`` under `root` (empty lists before it wrote one)."""
+    try:
+        doc: dict[str, Any] = json.loads((root / "runner.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {"pods": {}, "fleet": None, "errors": {}}
+    return doc
+
+
+def _extender_urls(run: dict[str, Any]) -> dict[str, str]:
+    """Per running extender container of the pod `run` (``neuronetes extender serve``), its URL."""
     out: dict[str, str] = {}
     for name, ctr in run["containers"].items():
         argv = ctr["argv"]
         if "extender" not in argv or "serve" not in argv or ctr["pid"] is None:
             continue
         opts = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-        url = f"http://{opts.get('host', run['address'])}:{opts.get('port', '8888')}/readyz"
+        out[name] = f"http://{opts.get('host', run['address'])}:{opts.get('port', '8888')}"
+    return out
+
+
+def chart_extenders(at: cmd.StatePaths) -> list[str]:
+    """The extenders the chart's gpu-scheduler pods run beside their kube-scheduler, as
+    ``URL (pod NAME)``, from the runner's ``runner.json`` (`neuronetes dev cluster status` in chart
+    mode: the cluster itself runs no extender)."""
+    runs = sorted(runner_state(_runner_root(at))["pods"].values(), key=lambda run: str(run.get("name", "")))
+    return [f"{url} (pod {run.get('name', '?')})" for run in runs for url in _extender_urls(run).values()]
+
+
+def _unready(run: dict[str, Any]) -> dict[str, str]:
+    """Extender containers of `run` whose ``/readyz`` does not answer 200 yet."""
+    out: dict[str, str] = {}
+    for name, base in _extender_urls(run).items():
+        url = f"{base}/readyz"
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:

@@ -32,7 +32,12 @@ from typing import Any, Final
 from neuronetes.devcluster import components as cmd
 from neuronetes.devcluster import procs
 from neuronetes.devcluster.api import Api, ApiError, KubectlError, free_ports, run_kubectl
-from neuronetes.devcluster.chartmode import ChartOps, ChartRelease, pick_loopback_net
+from neuronetes.devcluster.chartmode import (
+    ChartOps,
+    ChartRelease,
+    chart_extenders,
+    pick_loopback_net,
+)
 from neuronetes.devcluster.config import (
     ExtenderConfig,
 )
@@ -52,7 +57,7 @@ from neuronetes.devcluster.tools import (
 from neuronetes.model import NodeSpec
 from neuronetes.profiles import REGION, ZONES, parse_node_counts, profile
 
-__all__ = ["ApiError", "ClusterError", "DevCluster", "KubectlError", "parse_node_counts"]
+__all__ = ["ApiError", "ClusterError", "DevCluster", "KubectlError", "check_name", "parse_node_counts"]
 
 POLICIES_DIR: Final = REPO_ROOT / "manifests" / "policies"
 
@@ -62,6 +67,12 @@ Log = Callable[[str], None]
 
 def _quiet(_: str) -> None:
     pass
+
+
+def check_name(name: str) -> None:
+    """Raise ValueError unless `name` can name a cluster (its state folder)."""
+    if not name or not all(c.isalnum() or c in "-_." for c in name) or name in (".", ".."):
+        raise ValueError(f"cluster name {name!r}: use letters, digits, '-', '_' and '.'")
 
 
 class DevCluster:
@@ -75,8 +86,7 @@ class DevCluster:
         tools: Toolchain | None = None,
         log: Log | None = None,
     ) -> None:
-        if not name or not all(c.isalnum() or c in "-_." for c in name):
-            raise ValueError(f"cluster name {name!r}: use letters, digits, '-', '_' and '.'")
+        check_name(name)
         self.name = name
         self.state_dir = (state_root or cache_root() / "clusters") / name
         self.tools = tools or Toolchain.pinned()
@@ -337,7 +347,8 @@ class DevCluster:
             api_healthy=api_ok,
             api_version=version,
             nodes=n_nodes,
-            extender_urls=tuple(state.extender_urls()),
+            extender_urls=tuple(chart_extenders(self.paths) if state.chart else state.extender_urls()),
+            chart_release=str(state.chart["release"]) if state.chart else None,
         )
 
     def leader(self) -> int | None:

@@ -52,7 +52,10 @@ class ClusterStatus:
     api_version: str | None
     nodes: int | None
     extender_urls: tuple[str, ...]
-    """The extender each kube-scheduler calls, in pair order (empty: none)."""
+    """The extender each kube-scheduler calls, in pair order (empty: none); chart mode: the
+    extender each of the chart's gpu-scheduler pods runs, ``URL (pod NAME)``."""
+    chart_release: str | None = None
+    """Chart mode: the Helm release whose pods run NeuroNetes (None: the cluster runs it)."""
 
     @property
     def up(self) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
+import msgspec.yaml
 import urllib3
 
 if TYPE_CHECKING:  # imported when a client is made: importing this module stays cheap
@@ -81,6 +82,32 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+_KUBECONFIG_KEYS: Final = ("clusters", "contexts", "users", "current-context")
+
+
+def _kubeconfig_problem(path: Path) -> str | None:
+    """Why the file `path` is no kubeconfig, on one line (None: it may be one). Checked before the
+    client reads it, whose own failures on any other file are a YAML parser's or an
+    ``AttributeError``'s words, not the file's."""
+    try:
+        text = path.read_bytes()
+    except IsADirectoryError:
+        return "a folder, not a kubeconfig file"
+    except FileNotFoundError:
+        return "no such file"
+    except PermissionError:
+        return "permission denied"
+    except OSError as exc:
+        return _one_line(exc.strerror or exc)
+    try:
+        doc = msgspec.yaml.decode(text) if text.strip() else None
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        doc = None
+    if not isinstance(doc, dict) or not any(key in doc for key in _KUBECONFIG_KEYS):
+        return "not a kubeconfig (a YAML mapping with clusters, users and contexts)"
+    return None
+
+
 def load_api_client(kubeconfig: str | Path | None = None) -> ApiClient:
     """An `ApiClient`: from `kubeconfig`, else in-cluster, else the default kubeconfig
     (``$KUBECONFIG`` or ``~/.kube/config``).
@@ -91,6 +118,8 @@ def load_api_client(kubeconfig: str | Path | None = None) -> ApiClient:
     from kubernetes import client as k8s_client
     from kubernetes import config as k8s_config
 
+    if kubeconfig is not None and (problem := _kubeconfig_problem(Path(kubeconfig))) is not None:
+        raise KubeError(0, f"kubeconfig {kubeconfig}: {problem}", problem)
     try:
         if kubeconfig is not None:
             return k8s_config.new_client_from_config(config_file=str(kubeconfig))

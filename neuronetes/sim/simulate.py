@@ -100,21 +100,30 @@ def simulate(
     return RunResult(seed, time.perf_counter() - started, allocated_pct, placed, failed, timings)
 
 
+def _seed(text: str, part: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"seed {part!r} is not a whole number or a range of them; write e.g. 42-51 or 42,43"
+        ) from None
+
+
 def parse_seeds(spec: str) -> list[int]:
-    """`42-51`, `42,43,50` or a mix."""
+    """`42-51`, `42,43,50` or a mix; ValueError saying which part is no seed."""
     seeds: list[int] = []
     for part in spec.split(","):
         part = part.strip()
         if not part:
             continue
         if "-" in part[1:]:
-            lo, hi = part.split("-", 1)
-            a, b = int(lo), int(hi)
+            rest, hi = part[1:].split("-", 1)  # part[0] may be a minus sign
+            a, b = _seed(part[0] + rest, part), _seed(hi, part)
             if b < a:
                 raise ValueError(f"seed range {part!r} is empty")
             seeds.extend(range(a, b + 1))
         else:
-            seeds.append(int(part))
+            seeds.append(_seed(part, part))
     if not seeds:
         raise ValueError("no seeds given")
     return seeds

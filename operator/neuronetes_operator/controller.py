@@ -28,7 +28,7 @@ from .pods import LABEL_POOL, DesiredPod, desired_pods, gang_name
 from .policy import resolve
 from .reconcile import LIST_PAGE, Action, batch, is_terminating, plan, read_pod_page
 from .settings import OperatorSettings
-from .status import pool_status
+from .status import NO_MATCHING_NODES, pool_status
 from .tiers import DEFAULT_TIERS, PriorityTier, TierError, with_tier
 from .toolbindings import binding_status
 
@@ -130,7 +130,16 @@ class PoolController:
             pods = self._pods(namespace, name, pool["metadata"]["uid"])
         with self._lock:
             nodes = dict(self.nodes)
-        status = pool_status(pool, resolved, pods, nodes, gang_notes=gang_notes, backlog=len(later))
+        gpu_type = spec.gpu_requirements.type
+        status = pool_status(
+            pool,
+            resolved,
+            pods,
+            nodes,
+            gang_notes=gang_notes,
+            backlog=len(later),
+            nodes_of_type=None if gpu_type is None else self._nodes_of_type(gpu_type, nodes),
+        )
         self._event_on_transition(pool, status)
         self._write_status(pool, status)
         return bool(later)
@@ -192,6 +201,28 @@ class PoolController:
             )
             self._event(pool, "Warning", "GangRetry", f"{notes[gang]}; deleted pods {_names(sorted(doomed))}")
         return notes
+
+    def _nodes_of_type(self, gpu_type: str, nodes: Mapping[str, Mapping[str, Any]]) -> int | None:
+        """Nodes labelled with the pool's GPU type (the pods' affinity: as written or upper-cased).
+        None cached is asked of the API server (the node watch may not have listed the nodes yet:
+        no pool is told "no such nodes" at start-up); None when it cannot say."""
+        values = sorted({gpu_type, gpu_type.upper()})
+        cached = sum(
+            1
+            for node in nodes.values()
+            if (node["metadata"].get("labels") or {}).get(c.LABEL_GPU_TYPE) in values
+        )
+        if cached:
+            return cached
+        try:
+            found = self.core.list_node(
+                label_selector=f"{c.LABEL_GPU_TYPE} in ({','.join(values)})", limit=1, _preload_content=False
+            )
+        except ApiException as exc:
+            log.warning("nodes of GPU type %s not listed: %s", gpu_type, exc.status)
+            return None
+        listed: dict[str, Any] = msgspec.json.decode(found.data)
+        return len(listed.get("items") or [])
 
     def _pods(self, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
         """The pool's pods (labelled with its name, controlled by its uid: `reconcile.read_pod_page`),
@@ -276,11 +307,19 @@ class PoolController:
         patch_status(self.custom, PLURAL, meta, body)
 
     def _event_on_transition(self, pool: Mapping[str, Any], status: AgentPoolStatus) -> None:
-        """A Warning event when a condition turns bad for a new reason (GangUnplaceable, Unschedulable)."""
+        """A Warning event when a condition turns bad for a new reason (GangUnplaceable, Unschedulable,
+        NoMatchingNodes)."""
         old = {cd.get("type"): cd.get("reason") for cd in (pool.get("status") or {}).get("conditions") or []}
         for cd in status.conditions or []:
             if (
-                cd.reason in ("GangUnplaceable", "GangReservationFailed", "Unschedulable", "PodsFailed")
+                cd.reason
+                in (
+                    "GangUnplaceable",
+                    "GangReservationFailed",
+                    "Unschedulable",
+                    "PodsFailed",
+                    NO_MATCHING_NODES,
+                )
                 and old.get(cd.type) != cd.reason
             ):
                 self._event(pool, "Warning", cd.reason, cd.message or cd.reason)

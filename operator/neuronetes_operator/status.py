@@ -18,7 +18,7 @@ from .pods import LABEL_POOL
 from .policy import ResolvedPool
 from .reconcile import is_ready, is_terminating
 
-__all__ = ["pod_gpus", "pool_status"]
+__all__ = ["NO_MATCHING_NODES", "pod_gpus", "pool_status", "type_condition"]
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> int:
@@ -111,6 +111,23 @@ def _fields(cd: Condition) -> dict[str, Any]:
     return {f: getattr(cd, f) for f in cd.__struct_fields__}
 
 
+NO_MATCHING_NODES = "NoMatchingNodes"
+"""The condition (and its reason, and the Event's) of a pool whose GPU type no node has."""
+
+
+def type_condition(gpu_type: str, nodes_of_type: int, generation: int) -> Condition:
+    """``NoMatchingNodes``: True while no node's ``neuronetes.io/gpu-type`` is the pool's type (its
+    pods would stay Pending with nothing said), False once one is."""
+    if nodes_of_type:
+        message = f"{nodes_of_type} node(s) have GPUs of type {gpu_type}"
+        return _condition(NO_MATCHING_NODES, False, "NodesMatch", message, generation)
+    message = (
+        f"no node has GPUs of type {gpu_type} (node label {c.LABEL_GPU_TYPE}): the pool's pods stay "
+        "Pending until one joins; check spec.gpuRequirements.type"
+    )
+    return _condition(NO_MATCHING_NODES, True, NO_MATCHING_NODES, message, generation)
+
+
 def pool_status(
     pool: Mapping[str, Any],
     resolved: ResolvedPool,
@@ -120,11 +137,14 @@ def pool_status(
     now: datetime | None = None,
     gang_notes: Mapping[str, str] | None = None,
     backlog: int = 0,
+    nodes_of_type: int | None = None,
 ) -> AgentPoolStatus:
     """The status of `pool` given its pods and the nodes they are bound to (by name).
     `gang_notes`: per gang whose reservation the extender reported failed, what to say about it.
     `backlog`: pod creations and deletions the reconcile left for the next ones (its batch was
-    full); the ``Progressing`` condition says so (reason ``Batching``)."""
+    full); the ``Progressing`` condition says so (reason ``Batching``). `nodes_of_type`: how many
+    nodes have the GPU type the pool names (None: it names none, or nobody knows): the condition
+    ``NoMatchingNodes`` (`type_condition`)."""
     now = now or datetime.now(UTC)
     meta = pool["metadata"]
     generation = int(meta.get("generation") or 0)
@@ -195,6 +215,9 @@ def pool_status(
                 "GangScheduled", whole == resolved.gangs and resolved.gangs > 0, reason, message, generation
             )
         )
+    gpu_type = ((pool.get("spec") or {}).get("gpuRequirements") or {}).get("type")
+    if gpu_type and nodes_of_type is not None:
+        conditions.append(type_condition(str(gpu_type), nodes_of_type, generation))
 
     if failed:
         phase = "Degraded"

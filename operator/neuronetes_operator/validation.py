@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import msgspec
 
+from neuronetes.api.gpus import type_problem
 from neuronetes.api.models import AgentPool, AgentPoolSpec, GPUSlice, GPUSliceSpec, decode
 from neuronetes.api.units import (
     MAX_GPU_MEMORY_GB,
@@ -80,6 +81,14 @@ def _memory_bound(where: str, q: QuantityLike | None, *, exact: bool) -> list[st
     if too_big:
         return [f"{where}: {q!r} is more memory than any GPU has (at most {MAX_GPU_MEMORY_GB}Gi)"]
     return []
+
+
+def check_pool_type(spec: AgentPoolSpec) -> list[str]:
+    """A type that names no GPU family NeuroNetes knows would match no node's
+    ``neuronetes.io/gpu-type``: the pool's pods would stay Pending forever."""
+    gpu_type = spec.gpu_requirements.type
+    problem = None if gpu_type is None else type_problem(gpu_type)
+    return [] if problem is None else [f"spec.gpuRequirements.type: {problem}"]
 
 
 def check_pool_memory(spec: AgentPoolSpec) -> list[str]:
@@ -186,6 +195,7 @@ def check_pool_names(name: str, spec: AgentPoolSpec) -> list[str]:
 
 
 AGENTPOOL_CHECKS: Final[dict[str, Callable[[AgentPoolSpec], list[str]]]] = {
+    "gpu-type": check_pool_type,
     "memory": check_pool_memory,
     "mig-profile": check_pool_mig,
     "bandwidth": check_pool_bandwidth,

@@ -568,6 +568,26 @@ def test_toolbindings_resolve_their_pool(cluster: E2ECluster, stack: LocalStack)
     assert reasons == {"Bound": "NoPoolRef", "LagScaling": "PolicyController"}
 
 
+def test_a_pool_of_a_gpu_type_no_node_has_is_not_a_silent_pending(
+    cluster: E2ECluster, stack: LocalStack
+) -> None:
+    """L4 is a GPU family NeuroNetes knows (the webhook admits it) that no node of this cluster has:
+    the condition NoMatchingNodes says so (the operator asked the API server by label), and an Event."""
+    pool = f"apiVersion: {c.API_VERSION}\nkind: AgentPool\nmetadata:\n  name: l4-pool\nspec:\n"
+    pool += "  minReplicas: 1\n  gpuRequirements:\n    type: L4\n"
+    assert apply(cluster, pool).returncode == 0
+
+    def condition() -> dict[str, Any] | None:
+        st = get_json(cluster, "agentpool", "l4-pool", "-n", NS).get("status") or {}
+        return next((cd for cd in st.get("conditions") or [] if cd["type"] == "NoMatchingNodes"), None)
+
+    wait_until(lambda: (condition() or {}).get("status") == "True", timeout=60, what="NoMatchingNodes")
+    assert "no node has GPUs of type L4" in (condition() or {})["message"]
+    events = get_json(cluster, "events", "-n", NS, "--field-selector", "involvedObject.name=l4-pool")
+    assert any(e["reason"] == "NoMatchingNodes" and e["type"] == "Warning" for e in events["items"])
+    cluster.kubectl("delete", "agentpool", "-n", NS, "l4-pool", "--wait=false")
+
+
 def test_template_change_rolls_the_pods_one_at_a_time(cluster: E2ECluster, stack: LocalStack) -> None:
     text = SCALED.replace("name: scaled", "name: rolled").replace("minReplicas: 1", "minReplicas: 3")
     assert apply(cluster, text).returncode == 0

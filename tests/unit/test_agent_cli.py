@@ -25,18 +25,31 @@ def unreachable_kubeconfig(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "status"),
     [
-        ["online", "--gpu-id", "GPU-x", "--kubeconfig", "/nonexistent/kubeconfig"],
-        ["offline", "--force", "--gpu-id", "GPU-x", "--kubeconfig", "/nonexistent/kubeconfig"],
-        ["dev", "inject-xid", "--gpu-id", "GPU-x", "--xid", "48", "--kubeconfig", "/nonexistent/kubeconfig"],
-        ["dev", "inject-xid", "--gpu-id", "GPU-x", "--xid", "0"],
-        ["dev", "inject-ecc", "--gpu-id", "GPU-x"],
-        ["agent", "run", "--node", "n1", "--kubeconfig", "/nonexistent/kubeconfig"],
+        (["online", "--gpu-id", "GPU-x", "--kubeconfig", "/nonexistent/kubeconfig"], 1),
+        (["offline", "--force", "--gpu-id", "GPU-x", "--kubeconfig", "/nonexistent/kubeconfig"], 1),
+        (
+            [
+                "dev",
+                "inject-xid",
+                "--gpu-id",
+                "GPU-x",
+                "--xid",
+                "48",
+                "--kubeconfig",
+                "/nonexistent/kubeconfig",
+            ],
+            1,
+        ),
+        # a value the command line got wrong is a usage error (docs/cli.md, "Errors and exit codes")
+        (["dev", "inject-xid", "--gpu-id", "GPU-x", "--xid", "0"], 2),
+        (["dev", "inject-ecc", "--gpu-id", "GPU-x"], 2),
+        (["agent", "run", "--node", "n1", "--kubeconfig", "/nonexistent/kubeconfig"], 1),
     ],
 )
-def test_one_line_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(argv) == 1
+def test_one_line_errors(argv: list[str], status: int, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == status
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
 

@@ -10,9 +10,10 @@ import base64
 import socket
 import subprocess
 import threading
+import types
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -398,3 +399,54 @@ def test_every_workload_of_the_chart_has_a_plan(tmp_path: Path) -> None:
 
 def _named(p: dict[str, Any], kind: str, key: str) -> set[str]:
     return {v[kind][key] for v in p["spec"].get("volumes") or () if kind in v}
+
+
+def test_dev_cluster_status_names_the_extender_the_charts_gpu_scheduler_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Chart mode runs no extender of the cluster's own: status names the gpu-scheduler pod's."""
+    from neuronetes.cli.dev import _status, status_document
+    from neuronetes.devcluster.chartmode import chart_extenders
+    from neuronetes.devcluster.components import StatePaths
+    from neuronetes.devcluster.status import ClusterStatus, ComponentStatus
+
+    (tmp_path / "chart").mkdir()
+    scheduler = {"argv": ["kube-scheduler", "--config=/etc/x"], "pid": 11}
+    extender = {"argv": ["neuronetes", "extender", "serve", "--host=127.0.9.2", "--port=8888"], "pid": 12}
+    runner = {
+        "pods": {
+            "u1": {
+                "name": "neuronetes-gpu-scheduler-0",
+                "address": "127.0.9.2",
+                "containers": {"kube-scheduler": scheduler, "extender": extender},
+                "agentOf": [],
+            },
+            "u2": {"name": "neuronetes-operator-0", "address": "127.0.9.3", "containers": {}, "agentOf": []},
+        },
+        "fleet": None,
+        "errors": {},
+    }
+    (tmp_path / "chart" / "runner.json").write_text(msgspec.json.encode(runner).decode())
+    urls = chart_extenders(StatePaths(tmp_path))
+    assert urls == ["http://127.0.9.2:8888 (pod neuronetes-gpu-scheduler-0)"]
+
+    st = ClusterStatus(
+        "demo",
+        tmp_path,
+        None,
+        "https://127.0.0.1:6443",
+        {},
+        (ComponentStatus("chart-runner", 1, True, True),),
+        True,
+        "v1.36.4",
+        2,
+        tuple(urls),
+        chart_release="neuronetes",
+    )
+    assert _status(cast(Any, types.SimpleNamespace(status=lambda: st)), "table") == 0
+    out = capsys.readouterr().out
+    assert (
+        "extender http://127.0.9.2:8888 (pod neuronetes-gpu-scheduler-0) (release neuronetes's gpu-scheduler)"
+        in out
+    )
+    assert status_document(st)["chartRelease"] == "neuronetes"

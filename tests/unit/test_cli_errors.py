@@ -1,7 +1,10 @@
 """Bad input to every area of the CLI: exactly one ``error: ...`` line on stderr, nothing on
-stdout, exit status 2 for usage (bad flag, path, CSV, value) and 1 at run time (unreachable or
-unreadable kubeconfig, missing cluster, refused value). Run through the installed console
-scripts, as a user runs them, so a traceback anywhere would show."""
+stdout, and the one rule of docs/cli.md ("Errors and exit codes"): exit status 2 when the command
+line is wrong, whoever notices it (bad flag, value, combination, input file or output place;
+the daemon's own rules checked before anything is sent), 1 at run time (unreachable or unusable
+kubeconfig, missing cluster or daemon, a refusal by what the command acts on). Run through the
+installed console scripts, as a user runs them, so a traceback anywhere would show; and every
+command walked in process, an unknown option to each."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 pytestmark = pytest.mark.slow  # 40-odd CLI processes
@@ -44,6 +48,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         out[name] = str(path)
     out["missing"] = str(d / "missing.csv")
     out["dir"] = str(d)
+    (d / "compare-bad").mkdir()
+    (d / "compare-bad" / "analysis_allo_discrete.csv").write_text("a,b\n1,2\n")
+    out["compare_bad"] = str(d / "compare-bad")
     (d / "open-state").mkdir()
     (d / "open-state").chmod(0o777)  # a state directory anybody may write
     out["open_state"] = str(d / "open-state")
@@ -76,6 +83,13 @@ CASES = [
     ("csv-impossible-share", "neuronetes", [*SIM[:4], "{bad_milli}", *SIM[5:]], 2, "out of range"),
     ("empty-seed-range", "neuronetes", [*SIM[:-1], "9-1"], 2, "seed range '9-1' is empty"),
     ("seeds-not-numbers", "neuronetes", [*SIM[:-1], "a-b"], 2, "--seeds"),
+    ("seeds-a-word", "neuronetes", [*SIM[:-1], "abc"], 2, "seed 'abc' is not a whole number"),
+    ("compare-missing", "neuronetes", [*SIM, "--compare", "{dir}/none"], 2, "--compare"),
+    ("compare-not-the-results", "neuronetes", [*SIM, "--compare", "{compare_bad}"], 2, "not the paper's"),
+    ("json-into-a-file", "neuronetes", [*SIM, "--json", "{pods}/out.json"], 2, "is not a folder"),
+    ("json-is-a-folder", "neuronetes", [*SIM, "--json", "{dir}"], 2, "is a folder"),
+    ("plot-into-a-file", "neuronetes", [*SIM, "--plot", "{pods}/p.png"], 2, "--plot"),
+    ("sim-bad-output", "neuronetes", [*SIM, "-o", "xml"], 2, "'xml'"),
     ("negative-tune", "neuronetes", [*SIM, "--tune", "-1"], 2, "--tune"),
     ("unknown-policy", "neuronetes", [*SIM, "--policy", "fgd,nope"], 2, "unknown policy 'nope'"),
     ("negative-workers", "neuronetes", [*SIM[:5], "--workers", "-3"], 2, "--workers"),
@@ -100,6 +114,7 @@ CASES = [
     ("zero-schedulers", "neuronetes", ["dev", "cluster", "up", "--schedulers", "0"], 2, "--schedulers"),
     ("bad-cluster-action", "neuronetes", ["dev", "cluster", "explode"], 2, "explode"),
     ("bad-output-format", "neuronetes", ["dev", "cluster", "status", "-o", "xml"], 2, "'xml'"),
+    ("bad-cluster-name", "neuronetes", ["dev", "cluster", "status", "--name", "a b"], 2, "--name"),
     (
         "cluster-not-up",
         "neuronetes",
@@ -107,7 +122,15 @@ CASES = [
         1,
         "is it up",
     ),
-    ("xid-out-of-range", "neuronetes", ["dev", "inject-xid", "--gpu-id", GPU, "--xid", "0"], 1, "not an XID"),
+    ("ecc-no-count", "neuronetes", ["dev", "inject-ecc", "--gpu-id", GPU], 2, "--corrected"),
+    (
+        "ecc-negative",
+        "neuronetes",
+        ["dev", "inject-ecc", "--gpu-id", GPU, "--corrected", "-1"],
+        2,
+        "--corrected",
+    ),
+    ("xid-out-of-range", "neuronetes", ["dev", "inject-xid", "--gpu-id", GPU, "--xid", "0"], 2, "--xid"),
     ("port-out-of-range", "neuronetes", ["extender", "serve", "--port", "70000"], 2, "--port"),
     ("operator-bad-settings", "neuronetes", ["operator", "run", "--config", "{not_yaml}"], 2, "settings"),
     (
@@ -127,6 +150,14 @@ CASES = [
     ("drain-without-gpu", "neuronetes", ["drain"], 2, "--gpu-id"),
     ("top-missing-kubeconfig", "kubectl-neuronetes", ["top", "--kubeconfig", "{missing}"], 1, "kubeconfig"),
     ("top-unreachable", "kubectl-neuronetes", ["top", "--kubeconfig", "{unreachable}"], 1, "cannot reach"),
+    (
+        "status-kubeconfig-not-one",
+        "neuronetes",
+        ["status", "--kubeconfig", "/etc/passwd"],
+        1,
+        "kubeconfig /etc/passwd: not a kubeconfig",
+    ),
+    ("status-kubeconfig-a-folder", "neuronetes", ["status", "--kubeconfig", "{dir}"], 1, "a folder"),
     ("status-bad-output", "kubectl-neuronetes", ["status", "-o", "wide"], 2, "'wide'"),
     (
         "health-unreachable",
@@ -156,7 +187,7 @@ CASES = [
         "no workstation daemon",
     ),
     ("ws-cancel-no-daemon", "neuronetes", ["cancel", "j1", "--state-dir", "{dir}/none"], 1, "no workstation"),
-    ("ws-bad-priority", "neuronetes", ["submit", "--cmd", "true", "--priority", "5000"], 1, "bad priority"),
+    ("ws-bad-priority", "neuronetes", ["submit", "--cmd", "true", "--priority", "5000"], 2, "bad priority"),
     (
         "ws-priority-not-a-number",
         "neuronetes",
@@ -168,7 +199,7 @@ CASES = [
         "ws-bad-size",
         "neuronetes",
         ["submit", "--cmd", "true", "--priority", "1", "--gpu-memory", "lots", "--gpu-compute", "10"],
-        1,
+        2,
         "bad size 'lots'",
     ),
     (
@@ -201,7 +232,7 @@ CASES = [
         "ws-state-dir-too-deep",
         "neuronetes-agent",
         ["--workstation", "--simulate-gpus", "1", "--state-dir", "{dir}/" + "d" * 120],
-        1,
+        2,
         "choose a shorter state directory",
     ),
     # names and ids are kept apart; sizes are whole mebibytes at least; state directories are private
@@ -209,21 +240,21 @@ CASES = [
         "ws-name-like-an-id",
         "neuronetes",
         ["submit", "--cmd", "true", "--priority", "1", "--name", "j2"],
-        1,
+        2,
         "'j2': j<number> is the form of job ids",
     ),
     (
         "ws-size-below-a-mebibyte",
         "neuronetes",
         ["submit", "--cmd", "true", "--priority", "1", "--gpu-memory", "0.5", "--gpu-compute", "10"],
-        1,
+        2,
         "--gpu-memory: bad size '0.5': at least 1Mi",
     ),
     (
         "ws-log-cap-below-a-mebibyte",
         "neuronetes-agent",
         ["--workstation", "--simulate-gpus", "1", "--log-max-size", "1k", "--state-dir", "{dir}/logcap"],
-        1,
+        2,
         "--log-max-size: bad size '1k': at least 1Mi",
     ),
     # no daemon and no kubeconfig: the one line says which target was tried and how to start a daemon
@@ -259,18 +290,18 @@ CASES = [
         "ws-inject-bad-xid",
         "neuronetes",
         ["dev", "inject-xid", "--gpu-id", "0", "--xid", "1000", "--state-dir", "{dir}/none"],
-        1,
-        "--xid 1000 is not an XID (1-999)",
+        2,
+        "'--xid': 1000 is not in the range 1<=x<=999",
     ),
     (
         "ws-inject-no-ecc-count",
         "neuronetes",
         ["dev", "inject-ecc", "--gpu-id", "0", "--state-dir", "{dir}/none"],
-        1,
+        2,
         "give --corrected and/or --uncorrected",
     ),
     # submit: zero GPUs refused, commands found before anything is queued, the priority optional
-    ("ws-zero-gpus", "neuronetes", ["submit", "--cmd", "true", "--gpus", "0"], 1, "bad GPU count 0: use"),
+    ("ws-zero-gpus", "neuronetes", ["submit", "--cmd", "true", "--gpus", "0"], 2, "bad GPU count 0: use"),
     (
         "ws-command-not-on-path",
         "neuronetes",
@@ -329,6 +360,29 @@ def test_bad_input_is_one_error_line(
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
     assert says.format(**files) in result.stderr and "Traceback" not in result.stderr
     assert result.stdout == ""
+
+
+def _command_paths(command: click.Command, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = [path]
+    if isinstance(command, click.Group):
+        for name, sub in sorted(command.commands.items()):
+            if not sub.hidden:
+                out += _command_paths(sub, (*path, name))
+    return out
+
+
+def test_every_command_says_an_unknown_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """The rule walked over the whole command tree: whatever a command does, a wrong command line
+    is exit 2 and one line, before the command runs."""
+    from neuronetes.cli import main
+    from neuronetes.cli.root import build_root
+
+    paths = _command_paths(build_root())
+    assert len(paths) > 20
+    for path in paths:
+        assert main([*path, "--no-such-option"]) == 2, path
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and "--no-such-option" in err, (path, err)
 
 
 def test_there_are_enough_cases() -> None:

@@ -163,6 +163,23 @@ def test_cordoned_node_and_mig_gpus_of_an_unmodelled_model() -> None:
     assert decision.unresolvable == {"ndgx-a100-80gb-0": "node unschedulable"}
 
 
+def test_a_drained_gpu_is_not_in_mig_mode_and_no_round_warns(caplog: pytest.LogCaptureFixture) -> None:
+    """The agent offers only usable GPUs (``neuronetes.io/gpu`` drops by one for a drained GPU) and
+    keeps the count label: the GPU held back is not in MIG mode. A T4 cannot be; an A100 that offers
+    no MIG instance is not. A node that offers MIG instances keeps its MIG GPUs."""
+    t4, a100, mig_node = node_objects({"t4x4-pcie": 1, "dgx-a100-80gb": 1, "a100-40gb-mig": 1})
+    for node, whole in ((t4, "3"), (a100, "7")):
+        node["status"]["capacity"][c.RESOURCE_GPU] = whole
+        node["status"]["allocatable"][c.RESOURCE_GPU] = whole
+    with caplog.at_level("DEBUG", logger="neuronetes.nodes"):
+        for _ in range(3):  # every round reads the node again
+            t4_spec, a100_spec = node_spec_from_node(t4), node_spec_from_node(a100)
+    assert len(t4_spec.gpus) == 3 and not any(g.mig_enabled for g in t4_spec.gpus)
+    assert len(a100_spec.gpus) == 7 and not any(g.mig_enabled for g in a100_spec.gpus)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
+    assert all(g.mig_enabled for g in node_spec_from_node(mig_node).gpus)
+
+
 # ---- settings -----------------------------------------------------------------------------------
 
 

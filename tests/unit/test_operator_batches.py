@@ -18,6 +18,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from neuronetes import contracts as c
 from neuronetes_operator import controller as controller_module
 from neuronetes_operator import handlers, pods
 from neuronetes_operator.controller import PoolController
@@ -37,6 +38,8 @@ class FakeCluster:
         self.deleted: list[str] = []
         self.events: list[tuple[str, str]] = []
         self.pages = 0
+        self.nodes: list[dict[str, Any]] = []
+        self.node_lists = 0
 
     # CoreV1Api
     def list_namespaced_pod(
@@ -61,6 +64,13 @@ class FakeCluster:
     def delete_namespaced_pod(self, name: str, namespace: str) -> None:
         self.pods.pop(name)
         self.deleted.append(name)
+
+    def list_node(self, label_selector: str, limit: int, _preload_content: bool) -> Any:
+        key, _, values = label_selector.partition(" in ")
+        wanted = values.strip("()").split(",")
+        items = [n for n in self.nodes if n["metadata"]["labels"].get(key) in wanted][:limit]
+        self.node_lists += 1
+        return types.SimpleNamespace(data=json.dumps({"items": items}).encode())
 
     def create_namespaced_event(self, namespace: str, body: dict[str, Any]) -> None:
         self.events.append((body["reason"], body["message"]))
@@ -202,3 +212,34 @@ def test_the_work_queue_runs_a_pool_again_while_its_reconcile_says_more_is_left(
 
     asyncio.run(run())
     assert calls == [("ns", "big")] * 3
+
+
+def test_a_pool_of_a_gpu_type_no_node_has_says_so_and_records_an_event() -> None:
+    """Never a silent Pending: the condition NoMatchingNodes and a Warning Event, once; the API
+    server is asked when the node cache knows no such node (it may not be filled yet)."""
+    fake = FakeCluster(pool({"minReplicas": 1, "gpuRequirements": {"type": "T4"}}))
+    ctl = controller(fake, batch_size=64)
+    for _ in range(2):
+        ctl.reconcile("ns", "big")
+    cond = next(cd for cd in fake.pool["status"]["conditions"] if cd["type"] == "NoMatchingNodes")
+    assert (cond["status"], cond["reason"]) == ("True", "NoMatchingNodes")
+    assert "no node has GPUs of type T4" in cond["message"]
+    assert [m for r, m in fake.events if r == "NoMatchingNodes"] == [cond["message"]]  # once
+    assert fake.node_lists == 2
+
+    t4 = {"metadata": {"name": "n1", "labels": {c.LABEL_GPU_TYPE: "T4"}}}
+    fake.nodes.append(t4)  # the API server has it before the watch delivers it
+    ctl.reconcile("ns", "big")
+    cond = next(cd for cd in fake.pool["status"]["conditions"] if cd["type"] == "NoMatchingNodes")
+    assert (cond["status"], cond["reason"]) == ("False", "NodesMatch")
+    ctl.node_seen("n1", t4)
+    ctl.reconcile("ns", "big")
+    assert fake.node_lists == 3  # the cache answers now
+    assert len([r for r, _ in fake.events if r == "NoMatchingNodes"]) == 1
+
+
+def test_a_pool_without_a_gpu_type_has_no_node_condition() -> None:
+    fake = FakeCluster(pool({"minReplicas": 1}))
+    controller(fake, batch_size=64).reconcile("ns", "big")
+    assert "NoMatchingNodes" not in {cd["type"] for cd in fake.pool["status"]["conditions"]}
+    assert fake.node_lists == 0

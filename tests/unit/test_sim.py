@@ -167,9 +167,16 @@ def test_parse_seeds() -> None:
     assert parse_seeds("42") == [42]
     assert parse_seeds(" 1 , 3-3 ,") == [1, 3]
     assert parse_seeds("-5") == [-5]
+    assert parse_seeds("-5--3") == [-5, -4, -3]
     for bad in ("", ",", "a", "5-3", "1-x", "1.5"):
         with pytest.raises(ValueError):
             parse_seeds(bad)
+    with pytest.raises(
+        ValueError, match=r"^seed 'abc' is not a whole number or a range of them; write e\.g\. 42-51"
+    ):
+        parse_seeds("abc")
+    with pytest.raises(ValueError, match="seed '1-x' is not"):
+        parse_seeds("1-x")
 
 
 # ---- simulate and summarise --------------------------------------------------------------------------
@@ -313,3 +320,42 @@ def test_report_table_without_expected_lists_policies() -> None:
     lines = text.splitlines()
     assert lines[0] == "trace: t" and "paper" not in text
     assert lines[3].split() == ["fgd", "50.00", "50.00", "50.00"]
+
+
+def test_cli_output_json_prints_the_document_the_json_file_holds(tmp_path: Path, trace_files, capsys) -> None:
+    nodes, pods = trace_files
+    out = tmp_path / "r.json"
+    args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--policy", "fgd", "--seeds", "1"]
+    assert main([*args, "--workers", "1", "-o", "json", "--json", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)  # the document alone: no table, no timing lines
+    assert printed == json.loads(out.read_text())
+    assert printed["policy"] == "fgd" and set(printed["runs"][0]["unallocated_gpu_pct"]) == {
+        "95",
+        "100",
+        "130",
+    }
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--compare", "{tmp}/no-such-dir"], "--compare"),
+        (["--json", "{pods}/under-a-file.json"], "--json"),
+        (["--plot", "{tmp}"], "--plot"),
+        (["--seeds", "abc"], "seed 'abc'"),
+    ],
+)
+def test_cli_paths_and_seeds_are_checked_before_any_replay(
+    tmp_path: Path, trace_files, capsys, monkeypatch: pytest.MonkeyPatch, extra: list[str], says: str
+) -> None:
+    from neuronetes.cli import simulate as simulate_cli
+
+    def no_replay(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the replay ran before the command line was checked")
+
+    monkeypatch.setattr(simulate_cli, "replay", no_replay)
+    nodes, pods = trace_files
+    args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1"]
+    assert main([*args, *(a.format(tmp=tmp_path, pods=pods) for a in extra)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and says in err, err

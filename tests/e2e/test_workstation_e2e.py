@@ -375,7 +375,9 @@ def test_gpus_by_index_uuid_or_prefix_and_faults_through_the_daemon(tmp_path: Pa
         )
         assert _script(d.state_dir, "dev", "inject-ecc", "--gpu-id", "0", "--corrected", "2").returncode == 0
         bad = _script(d.state_dir, "dev", "inject-xid", "--gpu-id", "0", "--xid", "0")
-        assert bad.returncode == 1 and "not an XID" in bad.stderr
+        # A bad value on the command line is a usage error (docs/cli.md, "Exit codes"), checked
+        # before the daemon is asked.
+        assert bad.returncode == 2 and "'--xid': 0 is not in the range 1<=x<=999" in bad.stderr
 
 
 def test_submit_defaults_logs_follow_watch_and_describe(tmp_path: Path) -> None:

@@ -64,8 +64,13 @@ def test_nothing_a_job_started_outlives_it_nor_gets_its_gpu_handed_on(
             if end != "complete":
                 d.call(p.Cancel(job=f"escaper-{end}", force=end == "kill"))
             deadline = time.monotonic() + 15
-            while process_alive(escaped):
-                assert d.state(f"next-{end}") == "QUEUED", f"the GPU was handed on while {escaped} lived"
+            while True:
+                # The state first, then the process: alive after RUNNING was read means alive while
+                # the next job ran (the other order races a dying process's last moments).
+                state = d.state(f"next-{end}")
+                if not process_alive(escaped):
+                    break
+                assert state == "QUEUED", f"the GPU was handed on while {escaped} lived"
                 assert time.monotonic() < deadline, f"{end}: the escaped process {escaped} outlived its job"
                 time.sleep(0.02)
             assert d.wait_state(f"next-{end}", "COMPLETED")["exitCode"] == 0

@@ -65,6 +65,13 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+_RUNG_SAYS = {
+    "checkpoint": "transparent CUDA checkpoint",
+    "cooperative": "saved and exited",
+    "stop": "SIGSTOP",
+}
+
+
 def _one(state: Path, rung: str, k: int, mib: int) -> tuple[float, float]:
     base = f"{sys.executable} {JOB}"
     low: dict[str, Any] = {
@@ -82,10 +89,17 @@ def _one(state: Path, rung: str, k: int, mib: int) -> tuple[float, float]:
         low.update(gpu_memory="8Gi", gpu_compute=70)
         high.update(gpu_memory="8Gi", gpu_compute=40)
     _call(state, p.Submit(**low))
-    _wait(state, low["name"], "RUNNING")
+    running = _wait(state, low["name"], "RUNNING")
     time.sleep(0.3)  # running (and, for checkpoint, holding its memory)
+    if rung != "stop":  # what NVML would list for it: stopping it would not make room
+        gpu = _call(state, p.Status())["gpus"][0]["uuid"]
+        held = p.SimulatedProcess(pid=running["pid"], bytes=max(mib, 1024) << 20)
+        _call(state, p.Simulate(gpu=gpu, process=held))
     urgent = _call(state, p.Submit(**high))
     low_doc = _wait(state, low["name"], "PREEMPTED")
+    how = low_doc["reason"]
+    if _RUNG_SAYS[rung] not in how:
+        raise SystemExit(f"{rung}: the daemon took another rung: {how}")
     preempt = _at(low_doc, "PREEMPTED") - float(urgent["submittedAt"])
     high_doc = _wait(state, high["name"], "COMPLETED")
     low_doc = _wait(state, low["name"], "RUNNING")

@@ -24,15 +24,18 @@ def _states(history: list[dict[str, object]]) -> list[object]:
 
 
 def test_preemption_story(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A low-priority job runs; an urgent one arrives → the low one is PREEMPTED (transparent
-    checkpoint: its GPU memory leaves the GPU), the urgent one RUNNING; once the urgent one
-    COMPLETED the low one resumes where it was (memory restored) and completes."""
+    """A low-priority job holding GPU memory runs; an urgent whole-GPU one arrives → the low one
+    is PREEMPTED (transparent checkpoint: its GPU memory leaves the GPU), the urgent one RUNNING;
+    once the urgent one COMPLETED the low one resumes where it was (memory restored) and
+    completes."""
     with running_daemon(tmp_path) as d:
         d.submit("low", 1, 40, mib=1000)
         d.wait_state("low", "RUNNING")
         wait_for(lambda: d.memory.used() == 1000 * MIB, "the low job's 1000 MiB on the GPU")
         listed = d.cli_json(capsys, "jobs", "list")
         assert [(j["name"], j["state"]) for j in listed] == [("low", "RUNNING")]
+        # stopped, it would keep them, and the urgent whole-GPU job needs them
+        d.measured("low", 1000 * MIB)
 
         d.submit("high", 10, 10, mib=300)
         low = d.wait_state("low", "PREEMPTED")
@@ -122,6 +125,8 @@ def test_daemon_killed_at_every_point_of_the_story(tmp_path: Path) -> None:
         d.start()
         again = d.wait_state("low", "RUNNING")
         assert again["pid"] == low["pid"] and again["attempt"] == 1  # re-adopted, not restarted
+        wait_for(lambda: d.memory.used() == 500 * MIB, "the low job's 500 MiB on the GPU")
+        d.measured("low", 500 * MIB)  # stopping it would not free them: it is checkpointed
 
         d.submit("high", 10, 100_000, mib=200)
         d.wait_state("low", "PREEMPTED")
@@ -191,11 +196,12 @@ def test_admission_waits_for_utilization_heat_and_external_memory(
 
 
 def test_cooperative_and_stop_rungs(tmp_path: Path) -> None:
-    """No CUDA process: a --checkpointable job saves on SIGUSR1 and resumes from its step; a share
-    that leaves room is stopped and continued."""
+    """No CUDA process: a --checkpointable job holding memory the urgent job needs saves on SIGUSR1
+    and resumes from its step; a share that leaves room is stopped and continued."""
     with running_daemon(tmp_path) as d:
         d.submit("coop", 1, 40, checkpointable=True)
         d.wait_state("coop", "RUNNING")
+        d.measured("coop", 8 << 30)  # stopped, it would keep them: the urgent whole-GPU job needs them
         wait_for(lambda: "step 5" in d.stdout("coop"), "some progress")
         d.submit("urgent", 10, 3)
         coop = d.wait_state("coop", "PREEMPTED")

@@ -153,6 +153,11 @@ class Daemon:
     def simulate(self, **order: Any) -> None:
         self.call(p.Simulate(gpu=self.gpu(), **order))
 
+    def measured(self, name: str, nbytes: int) -> None:
+        """What NVML would list for job `name`'s processes: the simulated backend sees the fake
+        driver's memory only when told (a stopped job keeps what it holds)."""
+        self.simulate(process={"pid": self.job(name)["pid"], "bytes": nbytes})
+
     def cli(self, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
         capsys.readouterr()
         code = cli_main([*argv, "--state-dir", str(self.state_dir)])

@@ -26,8 +26,9 @@ def view(
     state: GpuHealth = GpuHealth.AVAILABLE,
     drained: bool = False,
     processes: tuple[GpuProcess, ...] = (),
+    used: int = 0,
 ) -> GpuView:
-    return GpuView(f"GPU-{index}", index, "A100", 80 * GIB, 0, util, 40.0, processes, state, "", drained)
+    return GpuView(f"GPU-{index}", index, "A100", 80 * GIB, used, util, 40.0, processes, state, "", drained)
 
 
 def job(
@@ -166,8 +167,17 @@ def test_preemption_plan_picks_the_ladder_and_never_equal_priority() -> None:
     views = [view()]
     low = job("low", 1, S.RUNNING, gpus=("GPU-0",))
     urgent = job("urgent", 10)
+    # holding no GPU memory, stopping it makes room: the cheapest rung, whatever else applies
     chosen = plan(urgent, views, [low, urgent], {}, settings, lambda j: Rung.CHECKPOINT)
+    assert isinstance(chosen, Plan) and [(v.id, r) for v, r in chosen.victims] == [("low", Rung.STOP)]
+    # holding memory the urgent whole-GPU job needs: its checkpoint rung
+    holding = {"low": {"GPU-0": 10 * GIB}}
+    chosen = plan(urgent, views, [low, urgent], {}, settings, lambda j: Rung.CHECKPOINT, held=holding)
     assert isinstance(chosen, Plan) and [(v.id, r) for v, r in chosen.victims] == [("low", Rung.CHECKPOINT)]
+    # a share that fits beside those 10 GiB: stopped after all
+    part = job("part", 10, memory=20 * GIB, compute=50)
+    chosen = plan(part, views, [low, part], {}, settings, lambda j: Rung.COOPERATIVE, held=holding)
+    assert isinstance(chosen, Plan) and [(v.id, r) for v, r in chosen.victims] == [("low", Rung.STOP)]
     same = job("same", 1)
     refused = plan(same, views, [low, same], {}, settings, lambda j: Rung.CHECKPOINT)
     assert isinstance(refused, NoRoom) and refused.reason == (
@@ -178,6 +188,17 @@ def test_preemption_plan_picks_the_ladder_and_never_equal_priority() -> None:
     share = job("share", 10, memory=10 * GIB, compute=50)
     chosen = plan(share, views, [small, share], {}, settings, lambda j: Rung.STOP)
     assert isinstance(chosen, Plan) and [(v.id, r) for v, r in chosen.victims] == [("small", Rung.STOP)]
+
+
+def test_memory_no_listed_process_accounts_for_is_held_by_the_jobs_on_that_gpu() -> None:
+    """NVML lists no processes under WSL or across PID namespaces: the used memory it cannot
+    attribute counts against every job on that GPU (a stopped job never seems to leave room it
+    may not leave); the driver's own few hundred MiB do not."""
+    listed = view(used=int(0.3 * GIB))
+    assert adm.measure([listed], {"a": frozenset({1})}, {"a": ("GPU-0",)}).held == {}
+    unlisted = view(used=30 * GIB)
+    measured = adm.measure([unlisted], {"a": frozenset({1}), "b": frozenset({2})}, {"a": ("GPU-0",)})
+    assert measured.held == {"a": {"GPU-0": 30 * GIB}}
 
 
 def _stop(j: Job) -> Rung:

@@ -3,12 +3,12 @@
 The workstation daemon (NVML backend, the shim preloaded into its jobs) runs a low-priority job that
 holds 20 GiB of PyTorch tensors (``ws_job.py hold``); a high-priority job that needs most of the GPU
 (``ws_job.py urgent``: total − 13 GiB) is submitted. Both ask for the whole GPU, so the urgent one
-runs only if the low one's memory leaves the GPU: the daemon must take the checkpoint rung (the CUDA
-driver's checkpoint API), ``nvidia-smi`` must show the low job's memory gone, the urgent job must
-run, and the low job must resume with the checksum of its tensors unchanged. The daemon's own
-checkpoint and restore latencies are reported. Over the fake driver the same runs with the fake's
-checkpoint state machine, its NVML standing in for ``nvidia-smi`` (memory there has no content, so
-no checksum).
+runs only if the low one's memory leaves the GPU: stopping it is not enough (it would keep its
+memory), so the daemon must take the checkpoint rung (the CUDA driver's checkpoint API), ``nvidia-smi``
+must show the low job's memory gone, the urgent job must run, and the low job must resume with
+the checksum of its tensors unchanged. The daemon's own checkpoint and restore latencies are
+reported. Over the fake driver the same runs with the fake's checkpoint state machine, its NVML
+standing in for ``nvidia-smi`` (memory there has no content, so no checksum).
 """
 
 from __future__ import annotations
@@ -87,6 +87,8 @@ def preempt(
     assert pid is not None
     held = memory_of(ctx, pid)
     report.figures["train_memory_before_bytes"] = held
+    if ctx.fake and held:
+        ws.measured(pid, held)  # what NVML would list: stopping it would leave too little
 
     # the urgent job holds its memory until told to finish, so the GPU can be looked at meanwhile
     urgent_done = ctx.path("urgent.done")
@@ -103,6 +105,8 @@ def preempt(
     rung = train.get("suspended")
     ws.wait_for(lambda: not memory_of(ctx, pid), "the train job's memory to leave the GPU", 90)
     freed_after = time.monotonic() - submitted
+    if ctx.fake:
+        ws.measured(pid, 0)
     during = memory_of(ctx, pid)
     ok = rung == "checkpoint"
     report.check(

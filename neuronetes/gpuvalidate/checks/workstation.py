@@ -147,6 +147,19 @@ class Workstation:
         )
         return job
 
+    def measured(self, pid: int, nbytes: int) -> None:
+        """Fake mode: tell the daemon's simulated GPU what the fake's NVML lists for `pid` (on a GPU
+        the daemon reads NVML's process list itself; the simulated backend knows only what it is told)."""
+        from neuronetes_agent.workstation import client
+        from neuronetes_agent.workstation import protocol as p
+
+        gpu = self.env["FAKE_CUDA_UUIDS"]
+        reply = client.call(
+            self.state_dir, p.Simulate(gpu=gpu, process=p.SimulatedProcess(pid=pid, bytes=nbytes))
+        )
+        if not isinstance(reply, p.Ok):
+            raise WorkstationError(f"the daemon refused the simulated process {pid}: {reply}")
+
     def job(self, name: str) -> dict[str, Any]:
         job: dict[str, Any] = self.cli("jobs", "describe", name, "-o", "json")
         return job

@@ -159,16 +159,39 @@ def external_memory(view: GpuView, own_pids: frozenset[int]) -> int:
     return sum(p.used_memory_bytes for p in view.processes if p.pid not in own_pids)
 
 
-def measure(views: Iterable[GpuView], pids_of: Mapping[str, frozenset[int]]) -> Measured:
+# Used memory that no listed process accounts for, up to which a GPU's process list is trusted:
+# the driver's own reservations show as used memory too (a few MiB to a few hundred).
+UNLISTED_TOLERANCE_BYTES: Final = 1 << 30
+
+
+def unlisted_memory(view: GpuView) -> int:
+    """Used memory on `view` that its process list does not account for."""
+    return max(0, view.memory_used_bytes - sum(p.used_memory_bytes for p in view.processes))
+
+
+def measure(
+    views: Iterable[GpuView],
+    pids_of: Mapping[str, frozenset[int]],
+    gpus_of: Mapping[str, Iterable[str]] | None = None,
+) -> Measured:
     """Who holds the GPUs' memory, by NVML's process lists: each job (`pids_of`: job id → its
-    processes) and, per GPU, the processes the daemon did not start."""
+    processes) and, per GPU, the processes the daemon did not start.
+
+    Where a GPU's process list misses more than `UNLISTED_TOLERANCE_BYTES` of its used memory
+    (NVML lists no processes under WSL, or for processes in another PID namespace), each job on
+    it (`gpus_of`: job id → its GPUs) is taken to hold that memory too: a stopped job is never
+    assumed to have left room it may not have left."""
     own = frozenset(pid for pids in pids_of.values() for pid in pids)
     external: dict[str, int] = {}
     held: dict[str, dict[str, int]] = {}
     for view in views:
         external[view.uuid] = external_memory(view, own)
+        unlisted = unlisted_memory(view)
+        unlisted = unlisted if unlisted > UNLISTED_TOLERANCE_BYTES else 0
         for job_id, pids in pids_of.items():
             used = sum(p.used_memory_bytes for p in view.processes if p.pid in pids)
+            if unlisted and view.uuid in (gpus_of or {}).get(job_id, ()):
+                used += unlisted
             if used:
                 held.setdefault(job_id, {})[view.uuid] = used
     return Measured(external, held)

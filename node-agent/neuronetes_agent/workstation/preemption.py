@@ -1,18 +1,20 @@
 """Preemption: which running jobs make room for an urgent one, and how each is suspended.
 
 Victims are running jobs of strictly lower submitted priority on the GPUs the urgent job could
-use; the fewest, lowest-priority, most recently started go first. Each victim is suspended by the
-first rung of the ladder that applies to it (docs/workstation.md, "Preemption ladder"):
+use; the fewest, lowest-priority, most recently started go first. How they are suspended, cheapest
+first (docs/workstation.md, "Preemption ladder"):
 
-1. ``checkpoint`` — transparent: the CUDA driver locks and checkpoints the job's CUDA processes
-   (their GPU memory moves to host memory, the GPU is free; their CUDA calls wait); on resume the
-   memory is restored and they are unlocked. Needs the driver's checkpoint API and a CUDA process.
-2. ``cooperative`` — a ``--checkpointable`` job gets SIGUSR1 and `deadline_s` seconds to save and
-   exit; it is requeued and restarted with ``NEURONETES_RESUME=1``.
-3. ``stop`` — SIGSTOP now, SIGCONT later. A stopped job frees its compute, not its memory: this
-   rung is used only when the urgent job fits in the GPU's memory beside what the stopped job's
-   processes hold, measured (NVML's process list), not assumed to be its share or the GPU.
-   A whole-GPU job is exclusive in compute only while it runs: a stopped one computes nothing.
+1. ``stop`` — SIGSTOP now, SIGCONT later, whenever the urgent job fits in the GPU's memory beside
+   what the stopped victims' processes hold, measured (NVML's process list), not assumed to be
+   their share or the GPU. A stopped job frees its compute, not its memory; a whole-GPU job is
+   exclusive in compute only while it runs: a stopped one computes nothing.
+2. ``checkpoint`` — otherwise, for a victim holding GPU memory: transparent, the CUDA driver locks
+   and checkpoints the job's CUDA processes (their GPU memory moves to host memory, the GPU is
+   free; their CUDA calls wait); on resume the memory is restored and they are unlocked. Needs the
+   driver's checkpoint API and a CUDA process.
+3. ``cooperative`` — else a ``--checkpointable`` job gets SIGUSR1 and `deadline_s` seconds to save
+   and exit; it is requeued and restarted with ``NEURONETES_RESUME=1``. A victim neither rung
+   applies to can only be stopped.
 
 A job none of the rungs can free is not preempted: the urgent job waits, and `NoRoom` says why
 (which job holds how much, and why it cannot be checkpointed).
@@ -101,16 +103,19 @@ def plan(
             )
             continue
         candidates = sorted(on_gpu, key=lambda j: (j.spec.priority, -j.started_at))
-        chosen: list[tuple[Job, Rung]] = []
+        prefix: list[Job] = []
         for victim in candidates:
-            chosen.append((victim, rung_of(victim)))
-            suspended = {v.id: _after(v, r) for v, r in chosen}
-            after = [suspended.get(j.id, j) for j in others]
-            load = loads(after, {view.uuid: view}, ending, held)[view.uuid]
-            hold = check_gpu(job, view, load, external, settings)
+            prefix.append(victim)
+            for chosen in _rungs(prefix, rung_of, held or {}):
+                suspended = {v.id: _after(v, r) for v, r in chosen}
+                after = [suspended.get(j.id, j) for j in others]
+                load = loads(after, {view.uuid: view}, ending, held)[view.uuid]
+                hold = check_gpu(job, view, load, external, settings)
+                if hold is None:
+                    cost = (len(chosen), max(v.spec.priority for v, _ in chosen))
+                    options.append((cost, view, chosen))
+                    break
             if hold is None:
-                cost = (len(chosen), max(v.spec.priority for v, _ in chosen))
-                options.append((cost, view, list(chosen)))
                 break
         if hold is not None:
             by_id = {j.id: j for j in others}
@@ -125,6 +130,17 @@ def plan(
         for victim, rung in chosen:
             victims[victim.id] = (victim, rung)
     return Plan(job, tuple(victims.values()))
+
+
+def _rungs(
+    victims: Sequence[Job], rung_of: Callable[[Job], Rung], held: Mapping[str, Mapping[str, int]]
+) -> list[list[tuple[Job, Rung]]]:
+    """The ways to suspend `victims`, cheapest first: all stopped (microseconds, and nothing to
+    restore); then saved by their checkpoint rung where they hold GPU memory (a victim holding none
+    is stopped: saving it would free nothing more)."""
+    stopped = [(v, Rung.STOP) for v in victims]
+    saved = [(v, rung_of(v) if sum(held.get(v.id, {}).values()) else Rung.STOP) for v in victims]
+    return [stopped] if saved == stopped else [stopped, saved]
 
 
 def _no_rung(

@@ -194,7 +194,7 @@ class Scheduler:
 
     def _measure(self, jobs: list[Job], views: list[GpuView]) -> adm.Measured:
         """Who holds the GPUs' memory (NVML's process lists): each job, and outside processes."""
-        if not any(v.processes for v in views):
+        if not any(v.processes or v.memory_used_bytes for v in views):
             return adm.Measured()
         table = ProcTable()
         pids_of: dict[str, frozenset[int]] = {}
@@ -202,7 +202,7 @@ class Scheduler:
             if job.pid:  # running, held, or an attempt still ending
                 mine = self.launcher.processes(job, table, by_token=False)
                 pids_of[job.id] = pids_of.get(job.id, frozenset()) | mine
-        return adm.measure(views, pids_of)
+        return adm.measure(views, pids_of, {j.id: j.gpus for j in jobs})
 
     def _rung(self, job: Job) -> Rung:
         if job.id not in self.checkpoint_failed and self.cuda_pids(job):

@@ -287,7 +287,7 @@ def submit(
     output: str,
 ) -> None:
     from neuronetes_agent.workstation import jobs, protocol
-    from neuronetes_agent.workstation.launcher import missing_program
+    from neuronetes_agent.workstation.commands import missing_program
 
     if gpus is not None and (gpu_memory or gpu_compute is not None):
         raise click.UsageError("give either --gpus or a share (--gpu-memory and --gpu-compute), not both")

@@ -32,15 +32,8 @@ from typing import Any, Final
 from neuronetes.devcluster import components as cmd
 from neuronetes.devcluster import procs
 from neuronetes.devcluster.api import Api, ApiError, KubectlError, free_ports, run_kubectl
-from neuronetes.devcluster.chartmode import (
-    ChartOps,
-    ChartRelease,
-    chart_extenders,
-    pick_loopback_net,
-)
-from neuronetes.devcluster.config import (
-    ExtenderConfig,
-)
+from neuronetes.devcluster.chartmode import ChartOps, ChartRelease, chart_extenders, pick_loopback_net
+from neuronetes.devcluster.config import ExtenderConfig
 from neuronetes.devcluster.nodes import create_nodes
 from neuronetes.devcluster.startup import Startup, apply_crds, apply_manifests
 from neuronetes.devcluster.state import ClusterError, RunState, StateStore

@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -24,6 +23,7 @@ from neuronetes.api.models import AgentPool, AgentPoolStatus, ToolBinding, decod
 
 from . import CONVERT_LOCK
 from .gang_retry import GangRetries, failed_reservations
+from .objects import api_message, patch_status, post_event
 from .pods import LABEL_POOL, DesiredPod, desired_pods, gang_name
 from .policy import resolve
 from .reconcile import LIST_PAGE, Action, batch, is_terminating, plan, read_pod_page
@@ -32,7 +32,7 @@ from .status import NO_MATCHING_NODES, pool_status
 from .tiers import DEFAULT_TIERS, PriorityTier, TierError, with_tier
 from .toolbindings import binding_status
 
-__all__ = ["PoolController", "patch_status", "post_event"]
+__all__ = ["PoolController"]
 
 log = logging.getLogger("neuronetes_operator")
 _CONVERT = CONVERT_LOCK
@@ -257,7 +257,7 @@ class PoolController:
             if exc.status in (404, 409):  # already gone / already there (a racing or earlier reconcile)
                 return False
             if exc.status in (400, 403, 422):
-                self._event(pool, "Warning", "PodRefused", f"pod {action.name} refused: {_api_message(exc)}")
+                self._event(pool, "Warning", "PodRefused", f"pod {action.name} refused: {api_message(exc)}")
                 return False
             raise
         return True
@@ -364,49 +364,3 @@ class PoolController:
                 status["conditions"][0]["message"],
             )
         patch_status(self.custom, "toolbindings", obj["metadata"], {"status": status})
-
-
-def patch_status(custom: client.CustomObjectsApi, plural: str, meta: Mapping[str, Any], body: Any) -> None:
-    """Merge-patch the status subresource of a NeuroNetes object; a deleted object is no error."""
-    try:
-        custom.patch_namespaced_custom_object_status(
-            c.GROUP, c.VERSION, meta["namespace"], plural, meta["name"], body
-        )
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-
-
-def post_event(core: client.CoreV1Api, obj: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
-    """Record a core/v1 Event about `obj` (a NeuroNetes object) from the operator; never raises."""
-    meta = obj["metadata"]
-    now = datetime.now(UTC)
-    body = {
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-        "involvedObject": {
-            "apiVersion": obj.get("apiVersion", c.API_VERSION),
-            "kind": obj.get("kind", "AgentPool"),
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta["uid"],
-        },
-        "type": etype,
-        "reason": reason,
-        "message": message[:1024],
-        "source": {"component": "neuronetes-operator"},
-        "firstTimestamp": now.isoformat(),
-        "lastTimestamp": now.isoformat(),
-        "count": 1,
-        "reportingComponent": "neuronetes-operator",
-    }
-    try:
-        core.create_namespaced_event(meta["namespace"], body)
-    except ApiException as exc:
-        log.warning("event %s for %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc.status)
-
-
-def _api_message(exc: ApiException) -> str:
-    try:
-        return str(msgspec.json.decode(exc.body or b"{}").get("message") or exc.reason)
-    except msgspec.DecodeError:
-        return str(exc.reason)

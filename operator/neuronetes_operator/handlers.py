@@ -26,8 +26,9 @@ import kopf
 from neuronetes import contracts as c
 
 from .admission import ANNOTATION_SLICE
-from .controller import PLURAL, PoolController, post_event
+from .controller import PLURAL, PoolController
 from .gang_retry import pool_of_gang
+from .objects import post_event
 from .pods import LABEL_POOL
 from .settings import OperatorSettings
 from .slice_controller import SliceController

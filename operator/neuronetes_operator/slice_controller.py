@@ -27,7 +27,7 @@ from neuronetes.model import NodeSpec
 from neuronetes.nodes import apply_gpunode, node_spec_from_object
 
 from . import CONVERT_LOCK
-from .controller import patch_status
+from .objects import patch_status
 from .quota import excesses, quota_relevant, slice_demand, usage
 from .slices import FINALIZER, choose_gpu, gpu_use, pods_using, reserved
 

@@ -13,8 +13,8 @@ import pytest
 from neuronetes.cli.workstation import _value
 from neuronetes_agent.daemon.devices import GpuRefError, match_gpu
 from neuronetes_agent.workstation.checkpoint import CudaCheckpoint
+from neuronetes_agent.workstation.commands import missing_program
 from neuronetes_agent.workstation.jobs import share_compute_default
-from neuronetes_agent.workstation.launcher import missing_program
 from neuronetes_agent.workstation.logtail import MAX_SCAN_BYTES, log_size, read_after
 
 pytestmark = pytest.mark.unit

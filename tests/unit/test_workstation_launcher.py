@@ -9,9 +9,10 @@ import pytest
 
 from neuronetes.model import GpuHealth
 from neuronetes_agent import region as shim
+from neuronetes_agent.workstation.commands import command_argv
 from neuronetes_agent.workstation.gpus import GpuView
 from neuronetes_agent.workstation.jobs import Job, JobSpec, JobState
-from neuronetes_agent.workstation.launcher import Launcher, command_argv
+from neuronetes_agent.workstation.launcher import Launcher
 
 pytestmark = pytest.mark.unit
 GIB = 1 << 30

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from neuronetes.model import GpuHealth
@@ -19,9 +19,10 @@ from neuronetes.profiles import TopologyProfile
 from neuronetes_agent.daemon.devices import DiscoveryError, GpuLost, GpuProcess, match_gpu
 from neuronetes_agent.daemon.health import GpuHealthState, Usage
 
+from .jobs import ACTIVE, Job, JobState
 from .store import Store
 
-__all__ = ["SCHEDULABLE", "GpuView", "Gpus", "open_backend"]
+__all__ = ["SCHEDULABLE", "GpuView", "Gpus", "open_backend", "usage"]
 
 log = logging.getLogger(__name__)
 
@@ -164,3 +165,17 @@ class Gpus:
         """The UUID of the GPU `ref` names: its index, UUID or unique UUID prefix (`match_gpu`).
         Raises GpuRefError."""
         return match_gpu(ref, ((d.index, d.uuid) for d in self.devices), "on this machine")
+
+
+def usage(jobs: list[Job], ending: list[Job]) -> dict[str, Usage]:
+    """What each GPU's health state machine needs from the daemon's jobs: how many hold it (active,
+    or an attempt whose processes are still exiting) and how many run on it."""
+    assigned: dict[str, int] = {}
+    running: dict[str, int] = {}
+    for job in jobs + [replace(j, state=JobState.RUNNING) for j in ending]:
+        if job.state in ACTIVE:
+            for uuid in job.gpus:
+                assigned[uuid] = assigned.get(uuid, 0) + 1
+                if job.state is JobState.RUNNING:
+                    running[uuid] = running.get(uuid, 0) + 1
+    return {u: Usage(assigned=assigned[u], running=running.get(u, 0)) for u in assigned}

@@ -14,9 +14,9 @@ from neuronetes_agent.daemon.devices import GpuRefError
 
 from . import admission as adm
 from . import protocol as p
+from .commands import missing_program
 from .gpus import GpuView
 from .jobs import ACTIVE, FINAL, Job, JobSpec, JobState, SpecError, parse_size, share_compute_default
-from .launcher import missing_program
 from .logtail import MAX_LINES, log_size, read_after, tail_rotated
 from .scheduler import Scheduler
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shlex
-import shutil
 import signal
 import stat
 import subprocess
@@ -34,6 +32,7 @@ from typing import Final
 from neuronetes_agent import region as shim
 from neuronetes_agent.daemon.hostpids import start_ticks
 
+from .commands import command_argv
 from .containment import (
     Containment,
     ProcTable,
@@ -51,18 +50,15 @@ __all__ = [
     "Launcher",
     "Started",
     "alive",
-    "command_argv",
     "find_token",
     "group_members",
     "kill_group",
-    "missing_program",
 ]
 
 _PROC: Final = Path("/proc")
 SHEPHERD: Final = "neuronetes_agent.workstation.shepherd"
 DEFAULT_LOG_MAX_BYTES: Final = 64 << 20
 _WHOLE_ATTEMPT: Final = frozenset({signal.SIGTERM, signal.SIGSTOP, signal.SIGCONT})
-_SHELL_SYNTAX: Final = frozenset("|&;<>()$`\\*?[]#~{}\n")
 
 
 def alive(pid: int, ticks: int) -> bool:
@@ -80,35 +76,6 @@ def _pids() -> Iterator[int]:
     for entry in os.listdir(_PROC):
         if entry.isdigit():
             yield int(entry)
-
-
-def command_argv(command: str) -> list[str]:
-    """The job's argv: the words themselves when the command uses no shell syntax (so the program is
-    the shepherd's child and gets SIGUSR1 itself), else ``/bin/sh -c COMMAND``."""
-    try:
-        words = shlex.split(command) if not _SHELL_SYNTAX.intersection(command) else []
-    except ValueError:  # unbalanced quotes: the shell reports it
-        words = []
-    if words and "=" not in words[0]:
-        return words
-    return ["/bin/sh", "-c", command]
-
-
-def missing_program(command: str, workdir: str, path: str) -> str | None:
-    """Why a command run directly cannot start (its program is neither an executable path, taken
-    from `workdir`, nor on `path`), or None. A shell command's programs are the shell's to find."""
-    argv = command_argv(command)
-    if argv == ["/bin/sh", "-c", command]:
-        return None
-    program = argv[0]
-    if "/" in program:
-        where = Path(workdir or ".", program)
-        if where.is_file() and os.access(where, os.X_OK):
-            return None
-        return f"command not found: {program!r} is not an executable file"
-    if shutil.which(program, path=path) is not None:
-        return None
-    return f"command not found: {program!r} is not on PATH"
 
 
 def group_members(pgid: int) -> list[int]:

@@ -19,12 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from neuronetes_agent.daemon.health import Usage
-
 from . import admission as adm
 from .checkpoint import STATE_RUNNING, CudaCheckpoint
 from .containment import ProcTable
-from .gpus import Gpus, GpuView
+from .gpus import Gpus, GpuView, usage
 from .jobs import ACTIVE, FINAL, Job, JobState
 from .launcher import Launcher
 from .preemption import NoRoom, Plan, Rung, plan
@@ -85,7 +83,7 @@ class Scheduler:
             self._settle_ending(now)
             jobs = [j for j in jobs if j.state not in FINAL]
             ending = [attempt for attempt, _ in self.ending.values()]
-            views = self.gpus.refresh(_usage(jobs, ending), now)
+            views = self.gpus.refresh(usage(jobs, ending), now)
             self._admit(jobs, views, now, ending)
 
     def reap(self, job: Job, now: float) -> None:
@@ -392,15 +390,3 @@ class Scheduler:
                 log.exception("scheduler round failed")
             self.wake.wait(self.config.interval_s)
             self.wake.clear()
-
-
-def _usage(jobs: list[Job], ending: list[Job]) -> dict[str, Usage]:
-    assigned: dict[str, int] = {}
-    running: dict[str, int] = {}
-    for job in jobs + [replace(j, state=S.RUNNING) for j in ending]:
-        if job.state in ACTIVE:
-            for uuid in job.gpus:
-                assigned[uuid] = assigned.get(uuid, 0) + 1
-                if job.state is S.RUNNING:
-                    running[uuid] = running.get(uuid, 0) + 1
-    return {u: Usage(assigned=assigned[u], running=running.get(u, 0)) for u in assigned}

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from neuronetes import mig
-from neuronetes.api.units import gpu_memory_satisfies
+from neuronetes.api.units import GPU_MEMORY_CLASSES_GB, gpu_memory_satisfies
 from neuronetes.contracts import (
     LABEL_GPU_COUNT,
     LABEL_GPU_MEMORY,
@@ -276,14 +276,10 @@ def gpu_type_label(model: str) -> str:
     return re.split(r"[\s_-]+", text, maxsplit=1)[0].upper() if text else ""
 
 
-# Marketing sizes of GPU memory, GB (read as Gi in labels and requests, as the node labels do).
-_MEMORY_CLASSES_GB: Final = (4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 94, 96, 141, 144, 180, 192, 288)
-
-
 def _gib_label(mib: int) -> str:
     """GPU memory as the node label carries it: the GPU's memory *class* (neuronetes.api.units), the
     largest nominal size whose requests it satisfies (81559 MiB → ``80Gi``, T4's 15360 → ``16Gi``)."""
-    fitting = [c for c in _MEMORY_CLASSES_GB if gpu_memory_satisfies(f"{c}Gi", mib)]
+    fitting = [c for c in GPU_MEMORY_CLASSES_GB if gpu_memory_satisfies(f"{c}Gi", mib)]
     return f"{fitting[-1]}Gi" if fitting else f"{max(1, round(mib / 1024))}Gi"
 
 

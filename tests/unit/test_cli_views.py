@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from extender_support import node_objects
-from pod_builder import manifest
+from pod_builder import container, manifest
 
 from neuronetes import contracts as c
 from neuronetes.cli import explain as explain_cli
@@ -148,6 +148,20 @@ def test_the_cluster_trace_round_trips_through_the_simulators_reader(world: Any,
     assert (loaded["default/slice"].gpus, loaded["default/slice"].gpu_milli) == (1, 250)
     assert (loaded["default/mig"].gpus, loaded["default/mig"].gpu_milli) == (1, 428)
     assert loaded["default/pending"].gpu_models == ("A100",)
+
+
+def test_a_pods_trace_row_is_its_effective_request_and_pods_being_deleted_are_left_out() -> None:
+    setup = container("setup")
+    setup["resources"]["requests"] = {"cpu": "4", "memory": "8Gi"}  # the init step asks for more
+    # a sidecar started first runs beside the init step and beside main: its ask adds to both
+    sidecar = container("proxy", restartPolicy="Always")
+    staged = manifest("staged", {c.RESOURCE_GPU: 1}, init=[sidecar, setup])
+    staged["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    going = manifest("going", {c.RESOURCE_GPU: 1})
+    going["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    [row] = pod_rows([staged, going])
+    assert (row["name"], row["cpu_milli"], row["memory_mib"]) == ("default/staged", "4100", "8320")
+    assert (row["pod_phase"], row["creation_time"]) == ("Pending", "1767225600")
 
 
 def test_nodes_without_gpus_are_left_out_of_the_trace() -> None:

@@ -273,6 +273,20 @@ def test_a_pod_that_does_not_exist_is_one_error_line(cluster: E2ECluster, fleet:
     assert result.returncode == 1 and result.stderr == f"error: pod {NAMESPACE}/no-such-pod not found\n"
 
 
+def test_credentials_the_api_server_refuses_are_a_runtime_error(
+    cluster: E2ECluster, fleet: dict[str, Any], tmp_path: Path
+) -> None:
+    config = json.loads(cluster.kubeconfig.read_text())  # the dev cluster writes it as JSON
+    for user in config["users"]:
+        user["user"] = {"token": "not-a-token-of-this-cluster"}
+    refused = tmp_path / "refused.kubeconfig"
+    refused.write_text(json.dumps(config))
+    result = plugin(cluster, "top", "--kubeconfig", str(refused))
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.startswith("error: GET ") and result.stderr.count("\n") == 1
+    assert result.stderr.endswith(": the API server answered 401 Unauthorized\n")
+
+
 def free_gpu(cluster: E2ECluster, fleet: dict[str, Any], k: int) -> tuple[str, str]:
     """(node, uuid) of the `k`-th GPU no pod of this module uses, on the module's second node."""
     node = fleet["nodes"][1]

@@ -243,6 +243,10 @@ def test_status_all_lists_every_gpu_with_its_pods(cluster: E2ECluster, fleet: di
 
 def test_health_of_one_gpu(cluster: E2ECluster, fleet: dict[str, Any]) -> None:
     [whole] = assigned_uuids(cluster, "whole")
+    every = json.loads(ok(plugin(cluster, "health", "-o", "json")))["gpus"]  # one row per GPU
+    mine = [g for g in every if g["node"] in fleet["nodes"]]
+    assert len(mine) == 8 and all({"health", "healthReason", "cordoned", "offline"} <= set(g) for g in mine)
+    assert "CORDONED" in ok(plugin(cluster, "health"))
     doc = json.loads(ok(plugin(cluster, "health", "--gpu-id", whole, "-o", "json")))
     assert doc["uuid"] == whole and doc["health"] in ("Allocated", "InUse") and not doc["cordoned"]
     assert {x["type"] for x in doc["nodeConditions"]} >= {"Ready"}

@@ -40,9 +40,14 @@ def get_json(cluster: E2ECluster, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", "-o", "json", *args).stdout)
 
 
-def plugin(cluster: E2ECluster, *args: str) -> subprocess.CompletedProcess[str]:
-    """`kubectl neuronetes ARGS`: kubectl's own plugin dispatch, the kubeconfig from $KUBECONFIG."""
-    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+def plugin(
+    cluster: E2ECluster, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`kubectl neuronetes ARGS`: kubectl's own plugin dispatch, the kubeconfig from $KUBECONFIG
+    (`env`: the environment instead, PATH still finding the plugin)."""
+    if env is None:
+        env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
+    env = dict(env, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
     kubectl = str(cluster.dev.tools.kubectl)
     return subprocess.run(
         [kubectl, "neuronetes", *args], capture_output=True, text=True, env=env, timeout=120, cwd="/"
@@ -148,6 +153,40 @@ def test_top_shows_allocation_free_and_fragmentation_per_node_and_gpu(
     assert all(0 <= n["fragmentationMilli"] <= n["freeMilli"] for n in mine.values())
     table = ok(plugin(cluster, "top"))
     assert "█" in table and all(name in table for name in fleet["nodes"]) and "gpu 3" in table
+    nodes_only = json.loads(ok(plugin(cluster, "top", "--nodes-only", "-o", "json")))["nodes"]
+    assert {n["node"]: n["allocatedMilli"] for n in nodes_only if n["node"] in mine} == {
+        name: n["allocatedMilli"] for name, n in mine.items()
+    }
+    assert all("gpuList" not in n for n in nodes_only)
+    table = ok(plugin(cluster, "top", "--nodes-only"))
+    assert all(name in table for name in fleet["nodes"]) and "gpu 0" not in table
+
+
+def test_kubectl_lists_the_plugin_and_the_kubeconfig_comes_after_the_verb_or_from_home(
+    cluster: E2ECluster, fleet: dict[str, Any], tmp_path: Path
+) -> None:
+    """docs/cli.md, "Install the kubectl plugin": `kubectl plugin list` finds it on PATH; without
+    $KUBECONFIG the cluster is `--kubeconfig FILE` after the verb, else ~/.kube/config."""
+    listed = subprocess.run(
+        [str(cluster.dev.tools.kubectl), "plugin", "list"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}"),
+        timeout=60,
+        cwd="/",
+    )
+    assert str(BIN / "kubectl-neuronetes") in listed.stdout, listed.stdout + listed.stderr
+    bare = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    home = tmp_path / "home"
+    home.mkdir()
+    bare["HOME"] = str(home)  # no ~/.kube/config yet, and no workstation daemon there
+    after_verb = plugin(cluster, "top", "--kubeconfig", str(cluster.kubeconfig), "-o", "json", env=bare)
+    nodes = {n["node"] for n in json.loads(ok(after_verb))["nodes"]}
+    assert set(fleet["nodes"]) <= nodes
+    (home / ".kube").mkdir()
+    (home / ".kube" / "config").write_text(cluster.kubeconfig.read_text())
+    from_home = json.loads(ok(plugin(cluster, "status", "-o", "json", env=bare)))["nodes"]
+    assert set(fleet["nodes"]) <= {n["node"] for n in from_home}
 
 
 def test_explain_a_placed_pod_shows_node_gpus_and_the_extenders_score_terms(
@@ -178,10 +217,11 @@ def test_explain_a_pending_pod_lists_each_rejected_node_and_its_reason(
 ) -> None:
     def rejected() -> dict[str, Any] | None:
         doc = yaml.safe_load(ok(plugin(cluster, "explain", f"{NAMESPACE}/toolarge", "-o", "yaml")))
-        return doc if doc.get("rejectedNodes") else None
+        return doc if doc.get("rejectedNodes") and doc.get("scheduler") else None
 
-    doc = wait_until(rejected, timeout=60, what="the GpuFilterRejected Event")
+    doc = wait_until(rejected, timeout=60, what="the GpuFilterRejected and FailedScheduling Events")
     assert doc["phase"] == "Pending" and doc["node"] is None
+    assert "nodes are available" in doc["scheduler"]  # kube-scheduler's own summary of every node
     [group] = doc["rejectedNodes"]
     assert sorted(group["nodes"]) == sorted(fleet["nodes"]) and "memory" in group["reason"]
     table = ok(plugin(cluster, "explain", "toolarge", "-n", NAMESPACE))
@@ -203,6 +243,10 @@ def test_status_all_lists_every_gpu_with_its_pods(cluster: E2ECluster, fleet: di
 
 def test_health_of_one_gpu(cluster: E2ECluster, fleet: dict[str, Any]) -> None:
     [whole] = assigned_uuids(cluster, "whole")
+    every = json.loads(ok(plugin(cluster, "health", "-o", "json")))["gpus"]  # one row per GPU
+    mine = [g for g in every if g["node"] in fleet["nodes"]]
+    assert len(mine) == 8 and all({"health", "healthReason", "cordoned", "offline"} <= set(g) for g in mine)
+    assert "CORDONED" in ok(plugin(cluster, "health"))
     doc = json.loads(ok(plugin(cluster, "health", "--gpu-id", whole, "-o", "json")))
     assert doc["uuid"] == whole and doc["health"] in ("Allocated", "InUse") and not doc["cordoned"]
     assert {x["type"] for x in doc["nodeConditions"]} >= {"Ready"}
@@ -212,9 +256,39 @@ def test_health_of_one_gpu(cluster: E2ECluster, fleet: dict[str, Any]) -> None:
     assert missing.stderr.count("\n") == 1
 
 
+def test_a_gpu_is_named_by_a_prefix_no_other_gpu_shares(cluster: E2ECluster, fleet: dict[str, Any]) -> None:
+    [whole] = assigned_uuids(cluster, "whole")
+    others = [
+        g["uuid"]
+        for item in get_json(cluster, "gpunodes")["items"]
+        for g in (item.get("status") or {}).get("gpus") or ()
+        if g["uuid"] != whole
+    ]
+    prefix = next(whole[:n] for n in range(5, len(whole)) if not any(u.startswith(whole[:n]) for u in others))
+    assert json.loads(ok(plugin(cluster, "health", "--gpu-id", prefix, "-o", "json")))["uuid"] == whole
+    shared = plugin(cluster, "health", "--gpu-id", "GPU-")
+    assert (shared.returncode, shared.stdout) == (1, "") and shared.stderr.count("\n") == 1
+    assert shared.stderr.startswith("error: GPU 'GPU-' is ambiguous: it starts GPU-")
+    assert shared.stderr.endswith("; give more of the UUID\n")
+
+
 def test_a_pod_that_does_not_exist_is_one_error_line(cluster: E2ECluster, fleet: dict[str, Any]) -> None:
     result = plugin(cluster, "explain", f"{NAMESPACE}/no-such-pod")
     assert result.returncode == 1 and result.stderr == f"error: pod {NAMESPACE}/no-such-pod not found\n"
+
+
+def test_credentials_the_api_server_refuses_are_a_runtime_error(
+    cluster: E2ECluster, fleet: dict[str, Any], tmp_path: Path
+) -> None:
+    config = json.loads(cluster.kubeconfig.read_text())  # the dev cluster writes it as JSON
+    for user in config["users"]:
+        user["user"] = {"token": "not-a-token-of-this-cluster"}
+    refused = tmp_path / "refused.kubeconfig"
+    refused.write_text(json.dumps(config))
+    result = plugin(cluster, "top", "--kubeconfig", str(refused))
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.startswith("error: GET ") and result.stderr.count("\n") == 1
+    assert result.stderr.endswith(": the API server answered 401 Unauthorized\n")
 
 
 def free_gpu(cluster: E2ECluster, fleet: dict[str, Any], k: int) -> tuple[str, str]:
@@ -270,6 +344,37 @@ def test_online_puts_a_gpu_back_in_service(cluster: E2ECluster, fleet: dict[str,
     state = gpu_state(cluster, gpu)
     assert not state["cordoned"] and not state["offline"]
     assert gpu not in (get_json(cluster, "gpunode", node)["spec"].get("cordonedGPUs") or [])
+
+
+def test_offline_force_takes_a_gpu_in_use_out_and_the_agent_evicts_its_pod(
+    cluster: E2ECluster, fleet: dict[str, Any]
+) -> None:
+    pin = {SUITE[0]: SUITE[1]}
+    evictee = manifest("evictee", {c.RESOURCE_GPU: 1}, namespace=NAMESPACE, node_selector=pin)
+    cluster.kubectl("create", "-f", "-", input=json.dumps(evictee))
+    wait_until(lambda: pod(cluster, "evictee")["spec"].get("nodeName"), timeout=60, what="evictee bound")
+    node = pod(cluster, "evictee")["spec"]["nodeName"]
+    [gpu] = assigned_uuids(cluster, "evictee")
+
+    def recorded() -> bool:
+        gpus = get_json(cluster, "gpunode", node)["status"]["gpus"]
+        return any(g["uuid"] == gpu and g.get("allocations") for g in gpus)
+
+    wait_until(recorded, timeout=30, what="the agent's allocation record of the evictee")
+    try:
+        said = ok(plugin(cluster, "offline", "--gpu-id", gpu, "--force"))
+        assert f"GPU {gpu} on {node}: offline, evicting 1 allocations" in said
+        assert gpu_state(cluster, gpu)["offline"]
+
+        def evicted() -> bool:
+            found = cluster.kubectl("get", "pod", "evictee", "-n", NAMESPACE, "-o", "json", check=False)
+            return found.returncode != 0 or bool(
+                json.loads(found.stdout)["metadata"].get("deletionTimestamp")
+            )
+
+        wait_until(evicted, timeout=60, what="the agent evicting the pod on the offline GPU")
+    finally:
+        plugin(cluster, "online", "--gpu-id", gpu)
 
 
 def test_simulate_from_cluster_replays_the_clusters_gpu_pods_under_each_policy(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from e2e_cluster import STARTED, E2ECluster, track, wait_until
 
 from neuronetes.contracts import (
@@ -402,6 +403,9 @@ def test_cli_lifecycle_warm_start_and_down_leaves_no_process(cluster: E2ECluster
         track(dev)
         assert up.returncode == 0, up.stderr
         assert Path(up.stdout.strip()) == dev.kubeconfig
+        # On a pipe no spinner is drawn: the steps come as plain `>> ...` lines (docs/cli.md).
+        steps = up.stderr.splitlines()
+        assert steps and all(line.startswith(">> ") for line in steps), up.stderr[-2000:]
         # Warm start: binaries built, nothing else cached (fresh etcd, fresh credentials). Its time
         # is printed, not held to a goal (30.2 s was seen on a 2-core machine with a load average
         # of 9); the bound only tells a warm start from one that rebuilt the control plane
@@ -426,6 +430,8 @@ def test_cli_lifecycle_warm_start_and_down_leaves_no_process(cluster: E2ECluster
         }
         assert all(c["running"] and c["healthy"] for c in comps.values()), comps
         pids = [c["pid"] for c in comps.values()]
+        as_yaml = run("status", "-o", "yaml")
+        assert as_yaml.returncode == 0 and yaml.safe_load(as_yaml.stdout)["nodes"] == 3, as_yaml.stderr
 
         kc = run("kubeconfig")
         assert kc.returncode == 0 and Path(kc.stdout.strip()) == dev.kubeconfig

@@ -9,6 +9,7 @@ command walked in process, an unknown option to each."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,21 @@ CASES = [
     ("negative-workers", "neuronetes", [*SIM[:5], "--workers", "-3"], 2, "--workers"),
     ("only-nodes", "neuronetes", ["simulate", "--nodes", "{nodes}"], 2, "give --nodes and --pods"),
     ("csv-and-cluster", "neuronetes", [*SIM, "--from-cluster"], 2, "--from-cluster replaces"),
+    (
+        "save-trace-without-cluster",
+        "neuronetes",
+        [*SIM, "--save-trace", "{dir}"],
+        2,
+        "go with --from-cluster",
+    ),
+    (
+        # checked before the cluster is read: the unreachable kubeconfig is never tried
+        "save-trace-under-a-file",
+        "neuronetes",
+        ["simulate", "--from-cluster", "--kubeconfig", "{unreachable}", "--save-trace", "{pods}/trace"],
+        2,
+        "is not a folder",
+    ),
     (
         "from-cluster-unreachable",
         "neuronetes",
@@ -421,8 +437,9 @@ def test_an_unexpected_error_is_one_line_and_a_traceback_with_v(
     argv = ["simulate", "--nodes", "x", "--pods", "y"]
     assert main(argv) == 1
     err = capsys.readouterr().err
-    assert (
-        err.count("\n") == 1 and err.startswith("error: unexpected ZeroDivisionError: a bug") and "-v" in err
+    assert err == (
+        "error: unexpected ZeroDivisionError: a bug (a bug: rerun with `neuronetes -v ...` for the "
+        "traceback and report it)\n"
     )
     assert main(["-v", *argv]) == 1
     err = capsys.readouterr().err
@@ -456,3 +473,56 @@ def test_submit_says_its_defaults() -> None:
     text = _help("neuronetes", "submit")
     assert "[default: 0]" in text and "default: the share's part of the GPU's memory" in text
     assert "executable path" in text
+
+
+def test_every_command_takes_dash_h(capsys: pytest.CaptureFixture[str]) -> None:
+    """`-h` is `--help` everywhere (docs/cli.md): exit 0 and the command's usage on stdout."""
+    from neuronetes.cli import main
+    from neuronetes.cli.root import build_root
+
+    for path in _command_paths(build_root()):
+        assert main([*path, "-h"]) == 0, path
+        out = capsys.readouterr().out
+        assert out.startswith(f"Usage: {' '.join(('neuronetes', *path))} "), (path, out[:200])
+
+
+def test_the_kubectl_plugin_names_itself_kubectl_neuronetes_in_help_and_errors(files: dict[str, str]) -> None:
+    def plugin(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "kubectl-neuronetes"), *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+            env=_isolated(files),
+        )
+
+    assert plugin("--help").stdout.startswith("Usage: kubectl neuronetes [OPTIONS] COMMAND")
+    assert plugin("top", "--help").stdout.startswith("Usage: kubectl neuronetes top [OPTIONS]")
+    bare = plugin()
+    assert (bare.returncode, bare.stdout) == (2, "")
+    assert bare.stderr == "error: a command is needed (see kubectl neuronetes --help)\n"
+    assert _help("neuronetes").startswith("Usage: neuronetes [OPTIONS] COMMAND")
+
+
+def test_ctrl_c_is_exit_130_and_one_line(files: dict[str, str]) -> None:
+    """Interrupted mid-replay (SIGINT, what Ctrl-C sends): `error: interrupted`, status 130, no
+    table. `-v` prints a line per seed, so the interrupt comes once seeds are being replayed."""
+    argv = [*(a.format(**files) for a in SIM[:-1]), "1-1000000", "-v"]
+    with subprocess.Popen(
+        [str(BIN / "neuronetes"), *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        stdin=subprocess.DEVNULL,
+        env=_isolated(files),
+    ) as proc:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert " seed 1:" in first, first
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-500:]
+    assert err.endswith("\nerror: interrupted\n") and "Traceback" not in err, err[-500:]
+    assert out == ""

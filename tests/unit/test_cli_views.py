@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from extender_support import node_objects
-from pod_builder import manifest
+from pod_builder import container, manifest
 
 from neuronetes import contracts as c
 from neuronetes.cli import explain as explain_cli
@@ -110,6 +110,33 @@ def test_gpu_use_counts_whole_slice_and_mig_and_skips_finished_pods(world: Any) 
     assert view.document()["gpuList"][3]["allocatedMilli"] == 428
 
 
+def test_an_unhealthy_gpu_has_nothing_free_and_no_gpu_pod_means_no_fragmentation() -> None:
+    nodes = node_objects({"t4x4-pcie": 1})
+    name = nodes[0]["metadata"]["name"]
+    node = gpunode(name, 4)
+    node["status"]["gpus"][1]["health"] = "Unhealthy"
+    [view] = cluster_views([node], nodes, [manifest("cpu-only")])
+    assert [g.free_milli for g in view.gpus] == [1000, 0, 1000, 1000]
+    assert view.free_milli == 3000 and view.fragmentation_milli == 0  # docs/cli.md, "top"
+
+
+def test_the_trace_takes_a_nodes_gpus_and_model_from_the_gpunode_else_its_labels_else_capacity() -> None:
+    labelled, by_capacity, cpu_only = node_objects({"t4x4-pcie": 2, "cpu-only": 1})
+    del labelled["metadata"]["labels"][c.LABEL_GPU_TYPE]  # no gpu-type label: the GPUNode's model
+    del by_capacity["metadata"]["labels"][c.LABEL_GPU_COUNT]  # no count label: the capacity's count
+    published = gpunode(labelled["metadata"]["name"], 3)  # the agent's count wins over the label's 4
+    rows = {r["sn"]: r for r in node_rows([labelled, by_capacity, cpu_only], [published])}
+    assert set(rows) == {labelled["metadata"]["name"], by_capacity["metadata"]["name"]}
+    assert (rows[labelled["metadata"]["name"]]["gpu"], rows[labelled["metadata"]["name"]]["model"]) == (
+        "3",
+        "A100-SXM4-40GB",
+    )
+    assert (rows[by_capacity["metadata"]["name"]]["gpu"], rows[by_capacity["metadata"]["name"]]["model"]) == (
+        "4",
+        "T4",
+    )
+
+
 def test_the_cluster_trace_round_trips_through_the_simulators_reader(world: Any, tmp_path: Path) -> None:
     nodes, gpunodes, pods = world
     node_csv, pod_csv = write_trace(tmp_path, node_rows(nodes, gpunodes), pod_rows(pods))
@@ -121,6 +148,20 @@ def test_the_cluster_trace_round_trips_through_the_simulators_reader(world: Any,
     assert (loaded["default/slice"].gpus, loaded["default/slice"].gpu_milli) == (1, 250)
     assert (loaded["default/mig"].gpus, loaded["default/mig"].gpu_milli) == (1, 428)
     assert loaded["default/pending"].gpu_models == ("A100",)
+
+
+def test_a_pods_trace_row_is_its_effective_request_and_pods_being_deleted_are_left_out() -> None:
+    setup = container("setup")
+    setup["resources"]["requests"] = {"cpu": "4", "memory": "8Gi"}  # the init step asks for more
+    # a sidecar started first runs beside the init step and beside main: its ask adds to both
+    sidecar = container("proxy", restartPolicy="Always")
+    staged = manifest("staged", {c.RESOURCE_GPU: 1}, init=[sidecar, setup])
+    staged["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    going = manifest("going", {c.RESOURCE_GPU: 1})
+    going["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    [row] = pod_rows([staged, going])
+    assert (row["name"], row["cpu_milli"], row["memory_mib"]) == ("default/staged", "4100", "8320")
+    assert (row["pod_phase"], row["creation_time"]) == ("Pending", "1767225600")
 
 
 def test_nodes_without_gpus_are_left_out_of_the_trace() -> None:
@@ -143,6 +184,22 @@ def test_explain_reads_the_extenders_notes_back() -> None:
         {"reason": "insufficient gpus", "nodes": ["n0", "n1", "n2", "n3", "n4"], "more": 2},
         {"reason": "gpu unhealthy", "nodes": ["m"], "more": 0},
     ]
+
+
+def test_the_placement_note_docs_cli_shows_is_what_the_extender_writes() -> None:
+    note = Explanation(
+        "dgx-1",
+        (0, 1),
+        ("GPU-a", "GPU-b"),
+        "one nvlink group (nvlink group 0)",
+        (("topology", 0.0765),),
+        "dgx-2",
+        0.0765,
+    ).text()
+    assert note == (
+        "node dgx-1, gpus 0,1 (one nvlink group (nvlink group 0)); vs runner-up dgx-2 (margin +0.0765): "
+        "topology +0.0765"
+    )
 
 
 def test_explain_reads_the_runner_up_the_margin_and_the_terms_that_differ() -> None:

@@ -227,3 +227,17 @@ def test_interrupt_on_turns_a_signal_into_keyboard_interrupt() -> None:
             os.kill(os.getpid(), signal.SIGUSR2)
     finally:
         signal.signal(signal.SIGUSR2, before)
+
+
+def test_the_readme_shows_the_demos_sample_pool_and_slice_and_node_count() -> None:
+    import yaml
+
+    from neuronetes.devcluster.demo import DEMO_NODES, SAMPLE_POOL, SAMPLE_SLICE
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("```yaml\napiVersion: neuronetes.io/v1alpha1\nkind: AgentPool\n", 1)[1]
+    shown = list(
+        yaml.safe_load_all("apiVersion: neuronetes.io/v1alpha1\nkind: AgentPool\n" + block.split("```")[0])
+    )
+    assert shown == [SAMPLE_POOL, SAMPLE_SLICE]
+    assert f"adds {sum(n for _, n in DEMO_NODES)} simulated nodes" in " ".join(readme.split())

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from neuronetes.cli import main
 from neuronetes.engine import POLICIES
@@ -327,8 +328,15 @@ def test_cli_output_json_prints_the_document_the_json_file_holds(tmp_path: Path,
     out = tmp_path / "r.json"
     args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--policy", "fgd", "--seeds", "1"]
     assert main([*args, "--workers", "1", "-o", "json", "--json", str(out)]) == 0
-    printed = json.loads(capsys.readouterr().out)  # the document alone: no table, no timing lines
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)  # the document alone: no table, no timing lines
     assert printed == json.loads(out.read_text())
+    assert captured.err == ""  # not a terminal: no progress bar
+    assert main([*args, "--workers", "1", "-o", "yaml"]) == 0
+    as_yaml = yaml.safe_load(capsys.readouterr().out)
+    for doc in (as_yaml, printed):  # the same document but for each run's time
+        assert all(run.pop("seconds") >= 0 for run in doc["runs"])
+    assert as_yaml == printed
     assert printed["policy"] == "fgd" and set(printed["runs"][0]["unallocated_gpu_pct"]) == {
         "95",
         "100",
@@ -359,3 +367,10 @@ def test_cli_paths_and_seeds_are_checked_before_any_replay(
     assert main([*args, *(a.format(tmp=tmp_path, pods=pods) for a in extra)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and says in err, err
+
+
+def test_the_readme_names_every_policy_the_cli_takes() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    [row] = [line for line in readme.splitlines() if line.startswith("| `--policy NAME` |")]
+    named = row.split("|")[2].split(":", 1)[1].replace(", or", ",").split(",")
+    assert [n.split("`")[1] for n in named] == list(POLICIES)

@@ -67,12 +67,15 @@ DOCUMENTED = [
 
 def _parse(argv: list[str]) -> click.Context:
     """The context of the leaf command `argv` names, its arguments parsed as click parses them."""
-    command: click.Command = build_root()
+    root = build_root()
+    command: click.Command = root
     path = ["neuronetes"]
     while isinstance(command, click.Group) and argv and argv[0] in command.commands:
         path.append(argv[0])
         command = command.commands[argv.pop(0)]
-    return command.make_context(" ".join(path), argv)
+    # The root's settings, as a parent context would pass them down: click caches each command's
+    # help option from the first context it sees (without them, later `-h` would be unknown).
+    return command.make_context(" ".join(path), argv, **root.context_settings)
 
 
 @pytest.mark.parametrize("line", DOCUMENTED)

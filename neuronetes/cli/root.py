@@ -92,4 +92,16 @@ def build_root() -> click.Group:
 
     for command in _registered():
         root.add_command(command)
+    _carry_settings(root)
     return root
+
+
+def _carry_settings(command: click.Command) -> None:
+    """Give every command the root's context settings itself: click caches a command's help option
+    from the first context that builds it, so one parsed without its parents (a test, an embedding
+    program) would otherwise lose ``-h`` for every later command line too."""
+    for key, value in CONTEXT.items():
+        command.context_settings.setdefault(key, value)
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _carry_settings(sub)

@@ -73,9 +73,7 @@ def _parse(argv: list[str]) -> click.Context:
     while isinstance(command, click.Group) and argv and argv[0] in command.commands:
         path.append(argv[0])
         command = command.commands[argv.pop(0)]
-    # The root's settings, as a parent context would pass them down: click caches each command's
-    # help option from the first context it sees (without them, later `-h` would be unknown).
-    return command.make_context(" ".join(path), argv, **root.context_settings)
+    return command.make_context(" ".join(path), argv)
 
 
 @pytest.mark.parametrize("line", DOCUMENTED)

@@ -213,3 +213,72 @@ def test_a_job_that_does_not_exit_by_the_checkpoint_deadline_is_killed_and_resta
         )
         assert d.stdout("stubborn") == ["attempt resume=0", "attempt resume=0"]
         d.call(p.Cancel(job="stubborn", force=True))
+
+
+JOB_FIELDS = {
+    "id",
+    "name",
+    "state",
+    "priority",
+    "effectivePriority",
+    "command",
+    "request",
+    "checkpointable",
+    "gpus",
+    "pid",
+    "attempt",
+    "suspended",
+    "exitCode",
+    "reason",
+    "submittedAt",
+    "startedAt",
+    "finishedAt",
+}
+GPU_FIELDS = {
+    "uuid",
+    "index",
+    "model",
+    "state",
+    "reason",
+    "drained",
+    "utilizationPercent",
+    "temperatureCelsius",
+    "memoryTotalBytes",
+    "memoryUsedBytes",
+    "processes",
+    "jobs",
+}
+
+
+def test_the_replies_have_the_documented_fields_and_cancel_kills_after_its_grace(tmp_path: Path) -> None:
+    """The shapes of docs/workstation.md's Protocol table; the attempt's cgroup recorded where the
+    daemon contains attempts in one; a job that ignores SIGTERM is SIGKILLed after cancel's grace."""
+    with running_daemon(tmp_path) as d:
+        assert set(d.call(p.Ping())) == {"pid", "backend", "checkpoint"}
+        stubborn = "trap '' TERM; echo $$; exec sleep 60"  # its PID: the sleep's, after the exec
+        d.call(p.Submit(command=stubborn, priority=0, name="stubborn"))
+        job = d.wait_state("stubborn", "RUNNING")
+        wait_for(lambda: len(d.stdout("stubborn")) == 1, "the trap set (its line written)")
+        command_pid = int(d.stdout("stubborn")[0])
+        status = d.call(p.Status())
+        assert set(status["jobs"][0]) == JOB_FIELDS and set(status["gpus"][0]) == GPU_FIELDS
+        assert set(job) == JOB_FIELDS | {"logs", "history"}
+        assert set(job["history"][0]) == {"at", "from", "to", "reason"}
+        tail = d.call(p.Logs(job="stubborn", tail=5))
+        assert set(tail) == {"job", "path", "state", "lines", "offset"} and tail["job"] == job["id"]
+        follow = d.call(p.Logs(job="stubborn", after=0))
+        assert (
+            set(follow) == {"job", "path", "state", "data", "offset"} and follow["data"] == f"{command_pid}\n"
+        )
+        gpu = d.call(p.Health(gpu="0"))
+        assert set(gpu) == GPU_FIELDS | {"history"} and gpu["jobs"] == [job["id"]]
+        assert set(d.call(p.GpuAdmin(gpu="0", action="drain"))) == {"gpu", "message"}
+        assert d.call(p.Simulate(gpu="0", fault={"utilizationPercent": 1}))["gpu"] == gpu["uuid"]
+        if status["daemon"]["containment"].startswith("cgroup"):
+            recorded = (d.state_dir / "jobs" / job["id"] / "cgroup-1").read_text().strip()
+            assert recorded.endswith(f"/{job['id']}.1") and f"/neuronetes-{os.getuid()}-" in recorded
+
+        cancelled = d.call(p.Cancel(job="stubborn", force=False))
+        assert cancelled["state"] == "CANCELLED" and cancelled["reason"] == "cancelled (SIGTERM) by the user"
+        wait_for(lambda: not process_alive(command_pid), "SIGKILL after the grace", timeout=20)
+        wait_for(lambda: not process_alive(job["pid"]), "the shepherd gone too")

@@ -240,6 +240,7 @@ def test_without_the_checkpoint_api_the_daemon_says_so(
             show=lambda: d.job("high"),
         )
         assert "the driver has no checkpoint API" in d.job("high")["reason"]
+        assert "transparent checkpoint unavailable (no CUDA driver (" in d.log.read_text()  # logged at start
         assert d.state("low") == "RUNNING"
 
 
@@ -430,3 +431,32 @@ def test_submit_defaults_logs_follow_watch_and_describe(tmp_path: Path) -> None:
         watched = _script(d.state_dir, "watch", "--count", "2", "--interval", "100ms", "--all")
         assert watched.returncode == 0 and watched.stdout.endswith("\n"), watched.stderr
         assert watched.stdout.count("daemon pid") == 2 and "\x1b[" not in watched.stdout
+
+
+def test_watch_redraws_in_place_on_a_terminal(tmp_path: Path) -> None:
+    """On a terminal `watch` redraws one frame over the last (cursor moves and line erases, rich
+    Live) and `--count N` stops after N frames; the pipe's whole frames are the test above."""
+    import pty
+
+    with running_daemon(tmp_path) as d:
+        leader, follower = pty.openpty()
+        argv = [NEURONETES, "watch", "--count", "3", "--interval", "100ms", "--state-dir", str(d.state_dir)]
+        watcher = subprocess.Popen(
+            argv, stdin=follower, stdout=follower, stderr=follower, env={**os.environ, "TERM": "xterm"}
+        )
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's last writer is gone
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(leader)
+        assert watcher.wait(30) == 0, shown
+        text = shown.decode(errors="replace")
+        # three frames (rich's Live draws the last once more as it stops), then the watcher exits
+        assert text.count("daemon pid") in (3, 4), text
+        assert "\x1b[2K" in text and "\x1b[1A" in text  # the frame erased and redrawn in place

@@ -5,6 +5,7 @@ through its click entry point."""
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -119,3 +120,27 @@ def test_yaml_checkpointable_and_backfill(tmp_path: Path, capsys: pytest.Capture
         assert d.state("ahead") == "QUEUED"
         for name in ("big", "ahead", "filler"):
             d.call(p.Cancel(job=name, force=True))
+
+
+def test_a_log_that_is_a_fifo_or_a_link_fails_the_job_and_blocks_nothing(tmp_path: Path) -> None:
+    """The daemon opens a job's log only as a regular file of the user's: a FIFO (which would block
+    an open) or a symbolic link where `stdout.log` goes fails the job with one reason, and the
+    daemon goes on serving."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    with running_daemon(tmp_path) as d:
+        for job_id, plant in (
+            ("j1", lambda log: os.mkfifo(log, 0o600)),
+            ("j2", lambda log: log.symlink_to(victim)),
+        ):
+            job_dir = d.state_dir / "jobs" / job_id
+            job_dir.mkdir(mode=0o700, parents=True)
+            plant(job_dir / "stdout.log")
+            d.call(p.Submit(command="true", priority=0))
+            failed = d.wait_state(job_id, "FAILED")
+            assert failed["reason"].startswith("cannot start: ") and "stdout.log" in failed["reason"]
+        assert "is not a regular file of yours" in d.job("j1")["reason"]
+        assert "is a symbolic link" in d.job("j2")["reason"]
+        assert victim.read_text() == "precious\n"
+        d.call(p.Submit(command="true", priority=0, name="after"))
+        d.wait_state("after", "COMPLETED")

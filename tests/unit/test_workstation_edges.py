@@ -103,6 +103,12 @@ def test_the_checkpoint_reason_names_the_library_once(tmp_path: Path) -> None:
     assert reason.startswith(f"no CUDA driver ({missing}: ") and reason.count(missing) == 1
 
 
+def test_a_library_without_the_checkpoint_entry_points_says_which_is_missing() -> None:
+    reason = CudaCheckpoint("libc.so.6").reason  # loads, and has none of the cuCheckpoint* calls
+    assert reason.startswith("the CUDA driver libc.so.6 has no checkpoint API (cuCheckpoint")
+    assert reason.endswith("; driver ≥ 570 needed)")
+
+
 def test_describe_shows_values_not_reprs() -> None:
     job = {
         "request": {"gpuMemoryBytes": 8 << 30, "gpuComputePercent": 10},

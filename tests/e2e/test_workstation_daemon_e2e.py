@@ -23,18 +23,17 @@ from neuronetes_agent.workstation import protocol as p
 pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent
-DAEMON_FIELDS = {
-    "pid",
-    "backend",
-    "checkpoint",
-    "utilizationCapPercent",
-    "headroomPercent",
-    "agingSeconds",
-    "lastPreemptionSeconds",
-    "containment",
-    "logMaxBytes",
-    "problems",
-}
+
+
+def _names(listed: str) -> set[str]:
+    """Field names as docs/workstation.md lists them, separated by spaces."""
+    return set(listed.split())
+
+
+DAEMON_FIELDS = _names(
+    "pid backend checkpoint utilizationCapPercent headroomPercent agingSeconds lastPreemptionSeconds"
+    " containment logMaxBytes problems"
+)
 
 
 def _user_env(tmp: Path) -> dict[str, str]:
@@ -215,39 +214,15 @@ def test_a_job_that_does_not_exit_by_the_checkpoint_deadline_is_killed_and_resta
         d.call(p.Cancel(job="stubborn", force=True))
 
 
-JOB_FIELDS = {
-    "id",
-    "name",
-    "state",
-    "priority",
-    "effectivePriority",
-    "command",
-    "request",
-    "checkpointable",
-    "gpus",
-    "pid",
-    "attempt",
-    "suspended",
-    "exitCode",
-    "reason",
-    "submittedAt",
-    "startedAt",
-    "finishedAt",
-}
-GPU_FIELDS = {
-    "uuid",
-    "index",
-    "model",
-    "state",
-    "reason",
-    "drained",
-    "utilizationPercent",
-    "temperatureCelsius",
-    "memoryTotalBytes",
-    "memoryUsedBytes",
-    "processes",
-    "jobs",
-}
+# docs/workstation.md, "Protocol": a job's fields and a GPU's, as the document lists them
+JOB_FIELDS = _names(
+    "id name state priority effectivePriority command request checkpointable gpus pid attempt"
+    " suspended exitCode reason submittedAt startedAt finishedAt"
+)
+GPU_FIELDS = _names(
+    "uuid index model state reason drained utilizationPercent temperatureCelsius memoryTotalBytes"
+    " memoryUsedBytes processes jobs"
+)
 
 
 def test_the_replies_have_the_documented_fields_and_cancel_kills_after_its_grace(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workstation_harness import kill_leftovers, process_alive, running_daemon, wait_for
+from workstation_harness import fake_driver, kill_leftovers, process_alive, running_daemon, wait_for
 
 from neuronetes_agent.workstation import client
 from neuronetes_agent.workstation import protocol as p
@@ -257,3 +257,40 @@ def test_the_replies_have_the_documented_fields_and_cancel_kills_after_its_grace
         assert cancelled["state"] == "CANCELLED" and cancelled["reason"] == "cancelled (SIGTERM) by the user"
         wait_for(lambda: not process_alive(command_pid), "SIGKILL after the grace", timeout=20)
         wait_for(lambda: not process_alive(job["pid"]), "the shepherd gone too")
+
+
+def test_without_simulate_gpus_the_daemon_uses_nvml_or_says_why_it_simulates(tmp_path: Path) -> None:
+    """No --simulate-gpus: NVML (here the fake driver's, on the library path). Where NVML cannot
+    list the GPUs the daemon runs on one simulated GPU and says why, in the log and in `status`;
+    on NVML, fault injection is refused (`unsupported`)."""
+    _, nvml = fake_driver()
+    env = {
+        **_user_env(tmp_path),
+        "LD_LIBRARY_PATH": str(nvml.parent),
+        "FAKE_CUDA_STATE": str(tmp_path / "fake-gpu.state"),
+        "FAKE_CUDA_MEM_BYTES": str(80 << 30),
+    }
+    state = tmp_path / "state"
+    log = tmp_path / "daemon.log"
+    with open(log, "wb") as out:
+        daemon = subprocess.Popen(
+            [str(BIN / "neuronetes-agent"), "--workstation", "--state-dir", str(state)],
+            env=env,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+        )
+    try:
+        wait_for(lambda: client.daemon_live(state), "the daemon answers", timeout=30, show=log.read_text)
+        reply = client.call(state, p.Status())
+        assert isinstance(reply, p.Ok), reply
+        backend = reply.result["daemon"]["backend"]
+        if backend == "nvml":
+            refused = client.call(state, p.Simulate(gpu="0", fault={"xid": 48}))
+            assert isinstance(refused, p.Err) and refused.code == "unsupported", refused
+        else:
+            assert backend.startswith("simulated: NVML") and len(reply.result["gpus"]) == 1, backend
+            assert "running on the simulated backend (1 GPU)" in log.read_text()
+    finally:
+        _terminate(daemon)
+        kill_leftovers(state)

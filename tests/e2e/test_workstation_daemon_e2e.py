@@ -111,7 +111,8 @@ def test_the_default_state_directory_the_defaults_one_daemon_and_jobs_that_outli
 
         again = _run(env, "neuronetes-agent", "--workstation")
         assert again.returncode == 1 and again.stderr.count("\n") == 1, again.stderr
-        assert f"already runs for {state}" in again.stderr
+        # the lock file still names the first daemon: truncated only once the lock is held
+        assert f"a workstation daemon (pid {first.pid}) already runs for {state}" in again.stderr
 
         submitted = _run(env, "neuronetes", "submit", "--cmd", "sleep 60", "--name", "long", "-o", "json")
         assert submitted.returncode == 0, submitted.stderr
@@ -249,6 +250,9 @@ def test_the_replies_have_the_documented_fields_and_cancel_kills_after_its_grace
         assert set(gpu) == GPU_FIELDS | {"history"} and gpu["jobs"] == [job["id"]]
         assert set(d.call(p.GpuAdmin(gpu="0", action="drain"))) == {"gpu", "message"}
         assert d.call(p.Simulate(gpu="0", fault={"utilizationPercent": 1}))["gpu"] == gpu["uuid"]
+        assert (
+            f"attempts contained by {status['daemon']['containment']}" in d.log.read_text()
+        )  # said at start
         if status["daemon"]["containment"].startswith("cgroup"):
             recorded = (d.state_dir / "jobs" / job["id"] / "cgroup-1").read_text().strip()
             assert recorded.endswith(f"/{job['id']}.1") and f"/neuronetes-{os.getuid()}-" in recorded

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from workstation_harness import MIB, Daemon, kill_leftovers, process_alive, running_daemon, wait_for
+from workstation_harness import JOB, MIB, Daemon, kill_leftovers, process_alive, running_daemon, wait_for
 
 from neuronetes_agent.workstation import client
 from neuronetes_agent.workstation import protocol as p
@@ -460,3 +460,41 @@ def test_watch_redraws_in_place_on_a_terminal(tmp_path: Path) -> None:
         # three frames (rich's Live draws the last once more as it stops), then the watcher exits
         assert text.count("daemon pid") in (3, 4), text
         assert "\x1b[2K" in text and "\x1b[1A" in text  # the frame erased and redrawn in place
+
+
+def test_a_restore_that_does_not_fit_waits_checkpointed_until_it_does(tmp_path: Path) -> None:
+    """Memory the daemon cannot see (a process NVML is not told of) takes the room back while the
+    low job is checkpointed: its restore fails, it waits still checkpointed and says so, and it is
+    restored once the room is free."""
+    with running_daemon(tmp_path) as d:
+        d.submit("low", 1, 100_000, mib=1000)
+        d.wait_state("low", "RUNNING")
+        wait_for(lambda: d.memory.used() == 1000 * MIB, "the low job's 1000 MiB on the GPU")
+        d.measured("low", 1000 * MIB)
+        d.submit("high", 10, 100_000, mib=300)
+        d.wait_state("low", "PREEMPTED")
+        d.wait_state("high", "RUNNING")
+        wait_for(lambda: d.memory.used() == 300 * MIB, "the low job checkpointed off the GPU")
+        outsider = subprocess.Popen(
+            [sys.executable, str(JOB), "100000", "--mib", str(80 * 1024 - 300 - 100)],
+            env=d.env,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            wait_for(lambda: d.memory.used() == (80 * 1024 - 100) * MIB, "the outsider's memory on the GPU")
+            d.call(p.Cancel(job="high", force=True))
+            wait_for(
+                lambda: d.job("low")["reason"].startswith("waiting: restore failed: "),
+                "the restore refused for lack of memory",
+                show=lambda: d.job("low"),
+            )
+            low = d.job("low")
+            assert (low["state"], low["suspended"]) == ("QUEUED", "checkpoint"), low
+        finally:
+            outsider.kill()
+            outsider.wait()
+        low = d.wait_state("low", "RUNNING")
+        assert low["reason"] == "resumed: GPU memory restored from the checkpoint" and low["attempt"] == 1
+        wait_for(lambda: d.memory.used() == 1000 * MIB, "the low job's memory restored", show=d.memory.used)
+        d.call(p.Cancel(job="low", force=True))

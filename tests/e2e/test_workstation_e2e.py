@@ -498,3 +498,39 @@ def test_a_restore_that_does_not_fit_waits_checkpointed_until_it_does(tmp_path: 
         assert low["reason"] == "resumed: GPU memory restored from the checkpoint" and low["attempt"] == 1
         wait_for(lambda: d.memory.used() == 1000 * MIB, "the low job's memory restored", show=d.memory.used)
         d.call(p.Cancel(job="low", force=True))
+
+
+def test_a_checkpoint_that_fails_falls_to_the_next_rung_and_is_logged(tmp_path: Path) -> None:
+    """The driver refuses to lock the job's CUDA process (someone else holds it locked): a
+    --checkpointable job gets the cooperative rung instead; one that is not stays running and says
+    why. Both are logged."""
+    import ctypes
+    import shutil
+
+    with running_daemon(tmp_path, "--checkpoint-deadline", "2") as d:
+        driver = tmp_path / "libcuda.so.1"  # a copy: its state file is the daemon's GPU
+        shutil.copyfile(d.cuda_driver, driver)
+        cuda = ctypes.CDLL(str(driver))
+        assert cuda.cuInit(0) == 0
+        for name, checkpointable in (("plain", False), ("saver", True)):
+            d.submit(name, 1, 100_000, mib=500, checkpointable=checkpointable)
+            job_id = d.wait_state(name, "RUNNING")["id"]
+            wait_for(lambda: d.memory.used() == 500 * MIB, f"{name}'s 500 MiB on the GPU", show=d.memory.used)
+            # its CUDA process: the line it wrote as it started, under its attempt's token
+            cuda_pid = int(next(r for r in d.runs_of() if r.startswith(f"{job_id}.")).split()[1])
+            assert cuda.cuCheckpointProcessLock(ctypes.c_int(cuda_pid), None) == 0  # held elsewhere
+            d.measured(name, 500 * MIB)  # stopping it would not free them
+            d.submit(f"urgent-{name}", 10, 1)
+            # the cooperative rung: SIGUSR1, then (its CUDA calls wait on the lock) SIGKILL at the deadline
+            wanted = "not preempted: transparent checkpoint failed: " if name == "plain" else "after SIGUSR1"
+            wait_for(lambda name=name, wanted=wanted: wanted in d.job(name)["reason"], f"{name}: {wanted}")
+            assert f"job {d.job(name)['id']}: transparent checkpoint failed (cuCheckpointProcessLock" in (
+                d.log.read_text()
+            )
+            if name == "plain":
+                assert d.state("plain") == "RUNNING" and d.state("urgent-plain") == "QUEUED"
+                d.call(p.Cancel(job="plain", force=True))
+                d.wait_state("urgent-plain", "COMPLETED")
+        d.wait_state("saver", "PREEMPTED")
+        d.wait_state("urgent-saver", "COMPLETED")
+        d.call(p.Cancel(job="saver", force=True))

@@ -172,6 +172,8 @@ def run_workstation(state_dir: str | None, shim_library: str | None, log_level: 
     try:  # the daemon's checks of its own command line: a bad one is a usage error (exit 2)
         if "log_max_size" in given:
             parse_size(given["log_max_size"], "--log-max-size")
+        if shim_library and not Path(shim_library).is_file():  # an input file named on the line
+            raise ValueError(f"--shim-library {shim_library}: no such file")
         check_socket_path(directory)
     except ValueError as exc:  # jobs.SpecError is one
         raise click.UsageError(str(exc)) from None

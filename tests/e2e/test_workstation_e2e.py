@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from workstation_harness import MIB, Daemon, kill_leftovers, process_alive, running_daemon, wait_for
+from workstation_harness import JOB, MIB, Daemon, kill_leftovers, process_alive, running_daemon, wait_for
 
 from neuronetes_agent.workstation import client
 from neuronetes_agent.workstation import protocol as p
@@ -240,6 +240,7 @@ def test_without_the_checkpoint_api_the_daemon_says_so(
             show=lambda: d.job("high"),
         )
         assert "the driver has no checkpoint API" in d.job("high")["reason"]
+        assert "transparent checkpoint unavailable (no CUDA driver (" in d.log.read_text()  # logged at start
         assert d.state("low") == "RUNNING"
 
 
@@ -430,3 +431,106 @@ def test_submit_defaults_logs_follow_watch_and_describe(tmp_path: Path) -> None:
         watched = _script(d.state_dir, "watch", "--count", "2", "--interval", "100ms", "--all")
         assert watched.returncode == 0 and watched.stdout.endswith("\n"), watched.stderr
         assert watched.stdout.count("daemon pid") == 2 and "\x1b[" not in watched.stdout
+
+
+def test_watch_redraws_in_place_on_a_terminal(tmp_path: Path) -> None:
+    """On a terminal `watch` redraws one frame over the last (cursor moves and line erases, rich
+    Live) and `--count N` stops after N frames; the pipe's whole frames are the test above."""
+    import pty
+
+    with running_daemon(tmp_path) as d:
+        leader, follower = pty.openpty()
+        argv = [NEURONETES, "watch", "--count", "3", "--interval", "100ms", "--state-dir", str(d.state_dir)]
+        watcher = subprocess.Popen(
+            argv, stdin=follower, stdout=follower, stderr=follower, env={**os.environ, "TERM": "xterm"}
+        )
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's last writer is gone
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(leader)
+        assert watcher.wait(30) == 0, shown
+        text = shown.decode(errors="replace")
+        # three frames (rich's Live draws the last once more as it stops), then the watcher exits
+        assert text.count("daemon pid") in (3, 4), text
+        assert "\x1b[2K" in text and "\x1b[1A" in text  # the frame erased and redrawn in place
+
+
+def test_a_restore_that_does_not_fit_waits_checkpointed_until_it_does(tmp_path: Path) -> None:
+    """Memory the daemon cannot see (a process NVML is not told of) takes the room back while the
+    low job is checkpointed: its restore fails, it waits still checkpointed and says so, and it is
+    restored once the room is free."""
+    with running_daemon(tmp_path) as d:
+        d.submit("low", 1, 100_000, mib=1000)
+        d.wait_state("low", "RUNNING")
+        wait_for(lambda: d.memory.used() == 1000 * MIB, "the low job's 1000 MiB on the GPU")
+        d.measured("low", 1000 * MIB)
+        d.submit("high", 10, 100_000, mib=300)
+        d.wait_state("low", "PREEMPTED")
+        d.wait_state("high", "RUNNING")
+        wait_for(lambda: d.memory.used() == 300 * MIB, "the low job checkpointed off the GPU")
+        outsider = subprocess.Popen(
+            [sys.executable, str(JOB), "100000", "--mib", str(80 * 1024 - 300 - 100)],
+            env=d.env,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            wait_for(lambda: d.memory.used() == (80 * 1024 - 100) * MIB, "the outsider's memory on the GPU")
+            d.call(p.Cancel(job="high", force=True))
+            wait_for(
+                lambda: d.job("low")["reason"].startswith("waiting: restore failed: "),
+                "the restore refused for lack of memory",
+                show=lambda: d.job("low"),
+            )
+            low = d.job("low")
+            assert (low["state"], low["suspended"]) == ("QUEUED", "checkpoint"), low
+        finally:
+            outsider.kill()
+            outsider.wait()
+        low = d.wait_state("low", "RUNNING")
+        assert low["reason"] == "resumed: GPU memory restored from the checkpoint" and low["attempt"] == 1
+        wait_for(lambda: d.memory.used() == 1000 * MIB, "the low job's memory restored", show=d.memory.used)
+        d.call(p.Cancel(job="low", force=True))
+
+
+def test_a_checkpoint_that_fails_falls_to_the_next_rung_and_is_logged(tmp_path: Path) -> None:
+    """The driver refuses to lock the job's CUDA process (someone else holds it locked): a
+    --checkpointable job gets the cooperative rung instead; one that is not stays running and says
+    why. Both are logged."""
+    import ctypes
+    import shutil
+
+    with running_daemon(tmp_path, "--checkpoint-deadline", "2") as d:
+        driver = tmp_path / "libcuda.so.1"  # a copy: its state file is the daemon's GPU
+        shutil.copyfile(d.cuda_driver, driver)
+        cuda = ctypes.CDLL(str(driver))
+        assert cuda.cuInit(0) == 0
+        for name, checkpointable in (("plain", False), ("saver", True)):
+            d.submit(name, 1, 100_000, mib=500, checkpointable=checkpointable)
+            job_id = d.wait_state(name, "RUNNING")["id"]
+            wait_for(lambda: d.memory.used() == 500 * MIB, f"{name}'s 500 MiB on the GPU", show=d.memory.used)
+            # its CUDA process: the line it wrote as it started, under its attempt's token
+            cuda_pid = int(next(r for r in d.runs_of() if r.startswith(f"{job_id}.")).split()[1])
+            assert cuda.cuCheckpointProcessLock(ctypes.c_int(cuda_pid), None) == 0  # held elsewhere
+            d.measured(name, 500 * MIB)  # stopping it would not free them
+            d.submit(f"urgent-{name}", 10, 1)
+            # the cooperative rung: SIGUSR1, then (its CUDA calls wait on the lock) SIGKILL at the deadline
+            wanted = "not preempted: transparent checkpoint failed: " if name == "plain" else "after SIGUSR1"
+            wait_for(lambda name=name, wanted=wanted: wanted in d.job(name)["reason"], f"{name}: {wanted}")
+            assert f"job {d.job(name)['id']}: transparent checkpoint failed (cuCheckpointProcessLock" in (
+                d.log.read_text()
+            )
+            if name == "plain":
+                assert d.state("plain") == "RUNNING" and d.state("urgent-plain") == "QUEUED"
+                d.call(p.Cancel(job="plain", force=True))
+                d.wait_state("urgent-plain", "COMPLETED")
+        d.wait_state("saver", "PREEMPTED")
+        d.wait_state("urgent-saver", "COMPLETED")
+        d.call(p.Cancel(job="saver", force=True))

@@ -273,6 +273,27 @@ CASES = [
         2,
         "--log-max-size: bad size '1k': at least 1Mi",
     ),
+    # the daemon's and the verbs' documented ranges (docs/workstation.md), checked before anything runs
+    ("ws-simulate-nine-gpus", "neuronetes-agent", ["--workstation", "--simulate-gpus", "9"], 2, "1<=x<=8"),
+    ("ws-max-clients-zero", "neuronetes-agent", ["--workstation", "--max-clients", "0"], 2, "1<=x<=1024"),
+    (
+        "ws-shim-library-missing",
+        "neuronetes-agent",
+        [
+            "--workstation",
+            "--simulate-gpus",
+            "1",
+            "--shim-library",
+            "{dir}/none.so",
+            "--state-dir",
+            "{dir}/shim",
+        ],
+        2,
+        "--shim-library {dir}/none.so: no such file",
+    ),
+    ("ws-seventeen-gpus", "neuronetes", ["submit", "--cmd", "true", "--gpus", "17"], 2, "bad GPU count 17"),
+    ("ws-name-too-long", "neuronetes", ["submit", "--cmd", "true", "--name", "a" * 64], 2, "(≤ 63)"),
+    ("ws-tail-too-long", "neuronetes", ["jobs", "logs", "j1", "--tail", "10001"], 2, "1<=x<=10000"),
     # no daemon and no kubeconfig: the one line says which target was tried and how to start a daemon
     *[
         (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,40 @@ def test_store_lists_by_state(tmp_path: Path) -> None:
     assert [j.id for j in store.jobs(states=frozenset({S.QUEUED}))] == [b.id]
     assert [j.id for j in store.jobs()] == [a.id, b.id]
     assert [h[2] for h in store.jobs(states=frozenset({S.QUEUED}))[0].history] == ["PENDING", "QUEUED"]
+
+
+def test_ties_go_to_the_job_waiting_longest_and_aging_never_preempts() -> None:
+    later, earlier = job("later", 3, queued_at=50.0), job("earlier", 3, queued_at=20.0)
+    assert [j.id for j in adm.queue_order([later, earlier], 60.0, 60.0)] == ["earlier", "later"]
+    # aged far past the running job's priority in the queue, it still preempts nobody
+    aged = job("aged", 1, queued_at=0.0)
+    assert adm.effective_priority(aged, 100_000.0, 60.0) > 5
+    running = job("running", 5, S.RUNNING, gpus=("GPU-0",))
+    refused = plan(aged, [view()], [running, aged], {}, adm.Settings(), lambda j: Rung.STOP)
+    assert isinstance(refused, NoRoom) and "has priority 5 ≥ 1" in refused.reason
+
+
+def test_victims_are_the_fewest_then_the_lowest_priority_then_the_most_recently_started() -> None:
+    settings = adm.Settings()
+
+    def running(job_id: str, priority: int, started_at: float, gpu: str, compute: int) -> Job:
+        return replace(
+            job(job_id, priority, S.RUNNING, gpus=(gpu,), memory=20 * GIB, compute=compute),
+            started_at=started_at,
+        )
+
+    # one GPU, 90 % taken by three shares; the urgent share needs 40 %: one victim is enough
+    a, b, c = (
+        running("a", 1, 10.0, "GPU-0", 30),
+        running("b", 2, 20.0, "GPU-0", 30),
+        running("c", 1, 30.0, "GPU-0", 30),
+    )
+    urgent = job("urgent", 9, memory=20 * GIB, compute=40)
+    chosen = plan(urgent, [view()], [a, b, c, urgent], {}, settings, lambda j: Rung.STOP)
+    assert isinstance(chosen, Plan) and [v.id for v, _ in chosen.victims] == ["c"]
+    # two GPUs: two priority-1 jobs on GPU 0, one priority-5 job on GPU 1: one victim beats two
+    x, y = running("x", 1, 10.0, "GPU-0", 50), running("y", 1, 20.0, "GPU-0", 50)
+    z = running("z", 5, 30.0, "GPU-1", 100)
+    whole = job("whole", 9)
+    chosen = plan(whole, [view(0), view(1)], [x, y, z, whole], {}, settings, lambda j: Rung.STOP)
+    assert isinstance(chosen, Plan) and [v.id for v, _ in chosen.victims] == ["z"]

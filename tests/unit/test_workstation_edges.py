@@ -1,6 +1,7 @@
 """Workstation mode's small rules the CLI relies on: GPUs named as ``nvidia-smi -i`` names them,
 a followed log read forwards (across a rotation), a command found before it is queued, a share's
-default compute, the checkpoint reason and ``jobs describe``'s values."""
+default compute, the checkpoint reason, ``jobs describe``'s values and the one rule that picks the
+workstation or the cluster."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from neuronetes.cli.workstation import _value
+from neuronetes.cli.workstation import _value, target_state_dir
 from neuronetes_agent.daemon.devices import GpuRefError, match_gpu
 from neuronetes_agent.workstation.checkpoint import CudaCheckpoint
 from neuronetes_agent.workstation.commands import missing_program
@@ -102,6 +103,12 @@ def test_the_checkpoint_reason_names_the_library_once(tmp_path: Path) -> None:
     assert reason.startswith(f"no CUDA driver ({missing}: ") and reason.count(missing) == 1
 
 
+def test_a_library_without_the_checkpoint_entry_points_says_which_is_missing() -> None:
+    reason = CudaCheckpoint("libc.so.6").reason  # loads, and has none of the cuCheckpoint* calls
+    assert reason.startswith("the CUDA driver libc.so.6 has no checkpoint API (cuCheckpoint")
+    assert reason.endswith("; driver ≥ 570 needed)")
+
+
 def test_describe_shows_values_not_reprs() -> None:
     job = {
         "request": {"gpuMemoryBytes": 8 << 30, "gpuComputePercent": 10},
@@ -123,3 +130,16 @@ def test_describe_shows_values_not_reprs() -> None:
         "attempt": "2",
     }
     assert _value("request", {"request": {"gpus": 2}}) == "2 GPUs"
+
+
+def test_the_target_rule_in_its_documented_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--state-dir, then --kubeconfig, then $NEURONETES_STATE_DIR, then a daemon answering in the
+    default state directory (none answers in this one: the cluster). The answering daemon's case
+    runs a real daemon: tests/e2e/test_workstation_daemon_e2e.py."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("NEURONETES_STATE_DIR", str(tmp_path / "named"))
+    assert target_state_dir(str(tmp_path / "given"), "kubeconfig") == tmp_path / "given"
+    assert target_state_dir(None, "kubeconfig") is None
+    assert target_state_dir(None) == tmp_path / "named"
+    monkeypatch.delenv("NEURONETES_STATE_DIR")
+    assert target_state_dir(None) is None

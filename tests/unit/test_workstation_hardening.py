@@ -22,6 +22,7 @@ from workstation_support import workstation_scheduler
 
 from neuronetes_agent.workstation import logtail
 from neuronetes_agent.workstation.client import call
+from neuronetes_agent.workstation.containment import detect
 from neuronetes_agent.workstation.gpus import Gpus, open_backend
 from neuronetes_agent.workstation.jobs import Job, JobSpec, JobState, SpecError, parse_size
 from neuronetes_agent.workstation.launcher import Launcher
@@ -148,6 +149,28 @@ def test_the_gpu_waits_until_every_process_of_an_ended_attempt_is_gone(
     sched.tick()
     sched.tick()
     assert sched.store.find("second").state is S.RUNNING  # type: ignore[union-attr]
+
+
+def test_a_cgroup_mode_the_user_may_not_use_is_refused_in_one_line(shared_tmp: Path) -> None:
+    """`--containment cgroup2` (or `cgroup1`) where the daemon's user may not create cgroups: one
+    line saying why, never a quiet fall back to another mode (`auto` falls back, and says so)."""
+    _root()
+    state = shared_tmp / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, OTHER, OTHER)
+
+    def refused() -> None:
+        for mode in ("cgroup2", "cgroup1"):
+            try:
+                detect(mode, state)
+            except ValueError as exc:
+                assert str(exc).startswith(f"--containment {mode}: ") and "\n" not in str(exc), exc
+            else:
+                raise AssertionError(f"{mode} accepted for a user who may not create cgroups")
+        fallback = detect("auto", state)
+        assert fallback.kind == "subreaper" and "cgroup" in fallback.describe()
+
+    assert as_other_user(refused) == 0
 
 
 # ---- 2. the state directory ------------------------------------------------------------------------

@@ -123,3 +123,65 @@ def test_a_stopped_job_whose_resume_was_cut_short_stays_stopped_then_is_continue
     finally:
         proc.kill()
         proc.wait()
+
+
+def _running(sched: Scheduler, proc: subprocess.Popen[bytes], start: int) -> str:
+    """A job recorded RUNNING on `proc` with the given /proc start time."""
+    job = sched.store.add_job(JobSpec("sleep 30", 1), 1.0)
+    sched.store.transition(job, S.QUEUED, "queued", 1.0)
+    gpu = sched.gpus.devices[0].uuid
+    sched.store.transition(
+        job, S.RUNNING, "started", 2.0, attempt=1, gpus=(gpu,), pid=proc.pid, pid_start=start
+    )
+    return job.id
+
+
+def _start_time(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rfind(")") + 2 :].split()[19])
+
+
+def test_a_reused_pid_is_another_process_and_is_left_alone(sched: Scheduler) -> None:
+    """The recorded PID is alive but started at another time: not the job's. The job ends (no exit
+    status was recorded: −1) and the process that now has its PID is never signalled."""
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        job_id = _running(sched, proc, _start_time(proc.pid) + 1)
+        recover(sched)
+        job = sched.store.find(job_id)
+        assert job is not None and job.state is S.FAILED and job.exit_code == -1
+        assert proc.poll() is None and _proc_state(proc.pid) == "S"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_running_job_left_half_preempted_is_put_back_to_running(sched: Scheduler) -> None:
+    """The daemon died after stopping a job, before recording it PREEMPTED: the next daemon
+    re-adopts it and continues it."""
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        job_id = _running(sched, proc, _start_time(proc.pid))
+        os.killpg(proc.pid, signal.SIGSTOP)
+        assert recover(sched) == [f"{job_id}: re-adopted (pid {proc.pid})"]
+        deadline = time.monotonic() + 5
+        while _proc_state(proc.pid) == "T" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _proc_state(proc.pid) != "T" and sched.store.find(job_id).state is S.RUNNING  # type: ignore[union-attr]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_preempted_job_whose_process_is_gone_fails(sched: Scheduler) -> None:
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    job_id = _running(sched, proc, _start_time(proc.pid))
+    job = sched.store.find(job_id)
+    assert job is not None
+    sched.store.transition(job, S.PREEMPTED, "stopped", 3.0, suspended="stopped")
+    proc.kill()
+    proc.wait()
+    assert recover(sched) == [f"{job_id}: FAILED (preempted process gone)"]
+    failed = sched.store.find(job_id)
+    assert failed is not None and failed.state is S.FAILED
+    assert failed.reason == "its process ended while the daemon was down"

@@ -48,22 +48,34 @@ def _workstation_profile(count: int) -> TopologyProfile:
 
 def open_backend(simulate_gpus: int | None) -> tuple[Any, str]:
     """The discovery backend and a one-line description: simulated when asked (or when NVML is
-    not available), else NVML."""
+    not available, or loads but cannot list the GPUs), else NVML."""
     from neuronetes_agent.daemon.simulated import SimulatedGpus
 
     if simulate_gpus is None:
         from neuronetes_agent.daemon.nvml import NvmlGpus, load_nvml
 
         try:
-            return NvmlGpus(load_nvml()), "nvml"
+            nvml = NvmlGpus(load_nvml())
         except DiscoveryError as exc:
-            log.warning("%s; running on the simulated backend (1 GPU)", exc)
-            why = f"simulated: {exc}"
-            return SimulatedGpus(_workstation_profile(1), _SIMULATED_NODE, reset_seconds=0.5), why
+            return _simulated_instead(exc)
+        try:
+            nvml.scan()  # an NVML that cannot list the GPUs is no better than none
+        except DiscoveryError as exc:
+            nvml.close()
+            return _simulated_instead(exc)
+        return nvml, "nvml"
     if not 1 <= simulate_gpus <= 8:
         raise ValueError(f"--simulate-gpus {simulate_gpus}: use 1-8")
     profile = _workstation_profile(simulate_gpus)
     return SimulatedGpus(profile, _SIMULATED_NODE, reset_seconds=0.5), f"simulated: {simulate_gpus} GPU(s)"
+
+
+def _simulated_instead(exc: DiscoveryError) -> tuple[Any, str]:
+    """One simulated GPU where NVML is unusable, and why (said in the log and in `status`)."""
+    from neuronetes_agent.daemon.simulated import SimulatedGpus
+
+    log.warning("%s; running on the simulated backend (1 GPU)", exc)
+    return SimulatedGpus(_workstation_profile(1), _SIMULATED_NODE, reset_seconds=0.5), f"simulated: {exc}"
 
 
 @dataclass(frozen=True, slots=True)

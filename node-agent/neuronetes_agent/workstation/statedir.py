@@ -60,6 +60,8 @@ def _refused(path: Path, exc: OSError) -> StateDirError:
         )
     if exc.errno == errno.ENOTDIR:
         return StateDirError(f"{path} is not a directory")
+    if exc.errno == errno.ENXIO:  # a FIFO (or socket) opened for writing without blocking
+        return StateDirError(f"{path} is not a regular file of yours: refusing to use it")
     return StateDirError(f"{path}: {exc.strerror}")
 
 

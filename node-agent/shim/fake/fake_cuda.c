@@ -1276,8 +1276,11 @@ static CUresult ckpt_transition(int pid, uint32_t from, uint32_t to, int move_me
                 p->checkpointed[d] = p->used[d];
                 dev->used_bytes -= p->used[d];
                 p->used[d] = 0;
-            } else if (dev->used_bytes + p->checkpointed[d] > dev->total_bytes) {
-                rc = CUDA_ERROR_OUT_OF_MEMORY; /* restore needs the room back */
+            } else {
+                /* the room of processes that exited is free again, as in the driver */
+                if (dev->used_bytes + p->checkpointed[d] > dev->total_bytes) fake_state_reap(g_state);
+                if (dev->used_bytes + p->checkpointed[d] > dev->total_bytes)
+                    rc = CUDA_ERROR_OUT_OF_MEMORY; /* restore needs the room back */
             }
         }
         if (move_memory < 0 && rc == CUDA_SUCCESS) {

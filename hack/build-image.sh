@@ -3,7 +3,11 @@
 # hack/build-base-images.sh (made first; cached), into buildah's local storage (root's:
 # /var/lib/containers/storage) and, for the whole image, an OCI archive containerd imports:
 #
-#   ctr -n k8s.io images import --all-platforms $CACHE_ROOT/images/neuronetes-VERSION.oci.tar
+#   ctr -n k8s.io images import $CACHE_ROOT/images/neuronetes-VERSION.oci.tar
+#
+# The archive's ref name is the image's full name, which ctr keeps (its --base-name only prefixes
+# tag-only names): the node then has localhost/neuronetes:VERSION (the chart's
+# image.repository=localhost/neuronetes, pullPolicy IfNotPresent, pulls nothing).
 #
 # The Dockerfile keeps its upstream defaults (python:3.11-slim-bookworm, golang:1.26-bookworm);
 # they are replaced here by --build-arg, and nothing is pulled (--pull=never). The build's RUN
@@ -35,7 +39,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --tag) image="${2:?--tag IMAGE}"; shift 2 ;;
         --target) target="${2:?--target STAGE}"; shift 2 ;;
-        -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h|--help) sed -n '2,/^set /{/^#/p}' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) die "unknown argument $1" ;;
     esac
 done

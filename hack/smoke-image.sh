@@ -17,9 +17,14 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$REPO_ROOT/pyproject.toml" | head -1)"
+die() { echo "smoke-image: $*" >&2; exit 1; }
+case "${1:-}" in
+    -h|--help) sed -n '2,/^set /{/^#/p}' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -*) die "unknown option $1" ;;
+esac
+[[ $# -le 1 ]] || die "one IMAGE at most"
 image="${1:-localhost/neuronetes:$VERSION}"
 shim_image="localhost/neuronetes/build-shim:$VERSION"
-die() { echo "smoke-image: $*" >&2; exit 1; }
 [[ "$(id -u)" == 0 ]] || die "needs root (buildah's storage)"
 buildah inspect --type image "$image" >/dev/null 2>&1 || die "no image $image (hack/build-image.sh builds it)"
 

@@ -95,14 +95,20 @@ print(" ".join(e.name for e in distribution("neuronetes").entry_points if e.grou
     ((found > 0)) || die "smoke: the wheel declares no console script"
     "$root/$NRI_BINARY" -help >/dev/null 2>&1 || die "smoke: neuronetes-nri -help failed"
     # The shim, preloaded over the fake driver, enforces a region the venv's own writer creates.
-    make -s -C "$REPO_ROOT/node-agent/shim" PYTHON="$PYTHON" BUILD="$SHIM_BUILD" \
-        "$SHIM_BUILD/release/fake/libcuda.so.1" "$SHIM_BUILD/release/fake/libnvidia-ml.so.1"
+    # Inside the image (no make, no compiler) the fake driver comes prebuilt in SHIM_BUILD
+    # (hack/smoke-image.sh builds it in the Dockerfile's shim stage).
+    local fake="$SHIM_BUILD/release/fake"
+    if command -v make >/dev/null 2>&1; then
+        make -s -C "$REPO_ROOT/node-agent/shim" PYTHON="$PYTHON" BUILD="$SHIM_BUILD" \
+            "$fake/libcuda.so.1" "$fake/libnvidia-ml.so.1"
+    fi
+    [[ -f "$fake/libcuda.so.1" && -f "$fake/libnvidia-ml.so.1" ]] || die "smoke: no fake driver in $fake"
     local work
     work="$(mktemp -d)"
     # shellcheck disable=SC2064  # expand now: `work` is local
     trap "rm -rf '$work'" RETURN
     (cd / && NEURONETES_REGION_DIR="$work/region" FAKE_CUDA_STATE="$work/gpu" \
-        LD_LIBRARY_PATH="$SHIM_BUILD/release/fake" LD_PRELOAD="$root/$SHIM_LIBRARY" \
+        LD_LIBRARY_PATH="$fake" LD_PRELOAD="$root/$SHIM_LIBRARY" \
         "$bin/python" "$REPO_ROOT/hack/shim-smoke.py") || die "smoke: the shim over the fake driver failed"
     echo "image contents OK: $found entry points, neuronetes-nri, the shim ($root)" >&2
 }

@@ -22,3 +22,23 @@ neuronetes_setup_venv() {
     export VIRTUAL_ENV="$venv"
     export PATH="$venv/bin:$PATH"
 }
+
+# neuronetes_install_debian_packages PACKAGE...: the Debian packages a hack/ script needs, installed
+# in one place, the same way everywhere: only those missing, only as root with apt-get (without
+# recommends), the package lists refreshed once when the first try fails (a fresh machine may have
+# none). Returns non-zero when a package is still missing; the caller decides whether that is fatal.
+neuronetes_install_debian_packages() {
+    local missing=() p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+        echo "missing Debian packages: ${missing[*]} (install them, or run as root with apt-get)" >&2
+        return 1
+    fi
+    echo ">> apt-get install ${missing[*]}" >&2
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1 \
+        || { apt-get update -qq >/dev/null 2>&1 \
+             && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }; }
+}

@@ -34,6 +34,7 @@ from neuronetes.devcluster import procs
 from neuronetes.devcluster.api import Api, ApiError, KubectlError, free_ports, run_kubectl
 from neuronetes.devcluster.chartmode import ChartOps, ChartRelease, chart_extenders, pick_loopback_net
 from neuronetes.devcluster.config import ExtenderConfig
+from neuronetes.devcluster.kubeletauth import apiserver_kubelet_client_args
 from neuronetes.devcluster.nodes import create_nodes
 from neuronetes.devcluster.realnodes import RealNodes, missing_requirements, node_names, remove_cgroups
 from neuronetes.devcluster.startup import Startup, apply_crds, apply_manifests
@@ -226,7 +227,7 @@ class DevCluster:
                     dict(extender_overrides or {}),
                     crds_dir,
                     policies_dir,
-                    apiserver_args,
+                    [*apiserver_args, *(apiserver_kubelet_client_args(self.paths.pki) if real_nodes else [])],
                     time.monotonic() + timeout_s,
                 )
             except BaseException:

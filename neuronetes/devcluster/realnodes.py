@@ -11,8 +11,8 @@ the nodes have stopped.
 
 Networking: the node shares the host's network namespace (the API server reaches the kubelet
 on a loopback port) and changes nothing in it. hostNetwork pods share it too; other pods get a
-network namespace of their own holding only ``lo`` (CNI ``loopback`` plugin): they run, have no
-pod IP and reach nothing outside themselves.
+network namespace of their own with ``lo`` (CNI ``loopback``) and an ``eth0`` joined to nothing
+(``hack/cni/neuronetes-pod-netns``): they have a pod IP and reach nothing outside themselves.
 
 Images: nothing is pulled. The sandbox image and a busybox test image (`localimages`) are
 imported into each node's containerd at start (``BUSYBOX_IMAGE``: use it with
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from neuronetes.devcluster.api import ApiError, free_ports
+from neuronetes.devcluster.kubeletauth import kubelet_client_ca
 from neuronetes.devcluster.localimages import BUSYBOX, busybox_image, pause_image, write_oci_archive
 from neuronetes.devcluster.state import ClusterError
 from neuronetes.devcluster.tools import REPO_ROOT, Toolchain
@@ -190,7 +191,7 @@ state = '{cd / "state"}'
 """
 
 
-def _kubelet_yaml(files: NodeFiles, cluster: str, containerd_sock: Path) -> str:
+def _kubelet_yaml(files: NodeFiles, cluster: str, containerd_sock: Path, client_ca: Path) -> str:
     root = files.folder / "kubelet"
     config = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -206,8 +207,12 @@ def _kubelet_yaml(files: NodeFiles, cluster: str, containerd_sock: Path) -> str:
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": files.healthz_port,
-        # The API server calls the kubelet (logs, exec) without a client certificate, on loopback.
-        "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+        # Only the API server (its client certificate, `kubeletauth`) may call the kubelet.
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {"clientCAFile": str(client_ca)},
+        },
         "authorization": {"mode": "AlwaysAllow"},
         # Never touch the host: no iptables chains, and fail rather than set kernel sysctls.
         "makeIPTablesUtilChains": False,
@@ -241,7 +246,8 @@ def render(state_dir: Path, cluster: str, files: NodeFiles, tools: Toolchain, ku
         (folder / sub).mkdir(parents=True, exist_ok=True)
     (folder / "containerd.toml").write_text(_containerd_toml(folder))
     sock = folder / "containerd" / "containerd.sock"
-    (folder / "kubelet.yaml").write_text(_kubelet_yaml(files, cluster, sock))
+    client_ca = kubelet_client_ca(state_dir / "pki")
+    (folder / "kubelet.yaml").write_text(_kubelet_yaml(files, cluster, sock, client_ca))
     # A pod of its own network namespace gets `lo` and an `eth0` joined to nothing (no bridge,
     # no host change): containerd wants an address for every pod that is not hostNetwork.
     pod_net = {

@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -175,6 +178,13 @@ def test_pod_runs_on_the_real_node_and_kubectl_logs_shows_it(dev: DevCluster) ->
     own_ip = dev.kubectl("get", "pod", "hello-own-net", "-o", "jsonpath={.status.podIP}").stdout
     assert own_ip.startswith("10.244.0."), own_ip
     assert dev.kubectl("get", "pod", "hello-host-net", "-o", "jsonpath={.status.podIP}").stdout == "127.0.0.1"
+    # Only the API server's client certificate opens the kubelet: an anonymous caller gets 401.
+    port = json.loads((dev.state_dir / "state.json").read_text())["ports"]["kubelet-real-0"]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(
+            f"https://127.0.0.1:{port}/pods", context=ssl._create_unverified_context(), timeout=10
+        )
+    assert refused.value.code == 401
     print(f"cluster with a real node up in {up_s:.1f} s")
 
     down = _cli("down")

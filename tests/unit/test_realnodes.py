@@ -40,6 +40,10 @@ def test_render_writes_a_node_that_keeps_off_the_host(tmp_path: Path) -> None:
     kubelet = json.loads((files.folder / "kubelet.yaml").read_text())
     assert kubelet["failCgroupV1"] is False  # this machine's cgroups are v1 (hybrid)
     assert kubelet["cgroupRoot"] == "/neuronetes/c1/real-0"
+    assert kubelet["authentication"]["anonymous"]["enabled"] is False
+    assert kubelet["authentication"]["x509"]["clientCAFile"] == str(
+        tmp_path / "pki" / "kubelet-client" / "ca.crt"
+    )
     assert kubelet["makeIPTablesUtilChains"] is False and kubelet["protectKernelDefaults"] is True
     assert (kubelet["address"], kubelet["port"], kubelet["healthzPort"]) == ("127.0.0.1", 40001, 40002)
     containerd = (files.folder / "containerd.toml").read_text()

@@ -59,13 +59,13 @@ for _ in $(seq 100); do
 done
 "${ctr[@]}" version >/dev/null
 log "containerd up; importing $NODE_DIR/images.tar"
-"${ctr[@]}" -n k8s.io images import --no-unpack=false "$NODE_DIR/images.tar"
+"${ctr[@]}" -n k8s.io images import "$NODE_DIR/images.tar"
 
 "$KUBELET_BIN" --config "$NODE_DIR/kubelet.yaml" --kubeconfig "$KUBECONFIG_FILE" --root-dir "$NODE_DIR/kubelet" \
     --hostname-override "$NODE_NAME" --node-ip 127.0.0.1 --v 1 >>"$NODE_DIR/kubelet.log" 2>&1 &
 children+=($!)
 log "kubelet started"
 # Either one ending ends the node (the supervisor sees it exit).
-wait -n
+wait -n || true
 log "a child exited; stopping the node"
 stop

@@ -30,7 +30,7 @@ from neuronetes.devcluster.tools import BuildError, build
 
 pytestmark = pytest.mark.e2e
 
-NAME = "e2e-real-node"
+NAME = f"e2e-real-node-{os.getpid()}"  # parallel sessions do not share a cluster
 
 
 def _cli(*args: str, timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
@@ -70,7 +70,7 @@ def _leftovers(dev: DevCluster) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def dev() -> Iterator[DevCluster]:
+def dev(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
     tools = ensure_toolchain()
     if (
         any(not p.exists() for p in tools.node_binaries())
@@ -89,6 +89,8 @@ def dev() -> Iterator[DevCluster]:
     yield cluster
     cluster.down()
     assert _leftovers(cluster) == []
+    if request.session.testsfailed == 0:
+        cluster.purge()  # its logs stay for a failed run
 
 
 def test_down_after_the_cli_is_sigkilled_leaves_nothing(dev: DevCluster) -> None:

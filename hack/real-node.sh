@@ -35,11 +35,26 @@ for f in "$NODE_DIR"/sysctl/*; do
     mount --bind -o ro "$f" "/proc/sys/$(basename "$f" | tr . /)"
 done
 
-# The kubelet's cgroups (cgroupfs driver, cgroup v1 here) go under CGROUP_ROOT in every
-# hierarchy; realnodes.py removes that tree once the node has stopped.
-for h in /sys/fs/cgroup/*/; do
-    mkdir -p "$h${CGROUP_ROOT#/}"
-done
+# The kubelet's cgroups (cgroupfs driver) go under CGROUP_ROOT in every hierarchy (cgroup v1 or
+# hybrid, as here: one per controller) or in the one unified hierarchy (cgroup v2, where each level
+# must pass the controllers down); realnodes.py removes that tree once the node has stopped.
+if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+    path=/sys/fs/cgroup
+    IFS=/ read -ra parts <<<"${CGROUP_ROOT#/}"
+    for part in "${parts[@]}"; do
+        mkdir -p "$path/$part"
+        # Only our own levels: the root's delegation is the host's (systemd's) to give.
+        if [[ "$path" != /sys/fs/cgroup ]]; then
+            for c in $(cat "$path/cgroup.controllers"); do echo "+$c" >"$path/cgroup.subtree_control" 2>/dev/null || true; done
+        fi
+        path="$path/$part"
+    done
+    for c in $(cat "$path/cgroup.controllers"); do echo "+$c" >"$path/cgroup.subtree_control" 2>/dev/null || true; done
+else
+    for h in /sys/fs/cgroup/*/; do
+        mkdir -p "$h${CGROUP_ROOT#/}"
+    done
+fi
 
 children=()
 stop() {

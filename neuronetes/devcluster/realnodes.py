@@ -99,7 +99,10 @@ def cgroup_root(cluster: str, node: str) -> str:
 
 
 def _cgroup_dirs(cluster: str) -> list[Path]:
-    return [h / "neuronetes" / cluster for h in CGROUP_FS.iterdir() if (h / "neuronetes" / cluster).is_dir()]
+    # cgroup v2: one unified hierarchy at the top; v1 or hybrid: one hierarchy per folder.
+    unified = (CGROUP_FS / "cgroup.controllers").exists()
+    hierarchies = [CGROUP_FS] if unified else [h for h in CGROUP_FS.iterdir() if h.is_dir()]
+    return [h / "neuronetes" / cluster for h in hierarchies if (h / "neuronetes" / cluster).is_dir()]
 
 
 def remove_cgroups(cluster: str, *, timeout_s: float = 10.0) -> list[str]:

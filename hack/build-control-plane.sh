@@ -6,12 +6,19 @@
 #   kube-scheduler, kubectl                      -> $BIN_ROOT/kubernetes-$KUBERNETES_VERSION/
 #   kwok (+ stages.yaml: kwok's "fast" stages)   -> $BIN_ROOT/kwok-$KWOK_VERSION/
 #   helm                                         -> $BIN_ROOT/helm-$HELM_VERSION/helm
+#   kubelet (same wrapper module as kubernetes)  -> $BIN_ROOT/kubelet-$KUBERNETES_VERSION/kubelet
+#   containerd, containerd-shim-runc-v2, ctr     -> $BIN_ROOT/containerd-$CONTAINERD_VERSION/
+#
+# kubelet and containerd are the real nodes' binaries (`neuronetes dev cluster up --real-nodes N`);
+# runc comes from Debian's package (hack/install-node-packages.sh). The kubelet has its own folder
+# and stamp so that a checkout without it never rebuilds the control-plane folder, nor the reverse.
 #
 # BIN_ROOT is $NEURONETES_BIN_DIR, else ${XDG_CACHE_HOME:-~/.cache}/neuronetes/bin. Every tool is
 # built only when its folder lacks a stamp for its pinned version (and this script's recipe), so a
 # second run is a no-op and a version bump rebuilds that tool alone.
 #
-# usage: hack/build-control-plane.sh [--force] [TOOL...]     TOOL: etcd kubernetes kwok helm
+# usage: hack/build-control-plane.sh [--force] [TOOL...]
+#        TOOL: etcd kubernetes kwok helm kubelet containerd (default: all)
 #
 # Kubernetes: k8s.io/kubernetes replaces its staging modules (k8s.io/api, …) with local folders, so
 # `go install k8s.io/kubernetes/cmd/…@vX` cannot work. A wrapper module requires
@@ -52,12 +59,12 @@ TOOLS=()
 for arg in "$@"; do
     case "$arg" in
         --force) FORCE=1 ;;
-        -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}"; exit 0 ;;
-        etcd|kubernetes|kwok|helm) TOOLS+=("$arg") ;;
+        -h|--help) sed -n '2,31p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        etcd|kubernetes|kwok|helm|kubelet|containerd) TOOLS+=("$arg") ;;
         *) echo "build-control-plane: unknown argument $arg" >&2; exit 2 ;;
     esac
 done
-[[ ${#TOOLS[@]} -gt 0 ]] || TOOLS=(etcd kubernetes kwok helm)
+[[ ${#TOOLS[@]} -gt 0 ]] || TOOLS=(etcd kubernetes kwok helm kubelet containerd)
 
 # `go get` reports every module it adds to the wrapper's go.mod: keep the downloads as progress,
 # drop that bookkeeping.
@@ -73,7 +80,10 @@ if ! flock -n 9; then
     echo ">> another build-control-plane.sh holds $BIN_ROOT/.build.lock; waiting" >&2
     flock 9
 fi
-cleanup() { rm -rf "$BIN_ROOT"/.etcd.* "$BIN_ROOT"/.kubernetes.* "$BIN_ROOT"/.kwok.* "$BIN_ROOT"/.helm.*; }
+cleanup() {
+    rm -rf "$BIN_ROOT"/.etcd.* "$BIN_ROOT"/.kubernetes.* "$BIN_ROOT"/.kwok.* "$BIN_ROOT"/.helm.* \
+        "$BIN_ROOT"/.kubelet.* "$BIN_ROOT"/.containerd.*
+}
 trap cleanup EXIT
 log() { printf '>> [%4ds] %s\n' "$((SECONDS - START_ALL))" "$*" >&2; }
 
@@ -116,18 +126,12 @@ EOF
     log "etcd $v: built in $((SECONDS - t0)) s -> $dir/etcd"
 }
 
-build_kubernetes() {
-    local v="$KUBERNETES_VERSION" dir="$BIN_ROOT/kubernetes-$KUBERNETES_VERSION"
-    local bins=(kube-apiserver kube-scheduler kubectl)
-    if [[ "${NEURONETES_SKIP_KUBE_CONTROLLER_MANAGER:-0}" != 1 ]]; then bins+=(kube-controller-manager); fi
-    local stamp="kubernetes $v [${bins[*]}] recipe $RECIPE"
-    if up_to_date "$dir" "$stamp" "${bins[@]}"; then log "kubernetes $v: up to date ($dir)"; return; fi
-    local t0=$SECONDS work="$WORK_ROOT/kubernetes-$v"
-    local minor="${v#v}"
-    minor="${minor#*.}"
-    minor="${minor%%.*}"
+# kubernetes_wrapper V WORK: write WORK/go.mod, a module requiring k8s.io/kubernetes V with every
+# staging module replaced by its v0.Y.Z release (read from that release's own go.mod).
+kubernetes_wrapper() {
+    local v="$1" work="$2"
     local staging_version="v0.${v#v1.}"
-    mkdir -p "$work" "$BIN_ROOT"
+    mkdir -p "$work"
     printf 'module neuronetes.local/build/kubernetes\n\ngo 1.26\n' >"$work/go.mod"
     rm -f "$work/go.sum"
     log "kubernetes $v: downloading k8s.io/kubernetes (~20 MB) to read its staging modules"
@@ -143,23 +147,86 @@ build_kubernetes() {
         for m in "${staging[@]}"; do printf '\t%s => %s %s\n' "$m" "$m" "$staging_version"; done
         printf ')\n'
     } >"$work/go.mod"
-    log "kubernetes $v: ${#staging[@]} staging modules pinned to $staging_version; resolving dependencies"
-    local pkgs=()
-    local b
-    for b in "${bins[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+    log "kubernetes $v: ${#staging[@]} staging modules pinned to $staging_version"
+}
+
+# kubernetes_compile V WORK OUT BIN...: resolve and build k8s.io/kubernetes/cmd/BIN... into OUT,
+# with the version /version reports.
+kubernetes_compile() {
+    local v="$1" work="$2" out="$3"
+    shift 3
+    local minor="${v#v}"
+    minor="${minor#*.}"
+    minor="${minor%%.*}"
+    local pkgs=() b
+    for b in "$@"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+    log "kubernetes $v: resolving dependencies of $*"
     (cd "$work" && go_quiet get "${pkgs[@]/%/@$v}")
-    local ldflags="-s -w"
-    local pkgpath
+    local ldflags="-s -w" pkgpath
     for pkgpath in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
         ldflags+=" -X $pkgpath.gitVersion=$v -X $pkgpath.gitMajor=1 -X $pkgpath.gitMinor=$minor"
         ldflags+=" -X $pkgpath.gitTreeState=clean -X $pkgpath.buildDate=$BUILD_DATE"
     done
-    log "kubernetes $v: compiling ${bins[*]} with $JOBS jobs (the long part: ~7 min cold on 2 cores)"
-    local tmp
+    log "kubernetes $v: compiling $* with $JOBS jobs"
+    (cd "$work" && "$GO" build -p "$JOBS" -ldflags "$ldflags" -o "$out/" "${pkgs[@]}")
+}
+
+build_kubernetes() {
+    local v="$KUBERNETES_VERSION" dir="$BIN_ROOT/kubernetes-$KUBERNETES_VERSION"
+    local bins=(kube-apiserver kube-scheduler kubectl)
+    if [[ "${NEURONETES_SKIP_KUBE_CONTROLLER_MANAGER:-0}" != 1 ]]; then bins+=(kube-controller-manager); fi
+    local stamp="kubernetes $v [${bins[*]}] recipe $RECIPE"
+    if up_to_date "$dir" "$stamp" "${bins[@]}"; then log "kubernetes $v: up to date ($dir)"; return; fi
+    local t0=$SECONDS work="$WORK_ROOT/kubernetes-$v" tmp
+    mkdir -p "$BIN_ROOT"
+    kubernetes_wrapper "$v" "$work"
+    log "kubernetes $v: the long part: ~7 min cold on 2 cores"
     tmp="$(mktemp -d "$BIN_ROOT/.kubernetes.XXXXXX")"
-    (cd "$work" && "$GO" build -p "$JOBS" -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}")
+    kubernetes_compile "$v" "$work" "$tmp" "${bins[@]}"
     finish "$dir" "$stamp" "$tmp"
     log "kubernetes $v: built in $((SECONDS - t0)) s -> $dir"
+}
+
+# The kubelet, from the same wrapper module as the control plane (CGO off like the rest: the
+# static kubelet loses nothing a cgroupfs/containerd node here needs).
+build_kubelet() {
+    local v="$KUBERNETES_VERSION" dir="$BIN_ROOT/kubelet-$KUBERNETES_VERSION"
+    local stamp="kubelet $v recipe $RECIPE"
+    if up_to_date "$dir" "$stamp" kubelet; then log "kubelet $v: up to date ($dir)"; return; fi
+    local t0=$SECONDS work="$WORK_ROOT/kubernetes-$v" tmp
+    mkdir -p "$BIN_ROOT"
+    kubernetes_wrapper "$v" "$work"
+    tmp="$(mktemp -d "$BIN_ROOT/.kubelet.XXXXXX")"
+    kubernetes_compile "$v" "$work" "$tmp" kubelet
+    finish "$dir" "$stamp" "$tmp"
+    log "kubelet $v: built in $((SECONDS - t0)) s -> $dir/kubelet"
+}
+
+# containerd 2.x (NRI on by default), its runc shim and ctr. The module has no replace directives,
+# so a wrapper module requiring it builds the three commands at the pinned version. Build tags drop
+# the snapshotters that need cgo or kernel features this node does not use (btrfs, devmapper);
+# overlayfs and native stay.
+build_containerd() {
+    local v="$CONTAINERD_VERSION" dir="$BIN_ROOT/containerd-$CONTAINERD_VERSION"
+    local bins=(containerd containerd-shim-runc-v2 ctr)
+    local stamp="containerd $v [${bins[*]}] recipe $RECIPE"
+    if up_to_date "$dir" "$stamp" "${bins[@]}"; then log "containerd $v: up to date ($dir)"; return; fi
+    local t0=$SECONDS work="$WORK_ROOT/containerd-$v" tmp
+    mkdir -p "$work" "$BIN_ROOT"
+    printf 'module neuronetes.local/build/containerd\n\ngo 1.26\n' >"$work/go.mod"
+    rm -f "$work/go.sum"
+    local pkgs=() b
+    for b in "${bins[@]}"; do pkgs+=("github.com/containerd/containerd/v2/cmd/$b"); done
+    log "containerd $v: resolving github.com/containerd/containerd/v2@$v"
+    (cd "$work" && go_quiet get "${pkgs[@]/%/@$v}")
+    local tags="no_btrfs no_devmapper no_zfs no_aufs osusergo netgo"
+    local ldflags="-s -w -X github.com/containerd/containerd/v2/version.Version=$v"
+    ldflags+=" -X github.com/containerd/containerd/v2/version.Revision=go-module-proxy"
+    log "containerd $v: compiling ${bins[*]} with $JOBS jobs (tags: $tags)"
+    tmp="$(mktemp -d "$BIN_ROOT/.containerd.XXXXXX")"
+    (cd "$work" && "$GO" build -p "$JOBS" -tags "$tags" -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}")
+    finish "$dir" "$stamp" "$tmp"
+    log "containerd $v: built in $((SECONDS - t0)) s -> $dir"
 }
 
 # kwok's resources from a kustomization folder, depth first, as one multi-document YAML.
@@ -214,7 +281,8 @@ build_helm() {
     log "helm $v: built in $((SECONDS - t0)) s -> $dir"
 }
 
-log "control plane: kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION -> $BIN_ROOT"
+log "control plane: kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION;"\
+    "node: kubelet $KUBERNETES_VERSION, containerd $CONTAINERD_VERSION -> $BIN_ROOT"
 for tool in "${TOOLS[@]}"; do
     "build_$tool"
 done

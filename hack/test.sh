@@ -117,6 +117,10 @@ if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
         || echo "WARNING: prometheus not installed; the agent's promtool/scrape tests will skip" >&2
 fi
 
+# The real dev-cluster nodes' Debian packages (runc, the CNI plugins, busybox-static): root only,
+# only those missing (tests/e2e/test_real_node_e2e.py skips without them).
+bash "$REPO_ROOT/hack/install-node-packages.sh"
+
 echo ">> pytest" >&2
 status=0
 pytest "$@" || status=$?

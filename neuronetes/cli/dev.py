@@ -68,6 +68,10 @@ def _up(opts: dict[str, Any], cluster: DevCluster, log: Callable[[str], None]) -
     if not direct and not any(opts[k] for k in shaping):
         from neuronetes.devcluster.chartmode import ChartRelease
 
+        if opts["real_nodes"]:
+            # The chart's Deployments could land on a real node, which has no NeuroNetes image yet.
+            raise click.UsageError("--real-nodes needs --direct for now")
+
         seconds = cluster.up(
             nodes=nodes,
             feature_gates=gates,
@@ -92,6 +96,7 @@ def _up(opts: dict[str, Any], cluster: DevCluster, log: Callable[[str], None]) -
         policies_dir=None if opts["no_policies"] else POLICIES_DIR,
         apiserver_args=apiserver_args,
         auto_build=opts["build"],
+        real_nodes=opts["real_nodes"],
     )
     log(f"cluster {cluster.name!r} up in {seconds:.1f} s; logs in {cluster.log_dir}")
 
@@ -202,6 +207,14 @@ def _status(cluster: DevCluster, output: str) -> int:
 @click.option("--no-controller-manager", is_flag=True, help="up: run without it")
 @click.option("--crds", help="up: folder of CRD YAML to apply (default: the checkout's crds/)")
 @click.option("--no-crds", is_flag=True, help="up: do not apply crds/")
+@click.option(
+    "--real-nodes",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="up: N real nodes real-0… (kubelet + containerd + runc on this machine; root; with --direct; "
+    "docs/dev-cluster.md)",
+)
 @click.option("--build", is_flag=True, help="up: build missing binaries first (shows progress)")
 @click.option("--json", "as_json", is_flag=True, help="status: print JSON (same as -o json)")
 @output_option

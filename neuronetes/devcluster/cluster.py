@@ -34,7 +34,9 @@ from neuronetes.devcluster import procs
 from neuronetes.devcluster.api import Api, ApiError, KubectlError, free_ports, run_kubectl
 from neuronetes.devcluster.chartmode import ChartOps, ChartRelease, chart_extenders, pick_loopback_net
 from neuronetes.devcluster.config import ExtenderConfig
+from neuronetes.devcluster.kubeletauth import apiserver_kubelet_client_args
 from neuronetes.devcluster.nodes import create_nodes
+from neuronetes.devcluster.realnodes import RealNodes, missing_requirements, node_names, remove_cgroups
 from neuronetes.devcluster.startup import Startup, apply_crds, apply_manifests
 from neuronetes.devcluster.state import ClusterError, RunState, StateStore
 from neuronetes.devcluster.status import ClusterStatus, component_statuses, leader_index, probes
@@ -142,6 +144,7 @@ class DevCluster:
         timeout_s: float = 90.0,
         chart: ChartRelease | None = None,
         install_chart: bool = True,
+        real_nodes: int = 0,
     ) -> float:
         """Start the cluster (fresh state); return the seconds it took.
 
@@ -157,6 +160,7 @@ class DevCluster:
         identities and every component — comes from ``helm install`` of this release, its pods
         run by the chart runner; the other NeuroNetes arguments must be left at their defaults.
         `install_chart` False: chart mode without the release (``helm install`` it yourself).
+        `real_nodes`: that many real nodes (kubelet + containerd, `neuronetes.devcluster.realnodes`).
 
         Raises `ClusterError` when it is already running (`down` it first) or fails to start
         (everything started is stopped again), `BuildError` when binaries are missing and
@@ -180,6 +184,7 @@ class DevCluster:
                     raise ClusterError(f"cluster {self.name!r} is already running; `down` it first")
                 self.sup.stop(old)
             missing = self.tools.missing(controller_manager=controller_manager)
+            missing += [p for p in self.tools.node_binaries() if real_nodes and not p.exists()]
             if chart is not None and not self.tools.helm.exists():
                 missing.append(self.tools.helm)
             if missing:
@@ -190,6 +195,8 @@ class DevCluster:
                     )
                 self.log("building the control plane (hack/build-control-plane.sh)")
                 self.tools = build()
+            if real_nodes and (why := missing_requirements(self.tools)):
+                raise ClusterError("real nodes cannot run here: " + "; ".join(why))
             self.store.wipe()
             keys = ["etcd", "etcd_peer", "apiserver", "controller_manager", "default_scheduler", "kwok"]
             for _, _, sfx in (cmd.pair_names(i, schedulers) for i in range(schedulers)):
@@ -220,7 +227,7 @@ class DevCluster:
                     dict(extender_overrides or {}),
                     crds_dir,
                     policies_dir,
-                    apiserver_args,
+                    [*apiserver_args, *(apiserver_kubelet_client_args(self.paths.pki) if real_nodes else [])],
                     time.monotonic() + timeout_s,
                 )
             except BaseException:
@@ -235,6 +242,8 @@ class DevCluster:
             for prof, count in nodes:
                 if count:
                     self.add_nodes(prof, count, prof)
+            if real_nodes:
+                RealNodes(self).start(node_names(real_nodes), timeout_s=max(120.0, timeout_s))
         except BaseException:
             self.down()
             raise
@@ -287,6 +296,7 @@ class DevCluster:
                 return []
             running = [n for n, r in state.processes.items() if procs.is_running(r)]
             self.sup.stop(state, grace_s=grace_s)
+            remove_cgroups(self.name)  # real nodes' (their processes are gone now)
             self.store.retire(state)
             return running
 

@@ -83,6 +83,9 @@ def probes(state: RunState, token: str) -> dict[str, Probe]:
         out[scheduler] = https("scheduler" + suffix)
         if state.run_extender:
             out[extender] = _plain(f"http://127.0.0.1:{ports['extender' + suffix]}/readyz")
+    for key, port in ports.items():
+        if key.startswith("kubelet_healthz-"):  # a real node: its kubelet's /healthz
+            out["node-" + key.removeprefix("kubelet_healthz-")] = _plain(f"http://127.0.0.1:{port}/healthz")
     return out
 
 
@@ -109,6 +112,7 @@ def component_statuses(state: RunState, token: str) -> list[ComponentStatus]:
     fixed = ("etcd", "kube-apiserver", "kube-controller-manager", "default-scheduler")
     # Chart mode: the chart runner, healthy while it runs (the pods' own state is its runner.json).
     order = [*fixed, *(n for pair in state.pairs() for n in pair[:2]), "kwok", "chart-runner"]
+    order += sorted(n for n in state.processes if n.startswith("node-"))  # real nodes (realnodes.py)
     out: list[ComponentStatus] = []
     for name in order:
         rec = state.processes.get(name)

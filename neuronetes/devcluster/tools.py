@@ -39,6 +39,7 @@ class Versions:
     etcd: str
     kwok: str
     helm: str
+    containerd: str
 
 
 def read_versions(path: Path | None = None) -> Versions:
@@ -59,6 +60,7 @@ def read_versions(path: Path | None = None) -> Versions:
             etcd=values["ETCD_VERSION"],
             kwok=values["KWOK_VERSION"],
             helm=values["HELM_VERSION"],
+            containerd=values["CONTAINERD_VERSION"],
         )
     except KeyError as exc:
         raise ValueError(f"{path}: missing {exc.args[0]}") from None
@@ -96,6 +98,9 @@ class Toolchain:
     kwok: Path
     kwok_stages: Path
     helm: Path
+    kubelet: Path
+    containerd_dir: Path
+    """containerd, containerd-shim-runc-v2 and ctr (real nodes: `neuronetes.devcluster.realnodes`)."""
 
     @classmethod
     def pinned(cls, versions: Versions | None = None) -> Toolchain:
@@ -113,6 +118,8 @@ class Toolchain:
             kwok=kwok / "kwok",
             kwok_stages=kwok / "stages.yaml",
             helm=root / f"helm-{v.helm}" / "helm",
+            kubelet=root / f"kubelet-{v.kubernetes}" / "kubelet",
+            containerd_dir=root / f"containerd-{v.containerd}",
         )
 
     def required(self, *, controller_manager: bool | None = None) -> list[Path]:
@@ -131,6 +138,11 @@ class Toolchain:
 
     def missing(self, *, controller_manager: bool | None = None) -> list[Path]:
         return [p for p in self.required(controller_manager=controller_manager) if not p.exists()]
+
+    def node_binaries(self) -> list[Path]:
+        """What a real node runs (the kubelet, containerd, its runc shim, ctr)."""
+        d = self.containerd_dir
+        return [self.kubelet, d / "containerd", d / "containerd-shim-runc-v2", d / "ctr"]
 
 
 def build(*, quiet: bool = False, log: Path | None = None) -> Toolchain:

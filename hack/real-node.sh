@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# One real dev-cluster node: containerd and a kubelet, run by neuronetes.devcluster.realnodes as
+#
+#   unshare --fork --pid --mount-proc --mount --propagation private --kill-child=SIGKILL \
+#       bash hack/real-node.sh NODE_DIR
+#
+# so this script is PID 1 of the node's own PID namespace, in a mount namespace of its own. Every
+# process of the node (containerd, its shims, the containers, the kubelet) lives in that PID
+# namespace: when this script ends, however it ends, the kernel kills them all, and the mount
+# namespace (every overlay, tmpfs and network-namespace mount of the node) goes with them. Nothing
+# is mounted outside it; the node shares the host's network namespace (loopback ports only) and
+# makes no change to it (the kubelet's iptables chains are off: makeIPTablesUtilChains false).
+#
+# NODE_DIR holds what realnodes.py rendered: containerd.toml, kubelet.yaml, kubelet.env (the
+# binaries and the node's name), images.tar (the local images), sysctl/ (see below). containerd
+# and the kubelet log to containerd.log and kubelet.log there; this script to stdout.
+set -euo pipefail
+
+NODE_DIR="$1"
+# shellcheck source=/dev/null
+source "$NODE_DIR/kubelet.env"   # CONTAINERD_BIN KUBELET_BIN NODE_NAME CGROUP_ROOT KUBECONFIG_FILE
+
+log() { echo "real-node[$NODE_NAME]: $*"; }
+
+# Private /run: containerd's shim sockets (/run/containerd/s), runc's state and the pods' network
+# namespace mounts are hard-wired below /run; here they are the node's own and vanish with it.
+mount -t tmpfs -o mode=755 tmpfs /run
+# The kubelet writes pod logs to /var/log/pods and links them from /var/log/containers.
+mkdir -p "$NODE_DIR/var-log"
+mount --bind "$NODE_DIR/var-log" /var/log
+# The kubelet sets six kernel sysctls to its liking (vm.overcommit_memory, kernel.panic, …)
+# unless they already have those values: it sees files holding them instead of the host's, and
+# protectKernelDefaults makes it fail rather than write, should one ever be missed.
+for f in "$NODE_DIR"/sysctl/*; do
+    mount --bind -o ro "$f" "/proc/sys/$(basename "$f" | tr . /)"
+done
+
+# The kubelet's cgroups (cgroupfs driver) go under CGROUP_ROOT in every hierarchy (cgroup v1 or
+# hybrid, as here: one per controller) or in the one unified hierarchy (cgroup v2, where each level
+# must pass the controllers down); realnodes.py removes that tree once the node has stopped.
+if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+    path=/sys/fs/cgroup
+    IFS=/ read -ra parts <<<"${CGROUP_ROOT#/}"
+    for part in "${parts[@]}"; do
+        mkdir -p "$path/$part"
+        # Only our own levels: the root's delegation is the host's (systemd's) to give.
+        if [[ "$path" != /sys/fs/cgroup ]]; then
+            for c in $(cat "$path/cgroup.controllers"); do echo "+$c" >"$path/cgroup.subtree_control" 2>/dev/null || true; done
+        fi
+        path="$path/$part"
+    done
+    for c in $(cat "$path/cgroup.controllers"); do echo "+$c" >"$path/cgroup.subtree_control" 2>/dev/null || true; done
+else
+    for h in /sys/fs/cgroup/*/; do
+        mkdir -p "$h${CGROUP_ROOT#/}"
+    done
+fi
+
+children=()
+stop() {
+    log "stopping"
+    for pid in "${children[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+    wait || true
+    exit 0
+}
+trap stop TERM INT
+
+"$CONTAINERD_BIN/containerd" --config "$NODE_DIR/containerd.toml" >>"$NODE_DIR/containerd.log" 2>&1 &
+children+=($!)
+ctr=("$CONTAINERD_BIN/ctr" --address "$NODE_DIR/containerd/containerd.sock")
+for _ in $(seq 100); do
+    "${ctr[@]}" version >/dev/null 2>&1 && break
+    sleep 0.1
+done
+"${ctr[@]}" version >/dev/null
+log "containerd up; importing $NODE_DIR/images.tar"
+"${ctr[@]}" -n k8s.io images import "$NODE_DIR/images.tar"
+
+"$KUBELET_BIN" --config "$NODE_DIR/kubelet.yaml" --kubeconfig "$KUBECONFIG_FILE" --root-dir "$NODE_DIR/kubelet" \
+    --hostname-override "$NODE_NAME" --node-ip 127.0.0.1 --v 1 >>"$NODE_DIR/kubelet.log" 2>&1 &
+children+=($!)
+log "kubelet started"
+# Either one ending ends the node (the supervisor sees it exit).
+wait -n || true
+log "a child exited; stopping the node"
+stop

@@ -1,0 +1,57 @@
+"""Real dev-cluster nodes, the pure half: the local OCI images and the files a node is started from."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from neuronetes.devcluster import realnodes
+from neuronetes.devcluster.localimages import BUSYBOX, busybox_image, pause_image, write_oci_archive
+from neuronetes.devcluster.tools import Toolchain
+
+pytestmark = pytest.mark.unit
+
+needs_busybox = pytest.mark.skipif(
+    not BUSYBOX.exists(), reason=f"no {BUSYBOX} (Debian package busybox-static)"
+)
+
+
+@needs_busybox
+def test_oci_archive_is_reproducible_and_names_both_images(tmp_path: Path) -> None:
+    images = [pause_image("t"), busybox_image("t")]
+    a = write_oci_archive(images, tmp_path / "a.tar").read_bytes()
+    b = write_oci_archive(images, tmp_path / "b.tar").read_bytes()
+    assert a == b
+    with tarfile.open(tmp_path / "a.tar") as tar:
+        index = json.loads(tar.extractfile("index.json").read())  # type: ignore[union-attr]
+        names = set(tar.getnames())
+    refs = [m["annotations"]["org.opencontainers.image.ref.name"] for m in index["manifests"]]
+    assert refs == ["neuronetes.local/pause:t", "neuronetes.local/busybox:t"]
+    assert all(f"blobs/sha256/{m['digest'].removeprefix('sha256:')}" in names for m in index["manifests"])
+
+
+@needs_busybox
+def test_render_writes_a_node_that_keeps_off_the_host(tmp_path: Path) -> None:
+    files = realnodes.NodeFiles("real-0", 0, tmp_path / "real-nodes" / "real-0", 40001, 40002)
+    realnodes.render(tmp_path, "c1", files, Toolchain.pinned(), tmp_path / "kubeconfig")
+    kubelet = json.loads((files.folder / "kubelet.yaml").read_text())
+    assert kubelet["failCgroupV1"] is False  # this machine's cgroups are v1 (hybrid)
+    assert kubelet["cgroupRoot"] == "/neuronetes/c1/real-0"
+    assert kubelet["authentication"]["anonymous"]["enabled"] is False
+    assert kubelet["authentication"]["x509"]["clientCAFile"] == str(
+        tmp_path / "pki" / "kubelet-client" / "ca.crt"
+    )
+    assert kubelet["makeIPTablesUtilChains"] is False and kubelet["protectKernelDefaults"] is True
+    assert (kubelet["address"], kubelet["port"], kubelet["healthzPort"]) == ("127.0.0.1", 40001, 40002)
+    containerd = (files.folder / "containerd.toml").read_text()
+    assert f"sandbox = '{realnodes.PAUSE_IMAGE}'" in containerd
+    assert str(files.folder / "nri" / "nri.sock") in containerd
+    assert "/etc/" not in containerd and "/opt/" not in containerd  # every path is the node's own
+    sysctls = {p.name: p.read_text().strip() for p in (files.folder / "sysctl").iterdir()}
+    assert sysctls == {k: str(v) for k, v in realnodes.KUBELET_SYSCTLS.items()}
+    conflist = json.loads((files.folder / "cni" / "10-pod-netns.conflist").read_text())
+    assert [p["type"] for p in conflist["plugins"]] == ["loopback", realnodes.POD_NET_PLUGIN.name]
+    assert realnodes.node_argv(files.folder)[:5] == ["unshare", "--fork", "--pid", "--mount-proc", "--mount"]

@@ -38,7 +38,7 @@ from neuronetes.devcluster.kubeletauth import apiserver_kubelet_client_args
 from neuronetes.devcluster.nodes import create_nodes
 from neuronetes.devcluster.realnodes import RealNodes, missing_requirements, node_names, remove_cgroups
 from neuronetes.devcluster.startup import Startup, apply_crds, apply_manifests
-from neuronetes.devcluster.state import ClusterError, RunState, StateStore
+from neuronetes.devcluster.state import ClusterError, RunState, StateStore, check_name
 from neuronetes.devcluster.status import ClusterStatus, component_statuses, leader_index, probes
 from neuronetes.devcluster.supervisor import Supervisor
 from neuronetes.devcluster.tools import (
@@ -60,16 +60,6 @@ POLICIES_DIR: Final = REPO_ROOT / "manifests" / "policies"
 Log = Callable[[str], None]
 
 
-def _quiet(_: str) -> None:
-    pass
-
-
-def check_name(name: str) -> None:
-    """Raise ValueError unless `name` can name a cluster (its state folder)."""
-    if not name or not all(c.isalnum() or c in "-_." for c in name) or name in (".", ".."):
-        raise ValueError(f"cluster name {name!r}: use letters, digits, '-', '_' and '.'")
-
-
 class DevCluster:
     """One named local cluster. Cheap to construct: it only points at the state folder."""
 
@@ -85,7 +75,7 @@ class DevCluster:
         self.name = name
         self.state_dir = (state_root or cache_root() / "clusters") / name
         self.tools = tools or Toolchain.pinned()
-        self.log: Log = log or _quiet
+        self.log: Log = log or (lambda _: None)
         self.paths = cmd.StatePaths(self.state_dir)
         self.store = StateStore(name, self.state_dir)
         self.sup = Supervisor(self.store)

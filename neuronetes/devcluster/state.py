@@ -14,9 +14,15 @@ from typing import Any, Final
 from neuronetes.devcluster import procs
 from neuronetes.devcluster.components import pair_names
 
-__all__ = ["STATE_VERSION", "ClusterError", "RunState", "StateStore"]
+__all__ = ["STATE_VERSION", "ClusterError", "RunState", "StateStore", "check_name"]
 
 STATE_VERSION: Final = 2
+
+
+def check_name(name: str) -> None:
+    """Raise ValueError unless `name` can name a cluster (its state folder)."""
+    if not name or not all(c.isalnum() or c in "-_." for c in name) or name in (".", ".."):
+        raise ValueError(f"cluster name {name!r}: use letters, digits, '-', '_' and '.'")
 
 
 class ClusterError(RuntimeError):

@@ -44,6 +44,7 @@ __all__ = [
     "BUSYBOX_IMAGE",
     "PAUSE_IMAGE",
     "RealNodes",
+    "is_real_node_process",
     "missing_requirements",
     "node_names",
     "remove_cgroups",
@@ -70,8 +71,11 @@ KUBELET_SYSCTLS: Final = {
 }
 
 
+NODE_PREFIX: Final = "real-"
+
+
 def node_names(count: int) -> list[str]:
-    return [f"real-{i}" for i in range(count)]
+    return [f"{NODE_PREFIX}{i}" for i in range(count)]
 
 
 def missing_requirements(tools: Toolchain) -> list[str]:
@@ -299,6 +303,11 @@ def node_argv(folder: Path) -> list[str]:
 
 def process_name(node: str) -> str:
     return f"node-{node}"
+
+
+def is_real_node_process(name: str) -> bool:
+    """Whether a supervised process is a real node (not, say, the direct mode's ``node-agent``)."""
+    return name.startswith(process_name(NODE_PREFIX))
 
 
 class RealNodes:

@@ -12,6 +12,7 @@ from typing import Final
 
 from neuronetes.devcluster import procs
 from neuronetes.devcluster.api import http_ok, insecure_context
+from neuronetes.devcluster.realnodes import is_real_node_process
 from neuronetes.devcluster.state import RunState
 
 __all__ = [
@@ -112,7 +113,7 @@ def component_statuses(state: RunState, token: str) -> list[ComponentStatus]:
     fixed = ("etcd", "kube-apiserver", "kube-controller-manager", "default-scheduler")
     # Chart mode: the chart runner, healthy while it runs (the pods' own state is its runner.json).
     order = [*fixed, *(n for pair in state.pairs() for n in pair[:2]), "kwok", "chart-runner"]
-    order += sorted(n for n in state.processes if n.startswith("node-"))  # real nodes (realnodes.py)
+    order += sorted(n for n in state.processes if is_real_node_process(n))
     out: list[ComponentStatus] = []
     for name in order:
         rec = state.processes.get(name)

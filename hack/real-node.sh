@@ -12,19 +12,26 @@
 # makes no change to it (the kubelet's iptables chains are off: makeIPTablesUtilChains false).
 #
 # NODE_DIR holds what realnodes.py rendered: containerd.toml, kubelet.yaml, kubelet.env (the
-# binaries and the node's name), images.tar (the local images), sysctl/ (see below). containerd
-# and the kubelet log to containerd.log and kubelet.log there; this script to stdout.
+# binaries, the node's name and labels), images/ (OCI archives of the local images, imported in
+# name order), sysctl/ (see below). containerd and the kubelet log to containerd.log and
+# kubelet.log there; this script to stdout.
 set -euo pipefail
 
 NODE_DIR="$1"
 # shellcheck source=/dev/null
 source "$NODE_DIR/kubelet.env"   # CONTAINERD_BIN KUBELET_BIN NODE_NAME CGROUP_ROOT KUBECONFIG_FILE
+                                 # NODE_LABELS FAKE_NVML NODE_NVML
 
 log() { echo "real-node[$NODE_NAME]: $*"; }
 
 # Private /run: containerd's shim sockets (/run/containerd/s), runc's state and the pods' network
 # namespace mounts are hard-wired below /run; here they are the node's own and vanish with it.
 mount -t tmpfs -o mode=755 tmpfs /run
+# A GPU node of the chart (realchart.py): the fake NVML where a driver's would be, in the node's /run.
+if [[ -n "${FAKE_NVML:-}" ]]; then
+    mkdir -p "$(dirname "$NODE_NVML")"
+    cp "$FAKE_NVML" "$NODE_NVML"
+fi
 # The kubelet writes pod logs to /var/log/pods and links them from /var/log/containers.
 mkdir -p "$NODE_DIR/var-log"
 mount --bind "$NODE_DIR/var-log" /var/log
@@ -73,11 +80,15 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 "${ctr[@]}" version >/dev/null
-log "containerd up; importing $NODE_DIR/images.tar"
-"${ctr[@]}" -n k8s.io images import "$NODE_DIR/images.tar"
+for archive in "$NODE_DIR"/images/*.tar; do
+    log "importing $(basename "$archive")"
+    t0=$SECONDS
+    "${ctr[@]}" -n k8s.io images import "$archive"
+    log "imported $(basename "$archive") in $((SECONDS - t0)) s"
+done
 
 "$KUBELET_BIN" --config "$NODE_DIR/kubelet.yaml" --kubeconfig "$KUBECONFIG_FILE" --root-dir "$NODE_DIR/kubelet" \
-    --hostname-override "$NODE_NAME" --node-ip 127.0.0.1 --v 1 >>"$NODE_DIR/kubelet.log" 2>&1 &
+    --hostname-override "$NODE_NAME" --node-ip 127.0.0.1 --node-labels "$NODE_LABELS" --v 1 >>"$NODE_DIR/kubelet.log" 2>&1 &
 children+=($!)
 log "kubelet started"
 # Either one ending ends the node (the supervisor sees it exit).

@@ -66,19 +66,19 @@ def _up(opts: dict[str, Any], cluster: DevCluster, log: Callable[[str], None]) -
     shaping = ("no_extender", "no_agent", "no_operator", "no_policies", "no_controller_manager", "crds")
     direct = opts["direct"] or url is not None or opts["schedulers"] != 1 or opts["no_crds"]
     if not direct and not any(opts[k] for k in shaping):
-        from neuronetes.devcluster.chartmode import ChartRelease
+        from neuronetes.devcluster.chartmode import LOCAL_VALUES, ChartRelease
+        from neuronetes.devcluster.realchart import REAL_NODE_VALUES
 
-        if opts["real_nodes"]:
-            # The chart's Deployments could land on a real node, which has no NeuroNetes image yet.
-            raise click.UsageError("--real-nodes needs --direct for now")
-
+        # Real nodes: GPU nodes where the agent DaemonSet runs as real containers (realchart).
+        values = (LOCAL_VALUES, REAL_NODE_VALUES) if opts["real_nodes"] else (LOCAL_VALUES,)
         seconds = cluster.up(
             nodes=nodes,
             feature_gates=gates,
             apiserver_args=apiserver_args,
             auto_build=opts["build"],
-            chart=ChartRelease(),
+            chart=ChartRelease(values=values),
             install_chart=not opts["no_install"],
+            real_nodes=opts["real_nodes"],
         )
         what = "helm install it yourself" if opts["no_install"] else "chart installed"
         log(f"cluster {cluster.name!r} up in {seconds:.1f} s ({what}); logs in {cluster.log_dir}")
@@ -212,7 +212,8 @@ def _status(cluster: DevCluster, output: str) -> int:
     type=click.IntRange(min=0),
     default=0,
     metavar="N",
-    help="up: N real nodes real-0… (kubelet + containerd + runc on this machine; root; with --direct; "
+    help="up: N real nodes real-0… (kubelet + containerd + runc on this machine; root; in chart mode "
+    "GPU nodes running the chart's agent from hack/build-image.sh's image; "
     "docs/dev-cluster.md)",
 )
 @click.option("--build", is_flag=True, help="up: build missing binaries first (shows progress)")

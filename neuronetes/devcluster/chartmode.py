@@ -8,8 +8,10 @@ supervised process. Then it adds the system node — a simulated node without GP
 kwok's taint, where the chart's Deployments land as on any cluster's CPU nodes — and
 ``helm install``s the chart from the checkout with ``hack/local-values.yaml`` (what a local
 cluster needs: the agent tolerates the simulated GPU nodes' taint, pool pods too, short leader
-election). `ChartOps` upgrades and uninstalls the release and waits until its pods run and its
-admission policies are enforced (`neuronetes.devcluster.policyprobe`).
+election). With real nodes (`neuronetes.devcluster.realchart`) the agent DaemonSet's pods on them
+are real containers, run by their kubelet (``hack/real-node-values.yaml`` on top). `ChartOps`
+upgrades and uninstalls the release and waits until its pods run and its admission policies are
+enforced (`neuronetes.devcluster.policyprobe`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import msgspec
 
 from neuronetes.api.models import DEFAULT_MAX_REPLICAS
 from neuronetes.devcluster import components as cmd
+from neuronetes.devcluster.components import REAL_NODE_LABEL
 from neuronetes.devcluster.egress import egress_selector_config
 from neuronetes.devcluster.policyprobe import PolicyProbe, policy_names, probes_for, wait_enforced
 from neuronetes.devcluster.state import ClusterError, RunState
@@ -63,6 +66,7 @@ SYSTEM_NODE: Final = "system-0"
 RELEASE_LABEL: Final = "app.kubernetes.io/instance"
 CHART_LABEL: Final = "app.kubernetes.io/name=neuronetes"
 """The runner runs the pods of every release of the chart (any release name works)."""
+REAL_NODES: Final = f"/api/v1/nodes?labelSelector={REAL_NODE_LABEL}"
 
 
 class HelmError(ClusterError):
@@ -272,11 +276,17 @@ class ChartOps:
             "GET", f"/api/v1/namespaces/{self.release.namespace}/pods?labelSelector={self.release.selector}"
         )["items"]
         state = self.runner_state()
+        real = {n["metadata"]["name"] for n in self.dev.api().request("GET", REAL_NODES)["items"]}
         missing = []
         for pod in pods:
             meta = pod["metadata"]
             if meta.get("deletionTimestamp") or pod.get("status", {}).get("phase") != "Running":
                 missing.append(f"pod {meta['name']} not Running")
+                continue
+            if pod["spec"].get("nodeName") in real:  # its kubelet runs it: its containers Ready
+                conds = {c["type"]: c["status"] for c in pod["status"].get("conditions") or ()}
+                if conds.get("Ready") != "True":
+                    missing.append(f"pod {meta['name']} not Ready on real node {pod['spec']['nodeName']}")
                 continue
             run = state["pods"].get(meta["uid"])
             if run is None:

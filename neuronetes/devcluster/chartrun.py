@@ -9,6 +9,7 @@ with back-off), rewrites a ConfigMap volume's files when the ConfigMap changes, 
 condition `RUNNING_CONDITION` (kwok's Ready says nothing about processes), and stops the
 processes when the pod goes (``helm upgrade`` rolls pods, ``helm uninstall`` deletes them).
 
+Pods on real nodes (label ``dev.neuronetes.io/real-node``) are left to their kubelet.
 Deviations: containers whose entry point this host cannot run are skipped with the reason (the NRI
 plugin: no container runtime), and the node agent's pods (``neuronetes agent run --node NODE``,
 one per GPU node) are served by one process in fleet mode (``--simulate-nodes
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from neuronetes.devcluster.api import Api, ApiError
-from neuronetes.devcluster.components import NODE_IP
+from neuronetes.devcluster.components import NODE_IP, REAL_NODE_LABEL
 from neuronetes.devcluster.egress import EgressProxy
 from neuronetes.devcluster.fleetauth import fleet_credentials, fleet_service_account
 from neuronetes.devcluster.hostprocs import Proc, declared_ports, listens, stop_procs, write_files
@@ -168,10 +169,13 @@ class Runner:
     def tick(self) -> None:
         pods = self._list(f"/api/v1/pods?labelSelector={self.selector}")
         services = self._list("/api/v1/services")
+        # A real node's kubelet runs its pods itself (`neuronetes.devcluster.realchart`).
+        real = {n["metadata"]["name"] for n in self._list(f"/api/v1/nodes?labelSelector={REAL_NODE_LABEL}")}
         wanted = {
             p["metadata"]["uid"]: p
             for p in pods
             if p["spec"].get("nodeName")
+            and p["spec"]["nodeName"] not in real
             and not p["metadata"].get("deletionTimestamp")
             and (p.get("status") or {}).get("phase") == "Running"
         }

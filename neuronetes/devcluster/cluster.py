@@ -34,9 +34,9 @@ from neuronetes.devcluster import procs
 from neuronetes.devcluster.api import Api, ApiError, KubectlError, free_ports, run_kubectl
 from neuronetes.devcluster.chartmode import ChartOps, ChartRelease, chart_extenders, pick_loopback_net
 from neuronetes.devcluster.config import ExtenderConfig
-from neuronetes.devcluster.kubeletauth import apiserver_kubelet_client_args
 from neuronetes.devcluster.nodes import create_nodes
 from neuronetes.devcluster.realnodes import RealNodes, missing_requirements, node_names, remove_cgroups
+from neuronetes.devcluster.realnodes import apiserver_args as real_apiserver_args
 from neuronetes.devcluster.startup import Startup, apply_crds, apply_manifests
 from neuronetes.devcluster.state import ClusterError, RunState, StateStore, check_name
 from neuronetes.devcluster.status import ClusterStatus, component_statuses, leader_index, probes
@@ -150,7 +150,7 @@ class DevCluster:
         identities and every component — comes from ``helm install`` of this release, its pods
         run by the chart runner; the other NeuroNetes arguments must be left at their defaults.
         `install_chart` False: chart mode without the release (``helm install`` it yourself).
-        `real_nodes`: that many real nodes (kubelet + containerd, `neuronetes.devcluster.realnodes`).
+        `real_nodes`: that many real nodes (`neuronetes.devcluster.realnodes`; chart mode: `realchart`).
 
         Raises `ClusterError` when it is already running (`down` it first) or fails to start
         (everything started is stopped again), `BuildError` when binaries are missing and
@@ -185,7 +185,7 @@ class DevCluster:
                     )
                 self.log("building the control plane (hack/build-control-plane.sh)")
                 self.tools = build()
-            if real_nodes and (why := missing_requirements(self.tools)):
+            if real_nodes and (why := missing_requirements(self.tools, chart=chart is not None)):
                 raise ClusterError("real nodes cannot run here: " + "; ".join(why))
             self.store.wipe()
             keys = ["etcd", "etcd_peer", "apiserver", "controller_manager", "default_scheduler", "kwok"]
@@ -210,6 +210,7 @@ class DevCluster:
                 started_at=time.time(),
                 chart=None if chart is None else {**chart.to_json(), "net": pick_loopback_net()},
             )
+            node_args = real_apiserver_args(self.paths.pki, chart=chart is not None) if real_nodes else []
             startup = Startup(self.sup, self._layout(state), state, self.log, self.kubectl)
             try:
                 startup.run(
@@ -217,7 +218,7 @@ class DevCluster:
                     dict(extender_overrides or {}),
                     crds_dir,
                     policies_dir,
-                    [*apiserver_args, *(apiserver_kubelet_client_args(self.paths.pki) if real_nodes else [])],
+                    [*apiserver_args, *node_args],
                     time.monotonic() + timeout_s,
                 )
             except BaseException:
@@ -227,13 +228,15 @@ class DevCluster:
         try:
             if chart is not None:
                 ChartOps(self).prepare()
-                if install_chart:
-                    ChartOps(self).install(timeout_s=max(60.0, timeout_s))
+            if real_nodes:  # before the chart: its agent DaemonSet lands on them at install
+                RealNodes(self).start(
+                    node_names(real_nodes), timeout_s=max(120.0, timeout_s), chart=chart is not None
+                )
+            if chart is not None and install_chart:
+                ChartOps(self).install(timeout_s=max(60.0, timeout_s))
             for prof, count in nodes:
                 if count:
                     self.add_nodes(prof, count, prof)
-            if real_nodes:
-                RealNodes(self).start(node_names(real_nodes), timeout_s=max(120.0, timeout_s))
         except BaseException:
             self.down()
             raise

@@ -21,6 +21,8 @@ from neuronetes.profiles import KWOK_ANNOTATION
 __all__ = [
     "NODE_IP",
     "POD_CIDR",
+    "POD_TOKENS",
+    "REAL_NODE_LABEL",
     "SERVICE_CIDR",
     "Layout",
     "StatePaths",
@@ -39,6 +41,11 @@ SERVICE_CIDR: Final = "10.0.0.0/24"
 POD_CIDR: Final = "10.64.0.0/12"
 NODE_IP: Final = "10.255.0.1"
 """The address kwok gives every simulated node (the chart runner serves their kubelet's logs)."""
+POD_TOKENS: Final = "--enable-admission-plugins=ServiceAccount"
+"""kube-apiserver's flag that gives pods their service-account token volumes (real nodes' pods)."""
+REAL_NODE_LABEL: Final = "dev.neuronetes.io/real-node"
+"""Label of the real nodes (a kubelet of their own runs their pods: the chart runner leaves them
+alone) and, in chart mode, the key of their NoSchedule taint (`neuronetes.devcluster.realchart`)."""
 
 
 def pair_names(index: int, count: int) -> tuple[str, str, str]:
@@ -150,8 +157,9 @@ def apiserver_argv(at: Layout, *, feature_gates: Mapping[str, bool], extra: Sequ
         # Endpoints may not hold loopback addresses: no reconciler for the `kubernetes` service.
         "--endpoint-reconciler-type=none",
         "--allow-privileged=true",
-        # kwok pods run nothing: no service-account token volumes, no wait for the default SA.
-        "--disable-admission-plugins=ServiceAccount",
+        # kwok pods run nothing: no service-account token volumes, no wait for the default SA
+        # (unless real nodes run the chart's pods: `realnodes.apiserver_args`).
+        *(() if POD_TOKENS in extra else ("--disable-admission-plugins=ServiceAccount",)),
         "--profiling=false",
         "--v=1",
         *feature_gates_flag(feature_gates),

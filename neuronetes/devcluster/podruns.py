@@ -84,7 +84,7 @@ def resolve_address(
 ) -> tuple[str, int] | None:
     """A Service's cluster IP and port → a pod of it that runs (round robin by `turns`); a pod IP →
     its loopback address; the simulated nodes' address (`kubelet`: address and the log server's
-    port, 0 when none) → the log server."""
+    port, 0 when none) → the log server; loopback (the real nodes' kubelets) → itself."""
     node_ip, kubelet_port = kubelet
     for svc in services:
         spec = svc.get("spec") or {}
@@ -111,6 +111,8 @@ def resolve_address(
             return run.plan.address, port
     if host == node_ip and kubelet_port:
         return "127.0.0.1", kubelet_port  # every simulated node's kubelet: `podlogs`
+    if host == "127.0.0.1":
+        return host, port  # a real node's kubelet (its InternalIP: `neuronetes.devcluster.realnodes`)
     return None
 
 

@@ -16,12 +16,15 @@ network namespace of their own with ``lo`` (CNI ``loopback``) and an ``eth0`` jo
 
 Images: nothing is pulled. The sandbox image and a busybox test image (`localimages`) are
 imported into each node's containerd at start (``BUSYBOX_IMAGE``: use it with
-``imagePullPolicy: Never``).
+``imagePullPolicy: Never``), and so are the archives of `NodeExtras` (in chart mode the
+repository's image: `neuronetes.devcluster.realchart`, which also gives the node its labels,
+taint and NVML).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -32,8 +35,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from neuronetes.devcluster.api import ApiError, free_ports
-from neuronetes.devcluster.kubeletauth import kubelet_client_ca
+from neuronetes.devcluster.components import POD_TOKENS, REAL_NODE_LABEL, SERVICE_CIDR
+from neuronetes.devcluster.kubeletauth import apiserver_kubelet_client_args, kubelet_client_ca
 from neuronetes.devcluster.localimages import BUSYBOX, busybox_image, pause_image, write_oci_archive
+from neuronetes.devcluster.realchart import NODE_NVML, NodeExtras, chart_node_extras, missing_for_chart
 from neuronetes.devcluster.state import ClusterError
 from neuronetes.devcluster.tools import REPO_ROOT, Toolchain
 
@@ -44,6 +49,7 @@ __all__ = [
     "BUSYBOX_IMAGE",
     "PAUSE_IMAGE",
     "RealNodes",
+    "apiserver_args",
     "is_real_node_process",
     "missing_requirements",
     "node_names",
@@ -53,6 +59,8 @@ __all__ = [
 NODE_SCRIPT: Final = REPO_ROOT / "hack" / "real-node.sh"
 POD_NET_PLUGIN: Final = REPO_ROOT / "hack" / "cni" / "neuronetes-pod-netns"
 """The CNI plugin giving a pod an address in a network namespace of its own, joined to nothing."""
+NRI_SOCKET: Final = "/var/run/nri/nri.sock"
+"""containerd's NRI socket, in the node's private /run (hack/real-node.sh mounts a tmpfs there)."""
 RUNC: Final = Path("/usr/sbin/runc")
 CNI_BIN_DIR: Final = Path("/usr/lib/cni")
 CGROUP_FS: Final = Path("/sys/fs/cgroup")
@@ -74,13 +82,20 @@ KUBELET_SYSCTLS: Final = {
 NODE_PREFIX: Final = "real-"
 
 
+def apiserver_args(pki: Path, *, chart: bool) -> list[str]:
+    """kube-apiserver's flags for real nodes: its kubelet client certificate (`kubeletauth`) and, in
+    chart mode, the pods' service-account token volumes (the agent talks to the API server; a
+    kwok-only cluster goes without the admission plugin that adds them)."""
+    return [*apiserver_kubelet_client_args(pki), *([POD_TOKENS] if chart else [])]
+
+
 def node_names(count: int) -> list[str]:
     return [f"{NODE_PREFIX}{i}" for i in range(count)]
 
 
-def missing_requirements(tools: Toolchain) -> list[str]:
-    """Why real nodes cannot run here (empty: they can)."""
-    why: list[str] = []
+def missing_requirements(tools: Toolchain, *, chart: bool = False) -> list[str]:
+    """Why real nodes (`chart`: for the chart's agent) cannot run here (empty: they can)."""
+    why: list[str] = missing_for_chart() if chart else []
     if os.geteuid() != 0:
         why.append("not root (containerd, runc and namespaces need it)")
     for path, source in [
@@ -189,18 +204,21 @@ state = '{cd / "state"}'
   stream_server_address = '127.0.0.1'
   stream_server_port = '0'
 
-# NRI (on by default in containerd 2.x) on the node's own socket: NeuroNetes' NRI plugin connects here.
+# NRI (on by default in containerd 2.x): NeuroNetes' NRI plugin connects here. The socket is at
+# the usual path (the chart's agent.hostPaths.nriSocketDir) in the node's own /run.
 [plugins.'io.containerd.nri.v1.nri']
   disable = false
-  socket_path = '{folder / "nri" / "nri.sock"}'
+  socket_path = '{NRI_SOCKET}'
   plugin_path = '{folder / "nri" / "plugins"}'
   plugin_config_path = '{folder / "nri" / "conf.d"}'
 """
 
 
-def _kubelet_yaml(files: NodeFiles, cluster: str, containerd_sock: Path, client_ca: Path) -> str:
+def _kubelet_yaml(
+    files: NodeFiles, cluster: str, containerd_sock: Path, client_ca: Path, extras: NodeExtras
+) -> str:
     root = files.folder / "kubelet"
-    config = {
+    config: dict[str, object] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         # This machine has cgroup v1 (v2 beside it, hybrid): kubelets of 1.35+ refuse v1 unless told.
@@ -232,11 +250,20 @@ def _kubelet_yaml(files: NodeFiles, cluster: str, containerd_sock: Path, client_
         "staticPodPath": str(root / "manifests"),
         "serializeImagePulls": False,
         "registerNode": True,
+        "registerWithTaints": [dict(t) for t in extras.taints],
     }
     return json.dumps(config, indent=2) + "\n"
 
 
-def render(state_dir: Path, cluster: str, files: NodeFiles, tools: Toolchain, kubeconfig: Path) -> None:
+def render(
+    state_dir: Path,
+    cluster: str,
+    files: NodeFiles,
+    tools: Toolchain,
+    kubeconfig: Path,
+    apiserver_port: int,
+    extras: NodeExtras,
+) -> None:
     """Write everything `hack/real-node.sh` reads into the node's folder (fresh)."""
     folder = files.folder
     shutil.rmtree(folder, ignore_errors=True)
@@ -249,12 +276,13 @@ def render(state_dir: Path, cluster: str, files: NodeFiles, tools: Toolchain, ku
         "kubelet/manifests",
         "sysctl",
         "var-log",
+        "images",
     ):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     (folder / "containerd.toml").write_text(_containerd_toml(folder))
     sock = folder / "containerd" / "containerd.sock"
     client_ca = kubelet_client_ca(state_dir / "pki")
-    (folder / "kubelet.yaml").write_text(_kubelet_yaml(files, cluster, sock, client_ca))
+    (folder / "kubelet.yaml").write_text(_kubelet_yaml(files, cluster, sock, client_ca, extras))
     # A pod of its own network namespace gets `lo` and an `eth0` joined to nothing (no bridge,
     # no host change): containerd wants an address for every pod that is not hostNetwork.
     pod_net = {
@@ -266,6 +294,12 @@ def render(state_dir: Path, cluster: str, files: NodeFiles, tools: Toolchain, ku
                 "type": POD_NET_PLUGIN.name,
                 "subnet": f"10.244.{files.index}.0/24",
                 "dataDir": str(folder / "cni-ipam"),
+                # In-cluster clients (the agent) reach the API server at the `kubernetes` Service.
+                "apiServer": {
+                    "serviceIP": str(ipaddress.ip_network(SERVICE_CIDR)[1]),
+                    "port": 443,
+                    "target": f"127.0.0.1:{apiserver_port}",
+                },
             },
         ],
     }
@@ -273,15 +307,19 @@ def render(state_dir: Path, cluster: str, files: NodeFiles, tools: Toolchain, ku
     for key, value in KUBELET_SYSCTLS.items():
         (folder / "sysctl" / key).write_text(f"{value}\n")
     cd = tools.containerd_dir
+    labels = ",".join(f"{k}={v}" for k, v in {REAL_NODE_LABEL: "true", **extras.labels}.items())
     (folder / "kubelet.env").write_text(
         f"CONTAINERD_BIN='{cd}'\nKUBELET_BIN='{tools.kubelet}'\nNODE_NAME='{files.name}'\n"
         f"CGROUP_ROOT='{cgroup_root(cluster, files.name)}'\nKUBECONFIG_FILE='{kubeconfig}'\n"
+        f"NODE_LABELS='{labels}'\nFAKE_NVML='{extras.nvml or ''}'\nNODE_NVML='{NODE_NVML}'\n"
         f"export PATH='{cd}:{CNI_BIN_DIR}:/usr/sbin:/usr/bin:/sbin:/bin'\n"
     )
     shared = state_dir / "real-nodes" / "images.tar"
     if not shared.exists():
         write_oci_archive([pause_image("busybox"), busybox_image("local")], shared)
-    os.link(shared, folder / "images.tar")
+    os.link(shared, folder / "images" / "0-local.tar")
+    for i, archive in enumerate(extras.archives, start=1):
+        (folder / "images" / f"{i}-{archive.name}").symlink_to(archive)
 
 
 def node_argv(folder: Path) -> list[str]:
@@ -316,11 +354,12 @@ class RealNodes:
     def __init__(self, cluster: DevCluster) -> None:
         self.cluster = cluster
 
-    def start(self, names: Sequence[str], *, timeout_s: float = 120.0) -> None:
+    def start(self, names: Sequence[str], *, timeout_s: float = 120.0, chart: bool = False) -> None:
         """Spawn `names` (each recorded in the cluster's state at once) and wait until each Node
-        is Ready."""
+        is Ready. `chart`: GPU nodes for the chart's agent (`neuronetes.devcluster.realchart`)."""
         dev = self.cluster
-        why = missing_requirements(dev.tools)
+        why = missing_requirements(dev.tools, chart=chart)
+        extras = chart_node_extras() if chart else NodeExtras()
         if why:
             raise ClusterError("real nodes cannot run here: " + "; ".join(why))
         with dev.store.locked():
@@ -332,7 +371,10 @@ class RealNodes:
                 files = NodeFiles(name, i, folder, ports[2 * i], ports[2 * i + 1])
                 state.ports[f"kubelet-{name}"] = files.kubelet_port
                 state.ports[f"kubelet_healthz-{name}"] = files.healthz_port
-                render(dev.state_dir, dev.name, files, dev.tools, dev.kubeconfig)
+                render(
+                    dev.state_dir, dev.name, files, dev.tools, dev.kubeconfig,
+                    state.ports["apiserver"], extras,
+                )  # fmt: skip
                 dev.log(f"starting real node {name} (kubelet on 127.0.0.1:{files.kubelet_port})")
                 dev.sup.spawn(state, process_name(name), node_argv(files.folder))
             deadline = time.monotonic() + timeout_s

@@ -90,6 +90,26 @@ def ensure_toolchain() -> Toolchain:
     raise AssertionError("unreachable")
 
 
+def ensure_real_node_toolchain() -> Toolchain:
+    """The pinned binaries with the kubelet and containerd (built when missing, unless
+    NEURONETES_E2E_BUILD=0); skip when real nodes cannot run here (not root, packages missing)."""
+    from neuronetes.devcluster.realnodes import missing_requirements
+
+    tools = ensure_toolchain()
+    if (
+        any(not p.exists() for p in tools.node_binaries())
+        and os.environ.get("NEURONETES_E2E_BUILD", "1") != "0"
+    ):
+        try:
+            tools = build(quiet=True)
+        except BuildError as exc:
+            pytest.skip(f"kubelet/containerd not built: {exc}")
+    why = missing_requirements(tools)
+    if why:
+        pytest.skip("real nodes cannot run here: " + "; ".join(why))
+    return tools
+
+
 def wait_until(
     fn: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"
 ) -> T:

@@ -22,11 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_cluster import STARTED, ensure_toolchain, track, wait_until
+from e2e_cluster import STARTED, ensure_real_node_toolchain, track, wait_until
 
 from neuronetes.devcluster import DevCluster
-from neuronetes.devcluster.realnodes import BUSYBOX_IMAGE, CGROUP_FS, missing_requirements
-from neuronetes.devcluster.tools import BuildError, build
+from neuronetes.devcluster.realnodes import BUSYBOX_IMAGE, CGROUP_FS
 
 pytestmark = pytest.mark.e2e
 
@@ -75,18 +74,7 @@ def _leftovers(dev: DevCluster) -> list[str]:
 
 @pytest.fixture(scope="module")
 def dev(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
-    tools = ensure_toolchain()
-    if (
-        any(not p.exists() for p in tools.node_binaries())
-        and os.environ.get("NEURONETES_E2E_BUILD", "1") != "0"
-    ):
-        try:
-            tools = build(quiet=True)
-        except BuildError as exc:
-            pytest.skip(f"kubelet/containerd not built: {exc}")
-    why = missing_requirements(tools)
-    if why:
-        pytest.skip("real nodes cannot run here: " + "; ".join(why))
+    ensure_real_node_toolchain()
     cluster = DevCluster(NAME)
     STARTED.append(cluster)
     cluster.down()

@@ -10,6 +10,7 @@ import pytest
 
 from neuronetes.devcluster import realnodes
 from neuronetes.devcluster.localimages import BUSYBOX, busybox_image, pause_image, write_oci_archive
+from neuronetes.devcluster.realchart import NodeExtras, chart_node_extras
 from neuronetes.devcluster.tools import Toolchain
 
 pytestmark = pytest.mark.unit
@@ -36,7 +37,7 @@ def test_oci_archive_is_reproducible_and_names_both_images(tmp_path: Path) -> No
 @needs_busybox
 def test_render_writes_a_node_that_keeps_off_the_host(tmp_path: Path) -> None:
     files = realnodes.NodeFiles("real-0", 0, tmp_path / "real-nodes" / "real-0", 40001, 40002)
-    realnodes.render(tmp_path, "c1", files, Toolchain.pinned(), tmp_path / "kubeconfig")
+    realnodes.render(tmp_path, "c1", files, Toolchain.pinned(), tmp_path / "kubeconfig", 6443, NodeExtras())
     kubelet = json.loads((files.folder / "kubelet.yaml").read_text())
     assert kubelet["failCgroupV1"] is False  # this machine's cgroups are v1 (hybrid)
     assert kubelet["cgroupRoot"] == "/neuronetes/c1/real-0"
@@ -48,10 +49,40 @@ def test_render_writes_a_node_that_keeps_off_the_host(tmp_path: Path) -> None:
     assert (kubelet["address"], kubelet["port"], kubelet["healthzPort"]) == ("127.0.0.1", 40001, 40002)
     containerd = (files.folder / "containerd.toml").read_text()
     assert f"sandbox = '{realnodes.PAUSE_IMAGE}'" in containerd
-    assert str(files.folder / "nri" / "nri.sock") in containerd
+    assert "socket_path = '/var/run/nri/nri.sock'" in containerd  # in the node's private /run
     assert "/etc/" not in containerd and "/opt/" not in containerd  # every path is the node's own
     sysctls = {p.name: p.read_text().strip() for p in (files.folder / "sysctl").iterdir()}
     assert sysctls == {k: str(v) for k, v in realnodes.KUBELET_SYSCTLS.items()}
     conflist = json.loads((files.folder / "cni" / "10-pod-netns.conflist").read_text())
     assert [p["type"] for p in conflist["plugins"]] == ["loopback", realnodes.POD_NET_PLUGIN.name]
+    # In-cluster clients reach the API server at the `kubernetes` Service through the plugin's relay.
+    assert conflist["plugins"][1]["apiServer"] == {
+        "serviceIP": "10.0.0.1",
+        "port": 443,
+        "target": "127.0.0.1:6443",
+    }
+    env = (files.folder / "kubelet.env").read_text()
+    assert "NODE_LABELS='dev.neuronetes.io/real-node=true'" in env and "FAKE_NVML=''" in env
+    assert kubelet["registerWithTaints"] == []
+    assert [p.name for p in (files.folder / "images").iterdir()] == ["0-local.tar"]
     assert realnodes.node_argv(files.folder)[:5] == ["unshare", "--fork", "--pid", "--mount-proc", "--mount"]
+
+
+@needs_busybox
+def test_render_in_chart_mode_makes_a_tainted_gpu_node_with_the_image(tmp_path: Path) -> None:
+    archive = tmp_path / "neuronetes-0.1.0.oci.tar"
+    archive.write_bytes(b"")
+    extras = chart_node_extras()
+    extras = NodeExtras(extras.labels, extras.taints, [archive], extras.nvml)
+    files = realnodes.NodeFiles("real-0", 0, tmp_path / "real-nodes" / "real-0", 40001, 40002)
+    realnodes.render(tmp_path, "c1", files, Toolchain.pinned(), tmp_path / "kubeconfig", 6443, extras)
+    kubelet = json.loads((files.folder / "kubelet.yaml").read_text())
+    assert kubelet["registerWithTaints"] == [
+        {"key": "dev.neuronetes.io/real-node", "value": "true", "effect": "NoSchedule"}
+    ]
+    env = (files.folder / "kubelet.env").read_text()
+    assert "NODE_LABELS='dev.neuronetes.io/real-node=true,nvidia.com/gpu.present=true'" in env
+    assert f"FAKE_NVML='{extras.nvml}'" in env
+    images = sorted((files.folder / "images").iterdir())
+    assert [p.name for p in images] == ["0-local.tar", "1-neuronetes-0.1.0.oci.tar"]
+    assert images[1].resolve() == archive

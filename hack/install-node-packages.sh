@@ -22,13 +22,7 @@ for entry in "${NEEDED[@]}"; do
     [[ -x "${entry#*:}" ]] || missing+=("${entry%%:*}")
 done
 [[ ${#missing[@]} -gt 0 ]] || exit 0
-if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-    echo "WARNING: real-node packages missing (${missing[*]}): the real-node tests will skip" >&2
-    exit 0
-fi
-echo ">> apt-get install ${missing[*]}" >&2
-# A fresh machine may have no package lists yet: refresh them once if the first try fails.
-{ DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null 2>&1 \
-    || { apt-get update -qq >/dev/null 2>&1 \
-         && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }; } \
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+neuronetes_install_debian_packages "${missing[@]}" \
     || echo "WARNING: could not install ${missing[*]}: the real-node tests will skip" >&2

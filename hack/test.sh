@@ -109,11 +109,7 @@ fi
 # tests: `promtool check metrics` on its output, and a real server scraping it in tests/e2e.
 # Installed without recommends (the package alone and a few JavaScript libraries of its web UI).
 if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
-    echo ">> apt-get install prometheus (promtool, server)" >&2
-    # A fresh machine may have no package lists yet: refresh them once if the first try fails.
-    { DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
-        || { apt-get update -qq >/dev/null 2>&1 \
-             && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null; }; } \
+    neuronetes_install_debian_packages prometheus \
         || echo "WARNING: prometheus not installed; the agent's promtool/scrape tests will skip" >&2
 fi
 

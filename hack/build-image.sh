@@ -18,9 +18,12 @@
 # only there (NEURONETES_BUILD_CA_BUNDLE overrides the file; empty: mount none). Prints the build
 # time and the image's size.
 #
-# usage: hack/build-image.sh [--target STAGE] [--tag IMAGE]
-#   --tag      the image's name (default localhost/neuronetes:VERSION, VERSION from pyproject.toml)
-#   --target   build only a stage of the Dockerfile (nri, shim, wheel); no archive is written
+# usage: hack/build-image.sh [--target STAGE] [--tag IMAGE] [--dockerfile FILE]
+#   --tag         the image's name (default localhost/neuronetes:VERSION, VERSION from pyproject.toml)
+#   --target      build only a stage of the Dockerfile (nri, shim, wheel); no archive is written
+#   --dockerfile  another Dockerfile of the repository (default Dockerfile), e.g. the real-node
+#                 tests' tests/images/gpu-probe/Dockerfile; the context is the repository
+# The archive is named after the image: localhost/NAME:TAG -> $CACHE_ROOT/images/NAME-TAG.oci.tar.
 # Root only; installs buildah (and what hack/build-base-images.sh needs) if missing.
 set -euo pipefail
 
@@ -35,10 +38,12 @@ GO_BASE=localhost/neuronetes-base/golang:1.26-bookworm
 die() { echo "build-image: $*" >&2; exit 1; }
 image="localhost/neuronetes:$VERSION"
 target=""
+dockerfile="$REPO_ROOT/Dockerfile"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --tag) image="${2:?--tag IMAGE}"; shift 2 ;;
         --target) target="${2:?--target STAGE}"; shift 2 ;;
+        --dockerfile) dockerfile="$(realpath "${2:?--dockerfile FILE}")"; shift 2 ;;
         -h|--help) sed -n '2,/^set /{/^#/p}' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) die "unknown argument $1" ;;
     esac
@@ -52,18 +57,21 @@ fi
 
 bash "$REPO_ROOT/hack/build-base-images.sh"
 
+base_name="${image##*/}"                 # NAME:TAG
+archive="$CACHE_ROOT/images/${base_name%%:*}-${base_name##*:}.oci.tar"
+log="$CACHE_ROOT/build-image-${base_name%%:*}.log"
+mkdir -p "$CACHE_ROOT"
 t0=$SECONDS
 echo ">> buildah build ${target:+--target $target }-t $image (from $PYTHON_BASE, $GO_BASE)" >&2
 buildah build --layers --force-rm --pull=never --network host "${ca_mount[@]}" \
     --build-arg "PYTHON_IMAGE=$PYTHON_BASE" --build-arg "GO_IMAGE=$GO_BASE" \
-    ${target:+--target "$target"} -t "$image" -f "$REPO_ROOT/Dockerfile" "$REPO_ROOT" \
-    >"$CACHE_ROOT/build-image.log" 2>&1 || { tail -40 "$CACHE_ROOT/build-image.log" >&2; die "buildah build failed (log: $CACHE_ROOT/build-image.log)"; }
+    ${target:+--target "$target"} -t "$image" -f "$dockerfile" "$REPO_ROOT" \
+    >"$log" 2>&1 || { tail -40 "$log" >&2; die "buildah build failed (log: $log)"; }
 size="$(buildah images --format '{{.Size}}' "$image" | head -1)"
 echo ">> built $image in $((SECONDS - t0)) s ($size)" >&2
 
 # The archive for containerd, rewritten only when the image changed (its ID beside it).
 if [[ -z "$target" ]]; then
-    archive="$CACHE_ROOT/images/neuronetes-$VERSION.oci.tar"
     id="$(buildah inspect --type image --format '{{.FromImageID}}' "$image")"
     if [[ ! -s "$archive" || "$(cat "$archive.id" 2>/dev/null)" != "$id" ]]; then
         mkdir -p "$(dirname "$archive")"

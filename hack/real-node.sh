@@ -13,24 +13,56 @@
 #
 # NODE_DIR holds what realnodes.py rendered: containerd.toml, kubelet.yaml, kubelet.env (the
 # binaries, the node's name and labels), images/ (OCI archives of the local images, imported in
-# name order), sysctl/ (see below). containerd and the kubelet log to containerd.log and
-# kubelet.log there; this script to stdout.
+# name order), sysctl/ (see below), run/ (copied into the node's /run). containerd and the kubelet
+# log to containerd.log and kubelet.log there; this script to stdout.
 set -euo pipefail
 
 NODE_DIR="$1"
 # shellcheck source=/dev/null
 source "$NODE_DIR/kubelet.env"   # CONTAINERD_BIN KUBELET_BIN NODE_NAME CGROUP_ROOT KUBECONFIG_FILE
-                                 # NODE_LABELS FAKE_NVML NODE_NVML
+                                 # NODE_LABELS STAND_IN_DEVICES FAKE_GPU_DIR
 
 log() { echo "real-node[$NODE_NAME]: $*"; }
 
 # Private /run: containerd's shim sockets (/run/containerd/s), runc's state and the pods' network
 # namespace mounts are hard-wired below /run; here they are the node's own and vanish with it.
 mount -t tmpfs -o mode=755 tmpfs /run
-# A GPU node of the chart (realchart.py): the fake NVML where a driver's would be, in the node's /run.
-if [[ -n "${FAKE_NVML:-}" ]]; then
-    mkdir -p "$(dirname "$NODE_NVML")"
-    cp "$FAKE_NVML" "$NODE_NVML"
+# What realnodes.py put in the node's /run: on a GPU node of the chart (realchart.py) the fake
+# driver's libraries where NVIDIA's GPU operator puts a driver's, and NVIDIA's CDI spec in /run/cdi.
+cp -a "$NODE_DIR/run/." /run/
+
+# The fake driver's account of its GPU (FAKE_GPU_DIR, realchart.py): every process using the GPU
+# maps a file there, the agent and GPU pods alike, as the real driver's state is the kernel's. GPU
+# pods may not mount anything below /run, so it lives in a tmpfs of the node's own over the
+# folder's parent (/mnt): the host's stays as it is.
+if [[ -n "${FAKE_GPU_DIR:-}" ]]; then
+    mount -t tmpfs -o mode=755 tmpfs "$(dirname "$FAKE_GPU_DIR")"
+    mkdir -p "$FAKE_GPU_DIR"
+fi
+
+# A GPU node's device nodes (STAND_IN_DEVICES: "PATH:MAJOR:MINOR ..."): made in a /dev of the node's
+# own — a tmpfs over /dev holding the host's device nodes (copies) and its pts, shm, mqueue and
+# hugepages mounts (bound), plus the stand-ins. Nothing is created in the host's /dev. Privileged
+# containers (the agent) see them as NVIDIA's; nothing opens them (the fake driver is the GPU).
+if [[ -n "${STAND_IN_DEVICES:-}" ]]; then
+    host_dev=/run/neuronetes-host-dev
+    mkdir -p "$host_dev"
+    mount --rbind /dev "$host_dev"
+    mount -t tmpfs -o mode=755,nosuid tmpfs /dev
+    cp -a --one-file-system "$host_dev/." /dev/
+    while read -r sub; do
+        [[ "$sub" == "$host_dev" || "$sub" != "$host_dev/"* ]] && continue
+        rel="${sub#"$host_dev"/}"
+        [[ "$rel" == */* ]] && continue   # each top-level mount once, with what is below it
+        mkdir -p "/dev/$rel"
+        mount --rbind "$sub" "/dev/$rel"
+    done < <(findmnt -rn -o TARGET)
+    umount -l "$host_dev"
+    for device in $STAND_IN_DEVICES; do
+        IFS=: read -r path major minor <<<"$device"
+        mkdir -p "$(dirname "$path")"
+        [[ -e "$path" ]] || mknod -m 666 "$path" c "$major" "$minor"   # a host with the driver has it
+    done
 fi
 # The kubelet writes pod logs to /var/log/pods and links them from /var/log/containers.
 mkdir -p "$NODE_DIR/var-log"

@@ -38,7 +38,7 @@ from neuronetes.devcluster.api import ApiError, free_ports
 from neuronetes.devcluster.components import POD_TOKENS, REAL_NODE_LABEL, SERVICE_CIDR
 from neuronetes.devcluster.kubeletauth import apiserver_kubelet_client_args, kubelet_client_ca
 from neuronetes.devcluster.localimages import BUSYBOX, busybox_image, pause_image, write_oci_archive
-from neuronetes.devcluster.realchart import NODE_NVML, NodeExtras, chart_node_extras, missing_for_chart
+from neuronetes.devcluster.realchart import NodeExtras, chart_node_extras, missing_for_chart
 from neuronetes.devcluster.state import ClusterError
 from neuronetes.devcluster.tools import REPO_ROOT, Toolchain
 
@@ -277,6 +277,7 @@ def render(
         "sysctl",
         "var-log",
         "images",
+        "run",
     ):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     (folder / "containerd.toml").write_text(_containerd_toml(folder))
@@ -308,10 +309,18 @@ def render(
         (folder / "sysctl" / key).write_text(f"{value}\n")
     cd = tools.containerd_dir
     labels = ",".join(f"{k}={v}" for k, v in {REAL_NODE_LABEL: "true", **extras.labels}.items())
+    devices = " ".join(f"{d.path}:{d.major}:{d.minor}" for d in extras.devices)
+    for rel, source in extras.run_files.items():
+        target = folder / "run" / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(source, Path):
+            shutil.copyfile(source, target)
+        else:
+            target.write_bytes(source)
     (folder / "kubelet.env").write_text(
         f"CONTAINERD_BIN='{cd}'\nKUBELET_BIN='{tools.kubelet}'\nNODE_NAME='{files.name}'\n"
         f"CGROUP_ROOT='{cgroup_root(cluster, files.name)}'\nKUBECONFIG_FILE='{kubeconfig}'\n"
-        f"NODE_LABELS='{labels}'\nFAKE_NVML='{extras.nvml or ''}'\nNODE_NVML='{NODE_NVML}'\n"
+        f"NODE_LABELS='{labels}'\nSTAND_IN_DEVICES='{devices}'\nFAKE_GPU_DIR='{extras.fake_gpu_dir}'\n"
         f"export PATH='{cd}:{CNI_BIN_DIR}:/usr/sbin:/usr/bin:/sbin:/bin'\n"
     )
     shared = state_dir / "real-nodes" / "images.tar"

@@ -1,0 +1,131 @@
+"""GPU pods on the dev cluster's real nodes: the GPU probe's pod spec and what it prints.
+
+The probe (``tests/images/gpu-probe``: ``node-agent/shim/validate/gpu_probe.c``) reports what its
+container got — devices, ``/etc/ld.so.preload``, the region's limits, what the CUDA driver API
+shows — and whether an allocation past its limit fails, in itself, a forked child and an exec'd
+program; each line of its log is ``PROBE <json>``.
+
+The fake driver keeps its simulated GPU's account in one file on the node (the agent's
+``FAKE_CUDA_STATE``, ``hack/real-node-values.yaml``): a GPU pod mounts that file and names it in
+its environment, as a real container reaches the real driver through the device nodes. This is
+the simulated GPU's wiring, not NeuroNetes': the plugin injects everything else.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any, Final
+
+from e2e_cluster import wait_until
+
+from neuronetes import contracts
+from neuronetes.devcluster import DevCluster
+from neuronetes.devcluster.components import REAL_NODE_LABEL
+from neuronetes.devcluster.realchart import GPU_PROBE_IMAGE
+
+__all__ = [
+    "FAKE_STATE_ON_NODE",
+    "SCHEDULER",
+    "gpu_probe_pod",
+    "probe_lines",
+    "wait_probe_ready",
+]
+
+SCHEDULER: Final = "neuronetes-scheduler"
+FAKE_STATE_ON_NODE: Final = "/mnt/neuronetes-fake-gpu/state"
+"""The fake driver's account on the node: the agent's FAKE_CUDA_STATE in hack/real-node-values.yaml."""
+FAKE_STATE_IN_POD: Final = "/run/fake-gpu/state"
+
+
+def gpu_probe_pod(
+    name: str,
+    namespace: str,
+    *,
+    memory_mib: int,
+    compute_percent: int,
+    alloc_mib: int,
+    annotations: dict[str, str] | None = None,
+    node_name: str | None = None,
+) -> dict[str, Any]:
+    """A pod running ``gpu-probe serve ALLOC_MIB`` on a real node, asking for a GPU slice.
+
+    With `node_name` (and `annotations`) the pod is bound by hand and asks for no NeuroNetes
+    resource (the admission policy refuses nodeName with them): what a forged assignment is.
+    """
+    limits = (
+        {}
+        if node_name
+        else {
+            contracts.RESOURCE_GPU_MEMORY: str(memory_mib),
+            contracts.RESOURCE_GPU_COMPUTE: str(compute_percent),
+        }
+    )
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 2,
+        "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [
+            {
+                "name": "probe",
+                "image": GPU_PROBE_IMAGE,
+                "imagePullPolicy": "Never",
+                "args": ["serve", str(alloc_mib)],
+                "env": [{"name": "FAKE_CUDA_STATE", "value": FAKE_STATE_IN_POD}],
+                "resources": {"limits": limits},
+                "volumeMounts": [{"name": "fake-gpu", "mountPath": FAKE_STATE_IN_POD}],
+            }
+        ],
+        "volumes": [{"name": "fake-gpu", "hostPath": {"path": FAKE_STATE_ON_NODE, "type": "File"}}],
+        "automountServiceAccountToken": False,
+    }
+    if node_name:
+        spec["nodeName"] = node_name
+    else:
+        spec["schedulerName"] = SCHEDULER
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
+        "spec": spec,
+    }
+
+
+def probe_lines(log: str) -> list[dict[str, Any]]:
+    """The probe's reports in a log, in order."""
+    return [json.loads(line.removeprefix("PROBE ")) for line in log.splitlines() if line.startswith("PROBE ")]
+
+
+def wait_probe_ready(
+    dev: DevCluster, namespace: str, name: str, timeout: float = 120.0
+) -> list[dict[str, Any]]:
+    """Wait until the probe pod says ``ready``; its reports."""
+
+    def ready() -> list[dict[str, Any]] | None:
+        logs = dev.kubectl("logs", "-n", namespace, name, check=False)
+        lines = probe_lines(logs.stdout) if logs.returncode == 0 else []
+        return lines if any(r["what"] == "ready" for r in lines) else None
+
+    try:
+        return wait_until(ready, timeout=timeout, what=f"pod {namespace}/{name} ready")
+    except AssertionError:
+        describe = dev.kubectl("describe", "pod", "-n", namespace, name, check=False).stdout
+        raise AssertionError(f"pod {namespace}/{name} never said ready:\n{describe[-3000:]}") from None
+
+
+def exec_probe(dev: DevCluster, namespace: str, name: str, *args: str) -> list[dict[str, Any]]:
+    """``kubectl exec`` the probe beside the running one; its reports (it exits 1 on a CUDA error)."""
+    done = dev.kubectl("exec", "-n", namespace, name, "-c", "probe", "--", "gpu-probe", *args, check=False)
+    assert done.returncode in (0, 1), done.stderr
+    return probe_lines(done.stdout)
+
+
+def kubectl_json(dev: DevCluster, *args: str) -> Any:
+    return json.loads(dev.kubectl(*args, "-o", "json").stdout)
+
+
+def apply(
+    dev: DevCluster, manifest: dict[str, Any], *, as_user: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``kubectl create`` a manifest (as `as_user`: impersonated), its result (not checked)."""
+    extra = ["--as", as_user] if as_user else []
+    return dev.kubectl("create", *extra, "-f", "-", input=json.dumps(manifest), check=False)

@@ -73,8 +73,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned 
 }
 
 static void memory_of(unsigned index, unsigned long long *total, unsigned long long *used) {
+    int32_t shown[FAKE_MAX_PROCS];
     fake_state_lock(g_state);
-    fake_state_reap(g_state);
+    fake_state_survey(g_state, shown);
     *total = g_state->devices[index].total_bytes;
     *used = g_state->devices[index].used_bytes;
     fake_state_unlock(g_state);
@@ -102,18 +103,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
     return NVML_SUCCESS;
 }
 
-/* Processes holding memory on the device (the driver's view: dead processes are gone). */
+/* Processes holding memory on the device (the driver's view: dead processes are gone), by the PIDs
+ * the caller's /proc gives them: host PIDs for the host or a hostPID agent (fake_state.h). */
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
                                                             nvmlProcessInfo_t *infos) {
     if (!valid(device) || count == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned n = 0, cap = *count;
+    int32_t shown[FAKE_MAX_PROCS];
     fake_state_lock(g_state);
-    fake_state_reap(g_state);
+    fake_state_survey(g_state, shown);
     for (unsigned i = 0; i < FAKE_MAX_PROCS; i++) {
         const fake_proc *p = &g_state->procs[i];
-        if (p->pid == 0) continue;
+        if (p->pid == 0 || shown[i] == 0) continue;
         if (infos != NULL && n < cap) {
-            infos[n].pid = (unsigned)p->pid;
+            infos[n].pid = (unsigned)shown[i];
             infos[n].usedGpuMemory = p->used[device->index];
             infos[n].gpuInstanceId = 0xFFFFFFFFu;
             infos[n].computeInstanceId = 0xFFFFFFFFu;

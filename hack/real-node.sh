@@ -18,6 +18,7 @@
 set -euo pipefail
 
 NODE_DIR="$1"
+export KUBELET_LOG="$NODE_DIR/kubelet.log"
 # shellcheck source=/dev/null
 source "$NODE_DIR/kubelet.env"   # CONTAINERD_BIN KUBELET_BIN NODE_NAME CGROUP_ROOT KUBECONFIG_FILE
                                  # NODE_LABELS STAND_IN_DEVICES FAKE_GPU_DIR
@@ -104,8 +105,29 @@ stop() {
 }
 trap stop TERM INT
 
-"$CONTAINERD_BIN/containerd" --config "$NODE_DIR/containerd.toml" >>"$NODE_DIR/containerd.log" 2>&1 &
-children+=($!)
+# NAME COMMAND...: run COMMAND, and again 1 s after it ends, as systemd's Restart=always does for a
+# node's containerd and kubelet: either may be killed (the restart tests do) and the node goes on —
+# running containers stay with their runc shims, and the kubelet finds them again.
+keep_running() {
+    local name="$1"
+    shift
+    (
+        child=""
+        trap '[[ -n "$child" ]] && kill -TERM "$child" 2>/dev/null; wait; exit 0' TERM
+        while :; do
+            "$@" &
+            child=$!
+            rc=0
+            wait "$child" || rc=$?
+            log "$name exited ($rc); restarting it in 1 s"
+            sleep 1
+        done
+    ) &
+    children+=($!)
+}
+
+keep_running containerd sh -c 'exec "$0" --config "$1" >>"$2" 2>&1' \
+    "$CONTAINERD_BIN/containerd" "$NODE_DIR/containerd.toml" "$NODE_DIR/containerd.log"
 ctr=("$CONTAINERD_BIN/ctr" --address "$NODE_DIR/containerd/containerd.sock")
 for _ in $(seq 100); do
     "${ctr[@]}" version >/dev/null 2>&1 && break
@@ -119,11 +141,8 @@ for archive in "$NODE_DIR"/images/*.tar; do
     log "imported $(basename "$archive") in $((SECONDS - t0)) s"
 done
 
-"$KUBELET_BIN" --config "$NODE_DIR/kubelet.yaml" --kubeconfig "$KUBECONFIG_FILE" --root-dir "$NODE_DIR/kubelet" \
-    --hostname-override "$NODE_NAME" --node-ip 127.0.0.1 --node-labels "$NODE_LABELS" --v 1 >>"$NODE_DIR/kubelet.log" 2>&1 &
-children+=($!)
+keep_running kubelet sh -c 'exec "$0" "$@" >>"$KUBELET_LOG" 2>&1' \
+    "$KUBELET_BIN" --config "$NODE_DIR/kubelet.yaml" --kubeconfig "$KUBECONFIG_FILE" --root-dir "$NODE_DIR/kubelet" \
+    --hostname-override "$NODE_NAME" --node-ip 127.0.0.1 --node-labels "$NODE_LABELS" --v 1
 log "kubelet started"
-# Either one ending ends the node (the supervisor sees it exit).
-wait -n || true
-log "a child exited; stopping the node"
-stop
+wait

@@ -14,9 +14,12 @@ the simulated GPU's wiring, not NeuroNetes': the plugin injects everything else.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+from pathlib import Path
 from typing import Any, Final
 
+import pytest
 from e2e_cluster import wait_until
 
 from neuronetes import contracts
@@ -27,7 +30,15 @@ from neuronetes.devcluster.realchart import GPU_PROBE_IMAGE
 __all__ = [
     "FAKE_STATE_ON_NODE",
     "SCHEDULER",
+    "apply",
+    "exec_probe",
     "gpu_probe_pod",
+    "kubectl_json",
+    "ledger_uids",
+    "node_mounts",
+    "node_path",
+    "node_pid",
+    "node_processes",
     "probe_lines",
     "wait_probe_ready",
 ]
@@ -112,11 +123,27 @@ def wait_probe_ready(
         raise AssertionError(f"pod {namespace}/{name} never said ready:\n{describe[-3000:]}") from None
 
 
-def exec_probe(dev: DevCluster, namespace: str, name: str, *args: str) -> list[dict[str, Any]]:
-    """``kubectl exec`` the probe beside the running one; its reports (it exits 1 on a CUDA error)."""
-    done = dev.kubectl("exec", "-n", namespace, name, "-c", "probe", "--", "gpu-probe", *args, check=False)
-    assert done.returncode in (0, 1), done.stderr
-    return probe_lines(done.stdout)
+def exec_probe(
+    dev: DevCluster, namespace: str, name: str, *args: str, timeout: float = 60.0
+) -> list[dict[str, Any]]:
+    """``kubectl exec`` the probe beside the running one; its reports (it exits 1 on a CUDA error).
+    Retried until it reports, for `timeout`: a kubelet that was just restarted does not serve
+    ``exec`` at once."""
+    errors: list[str] = []
+
+    def reports() -> list[dict[str, Any]]:
+        done = dev.kubectl(
+            "exec", "-n", namespace, name, "-c", "probe", "--", "gpu-probe", *args, check=False
+        )
+        errors.append(done.stderr.strip())
+        return probe_lines(done.stdout)
+
+    try:
+        return wait_until(
+            reports, timeout=timeout, interval=1.0, what=f"gpu-probe {' '.join(args)} in {name}"
+        )
+    except pytest.fail.Exception:
+        raise AssertionError(f"kubectl exec gpu-probe {' '.join(args)}: {errors[-1][-500:]}") from None
 
 
 def kubectl_json(dev: DevCluster, *args: str) -> Any:
@@ -126,6 +153,69 @@ def kubectl_json(dev: DevCluster, *args: str) -> Any:
 def apply(
     dev: DevCluster, manifest: dict[str, Any], *, as_user: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``kubectl create`` a manifest (as `as_user`: impersonated), its result (not checked)."""
-    extra = ["--as", as_user] if as_user else []
+    """``kubectl create`` a manifest, its result (not checked). `as_user`: impersonating that user
+    name with the rights of an administrator (system:masters) — the name is what the admission
+    policies look at."""
+    extra = ["--as", as_user, "--as-group", "system:masters"] if as_user else []
     return dev.kubectl("create", *extra, "-f", "-", input=json.dumps(manifest), check=False)
+
+
+# ---- the node's processes and files, as this machine sees them ------------------------------------
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path("/proc", pid, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _pid_ns(pid: str | int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def node_pid(dev: DevCluster, node: str) -> int | None:
+    """The node's PID 1 (``hack/real-node.sh`` in the node's own PID namespace, which `unshare`
+    started from ours): its namespaces are the node's, whatever the node's processes do."""
+    marker = f"real-node.sh {dev.state_dir / 'real-nodes' / node}"
+    ours = _pid_ns("self")
+    found = [
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit() and marker in _cmdline(p) and _pid_ns(p) not in ("", ours)
+    ]
+    return min(found) if found else None
+
+
+def node_processes(dev: DevCluster, node: str, pattern: str) -> list[int]:
+    """PIDs (this machine's) of the node's processes whose command line holds `pattern`: the
+    processes of the node's own PID namespace."""
+    pid1 = node_pid(dev, node)
+    assert pid1 is not None, f"node {node} is not running"
+    ns = _pid_ns(pid1)
+    return sorted(
+        int(p) for p in os.listdir("/proc") if p.isdigit() and pattern in _cmdline(p) and _pid_ns(p) == ns
+    )
+
+
+def node_path(dev: DevCluster, node: str, path: str) -> Path:
+    """A path as the node sees it (its private /run, /dev, /mnt): through its PID 1's root."""
+    pid1 = node_pid(dev, node)
+    assert pid1 is not None, f"node {node} is not running"
+    return Path(f"/proc/{pid1}/root") / path.lstrip("/")
+
+
+def node_mounts(dev: DevCluster, node: str) -> str:
+    """The mount table (``mountinfo``) of the node's mount namespace."""
+    pid1 = node_pid(dev, node)
+    assert pid1 is not None, f"node {node} is not running"
+    return Path(f"/proc/{pid1}/mountinfo").read_text()
+
+
+def ledger_uids(dev: DevCluster, node: str) -> set[str]:
+    """The pods in the node ledger the agent writes."""
+    doc = json.loads(node_path(dev, node, "/run/neuronetes/ledger.json").read_text())
+    return {p["uid"] for p in doc["pods"]}

@@ -285,6 +285,8 @@ def test_shared_slice_and_whole_gpu_regions(tmp_path: Path) -> None:
         )
         assert view.container.priority == 7 and view.container.qos == region.QOS_BURSTABLE
         assert view.container.pod_uid.decode() == POD_UID and view.container.container_name.decode() == "main"
+        # Admitted: the shim's first context does not wait (placement and the ledger admitted it).
+        assert view.container.control & region.CTL_ADMITTED
     assert (tmp_path / POD_UID / "side" / region.CONTROL_NAME).exists()
     assert (tmp_path / POD_UID / "side" / region.STATE_NAME).exists()
     with state_file(tmp_path / POD_UID / "main" / region.STATE_NAME) as st:

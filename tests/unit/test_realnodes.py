@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tarfile
 from pathlib import Path
@@ -12,6 +13,7 @@ from neuronetes.devcluster import realnodes
 from neuronetes.devcluster.localimages import BUSYBOX, busybox_image, pause_image, write_oci_archive
 from neuronetes.devcluster.realchart import NodeExtras, chart_node_extras
 from neuronetes.devcluster.tools import Toolchain
+from neuronetes_agent.daemon.inventory import driver_files_from_cdi
 
 pytestmark = pytest.mark.unit
 
@@ -62,7 +64,9 @@ def test_render_writes_a_node_that_keeps_off_the_host(tmp_path: Path) -> None:
         "target": "127.0.0.1:6443",
     }
     env = (files.folder / "kubelet.env").read_text()
-    assert "NODE_LABELS='dev.neuronetes.io/real-node=true'" in env and "FAKE_NVML=''" in env
+    assert "NODE_LABELS='dev.neuronetes.io/real-node=true'" in env
+    assert "STAND_IN_DEVICES=''" in env and "FAKE_GPU_DIR=''" in env  # not a GPU node
+    assert not any((files.folder / "run").iterdir())
     assert kubelet["registerWithTaints"] == []
     assert [p.name for p in (files.folder / "images").iterdir()] == ["0-local.tar"]
     assert realnodes.node_argv(files.folder)[:5] == ["unshare", "--fork", "--pid", "--mount-proc", "--mount"]
@@ -73,7 +77,10 @@ def test_render_in_chart_mode_makes_a_tainted_gpu_node_with_the_image(tmp_path: 
     archive = tmp_path / "neuronetes-0.1.0.oci.tar"
     archive.write_bytes(b"")
     extras = chart_node_extras()
-    extras = NodeExtras(extras.labels, extras.taints, [archive], extras.nvml)
+    fake = {rel: tmp_path / Path(rel).name for rel, src in extras.run_files.items() if isinstance(src, Path)}
+    for path in fake.values():
+        path.write_bytes(b"fake driver library")
+    extras = dataclasses.replace(extras, archives=[archive], run_files={**extras.run_files, **fake})
     files = realnodes.NodeFiles("real-0", 0, tmp_path / "real-nodes" / "real-0", 40001, 40002)
     realnodes.render(tmp_path, "c1", files, Toolchain.pinned(), tmp_path / "kubeconfig", 6443, extras)
     kubelet = json.loads((files.folder / "kubelet.yaml").read_text())
@@ -82,7 +89,24 @@ def test_render_in_chart_mode_makes_a_tainted_gpu_node_with_the_image(tmp_path: 
     ]
     env = (files.folder / "kubelet.env").read_text()
     assert "NODE_LABELS='dev.neuronetes.io/real-node=true,nvidia.com/gpu.present=true'" in env
-    assert f"FAKE_NVML='{extras.nvml}'" in env
+    # The driver's device nodes with NVIDIA's numbers, made in the node's own /dev.
+    devices = "/dev/nvidiactl:195:255 /dev/nvidia-uvm:508:0 /dev/nvidia-uvm-tools:508:1 /dev/nvidia0:195:0"
+    assert f"STAND_IN_DEVICES='{devices}'" in env
+    assert "FAKE_GPU_DIR='/mnt/neuronetes-fake-gpu'" in env
+    # The node's /run: the fake driver where NVIDIA's GPU operator puts a driver, and its CDI spec.
+    run = files.folder / "run"
+    libs = run / "nvidia" / "driver" / "usr" / "lib" / "x86_64-linux-gnu"
+    assert sorted(p.name for p in libs.iterdir()) == ["libcuda.so.1", "libnvidia-ml.so.1"]
+    spec = json.loads((run / "cdi" / "nvidia.yaml").read_text())
+    assert spec["kind"] == "nvidia.com/gpu" and [d["name"] for d in spec["devices"]] == ["0"]
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    driver = "/run/nvidia/driver/usr/lib/x86_64-linux-gnu"
+    assert mounts == {
+        f"/usr/lib/x86_64-linux-gnu/{lib}": f"{driver}/{lib}" for lib in ("libcuda.so.1", "libnvidia-ml.so.1")
+    }
+    # What the agent reads of it is what a GPU container gets mounted.
+    files_from_cdi = driver_files_from_cdi((run / "cdi" / "nvidia.yaml",))
+    assert {target for _, target in files_from_cdi.mounts} == set(mounts)
     images = sorted((files.folder / "images").iterdir())
     assert [p.name for p in images] == ["0-local.tar", "1-neuronetes-0.1.0.oci.tar"]
     assert images[1].resolve() == archive

@@ -88,9 +88,13 @@ class RegionKeeper:
                     continue
                 try:
                     devices = [self._device(g, inventory) for g in grant.gpus]
+                    # Admitted at creation: the extender placed the pod, the node ledger recorded
+                    # it and the NRI plugin checks both before the container starts, so the shim's
+                    # first context need not wait (the workstation daemon admits from its queue).
                     shim.create_region(
                         target,
                         devices,
+                        admitted=True,
                         priority=grant.priority,
                         qos=_QOS[grant.qos],
                         pod_uid=uid,

@@ -69,6 +69,11 @@ type Container struct {
 	Name    string
 	Env     []string // the final env (image ENV, envFrom and env merged), "KEY=value"
 	Devices []string // device node paths already in the container's spec
+	// AllDevices: the container's device cgroup allows every device (a privileged container, such
+	// as the node agent's own). The runtime gives it every host device node and it may make more,
+	// so no device check can narrow it: Verify does not refuse it for a GPU node it was not
+	// assigned (keeping privileged pods from tenants is Pod Security's job, docs/threat-model.md).
+	AllDevices bool
 }
 
 // Host is the node-side configuration of the decision.

@@ -461,6 +461,29 @@ func TestVerifyRefusesAContainerTheRuntimeDidNotAdjust(t *testing.T) {
 	}
 }
 
+// TestVerifyLetsAPrivilegedContainerKeepTheHostsDevices: a container allowed every device (the
+// node agent's own, privileged) has the host's GPU nodes from the runtime; refusing its start would
+// keep the agent from restarting while the plugin runs, and would narrow nothing.
+func TestVerifyLetsAPrivilegedContainerKeepTheHostsDevices(t *testing.T) {
+	h := nodetest.New(t)
+	plain := Container{Name: "agent", Env: []string{"PATH=/bin"}, Devices: []string{"/dev/nvidia0", "/dev/nvidiactl"}}
+	plan := decide(t, h, Pod{UID: nodetest.PodUID, Namespace: "kube-system", Name: "agent-x"}, plain)
+	started := plain
+	for _, e := range plan.SetEnv {
+		started.Env = append(started.Env, e.Key+"="+e.Value)
+	}
+	for _, k := range plan.ClearEnv {
+		started.Env = append(started.Env, k+"=")
+	}
+	if err := Verify(plan, started, nil); err == nil || !strings.Contains(err.Error(), "/dev/nvidia0 is in the container") {
+		t.Fatalf("unprivileged: want the foreign device refused, got %v", err)
+	}
+	started.AllDevices = true
+	if err := Verify(plan, started, nil); err != nil {
+		t.Fatalf("privileged: want it started, got %v", err)
+	}
+}
+
 // TestContractConstantsMatchPython: the paths and forbidden env names are neuronetes/contracts.py's
 // (tests/fixtures/assignment-vectors.json pins them; tests/unit/test_assignment_vectors.py checks
 // the Python side of the same file).

@@ -40,7 +40,7 @@ func Verify(plan *Plan, ctr Container, mounts []string) error {
 			return fmt.Errorf("env %s is missing", e.Key)
 		}
 	}
-	if foreign := foreignDevices(ctr.Devices, plan.Devices); len(foreign) > 0 {
+	if foreign := foreignDevices(ctr.Devices, plan.Devices); len(foreign) > 0 && !ctr.AllDevices {
 		return fmt.Errorf("GPU device %s is in the container but not assigned to it", foreign[0])
 	}
 	for _, d := range plan.Devices {

@@ -127,7 +127,25 @@ func containerOf(ctr *api.Container) inject.Container {
 	for _, d := range ctr.GetLinux().GetDevices() {
 		c.Devices = append(c.Devices, d.GetPath())
 	}
+	c.AllDevices = allowsAllDevices(ctr.GetLinux().GetResources().GetDevices())
 	return c
+}
+
+// allowsAllDevices: the device cgroup rules, applied in order, end allowing every device (a
+// privileged container's single "allow a *:* rwm"). A deny after the last allow-all counts as
+// not all (conservative: the foreign-device check then applies).
+func allowsAllDevices(rules []*api.LinuxDeviceCgroup) bool {
+	all := false
+	for _, r := range rules {
+		wildcard := (r.GetType() == "" || r.GetType() == "a") && r.GetMajor() == nil && r.GetMinor() == nil
+		switch {
+		case r.GetAllow() && wildcard:
+			all = true
+		case !r.GetAllow():
+			all = false
+		}
+	}
+	return all
 }
 
 // Adjustment is the NRI form of a plan: devices with their cgroup allow rules, bind mounts, env

@@ -236,3 +236,25 @@ func startedContainer(ctr *api.Container, adjust *api.ContainerAdjustment, appen
 	started.Mounts = adjust.GetMounts()
 	return started
 }
+
+// TestAllowsAllDevicesReadsTheCgroupRulesInOrder: a privileged container's "allow a *:* rwm" is
+// every device; the usual "deny all, then allow some" is not, nor is an allow-all denied after.
+func TestAllowsAllDevicesReadsTheCgroupRulesInOrder(t *testing.T) {
+	major := &api.OptionalInt64{Value: 195}
+	cases := []struct {
+		name  string
+		rules []*api.LinuxDeviceCgroup
+		want  bool
+	}{
+		{"privileged", []*api.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}, true},
+		{"privileged, type a", []*api.LinuxDeviceCgroup{{Allow: true, Type: "a", Access: "rwm"}}, true},
+		{"default", []*api.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}, {Allow: true, Type: "c", Major: major, Access: "rw"}}, false},
+		{"allow all then deny one", []*api.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}, {Allow: false, Type: "c", Major: major, Access: "rwm"}}, false},
+		{"none", nil, false},
+	}
+	for _, c := range cases {
+		if got := allowsAllDevices(c.rules); got != c.want {
+			t.Errorf("%s: got %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -393,3 +393,22 @@ def test_image_tag_defaults_to_the_app_version_which_is_the_package_version() ->
     assert f'version = "{chart["appVersion"]}"' in pyproject
     operator = containers(one(default_objects(), "Deployment", "neuronetes-operator"))["operator"]
     assert operator["image"].endswith(f":{chart['appVersion']}")
+
+
+def test_the_agent_takes_extra_volumes_and_the_nri_plugin_can_be_left_out() -> None:
+    extra = [
+        "--set-json",
+        'agent.extraVolumes=[{"name":"driver","hostPath":{"path":"/run/nvidia/driver","type":"Directory"}}]',
+        "--set-json",
+        'agent.extraVolumeMounts=[{"name":"driver","mountPath":"/run/nvidia/driver","readOnly":true}]',
+    ]
+    agent = one(render(extra=extra), "DaemonSet", "neuronetes-agent")
+    assert {"name": "driver", "hostPath": {"path": "/run/nvidia/driver", "type": "Directory"}} in agent[
+        "spec"
+    ]["template"]["spec"]["volumes"]
+    mounts = containers(agent)["agent"]["volumeMounts"]
+    assert {"name": "driver", "mountPath": "/run/nvidia/driver", "readOnly": True} in mounts
+    assert set(containers(agent)) == {"agent", "nri-plugin"}
+    # Nodes whose runtime has no NRI: the agent alone.
+    without = one(render(extra=["--set", "agent.nri.enabled=false"]), "DaemonSet", "neuronetes-agent")
+    assert set(containers(without)) == {"agent"}

@@ -132,6 +132,55 @@ class GpuRequirements(_Object):
     topology: GpuTopology = field(default_factory=GpuTopology)
 
 
+class Saturation(_Object):
+    """When a pool counts as saturated: it scales up by the cap whatever the token estimate says."""
+
+    kv_cache_usage: Annotated[float, Meta(ge=0.05, le=1)] = 0.9
+    waiting_requests_per_replica: Annotated[float, Meta(ge=0.1, le=100_000)] = 8.0
+
+
+class ScalingBehavior(_Object):
+    """The autoscaler's safety layers (docs/autoscaling.md, "Safety layers")."""
+
+    scale_up_limit: Annotated[float, Meta(ge=1, le=100)] = 2.0
+    scale_down_limit: Annotated[float, Meta(ge=1, le=100)] = 2.0
+    tolerance: Annotated[float, Meta(ge=0, le=0.5)] = 0.1
+    stabilization_window_seconds: Annotated[int, Meta(ge=0, le=3600)] = 300
+    saturation: Saturation = field(default_factory=Saturation)
+    orphan_window_seconds: Annotated[int, Meta(ge=1, le=3600)] = 60
+
+
+PROMETHEUS_METRIC_NAME_PATTERN: Final = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+MetricName = Annotated[str, Meta(max_length=253, pattern=PROMETHEUS_METRIC_NAME_PATTERN)]
+
+
+class MetricNames(_Object):
+    """Which serving-engine metric gives each signal; vLLM's names by default."""
+
+    waiting_requests: MetricName = "vllm:num_requests_waiting"
+    running_requests: MetricName = "vllm:num_requests_running"
+    prompt_tokens: MetricName = "vllm:prompt_tokens_total"
+    generation_tokens: MetricName = "vllm:generation_tokens_total"
+    request_prompt_tokens: MetricName = "vllm:request_prompt_tokens"
+    time_to_first_token: MetricName = "vllm:time_to_first_token_seconds"
+    kv_cache_usage: MetricName = "vllm:kv_cache_usage_perc"
+    kv_cache_usage_fallback: MetricName = "vllm:gpu_cache_usage_perc"
+    queued_prompt_tokens: MetricName | None = None
+
+
+class AutoscalingMetrics(_Object):
+    """Where the autoscaler reads its signals."""
+
+    source: Literal["pods", "prometheus"] = "pods"
+    prometheus_url: Annotated[str, Meta(max_length=2048, pattern=r"^https?://[^\s]+$")] | None = field(
+        default=None, name="prometheusURL"
+    )
+    port: Annotated[int, Meta(ge=1, le=65535)] = 8000
+    path: Annotated[str, Meta(max_length=253, pattern=r"^/[^\s]*$")] = "/metrics"
+    queries: MetricNames = field(default_factory=MetricNames)
+    staleness_seconds: Annotated[int, Meta(ge=1, le=3600)] = 30
+
+
 class Autoscaling(_Object):
     enabled: bool = True
     ttft_ms: Annotated[int, Meta(ge=1)] | None = None
@@ -139,6 +188,8 @@ class Autoscaling(_Object):
     model_load_seconds: NonNegative = 0
     cooldown_seconds: NonNegative = 300
     max_sessions_per_replica: Annotated[int, Meta(ge=1)] | None = None
+    behavior: ScalingBehavior = field(default_factory=ScalingBehavior)
+    metrics: AutoscalingMetrics = field(default_factory=AutoscalingMetrics)
 
 
 class GangScheduling(_Object):

@@ -329,6 +329,21 @@ def test_encode_uses_wire_names_and_omits_defaults() -> None:
         ("AgentPool", {"migProfile": "1g5gb"}, "$.spec.migProfile"),
         ("AgentPool", {"gpuRequirements": {"topology": {"locality": "rack"}}}, "locality"),
         ("AgentPool", {"unknownField": 1}, "unknownField"),
+        (
+            "AgentPool",
+            {"autoscaling": {"behavior": {"saturation": {"kvCacheUsage": 1.5}}}},
+            "$.spec.autoscaling.behavior.saturation.kvCacheUsage",
+        ),
+        (
+            "AgentPool",
+            {"autoscaling": {"metrics": {"queries": {"waitingRequests": "rate(x[1m])"}}}},
+            "waitingRequests",
+        ),
+        (
+            "AgentPool",
+            {"autoscaling": {"metrics": {"source": "datadog"}}},
+            "$.spec.autoscaling.metrics.source",
+        ),
         ("GPUSlice", {"memory": "1Gi", "qosClass": "Gold"}, "$.spec.qosClass"),
         ("GPUSlice", {"computePercent": 5}, "memory"),
     ],

@@ -1,0 +1,361 @@
+"""The token autoscaler's decision: how many replicas an AgentPool wants, and which rule said so.
+
+The law and every safety layer, with their defaults and the CRD fields that change them, are in
+docs/autoscaling.md; this module is that document as code. One `TokenAutoscaler` per pool keeps the
+little history a decision needs (the stabilization window's recommendations, when the queue stopped
+draining, when a request last came, when the last scale-up was), bounded whatever the run length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+
+from neuronetes.api.models import MAX_REPLICAS, Autoscaling
+from neuronetes.autoscale.signals import Bounds, PoolSignals, ReplicaCounts
+from neuronetes.autoscale.toolbinding_lag import lag_replicas
+
+__all__ = ["AutoscaleSettings", "Decision", "TokenAutoscaler", "lag_replicas"]
+
+IDLE_RUNNING_REQUESTS = 0.5
+"""Fewer running requests than this (summed over the pool) is "no request being served"."""
+STEP_DOWN_QUEUE_SECONDS = 0.5
+"""The idle step-down needs the queue to hold under this many seconds of the pool's work."""
+STEP_DOWN_READS = ("tokens_in_queue", "request_rate")
+"""The metrics a step-down must have fresh (besides the throughput, measured or the spec's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscaleSettings:
+    """One pool's autoscaling settings in seconds and fractions; `from_spec` reads them off the CRD."""
+
+    slo_ttft_s: float
+    model_load_s: float = 0.0
+    cooldown_s: float = 300.0
+    tokens_per_second_per_replica: float | None = None
+    scale_up_limit: float = 2.0
+    scale_down_limit: float = 2.0
+    tolerance: float = 0.10
+    stabilization_s: float = 300.0
+    saturation_kv: float = 0.90
+    saturation_waiting_per_replica: float = 8.0
+    orphan_window_s: float = 60.0
+    decision_interval_s: float = 5.0
+    cold_start_s: float = 90.0
+    """How long starting replicas hold scale-up when model_load_s is 0 (unknown)."""
+
+    def __post_init__(self) -> None:
+        positive = ("slo_ttft_s", "decision_interval_s", "orphan_window_s", "cold_start_s")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if not math.isfinite(value) or value < 0 or (f.name in positive and value == 0):
+                raise ValueError(
+                    f"{f.name} must be a finite number {'> 0' if f.name in positive else '>= 0'}"
+                )
+        if self.tokens_per_second_per_replica == 0:
+            raise ValueError("tokens_per_second_per_replica must be > 0 or None (measured)")
+        if self.scale_up_limit < 1 or self.scale_down_limit < 1:
+            raise ValueError("scale_up_limit and scale_down_limit must be >= 1 (1: one replica a step)")
+        if not 0 < self.saturation_kv <= 1:
+            raise ValueError(f"saturation_kv must be in (0, 1], not {self.saturation_kv}")
+        if self.saturation_waiting_per_replica == 0:
+            raise ValueError("saturation_waiting_per_replica must be > 0")
+
+    @classmethod
+    def from_spec(cls, spec: Autoscaling, decision_interval_s: float = 5.0) -> AutoscaleSettings:
+        """The settings an AgentPool's ``spec.autoscaling`` asks for.
+
+        Raises:
+            ValueError: ``spec.autoscaling.ttftMs`` is unset (the CRD requires it when enabled).
+        """
+        if spec.ttft_ms is None:
+            raise ValueError("spec.autoscaling.ttftMs is required: the autoscaler scales to that TTFT SLO")
+        behavior, saturation = spec.behavior, spec.behavior.saturation
+        return cls(
+            slo_ttft_s=spec.ttft_ms / 1000,
+            model_load_s=float(spec.model_load_seconds),
+            cooldown_s=float(spec.cooldown_seconds),
+            tokens_per_second_per_replica=None
+            if spec.tokens_per_second is None
+            else float(spec.tokens_per_second),
+            scale_up_limit=behavior.scale_up_limit,
+            scale_down_limit=behavior.scale_down_limit,
+            tolerance=behavior.tolerance,
+            stabilization_s=float(behavior.stabilization_window_seconds),
+            saturation_kv=saturation.kv_cache_usage,
+            saturation_waiting_per_replica=saturation.waiting_requests_per_replica,
+            orphan_window_s=float(behavior.orphan_window_seconds),
+            decision_interval_s=decision_interval_s,
+        )
+
+    def most_up(self, current: int) -> int:
+        """The most replicas one decision may go to from ``current``: ×scale_up_limit, at least +1."""
+        return max(math.ceil(current * self.scale_up_limit), current + 1)
+
+    def fewest_down(self, current: int) -> int:
+        """The fewest replicas one decision may go to: ÷scale_down_limit, at least −1."""
+        return max(0, min(current - 1, math.ceil(current / self.scale_down_limit)))
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to set spec.replicas to (``desired == current``: hold), and why."""
+
+    desired: int
+    rule: str
+    """The rule that decided (docs/autoscaling.md, "Rules"): a scaling rule or ``hold:<reason>``."""
+    expected_ttft_s: float | None
+    inputs: Mapping[str, float | None]
+    """The numbers the rule used (for status and the Event)."""
+    next_decision_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """A reading with the orphaned queue taken out and the throughput resolved."""
+
+    tokens_in_queue: float | None
+    waiting_requests: float | None
+    pool_tokens_per_second: float | None
+    tokens_per_second_per_replica: float | None
+    expected_ttft_s: float | None
+    queue_stuck: bool
+    queue_orphaned: bool
+
+
+class _WindowMax:
+    """The highest recommendation of the last ``window_s`` seconds.
+
+    A monotonic queue: a recommendation no higher than a newer one can never be the maximum again,
+    so the entries left hold strictly decreasing values, at most one per replica count, however long
+    the run and however often it is asked.
+    """
+
+    def __init__(self, window_s: float) -> None:
+        self._window_s = window_s
+        self._entries: deque[tuple[float, int]] = deque()
+
+    def add(self, now: float, recommendation: int) -> int:
+        while self._entries and self._entries[-1][1] <= recommendation:
+            self._entries.pop()
+        self._entries.append((now, recommendation))
+        while self._entries[0][0] < now - self._window_s:
+            self._entries.popleft()
+        return self._entries[0][1]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class TokenAutoscaler:
+    """The decision for one pool, called every ``decision_interval_s`` with fresh readings."""
+
+    def __init__(self, settings: AutoscaleSettings) -> None:
+        self.settings = settings
+        self._recommendations = _WindowMax(settings.stabilization_s)
+        self._last_request_at: float | None = None
+        self._stuck_since: float | None = None
+        self._starting_since: float | None = None
+        self._last_scale_up_at: float | None = None
+        self._known_per_replica: float | None = None
+
+    @property
+    def history_size(self) -> int:
+        """Entries the autoscaler holds (bounded by the number of distinct replica counts)."""
+        return len(self._recommendations)
+
+    def decide(self, signals: PoolSignals, replicas: ReplicaCounts, bounds: Bounds) -> Decision:
+        reading = self._read(signals, replicas)
+        current = replicas.desired
+        desired, rule, inputs = self._choose(signals, replicas, bounds, reading)
+        if desired > current:
+            self._last_scale_up_at = signals.now
+        inputs = {
+            "current": float(current),
+            "ready": float(replicas.ready),
+            "starting": float(replicas.starting),
+            "unschedulable": float(replicas.unschedulable),
+            "tokens_in_queue": reading.tokens_in_queue,
+            "tokens_per_second": reading.pool_tokens_per_second,
+            "tokens_per_second_per_replica": reading.tokens_per_second_per_replica,
+            "slo_ttft_s": self.settings.slo_ttft_s,
+            **inputs,
+        }
+        return Decision(
+            desired=desired,
+            rule=rule,
+            expected_ttft_s=reading.expected_ttft_s,
+            inputs=MappingProxyType(inputs),
+            next_decision_at=signals.now + self.settings.decision_interval_s,
+        )
+
+    # ---- reading the signals ---------------------------------------------------------------------
+
+    def _read(self, signals: PoolSignals, replicas: ReplicaCounts) -> _Reading:
+        now, s = signals.now, self.settings
+        rate = signals.fresh("request_rate")
+        # The first reading counts as a request: what came before it (an operator restart) is unknown.
+        if self._last_request_at is None or (rate is not None and rate > 0):
+            self._last_request_at = now
+        if replicas.starting == 0:
+            self._starting_since = None
+        elif self._starting_since is None:
+            self._starting_since = now
+
+        tokens, waiting = signals.fresh("tokens_in_queue"), signals.fresh("waiting_requests")
+        measured = signals.fresh("prefill_tokens_per_second")
+        running = signals.fresh("running_requests")
+        # Tokens queued while ready replicas serve nothing and process nothing: more replicas cannot
+        # drain it (the capacity is idle); past the orphan window it is ignored altogether.
+        stuck = (
+            tokens is not None
+            and tokens > 0
+            and replicas.ready > 0
+            and running is not None
+            and running < IDLE_RUNNING_REQUESTS
+            and (measured is None or measured == 0)
+        )
+        if not stuck:
+            self._stuck_since = None
+        elif self._stuck_since is None:
+            self._stuck_since = now
+        orphaned = self._stuck_since is not None and now - self._stuck_since >= s.orphan_window_s
+        if orphaned:
+            tokens, waiting = 0.0, 0.0
+
+        per_replica = self._per_replica_throughput(measured, replicas.ready)
+        pool_tps = measured if measured else None
+        if pool_tps is None and per_replica is not None:
+            pool_tps = per_replica * replicas.ready
+        expected: float | None = None
+        if tokens is not None:
+            if tokens == 0:
+                expected = s.model_load_s
+            elif pool_tps:
+                expected = tokens / pool_tps + s.model_load_s
+        return _Reading(tokens, waiting, pool_tps, per_replica, expected, stuck, orphaned)
+
+    def _per_replica_throughput(self, measured: float | None, ready: int) -> float | None:
+        """Measured pool throughput over the ready replicas that produced it; else the spec's prior,
+        else the last measurement (a pool that processes nothing measures no capacity)."""
+        if measured and ready > 0:
+            self._known_per_replica = measured / ready
+            return self._known_per_replica
+        if self.settings.tokens_per_second_per_replica is not None:
+            return self.settings.tokens_per_second_per_replica
+        return self._known_per_replica
+
+    # ---- the rules -------------------------------------------------------------------------------
+
+    def _choose(
+        self, signals: PoolSignals, replicas: ReplicaCounts, bounds: Bounds, reading: _Reading
+    ) -> tuple[int, str, dict[str, float | None]]:
+        current, now, s = replicas.desired, signals.now, self.settings
+        if not bounds.min_replicas <= current <= bounds.max_replicas:
+            desired = bounds.clamp(current)
+            self._recommendations.add(now, desired)
+            return desired, "bounds", {}
+
+        up_target, up_rule, inputs = self._scale_up_target(signals, replicas, reading)
+        if up_target > current:
+            desired, rule = self._limit_scale_up(current, up_target, up_rule, replicas, bounds, now)
+            self._recommendations.add(now, desired)
+            return desired, rule, {**inputs, "target": float(up_target)}
+        if up_rule != "hold":  # a scale-up rule fired and was held (tolerance, orphaned queue, ...)
+            self._recommendations.add(now, current)
+            return current, up_rule, inputs
+
+        hold = self._step_down_blocker(signals, reading, now)
+        if hold is not None:
+            self._recommendations.add(now, current)
+            return current, hold, inputs
+        if current <= bounds.min_replicas:
+            self._recommendations.add(now, current)
+            return current, "hold:bounds", inputs
+        # The idle step-down: one replica, paced by the stabilization window and the down cap.
+        recommendation = max(current - 1, bounds.min_replicas)
+        stabilized = self._recommendations.add(now, recommendation)
+        inputs = {**inputs, "recommendation": float(recommendation), "stabilized": float(stabilized)}
+        if stabilized >= current:
+            return current, "hold:stabilization", inputs
+        desired = max(stabilized, s.fewest_down(current), bounds.min_replicas)
+        return desired, "idle-step-down", inputs
+
+    def _scale_up_target(
+        self, signals: PoolSignals, replicas: ReplicaCounts, reading: _Reading
+    ) -> tuple[int, str, dict[str, float | None]]:
+        """The highest replica count a scale-up rule asks for (``current`` when none does)."""
+        current, s = replicas.desired, self.settings
+        kv = signals.fresh("kv_cache_usage")
+        waiting = reading.waiting_requests
+        waiting_per_replica = None if waiting is None or replicas.ready == 0 else waiting / replicas.ready
+        inputs: dict[str, float | None] = {"kv_cache_usage": kv, "waiting_per_replica": waiting_per_replica}
+        target, rule = current, "hold"
+        tokens, per_replica = reading.tokens_in_queue, reading.tokens_per_second_per_replica
+        if reading.queue_stuck and not reading.queue_orphaned:
+            return current, "hold:orphaned-queue", inputs
+        if tokens and reading.expected_ttft_s is None and per_replica is None:
+            rule = "hold:no-throughput"
+        if (
+            tokens
+            and per_replica
+            and reading.expected_ttft_s is not None
+            and reading.expected_ttft_s > s.slo_ttft_s
+        ):
+            # Bounded before ceil: a near-zero measured throughput must not overflow an int.
+            drained_in_slo = per_replica * s.slo_ttft_s
+            needed = MAX_REPLICAS + 1
+            if drained_in_slo > 0:
+                needed = math.ceil(min(tokens / drained_in_slo, MAX_REPLICAS + 1))
+            if needed > current:
+                if current > 0 and needed <= current * (1 + s.tolerance):
+                    rule = "hold:tolerance"
+                else:
+                    target, rule = needed, "ttft-slo"
+        saturated = (kv is not None and kv >= s.saturation_kv) or (
+            waiting_per_replica is not None and waiting_per_replica >= s.saturation_waiting_per_replica
+        )
+        if saturated and s.most_up(current) > target:
+            target, rule = s.most_up(current), "saturation"
+        demand = bool(tokens) or bool(waiting) or bool(signals.fresh("request_rate"))
+        if current == 0 and demand and target == 0:
+            target, rule = 1, "wake-from-zero"
+        return target, rule, inputs
+
+    def _limit_scale_up(
+        self, current: int, target: int, rule: str, replicas: ReplicaCounts, bounds: Bounds, now: float
+    ) -> tuple[int, str]:
+        """Apply, in order: unschedulable replicas, a cold start in flight, maxReplicas, the up cap."""
+        if replicas.unschedulable > 0:
+            return current, "hold:unschedulable"
+        if self._cold_start_in_flight(replicas, now):
+            return current, "hold:cold-start"
+        if current >= bounds.max_replicas:
+            return current, "hold:bounds"
+        return min(target, self.settings.most_up(current), bounds.max_replicas), rule
+
+    def _cold_start_in_flight(self, replicas: ReplicaCounts, now: float) -> bool:
+        """Starting replicas are supply arriving: no more scale-up for the same backlog until they are
+        Ready or the model load time (cold_start_s when unknown) has passed since they started."""
+        if replicas.starting == 0 or self._starting_since is None:
+            return False
+        since = max(self._starting_since, self._last_scale_up_at or self._starting_since)
+        wait = self.settings.model_load_s or self.settings.cold_start_s
+        return now - since < wait
+
+    def _step_down_blocker(self, signals: PoolSignals, reading: _Reading, now: float) -> str | None:
+        """Why the idle step-down may not happen now, or None when it may."""
+        missing = [name for name in STEP_DOWN_READS if signals.fresh(name) is None]
+        if missing or signals.stale:
+            return "hold:stale-metrics"
+        tokens = reading.tokens_in_queue or 0.0
+        if tokens > 0 and tokens >= STEP_DOWN_QUEUE_SECONDS * (reading.pool_tokens_per_second or 0.0):
+            return "hold"
+        if self._last_request_at is not None and now - self._last_request_at < self.settings.cooldown_s:
+            return "hold:cooldown"
+        return None

@@ -26,6 +26,8 @@ STEP_DOWN_QUEUE_SECONDS = 0.5
 """The idle step-down needs the queue to hold under this many seconds of the pool's work."""
 STEP_DOWN_READS = ("tokens_in_queue", "request_rate")
 """The metrics a step-down must have fresh (besides the throughput, measured or the spec's)."""
+CEIL_SLACK = 1e-9
+"""Taken off a replica count before ``ceil``: 5.000000001 replicas from float rounding is 5."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +48,22 @@ class AutoscaleSettings:
     decision_interval_s: float = 5.0
     cold_start_s: float = 90.0
     """How long starting replicas hold scale-up when model_load_s is 0 (unknown)."""
+    target_utilization: float = 0.7
+    """The share of a replica's capacity (prefill tokens/s, KV cache) the steady-state target fills:
+    the rest is headroom for the load that arrives while new replicas cold-start. 0.7 is the default
+    target of Knative's and KServe's concurrency autoscalers. Not a CRD field yet."""
+    capacity_window_s: float = 600.0
+    """How long a per-replica throughput measured under saturation stands as the replica's capacity
+    (the highest of this window); past it the spec's tokensPerSecond is the prior again."""
 
     def __post_init__(self) -> None:
-        positive = ("slo_ttft_s", "decision_interval_s", "orphan_window_s", "cold_start_s")
+        positive = (
+            "slo_ttft_s",
+            "decision_interval_s",
+            "orphan_window_s",
+            "cold_start_s",
+            "target_utilization",
+        )
         for f in fields(self):
             value = getattr(self, f.name)
             if value is None:
@@ -65,6 +80,8 @@ class AutoscaleSettings:
             raise ValueError(f"saturation_kv must be in (0, 1], not {self.saturation_kv}")
         if self.saturation_waiting_per_replica == 0:
             raise ValueError("saturation_waiting_per_replica must be > 0")
+        if self.target_utilization > 1:
+            raise ValueError(f"target_utilization must be in (0, 1], not {self.target_utilization}")
 
     @classmethod
     def from_spec(cls, spec: Autoscaling, decision_interval_s: float = 5.0) -> AutoscaleSettings:
@@ -117,39 +134,58 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class _Reading:
-    """A reading with the orphaned queue taken out and the throughput resolved."""
+    """A reading with the orphaned queue taken out, the capacity resolved and the demand estimated."""
 
     tokens_in_queue: float | None
     waiting_requests: float | None
     pool_tokens_per_second: float | None
+    """The ready replicas' prefill capacity (capacity per replica x ready), else what was measured."""
     tokens_per_second_per_replica: float | None
+    """One replica's prefill capacity: measured under saturation, else the spec's prior."""
     expected_ttft_s: float | None
     queue_stuck: bool
     queue_orphaned: bool
+    queue_trend: float | None
+    """tokens_in_queue's change per second since the previous reading (< 0: draining)."""
+    arrival_tokens_per_second: float | None
+    """Prompt tokens arriving per second: what was prefilled plus the queue's growth (signed)."""
+    arrival_replicas: float | None
+    """The replicas that prefill the arrival rate at the target utilization (unrounded)."""
+    steady_replicas: float | None
+    """arrival_replicas, or more when the KV use asks for more: the right-sizing target (unrounded)."""
 
 
 class _WindowMax:
-    """The highest recommendation of the last ``window_s`` seconds.
+    """The highest value added in the last ``window_s`` seconds.
 
-    A monotonic queue: a recommendation no higher than a newer one can never be the maximum again,
-    so the entries left hold strictly decreasing values, at most one per replica count, however long
-    the run and however often it is asked.
+    A monotonic queue: a value no higher than a newer one can never be the maximum again, so the
+    entries left hold strictly decreasing values, however long the run and however often it is asked
+    (for replica counts: at most one per count).
     """
 
     def __init__(self, window_s: float) -> None:
         self._window_s = window_s
-        self._entries: deque[tuple[float, int]] = deque()
+        self._entries: deque[tuple[float, float]] = deque()
 
-    def add(self, now: float, recommendation: int) -> int:
-        while self._entries and self._entries[-1][1] <= recommendation:
+    def add(self, now: float, value: float) -> float:
+        while self._entries and self._entries[-1][1] <= value:
             self._entries.pop()
-        self._entries.append((now, recommendation))
-        while self._entries[0][0] < now - self._window_s:
+        self._entries.append((now, value))
+        return self.highest(now) or value
+
+    def highest(self, now: float) -> float | None:
+        """The highest value of the window ending at ``now``, or None when the window is empty."""
+        while self._entries and self._entries[0][0] < now - self._window_s:
             self._entries.popleft()
-        return self._entries[0][1]
+        return self._entries[0][1] if self._entries else None
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _replicas(need: float) -> int:
+    """Whole replicas for ``need`` (bounded first: a near-zero capacity must not overflow an int)."""
+    return math.ceil(min(need, MAX_REPLICAS + 1) - CEIL_SLACK)
 
 
 class TokenAutoscaler:
@@ -158,16 +194,22 @@ class TokenAutoscaler:
     def __init__(self, settings: AutoscaleSettings) -> None:
         self.settings = settings
         self._recommendations = _WindowMax(settings.stabilization_s)
+        self._saturated_capacity = _WindowMax(settings.capacity_window_s)
         self._last_request_at: float | None = None
         self._stuck_since: float | None = None
         self._starting_since: float | None = None
         self._last_scale_up_at: float | None = None
         self._known_per_replica: float | None = None
+        self._capacity: float | None = None  # the last capacity measured under saturation
+        self._last_queue: tuple[float, float] | None = None  # (when, tokens_in_queue)
+        self._backlog_supplied = False
+        self._quiet_since: float | None = None
 
     @property
     def history_size(self) -> int:
-        """Entries the autoscaler holds (bounded by the number of distinct replica counts)."""
-        return len(self._recommendations)
+        """Entries the autoscaler holds (bounded by the number of distinct replica counts, plus the
+        distinct capacities measured within the capacity window)."""
+        return len(self._recommendations) + len(self._saturated_capacity)
 
     def decide(self, signals: PoolSignals, replicas: ReplicaCounts, bounds: Bounds) -> Decision:
         reading = self._read(signals, replicas)
@@ -175,14 +217,20 @@ class TokenAutoscaler:
         desired, rule, inputs = self._choose(signals, replicas, bounds, reading)
         if desired > current:
             self._last_scale_up_at = signals.now
+            if reading.tokens_in_queue:
+                self._backlog_supplied = True  # replicas were added while this backlog stood
         inputs = {
             "current": float(current),
             "ready": float(replicas.ready),
             "starting": float(replicas.starting),
             "unschedulable": float(replicas.unschedulable),
             "tokens_in_queue": reading.tokens_in_queue,
+            "queue_trend": reading.queue_trend,
             "tokens_per_second": reading.pool_tokens_per_second,
             "tokens_per_second_per_replica": reading.tokens_per_second_per_replica,
+            "arrival_tokens_per_second": reading.arrival_tokens_per_second,
+            "arrival_replicas": reading.arrival_replicas,
+            "steady_replicas": reading.steady_replicas,
             "slo_ttft_s": self.settings.slo_ttft_s,
             **inputs,
         }
@@ -228,27 +276,78 @@ class TokenAutoscaler:
         if orphaned:
             tokens, waiting = 0.0, 0.0
 
-        per_replica = self._per_replica_throughput(measured, replicas.ready)
-        pool_tps = measured if measured else None
-        if pool_tps is None and per_replica is not None:
-            pool_tps = per_replica * replicas.ready
+        trend: float | None = None
+        if tokens is not None and self._last_queue is not None and now > self._last_queue[0]:
+            trend = (tokens - self._last_queue[1]) / (now - self._last_queue[0])
+        self._last_queue = None if tokens is None else (now, tokens)
+
+        # Only a saturated pool measures its capacity; otherwise the measured throughput is the arrival
+        # rate. Saturated here: the waiting layer's test (requests queue in front of the whole pool;
+        # the KV layer reads the fullest replica, which says one replica is full, not the pool) while
+        # the queue is not draining (a draining queue means replicas that just became Ready, which did
+        # not produce the measured throughput yet, are taking the arrivals).
+        kv = signals.fresh("kv_cache_usage")
+        saturated = self._saturated(None, waiting, replicas.ready) and trend is not None and trend >= 0
+        capacity = self._per_replica_capacity(measured, replicas.ready, saturated, now)
+        per_replica = capacity if capacity is not None else self._known_per_replica
+        pool_tps = per_replica * replicas.ready if per_replica and replicas.ready else None
+        if pool_tps is None and measured:
+            pool_tps = measured
         expected: float | None = None
         if tokens is not None:
             if tokens == 0:
                 expected = s.model_load_s
             elif pool_tps:
                 expected = tokens / pool_tps + s.model_load_s
-        return _Reading(tokens, waiting, pool_tps, per_replica, expected, stuck, orphaned)
+        if tokens is not None and tokens < STEP_DOWN_QUEUE_SECONDS * (pool_tps or 0.0):
+            self._backlog_supplied = False  # the backlog that asked for replicas is gone
 
-    def _per_replica_throughput(self, measured: float | None, ready: int) -> float | None:
-        """Measured pool throughput over the ready replicas that produced it; else the spec's prior,
-        else the last measurement (a pool that processes nothing measures no capacity)."""
+        # Prompt tokens arrive as fast as they are prefilled plus as fast as the queue grows (a draining
+        # queue is prefilled faster than tokens arrive).
+        arrival = None if measured is None else max(measured + (trend or 0.0), 0.0)
+        for_arrivals = steady = None
+        if arrival is not None and capacity:
+            for_arrivals = steady = arrival / (capacity * s.target_utilization)
+            if kv is not None:
+                # The decode load: the KV cache the ready replicas hold, as if each were as full as
+                # the fullest (an upper bound: the step-down never leaves less KV than in use).
+                steady = max(steady, kv * replicas.ready / s.target_utilization)
+        return _Reading(
+            tokens,
+            waiting,
+            pool_tps,
+            per_replica,
+            expected,
+            stuck,
+            orphaned,
+            trend,
+            arrival,
+            for_arrivals,
+            steady,
+        )
+
+    def _per_replica_capacity(
+        self, measured: float | None, ready: int, saturated: bool, now: float
+    ) -> float | None:
+        """One ready replica's prefill capacity: the highest per-replica throughput measured under
+        saturation within the capacity window; after the window, the last such value (capacity changes
+        with the model, the hardware and the request mix, not by itself); before the first saturation
+        the spec's prior; else unknown (None)."""
         if measured and ready > 0:
             self._known_per_replica = measured / ready
-            return self._known_per_replica
-        if self.settings.tokens_per_second_per_replica is not None:
-            return self.settings.tokens_per_second_per_replica
-        return self._known_per_replica
+            if saturated:
+                self._capacity = self._saturated_capacity.add(now, self._known_per_replica)
+        if self._capacity is not None:
+            return self._saturated_capacity.highest(now) or self._capacity
+        return self.settings.tokens_per_second_per_replica
+
+    def _saturated(self, kv: float | None, waiting: float | None, ready: int) -> bool:
+        """The saturation layer's test: the fullest replica's KV use, or waiting requests per ready
+        replica, at or over its threshold."""
+        s = self.settings
+        return (kv is not None and kv >= s.saturation_kv) or (
+            waiting is not None and ready > 0 and waiting / ready >= s.saturation_waiting_per_replica
+        )
 
     # ---- the rules -------------------------------------------------------------------------------
 
@@ -258,33 +357,58 @@ class TokenAutoscaler:
         current, now, s = replicas.desired, signals.now, self.settings
         if not bounds.min_replicas <= current <= bounds.max_replicas:
             desired = bounds.clamp(current)
-            self._recommendations.add(now, desired)
+            self._hold(now, desired)
             return desired, "bounds", {}
 
         up_target, up_rule, inputs = self._scale_up_target(signals, replicas, reading)
         if up_target > current:
             desired, rule = self._limit_scale_up(current, up_target, up_rule, replicas, bounds, now)
-            self._recommendations.add(now, desired)
+            self._hold(now, desired)
             return desired, rule, {**inputs, "target": float(up_target)}
         if up_rule != "hold":  # a scale-up rule fired and was held (tolerance, orphaned queue, ...)
-            self._recommendations.add(now, current)
+            self._hold(now, current)
             return current, up_rule, inputs
 
-        hold = self._step_down_blocker(signals, reading, now)
+        hold = self._step_down_blocker(signals, reading)
         if hold is not None:
-            self._recommendations.add(now, current)
+            self._hold(now, current)
             return current, hold, inputs
         if current <= bounds.min_replicas:
-            self._recommendations.add(now, current)
+            self._hold(now, current)
             return current, "hold:bounds", inputs
-        # The idle step-down: one replica, paced by the stabilization window and the down cap.
-        recommendation = max(current - 1, bounds.min_replicas)
-        stabilized = self._recommendations.add(now, recommendation)
+        rate = signals.fresh("request_rate")
+        if rate and reading.steady_replicas is not None:
+            # Traffic continues: the right-sizing step-down, to the steady-state target, once the
+            # pool has been quiet (queue near empty, no saturation) for the whole window.
+            if self._quiet_since is None:
+                self._quiet_since = now
+            steady = _replicas(reading.steady_replicas)
+            recommendation = max(steady, bounds.min_replicas)
+            rule = "right-size"
+        else:
+            self._quiet_since = None
+            if self._last_request_at is not None and now - self._last_request_at < s.cooldown_s:
+                self._hold(now, current)
+                return current, "hold:cooldown", inputs
+            # The idle step-down: one replica, paced by the stabilization window and the down cap.
+            recommendation = max(current - 1, bounds.min_replicas)
+            rule = "idle-step-down"
+        stabilized = int(self._recommendations.add(now, recommendation))
         inputs = {**inputs, "recommendation": float(recommendation), "stabilized": float(stabilized)}
-        if stabilized >= current:
+        if recommendation >= current:
+            return current, "hold", inputs
+        quiet_for = 0.0 if self._quiet_since is None else now - self._quiet_since
+        if stabilized >= current or (rule == "right-size" and quiet_for < s.stabilization_s):
             return current, "hold:stabilization", inputs
         desired = max(stabilized, s.fewest_down(current), bounds.min_replicas)
-        return desired, "idle-step-down", inputs
+        if rule == "right-size":
+            self._quiet_since = now  # the next right-sizing step needs a whole quiet window again
+        return desired, rule, inputs
+
+    def _hold(self, now: float, replicas: int) -> None:
+        """Record ``replicas`` as this decision's recommendation; the pool is not quiet."""
+        self._recommendations.add(now, replicas)
+        self._quiet_since = None
 
     def _scale_up_target(
         self, signals: PoolSignals, replicas: ReplicaCounts, reading: _Reading
@@ -297,6 +421,11 @@ class TokenAutoscaler:
         inputs: dict[str, float | None] = {"kv_cache_usage": kv, "waiting_per_replica": waiting_per_replica}
         target, rule = current, "hold"
         tokens, per_replica = reading.tokens_in_queue, reading.tokens_per_second_per_replica
+        # Once replicas have been added for a backlog, the backlog asks again only while it is not
+        # draining: requests stay on the replica they were sent to, so replicas that came up for a
+        # backlog do not shrink it, and its size alone would double the pool again.
+        draining = self._backlog_supplied and (reading.queue_trend is None or reading.queue_trend < 0)
+        inputs["queue_draining"] = float(draining)
         if reading.queue_stuck and not reading.queue_orphaned:
             return current, "hold:orphaned-queue", inputs
         if tokens and reading.expected_ttft_s is None and per_replica is None:
@@ -307,21 +436,30 @@ class TokenAutoscaler:
             and reading.expected_ttft_s is not None
             and reading.expected_ttft_s > s.slo_ttft_s
         ):
-            # Bounded before ceil: a near-zero measured throughput must not overflow an int.
-            drained_in_slo = per_replica * s.slo_ttft_s
-            needed = MAX_REPLICAS + 1
-            if drained_in_slo > 0:
-                needed = math.ceil(min(tokens / drained_in_slo, MAX_REPLICAS + 1))
-            if needed > current:
+            # The backlog floor: the replicas that prefill the queue within the SLO. Starting replicas
+            # count as supply (current includes them).
+            needed = _replicas(tokens / (per_replica * s.slo_ttft_s))
+            inputs["backlog_target"] = float(needed)
+            if needed > current and not draining:
                 if current > 0 and needed <= current * (1 + s.tolerance):
                     rule = "hold:tolerance"
                 else:
                     target, rule = needed, "ttft-slo"
-        saturated = (kv is not None and kv >= s.saturation_kv) or (
-            waiting_per_replica is not None and waiting_per_replica >= s.saturation_waiting_per_replica
-        )
-        if saturated and s.most_up(current) > target:
-            target, rule = s.most_up(current), "saturation"
+        # The steady-state target scales up ahead of the queue when the arrival rate outgrows the
+        # replicas (starting ones included) beyond the tolerance. The KV bound is not a scale-up reason:
+        # the fullest replica's KV use is a noisy stand-in for the pool's; the KV layer covers it.
+        for_arrivals = reading.arrival_replicas
+        if (
+            for_arrivals is not None
+            and for_arrivals > current * (1 + s.tolerance)
+            and _replicas(for_arrivals) > target
+        ):
+            target, rule = _replicas(for_arrivals), "arrival-rate"
+        if self._saturated(kv, waiting, replicas.ready) and s.most_up(current) > target:
+            if draining:
+                rule = "hold:backlog-draining" if rule == "hold" else rule
+            else:
+                target, rule = s.most_up(current), "saturation"
         demand = bool(tokens) or bool(waiting) or bool(signals.fresh("request_rate"))
         if current == 0 and demand and target == 0:
             target, rule = 1, "wake-from-zero"
@@ -348,14 +486,12 @@ class TokenAutoscaler:
         wait = self.settings.model_load_s or self.settings.cold_start_s
         return now - since < wait
 
-    def _step_down_blocker(self, signals: PoolSignals, reading: _Reading, now: float) -> str | None:
-        """Why the idle step-down may not happen now, or None when it may."""
+    def _step_down_blocker(self, signals: PoolSignals, reading: _Reading) -> str | None:
+        """Why no step-down (idle or right-sizing) may happen now, or None when one may."""
         missing = [name for name in STEP_DOWN_READS if signals.fresh(name) is None]
         if missing or signals.stale:
             return "hold:stale-metrics"
         tokens = reading.tokens_in_queue or 0.0
         if tokens > 0 and tokens >= STEP_DOWN_QUEUE_SECONDS * (reading.pool_tokens_per_second or 0.0):
             return "hold"
-        if self._last_request_at is not None and now - self._last_request_at < self.settings.cooldown_s:
-            return "hold:cooldown"
         return None

@@ -142,6 +142,102 @@ def test_the_lag_rule_asks_for_enough_replicas_to_bring_lag_under_the_threshold(
         lag_replicas(1, 1, 0, 1.0, 1, BOUNDS)
 
 
+def test_under_continuous_traffic_the_pool_right_sizes_after_a_quiet_window() -> None:
+    scaler = TokenAutoscaler(
+        AutoscaleSettings(slo_ttft_s=2.0, tokens_per_second_per_replica=4_000, stabilization_s=300)
+    )
+    # 14 000 prompt tokens/s arrive and are prefilled, the queue is empty: 14 000 / (4 000 x 0.7) = 5.
+    steady = {"request_rate": 14.0, "kv_cache_usage": 0.1}
+    held = [scaler.decide(busy(t, 0, 14_000, **steady), counts(16), BOUNDS) for t in range(0, 300, 5)]
+    assert {d.rule for d in held} == {"hold:stabilization"}
+    assert held[-1].inputs["steady_replicas"] == pytest.approx(5.0)
+    first = scaler.decide(busy(300, 0, 14_000, **steady), counts(16), BOUNDS)
+    assert (first.desired, first.rule) == (8, "right-size")  # the down cap: at most halve
+    # The next step needs a whole quiet window again.
+    assert scaler.decide(busy(305, 0, 14_000, **steady), counts(8), BOUNDS).rule == "hold:stabilization"
+    assert scaler.decide(busy(595, 0, 14_000, **steady), counts(8), BOUNDS).desired == 8
+    second = scaler.decide(busy(600, 0, 14_000, **steady), counts(8), BOUNDS)
+    assert (second.desired, second.rule) == (5, "right-size")
+    assert scaler.decide(busy(605, 0, 14_000, **steady), counts(5), BOUNDS).rule == "hold"
+
+
+def test_a_queue_inside_the_window_restarts_it_and_kv_use_bounds_the_right_size() -> None:
+    scaler = TokenAutoscaler(
+        AutoscaleSettings(slo_ttft_s=2.0, tokens_per_second_per_replica=4_000, stabilization_s=300)
+    )
+    # KV: the fullest replica at 35 %, as if all 16 were: 16 x 0.35 / 0.7 = 8 replicas' worth.
+    steady = {"request_rate": 14.0, "kv_cache_usage": 0.35}
+    for t in range(0, 150, 5):
+        scaler.decide(busy(t, 0, 14_000, **steady), counts(16), BOUNDS)
+    # 40 000 tokens queued: over half a second of the pool's 64 000 tokens/s, not near empty.
+    queued = scaler.decide(busy(150, 40_000, 14_000, **steady), counts(16), BOUNDS)
+    assert (queued.desired, queued.rule) == (16, "hold")
+    for t in range(155, 455, 5):
+        assert scaler.decide(busy(t, 0, 14_000, **steady), counts(16), BOUNDS).desired == 16
+    down = scaler.decide(busy(455, 0, 14_000, **steady), counts(16), BOUNDS)
+    assert (down.desired, down.rule) == (8, "right-size")
+    assert down.inputs["arrival_replicas"] == pytest.approx(5.0)
+    assert down.inputs["steady_replicas"] == pytest.approx(8.0)
+
+
+def test_the_arrival_rate_scales_up_ahead_of_the_queue_beyond_the_tolerance() -> None:
+    scaler = TokenAutoscaler(AutoscaleSettings(slo_ttft_s=2.0, tokens_per_second_per_replica=8_000))
+    # 24 000 tokens/s on 4 replicas: 24 000 / (8 000 x 0.7) = 4.3, within 10 % of 4.
+    assert scaler.decide(busy(0, 0, 24_000), counts(4), BOUNDS).rule == "hold"
+    up = scaler.decide(busy(5, 0, 30_000), counts(4), BOUNDS)  # 5.4 replicas
+    assert (up.desired, up.rule) == (6, "arrival-rate")
+    # Arrivals are what was prefilled plus the queue's growth: a queue that shrank by 10 000 tokens
+    # in 5 s while 30 000 tokens/s were prefilled means 28 000 tokens/s arrive.
+    scaler = TokenAutoscaler(AutoscaleSettings(slo_ttft_s=2.0, tokens_per_second_per_replica=8_000))
+    scaler.decide(busy(0, 10_000, 30_000), counts(6), BOUNDS)
+    assert scaler.decide(busy(5, 0, 30_000), counts(6), BOUNDS).inputs["arrival_tokens_per_second"] == 28_000
+    with pytest.raises(ValueError, match="target_utilization"):
+        AutoscaleSettings(slo_ttft_s=1.0, target_utilization=1.5)
+
+
+def test_a_backlog_replicas_were_added_for_asks_again_only_while_it_is_not_draining() -> None:
+    scaler = TokenAutoscaler(
+        AutoscaleSettings(slo_ttft_s=1.0, model_load_s=30, tokens_per_second_per_replica=1_000)
+    )
+    first = scaler.decide(busy(0, 8_000, 2_000, waiting_requests=8.0), counts(2), BOUNDS)
+    assert (first.desired, first.rule) == (4, "ttft-slo")  # wants 8, the cap halves it
+    assert scaler.decide(busy(5, 8_000, 2_000), counts(4, starting=2), BOUNDS).rule == "hold:cold-start"
+    # Ready, and the queue (pinned to the first two replicas) drains: 10 waiting per ready replica
+    # would double the pool, the backlog floor would ask for 7: neither does.
+    draining = busy(30, 7_000, 2_500, waiting_requests=40.0)
+    held = scaler.decide(draining, counts(4), BOUNDS)
+    assert (held.desired, held.rule) == (4, "hold:backlog-draining")
+    assert held.inputs["backlog_target"] == 7
+    # The queue grows again: the supply did not keep up, the floor applies.
+    again = scaler.decide(busy(35, 7_500, 2_500, waiting_requests=40.0), counts(4), BOUNDS)
+    assert (again.desired, again.rule) == (8, "ttft-slo")
+
+
+def test_capacity_is_measured_only_under_saturation_and_the_spec_is_the_prior() -> None:
+    scaler = TokenAutoscaler(
+        AutoscaleSettings(slo_ttft_s=2.0, tokens_per_second_per_replica=8_000, capacity_window_s=60)
+    )
+
+    def per_replica(reading: PoolSignals) -> float | None:
+        return scaler.decide(reading, counts(4), Bounds(1, 64)).inputs["tokens_per_second_per_replica"]
+
+    # Not saturated: 2 500 a replica is the arrival rate, not the capacity.
+    assert per_replica(busy(0, 0, 10_000)) == 8_000
+    # One replica's KV full is not the pool saturated.
+    assert per_replica(busy(5, 0, 10_000, kv_cache_usage=0.95)) == 8_000
+    # 10 waiting a ready replica and the queue growing: the pool prefills all it can.
+    assert per_replica(busy(10, 50_000, 20_000, waiting_requests=40.0)) == 5_000
+    # A lower reading under saturation within the window does not lower it (the highest stands).
+    assert per_replica(busy(15, 60_000, 12_000, waiting_requests=48.0)) == 5_000
+    # Once the queue is gone, and past the window, the measured capacity stands.
+    assert per_replica(busy(20, 0, 10_000)) == 5_000
+    assert per_replica(busy(500, 0, 10_000)) == 5_000
+    # A queue that is draining (replicas that just became Ready take the arrivals) measures nothing.
+    scaler = TokenAutoscaler(AutoscaleSettings(slo_ttft_s=2.0, tokens_per_second_per_replica=8_000))
+    per_replica(busy(0, 60_000, 8_000, waiting_requests=40.0))
+    assert per_replica(busy(5, 50_000, 8_000, waiting_requests=40.0)) == 8_000
+
+
 # ---- safety layers -----------------------------------------------------------------------------
 
 
@@ -369,11 +465,15 @@ def test_prefill_heavy_load_at_low_kv_use_scales_on_tokens() -> None:
     pool.run(scaler, BOUNDS, until=600, load=14_000, kv=0.15)  # long prompts, short answers
     rules = {d.rule for d in pool.decisions}
     assert "ttft-slo" in rules and "saturation" not in rules
-    # 14 000 tokens/s needs 3.5 replicas' prefill; the backlog built during the cold starts asks for
-    # more: doubling after each 30 s start, 16 by 90 s (docs/autoscaling.md, "Known limits").
-    assert [d.desired for d in pool.decisions if d.rule == "ttft-slo"] == [2, 4, 8, 16]
-    assert max(d.next_decision_at for d in pool.decisions if d.rule == "ttft-slo") <= 95
-    assert pool.desired == 16
+    # The backlog floor doubles while the backlog grows (2, then 4 once the first start is Ready and
+    # the queue still grows); the arrival rate then sets the pool: 14 000 tokens/s at 70 % of 4 000
+    # a replica is 5 replicas. Once the queue drains, the backlog that asked for replicas never
+    # doubles the pool again (it used to go 2, 4, 8, 16).
+    assert [d.desired for d in pool.decisions if d.rule == "ttft-slo"] == [2, 4]
+    assert [d.desired for d in pool.decisions if d.rule == "arrival-rate"] == [5]
+    assert "hold:backlog-draining" in rules
+    assert max(d.desired for d in pool.decisions) == 5
+    assert pool.desired == 5
     assert pool.queue < 14_000 * 2.0  # drained within the SLO's worth of arrivals
 
 

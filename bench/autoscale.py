@@ -9,7 +9,7 @@ inference trace (conversation; CC-BY 4.0, Patel et al., Splitwise, ISCA 2024), t
 rate-scaled, and a seeded synthetic ramp. Per policy and workload it prints TTFT p50/p95/p99, SLO
 attainment, replica-seconds, scale events and reversals, then a verdict line per workload.
 
-    python bench/autoscale.py --azure-trace PATH [--json OUT] [--quick]
+    python bench/autoscale.py [--azure-trace PATH] [--json OUT] [--quick]
 """
 
 from __future__ import annotations
@@ -28,13 +28,18 @@ from autoscale_sim.run import REVERSAL_WINDOW_S, simulate, summarise, verdict
 from autoscale_sim.server import ServerModel
 from autoscale_sim.workloads import Workload, azure_trace, ramp
 
+AZURE_TRACE = Path(__file__).resolve().parent / "data" / "azure-llm" / "AzureLLMInferenceTrace_conv.csv"
+
 START_RPS_PER_REPLICA = 4.0  # about 80 % of what one replica sustains at the trace's median shape
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--azure-trace", type=Path, help="AzureLLMInferenceTrace_conv.csv (without it: the ramp only)"
+        "--azure-trace",
+        type=Path,
+        default=AZURE_TRACE,
+        help="AzureLLMInferenceTrace_conv.csv (default: the copy in bench/data/azure-llm, CC-BY 4.0)",
     )
     parser.add_argument("--time-compress", type=float, default=1.0, help="divide the trace's arrival offsets")
     parser.add_argument("--rate-scale", type=float, default=6.0, help="multiply the trace's request rate")

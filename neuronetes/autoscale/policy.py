@@ -52,6 +52,11 @@ class AutoscaleSettings:
     """The share of a replica's capacity (prefill tokens/s, KV cache) the steady-state target fills:
     the rest is headroom for the load that arrives while new replicas cold-start. 0.7 is the default
     target of Knative's and KServe's concurrency autoscalers. Not a CRD field yet."""
+    step_down_headroom: float = 0.25
+    """The right-size step-down leaves this share of growth over the window's highest demand before
+    the demand scale-up would fire again: a trade of GPU-seconds (a pool kept up to 25 % above its
+    steady-state target) for no step-down reversed by the next rise (0: the cheapest, the most
+    reversals). Not a CRD field yet."""
     capacity_window_s: float = 600.0
     """How long a per-replica throughput measured under saturation stands as the replica's capacity
     (the highest of this window); past it the spec's tokensPerSecond is the prior again."""
@@ -80,6 +85,8 @@ class AutoscaleSettings:
             raise ValueError(f"saturation_kv must be in (0, 1], not {self.saturation_kv}")
         if self.saturation_waiting_per_replica == 0:
             raise ValueError("saturation_waiting_per_replica must be > 0")
+        if self.step_down_headroom < 0:
+            raise ValueError(f"step_down_headroom must be >= 0, not {self.step_down_headroom}")
         if self.target_utilization > 1:
             raise ValueError(f"target_utilization must be in (0, 1], not {self.target_utilization}")
 
@@ -151,6 +158,9 @@ class _Reading:
     """Prompt tokens arriving per second: what was prefilled plus the queue's growth (signed)."""
     arrival_replicas: float | None
     """The replicas that prefill the arrival rate at the target utilization (unrounded)."""
+    demand_growth: float
+    """How many replicas the demand will have grown by when a replica ordered now is Ready: its rise
+    per second over the last load time x the load time (0 when it did not rise)."""
     steady_replicas: float | None
     """arrival_replicas, or more when the KV use asks for more: the right-sizing target (unrounded)."""
 
@@ -195,6 +205,7 @@ class TokenAutoscaler:
         self.settings = settings
         self._recommendations = _WindowMax(settings.stabilization_s)
         self._saturated_capacity = _WindowMax(settings.capacity_window_s)
+        self._demand_history: deque[tuple[float, float]] = deque()  # (when, demand) over a load time
         self._last_request_at: float | None = None
         self._stuck_since: float | None = None
         self._starting_since: float | None = None
@@ -230,6 +241,7 @@ class TokenAutoscaler:
             "tokens_per_second_per_replica": reading.tokens_per_second_per_replica,
             "arrival_tokens_per_second": reading.arrival_tokens_per_second,
             "arrival_replicas": reading.arrival_replicas,
+            "demand_growth": reading.demand_growth,
             "steady_replicas": reading.steady_replicas,
             "slo_ttft_s": self.settings.slo_ttft_s,
             **inputs,
@@ -323,6 +335,7 @@ class TokenAutoscaler:
             trend,
             arrival,
             for_arrivals,
+            self._growth(now, for_arrivals),
             steady,
         )
 
@@ -340,6 +353,25 @@ class TokenAutoscaler:
         if self._capacity is not None:
             return self._saturated_capacity.highest(now) or self._capacity
         return self.settings.tokens_per_second_per_replica
+
+    def _growth(self, now: float, demand: float | None) -> float:
+        """The demand's rise over the load time ahead, extrapolated from its rise over the last one."""
+        load = self.settings.model_load_s or self.settings.cold_start_s
+        history = self._demand_history
+        if demand is None:
+            history.clear()  # no demand known: no rise to extrapolate either
+            return 0.0
+        history.append((now, demand))
+        while history and history[0][0] < now - load:
+            history.popleft()
+        then, before = history[0]
+        if now - then < load / 2:
+            return 0.0  # too short a history to say
+        # A rise sustained through the window (a ramp), not one burst: the smaller of the rises over
+        # its two halves, so a single spike (which rises in one half only) extrapolates nothing.
+        middle = next(value for when, value in history if when >= (now + then) / 2)
+        sustained = min(middle - before, demand - middle)
+        return max(0.0, 2 * sustained / (now - then) * load)
 
     def _saturated(self, kv: float | None, waiting: float | None, ready: int) -> bool:
         """The saturation layer's test: the fullest replica's KV use, or waiting requests per ready
@@ -362,7 +394,7 @@ class TokenAutoscaler:
 
         up_target, up_rule, inputs = self._scale_up_target(signals, replicas, reading)
         if up_target > current:
-            desired, rule = self._limit_scale_up(current, up_target, up_rule, replicas, bounds, now)
+            desired, rule = self._limit_scale_up(current, up_target, up_rule, replicas, bounds, now, reading)
             self._hold(now, desired)
             return desired, rule, {**inputs, "target": float(up_target)}
         if up_rule != "hold":  # a scale-up rule fired and was held (tolerance, orphaned queue, ...)
@@ -382,7 +414,7 @@ class TokenAutoscaler:
             # pool has been quiet (queue near empty, no saturation) for the whole window.
             if self._quiet_since is None:
                 self._quiet_since = now
-            steady = _replicas(reading.steady_replicas)
+            steady = _replicas(reading.steady_replicas * (1 + s.step_down_headroom))
             recommendation = max(steady, bounds.min_replicas)
             rule = "right-size"
         else:
@@ -448,13 +480,9 @@ class TokenAutoscaler:
         # The steady-state target scales up ahead of the queue when the arrival rate outgrows the
         # replicas (starting ones included) beyond the tolerance. The KV bound is not a scale-up reason:
         # the fullest replica's KV use is a noisy stand-in for the pool's; the KV layer covers it.
-        for_arrivals = reading.arrival_replicas
-        if (
-            for_arrivals is not None
-            and for_arrivals > current * (1 + s.tolerance)
-            and _replicas(for_arrivals) > target
-        ):
-            target, rule = _replicas(for_arrivals), "arrival-rate"
+        demand_target, demand_rule = self._demand_target(current, reading)
+        if demand_target > target:
+            target, rule = demand_target, demand_rule
         if self._saturated(kv, waiting, replicas.ready) and s.most_up(current) > target:
             if draining:
                 rule = "hold:backlog-draining" if rule == "hold" else rule
@@ -465,14 +493,36 @@ class TokenAutoscaler:
             target, rule = 1, "wake-from-zero"
         return target, rule, inputs
 
+    def _demand_target(self, current: int, reading: _Reading) -> tuple[int, str]:
+        """The arrival-rate scale-up: the replicas (starting ones count as supply) that carry the
+        arrivals at the target utilization, plus the growth expected over a load time, when the
+        arrivals alone need more than current x (1 + tolerance); ``(current, "hold")`` otherwise."""
+        demand, above = reading.arrival_replicas, current * (1 + self.settings.tolerance)
+        if demand is None or demand <= above:
+            return current, "hold"
+        # Already short of supply: shorter still by the growth to come before new replicas are Ready.
+        return max(current, _replicas(demand + reading.demand_growth)), "arrival-rate"
+
     def _limit_scale_up(
-        self, current: int, target: int, rule: str, replicas: ReplicaCounts, bounds: Bounds, now: float
+        self,
+        current: int,
+        target: int,
+        rule: str,
+        replicas: ReplicaCounts,
+        bounds: Bounds,
+        now: float,
+        reading: _Reading,
     ) -> tuple[int, str]:
         """Apply, in order: unschedulable replicas, a cold start in flight, maxReplicas, the up cap."""
         if replicas.unschedulable > 0:
             return current, "hold:unschedulable"
         if self._cold_start_in_flight(replicas, now):
-            return current, "hold:cold-start"
+            # The starting replicas are counted in current: a demand target above them is supply
+            # still missing once they are Ready. Rules that cannot say how much is missing (the
+            # backlog floor for a backlog already supplied, saturation's doubling) wait.
+            target, rule = self._demand_target(current, reading)
+            if target <= current:
+                return current, "hold:cold-start"
         if current >= bounds.max_replicas:
             return current, "hold:bounds"
         return min(target, self.settings.most_up(current), bounds.max_replicas), rule

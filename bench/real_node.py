@@ -110,12 +110,27 @@ def create_to_running(dev: DevCluster, count: int, label: str) -> dict[str, floa
 
 
 def _processes(dev: DevCluster, pattern: str) -> list[int]:
-    marker = f"--root-dir {dev.state_dir / 'real-nodes' / NODE / 'kubelet'}"
-    cmd = {p: Path("/proc", p, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-           for p in os.listdir("/proc") if p.isdigit() and Path("/proc", p, "cmdline").exists()}  # fmt: skip
-    kubelet = next(p for p, c in cmd.items() if marker in c)
-    ns = os.readlink(f"/proc/{kubelet}/ns/pid")
-    return [int(p) for p, c in cmd.items() if pattern in c and os.readlink(f"/proc/{p}/ns/pid") == ns]
+    marker = f"real-node.sh {dev.state_dir / 'real-nodes' / NODE}"
+    cmd = {p: _cmdline(p) for p in os.listdir("/proc") if p.isdigit()}
+    ours = _pid_ns("self")
+    # The node's PID 1 (hack/real-node.sh inside the node's PID namespace, not `unshare` in ours).
+    pid1 = next(p for p, c in cmd.items() if marker in c and _pid_ns(p) not in ("", ours))
+    ns = _pid_ns(pid1)
+    return [int(p) for p, c in cmd.items() if pattern in c and _pid_ns(p) == ns]
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path("/proc", pid, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:  # gone meanwhile
+        return ""
+
+
+def _pid_ns(pid: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:  # gone meanwhile
+        return ""
 
 
 def _cpu_ticks(pid: int) -> int:

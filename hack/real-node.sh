@@ -28,6 +28,10 @@ log() { echo "real-node[$NODE_NAME]: $*"; }
 # Private /run: containerd's shim sockets (/run/containerd/s), runc's state and the pods' network
 # namespace mounts are hard-wired below /run; here they are the node's own and vanish with it.
 mount -t tmpfs -o mode=755 tmpfs /run
+# The node's folder again at a short path: the kubelet makes Unix sockets below its root folder
+# (device plugins, pod resources), whose paths may not pass 108 bytes.
+mkdir -p /run/node
+mount --bind "$NODE_DIR" /run/node
 # What realnodes.py put in the node's /run: on a GPU node of the chart (realchart.py) the fake
 # driver's libraries where NVIDIA's GPU operator puts a driver's, and NVIDIA's CDI spec in /run/cdi.
 cp -a "$NODE_DIR/run/." /run/
@@ -128,7 +132,7 @@ keep_running() {
 
 keep_running containerd sh -c 'exec "$0" --config "$1" >>"$2" 2>&1' \
     "$CONTAINERD_BIN/containerd" "$NODE_DIR/containerd.toml" "$NODE_DIR/containerd.log"
-ctr=("$CONTAINERD_BIN/ctr" --address "$NODE_DIR/containerd/containerd.sock")
+ctr=("$CONTAINERD_BIN/ctr" --address /run/containerd/containerd.sock)
 for _ in $(seq 100); do
     "${ctr[@]}" version >/dev/null 2>&1 && break
     sleep 0.1
@@ -142,7 +146,7 @@ for archive in "$NODE_DIR"/images/*.tar; do
 done
 
 keep_running kubelet sh -c 'exec "$0" "$@" >>"$KUBELET_LOG" 2>&1' \
-    "$KUBELET_BIN" --config "$NODE_DIR/kubelet.yaml" --kubeconfig "$KUBECONFIG_FILE" --root-dir "$NODE_DIR/kubelet" \
+    "$KUBELET_BIN" --config "$NODE_DIR/kubelet.yaml" --kubeconfig "$KUBECONFIG_FILE" --root-dir /run/node/kubelet \
     --hostname-override "$NODE_NAME" --node-ip 127.0.0.1 --node-labels "$NODE_LABELS" --v 1
 log "kubelet started"
 wait

@@ -61,6 +61,8 @@ POD_NET_PLUGIN: Final = REPO_ROOT / "hack" / "cni" / "neuronetes-pod-netns"
 """The CNI plugin giving a pod an address in a network namespace of its own, joined to nothing."""
 NRI_SOCKET: Final = "/var/run/nri/nri.sock"
 """containerd's NRI socket, in the node's private /run (hack/real-node.sh mounts a tmpfs there)."""
+CONTAINERD_SOCKET: Final = "/run/containerd/containerd.sock"
+"""containerd's socket, in the node's private /run (hack/real-node.sh; the kubelet's endpoint)."""
 RUNC: Final = Path("/usr/sbin/runc")
 CNI_BIN_DIR: Final = Path("/usr/lib/cni")
 CGROUP_FS: Final = Path("/sys/fs/cgroup")
@@ -168,11 +170,13 @@ version = 3
 root = '{cd / "root"}'
 state = '{cd / "state"}'
 
+# The sockets at containerd's usual paths, in the node's private /run: a Unix socket's path is
+# limited to 108 bytes, which a path below the node's folder (under the user's cache) may pass.
 [grpc]
-  address = '{cd / "containerd.sock"}'
+  address = '{CONTAINERD_SOCKET}'
 
 [ttrpc]
-  address = '{cd / "containerd.sock.ttrpc"}'
+  address = '{CONTAINERD_SOCKET}.ttrpc'
 
 [plugins.'io.containerd.internal.v1.opt']
   path = '{cd / "opt"}'
@@ -281,7 +285,7 @@ def render(
     ):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     (folder / "containerd.toml").write_text(_containerd_toml(folder))
-    sock = folder / "containerd" / "containerd.sock"
+    sock = Path(CONTAINERD_SOCKET)
     client_ca = kubelet_client_ca(state_dir / "pki")
     (folder / "kubelet.yaml").write_text(_kubelet_yaml(files, cluster, sock, client_ca, extras))
     # A pod of its own network namespace gets `lo` and an `eth0` joined to nothing (no bridge,

@@ -41,6 +41,7 @@ from neuronetes.autoscale import (
 from neuronetes.autoscale import lag_replicas as lag_rule
 
 from .metrics_source import (
+    FIRST_SCRAPE,
     MetricsError,
     PodCounters,
     PodSample,
@@ -223,7 +224,7 @@ class PoolState:
         stale = () if reading is None or conflict else reading.stale
         problem = None if reading is None or conflict else reading.problem
         stale_key = (stale, _DIGITS.sub("N", problem or "")) if stale else None
-        if stale_key is not None and stale_key != self.warned_stale:
+        if stale_key is not None and stale_key != self.warned_stale and problem != FIRST_SCRAPE:
             events.append(
                 (
                     "Warning",

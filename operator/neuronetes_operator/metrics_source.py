@@ -24,6 +24,7 @@ from neuronetes.api.models import AutoscalingMetrics, MetricNames
 from neuronetes.autoscale.signals import METRIC_NAMES
 
 __all__ = [
+    "FIRST_SCRAPE",
     "MetricsError",
     "PodCounters",
     "PodSample",
@@ -166,6 +167,10 @@ def prometheus_reading(
 # ---- the pods' /metrics -----------------------------------------------------------------------------
 
 
+FIRST_SCRAPE = "rates need a second scrape"
+"""The problem of a pool's first reading from its pods (held, without a Warning)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PodSample:
     """What one pod's /metrics said (None: the pod does not export that metric)."""
@@ -291,6 +296,8 @@ def pool_reading(
         return Reading(values, METRIC_NAMES, f"{len(failed)} ready pod(s) not scraped ({pod}: {why})")
     if not samples:
         return _with_missing(values, "no pod answered")
+    if rates[1] is None:
+        return _with_missing(values, FIRST_SCRAPE)
     return _with_missing(values, None)
 
 

@@ -7,9 +7,10 @@
   ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, ``vllm:request_prompt_tokens``
   and ``vllm:time_to_first_token_seconds`` histograms). A pod seen for the first time starts with
   the current load;
-- ``POST /load`` with JSON ``{"waiting": 40, "running": 2, "kv": 0.3, "requestsPerSecond": 5,
-  "promptTokensPerRequest": 1000, "ttftSeconds": 0.2}`` (any subset): every pod's load from now on,
-  per pod. Counters grow at ``requestsPerSecond`` (× ``promptTokensPerRequest`` for prompt tokens);
+- ``POST /load`` with JSON ``{"pods": "chat-", "waiting": 40, "running": 2, "kv": 0.3,
+  "requestsPerSecond": 5, "promptTokensPerRequest": 1000, "ttftSeconds": 0.2}`` (any subset): the
+  load, per pod, from now on of every pod whose name starts with ``pods`` (other pods: idle).
+  Counters grow at ``requestsPerSecond`` (× ``promptTokensPerRequest`` for prompt tokens);
 - ``POST /queue`` with ``{"depth": 130}``: the gauge ``kafka_consumergroup_lag{consumergroup="workers",
   topic="tasks",partition="0"}`` on ``GET /queue/metrics`` (a ToolBinding's broker as its exporter
   shows it).
@@ -82,7 +83,7 @@ class PodLoad:
 class FakeEngine:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.load = {
+        self.idle = {
             "waiting": 0.0,
             "running": 0.0,
             "kv": 0.0,
@@ -90,21 +91,30 @@ class FakeEngine:
             "promptTokensPerRequest": 1000.0,
             "ttftSeconds": 0.1,
         }
+        self.loads: dict[str, dict[str, float]] = {}
+        """Pod name prefix → the load of each pod it names."""
         self.pods: dict[str, PodLoad] = {}
         self.queue_depth = 0.0
 
-    def set_load(self, change: dict[str, Any]) -> None:
+    def load_of(self, pod: str) -> dict[str, float]:
+        prefixes = [p for p in self.loads if pod.startswith(p)]
+        return dict(self.loads[max(prefixes, key=len)] if prefixes else self.idle)
+
+    def set_load(self, change: dict[str, Any]) -> dict[str, float]:
+        prefix = str(change.get("pods", ""))
         with self.lock:
             now = time.monotonic()
             for pod in self.pods.values():
                 pod.advance(now)
-            self.load.update({k: float(v) for k, v in change.items() if k in self.load})
-            for pod in self.pods.values():
-                pod.load = dict(self.load)
+            load = self.loads.setdefault(prefix, dict(self.idle))
+            load.update({k: float(v) for k, v in change.items() if k in self.idle})
+            for name, pod in self.pods.items():
+                pod.load = self.load_of(name)
+            return dict(load)
 
     def metrics(self, pod: str) -> str:
         with self.lock:
-            state = self.pods.setdefault(pod, PodLoad(dict(self.load)))
+            state = self.pods.setdefault(pod, PodLoad(self.load_of(pod)))
             state.advance(time.monotonic())
             return state.exposition()
 
@@ -141,13 +151,13 @@ def serve(port: int) -> None:
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
             if self.path == "/load":
-                engine.set_load(body)
+                answer: Any = engine.set_load(body)
             elif self.path == "/queue":
-                engine.queue_depth = float(body["depth"])
+                engine.queue_depth = answer = float(body["depth"])
             else:
                 self._answer(404, "not found\n")
                 return
-            self._answer(200, json.dumps(engine.load), "application/json")
+            self._answer(200, json.dumps(answer), "application/json")
 
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 

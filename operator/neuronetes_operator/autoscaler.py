@@ -39,6 +39,7 @@ from neuronetes.autoscale import (
     TokenAutoscaler,
 )
 from neuronetes.autoscale import lag_replicas as lag_rule
+from neuronetes.autoscale.signals import METRIC_NAMES
 
 from .metrics_source import (
     FIRST_SCRAPE,
@@ -214,7 +215,8 @@ class PoolState:
         else:
             desired, rule = current, "hold"
             if self.autoscaler is not None and reading is not None:
-                signals = PoolSignals(now=now, **dict(reading.values), stale=reading.stale)
+                values = {name: reading.values.get(name) for name in METRIC_NAMES}
+                signals = PoolSignals(now=now, **values, stale=reading.stale)
                 decision = self.autoscaler.decide(signals, counts, bounds)
                 desired, rule = decision.desired, decision.rule
             if lag is not None and lag.desired > desired:
@@ -341,6 +343,12 @@ def _own_conditions(
     return kept
 
 
+def _autoscaled(pool: Mapping[str, Any]) -> bool:
+    """Whether the pool's spec asks for autoscaling (``enabled`` defaults to true in the block)."""
+    block = (pool.get("spec") or {}).get("autoscaling")
+    return isinstance(block, Mapping) and block.get("enabled", True) is not False
+
+
 # ---- the operator's metrics ----------------------------------------------------------------------
 
 
@@ -401,6 +409,7 @@ class AutoscalerController:
         self._gauged: set[tuple[str, str]] = set()
         self._unreadable: dict[tuple[str, str], str] = {}
         """ToolBinding → the reason its queue was last unreadable (one Warning per change)."""
+        self._binding_written: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
         self._scrapes = ThreadPoolExecutor(
             settings.scrape_concurrency, thread_name_prefix="autoscaler-scrape"
         )
@@ -425,11 +434,7 @@ class AutoscalerController:
         now = self.clock()
         pools = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in self._list("agentpools")}
         lag = self._bindings(pools, now)
-        candidates = sorted(
-            k
-            for k, p in pools.items()
-            if ((p.get("spec") or {}).get("autoscaling") or {}).get("enabled", False) or k in lag
-        )
+        candidates = sorted(k for k, p in pools.items() if _autoscaled(p) or k in lag)
         for gone in set(self._pools) - set(candidates):
             del self._pools[gone]
         for gone in self._gauged - set(candidates):
@@ -532,8 +537,8 @@ class AutoscalerController:
             url = source.prometheus_url or self.settings.prometheus_url
             if url is None:
                 return Reading(
-                    {},
-                    (),
+                    dict.fromkeys(METRIC_NAMES),
+                    METRIC_NAMES,
                     "source prometheus without prometheusURL (nor the operator's autoscaler.prometheusURL)",
                 )
             prom = PrometheusClient(url, self.settings.http_timeout_seconds)
@@ -637,13 +642,18 @@ class AutoscalerController:
         )
         threshold = cfg.max_lag_threshold if cfg.max_lag_threshold is not None else 0
         desired, lag = lag_rule(max(depth, 0.0), current, cfg.prefetch, cfg.throughput, threshold, bounds)
-        status = {
-            "queueDepth": round(depth),
+        status: dict[str, Any] = {
+            "queueDepth": round(max(depth, 0.0)),
             "lag": round(lag),
             "desiredReplicas": desired,
-            "lastPollTime": _iso(now),
         }
-        if desired > current:
-            status["lastScaleTime"] = _iso(now)
-        patch_status(self.custom, "toolbindings", meta, {"status": status})
+        written = self._binding_written.get(binding)
+        # Written when it changes, else at most every STATUS_REFRESH_S (each write wakes the
+        # binding's reconcile).
+        if written is None or written[0] != status or now - written[1] >= STATUS_REFRESH_S:
+            self._binding_written[binding] = (dict(status), now)
+            status["lastPollTime"] = _iso(now)
+            if desired > current:
+                status["lastScaleTime"] = _iso(now)
+            patch_status(self.custom, "toolbindings", meta, {"status": status})
         return key, LagAsk(desired=desired, lag=lag, binding=meta["name"])

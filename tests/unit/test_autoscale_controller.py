@@ -28,6 +28,7 @@ from neuronetes_operator.metrics_source import (
     pool_queries,
     pool_reading,
     prometheus_reading,
+    scrape,
 )
 
 pytestmark = pytest.mark.unit
@@ -355,3 +356,60 @@ def test_replica_counts_and_turns() -> None:
         taken, turn = rotate(list(range(5)), turn, 2)
         served += taken
     assert served == [0, 1, 2, 3, 4, 0]
+
+
+# ---- source: pods, against the fake engine process -------------------------------------------------
+
+
+@pytest.fixture
+def engine() -> Iterator[str]:
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fake = Path(__file__).parents[1] / "e2e" / "fake_vllm.py"
+    proc = subprocess.Popen([sys.executable, str(fake), str(port)])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                scrape(f"{url}/pods/x/metrics", 1, 1 << 20, NAMES)
+                break
+            except MetricsError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_scraped_pods_give_sums_rates_and_a_bounded_body(engine: str) -> None:
+    import urllib.request
+
+    body = json.dumps({"pods": "chat-", "waiting": 3, "running": 1, "kv": 0.4, "requestsPerSecond": 10})
+    urllib.request.urlopen(urllib.request.Request(f"{engine}/load", body.encode()), timeout=5).read()
+    counters = PodCounters()
+    pods = ("chat-0", "chat-1")
+    first = {p: scrape(f"{engine}/pods/{p}/metrics", 2, 1 << 20, NAMES) for p in pods}
+    counters.rates(0.0, first)  # the caller's clock: the second scrape is "2 s" later
+    second = {p: scrape(f"{engine}/pods/{p}/metrics", 2, 1 << 20, NAMES) for p in pods}
+    tokens_rate, requests_rate = counters.rates(2.0, second)
+    assert (
+        tokens_rate is not None
+        and requests_rate is not None
+        and tokens_rate == pytest.approx(requests_rate * 1000)
+    )
+    r = pool_reading(second, {}, (tokens_rate, requests_rate), NAMES)
+    assert (r.values["waiting_requests"], r.values["running_requests"], r.values["kv_cache_usage"]) == (
+        6,
+        2,
+        0.4,
+    )
+    assert r.values["tokens_in_queue"] == 6 * 1000 and r.stale == ()
+    with pytest.raises(MetricsError, match="body over 1024 bytes"):
+        scrape(f"{engine}/pods/chat-0/metrics", 2, 1024, NAMES)

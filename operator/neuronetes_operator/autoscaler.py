@@ -284,7 +284,10 @@ class PoolState:
             rule=rule,
             decision=decision,
             status=status,
-            conditions=_own_conditions(conditions, conflict, stale, problem, generation, now),
+            # The first scrape's missing rates are not worth a condition that the next tick clears.
+            conditions=_own_conditions(
+                conditions, conflict, () if problem == FIRST_SCRAPE else stale, problem, generation, now
+            ),
             events=events,
             ready_after_s=ready_after,
         )

@@ -207,7 +207,7 @@ def test_the_first_scrape_holds_without_a_warning() -> None:
     first = pool_reading({"a": parse_exposition(EXPOSITION, NAMES)}, {}, (None, None), NAMES)
     assert first.stale == ("request_rate",) and first.problem == FIRST_SCRAPE
     step = _tick(PoolState(SPEC, 5.0), 1000.0, 3, first)
-    assert step.rule == "hold:stale-metrics" and step.events == []
+    assert step.rule == "hold:stale-metrics" and step.events == [] and step.conditions is None
 
 
 def test_a_ready_pod_not_scraped_makes_the_pool_stale() -> None:

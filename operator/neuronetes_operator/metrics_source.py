@@ -111,9 +111,12 @@ class PrometheusClient:
 
 
 def pod_selector(namespace: str, pods: Sequence[str]) -> str:
-    """The PromQL label matchers of a pool's pods: ``namespace="ns",pod=~"a|b"``."""
+    """The PromQL label matchers of a pool's pods: ``namespace="ns",pod=~`a|b```.
+
+    The regex is a raw (backtick) PromQL string, so its escapes reach RE2 as they are.
+    """
     names = "|".join(re.escape(p) for p in sorted(pods)) or "^$"
-    return f'namespace="{namespace}",pod=~"{names}"'
+    return f'namespace="{namespace}",pod=~`{names}`'
 
 
 def pool_queries(names: MetricNames, selector: str, window_s: int) -> dict[str, str]:

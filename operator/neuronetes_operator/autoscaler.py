@@ -73,6 +73,8 @@ CONDITION_CONFLICT, CONDITION_STALE = AUTOSCALER_CONDITIONS
 STATUS_REFRESH_S = 30.0
 """status.autoscaling is written when the decision changes, else at most this often (each write
 wakes the pool's reconcile)."""
+KEDA_RECHECK_S = 60.0
+"""How long a cluster without KEDA's ScaledObject CRD is not asked again."""
 _DIGITS = re.compile(r"\d+(\.\d+)?")
 
 
@@ -408,7 +410,8 @@ class AutoscalerController:
         self._pools: dict[tuple[str, str], PoolState] = {}
         self._pool_turn = 0
         self._binding_turn = 0
-        self._keda = True  # until the API says the CRD is not there
+        self._keda_absent_until = -math.inf
+        """Until when KEDA's ScaledObject CRD is taken as absent (asked again every KEDA_RECHECK_S)."""
         self._gauged: set[tuple[str, str]] = set()
         self._unreadable: dict[tuple[str, str], str] = {}
         """ToolBinding → the reason its queue was last unreadable (one Warning per change)."""
@@ -444,14 +447,14 @@ class AutoscalerController:
             self.metrics.desired.remove(*gone)
             self._gauged.discard(gone)
         chosen, self._pool_turn = rotate(candidates, self._pool_turn, self.settings.pools_per_tick)
-        conflicts = self._conflicts({ns for ns, _ in chosen})
+        conflicts = self._conflicts({ns for ns, _ in chosen}, now)
         for key in chosen:
             try:
                 self._pool(pools[key], now, lag.get(key), conflicts.get(key))
             except (ApiException, OSError, ValueError, msgspec.ValidationError) as exc:
                 log.warning("autoscaling of %s/%s failed: %s", key[0], key[1], exc)
 
-    def _conflicts(self, namespaces: Iterable[str]) -> dict[tuple[str, str], str]:
+    def _conflicts(self, namespaces: Iterable[str], now: float) -> dict[tuple[str, str], str]:
         """Pools targeted by another autoscaler: pool → "HorizontalPodAutoscaler ns/name"."""
         out: dict[tuple[str, str], str] = {}
         for ns in sorted(namespaces):
@@ -459,13 +462,13 @@ class AutoscalerController:
                 ref = hpa.spec.scale_target_ref
                 if ref.kind == "AgentPool" and (ref.api_version or "").split("/")[0] == c.GROUP:
                     out.setdefault((ns, ref.name), f"HorizontalPodAutoscaler {ns}/{hpa.metadata.name}")
-            if not self._keda:
+            if now < self._keda_absent_until:
                 continue
             try:
                 found = self.custom.list_namespaced_custom_object("keda.sh", "v1alpha1", ns, "scaledobjects")
             except ApiException as exc:
-                if exc.status == 404:  # no KEDA in this cluster
-                    self._keda = False
+                if exc.status == 404:  # no KEDA in this cluster (yet)
+                    self._keda_absent_until = now + KEDA_RECHECK_S
                     continue
                 raise
             for obj in found.get("items") or []:

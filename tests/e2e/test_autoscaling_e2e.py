@@ -34,6 +34,28 @@ from neuronetes_operator.pods import LABEL_POOL
 pytestmark = [pytest.mark.e2e, needs_prometheus]
 
 NS = "autoscaling-e2e"
+# KEDA's ScaledObject as far as the controller reads it (the real CRD's schema is KEDA's; the
+# controller lists the objects and reads spec.scaleTargetRef).
+KEDA_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "scaledobjects.keda.sh"},
+    "spec": {
+        "group": "keda.sh",
+        "scope": "Namespaced",
+        "names": {"plural": "scaledobjects", "singular": "scaledobject", "kind": "ScaledObject"},
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
+    },
+}
 FAKE = Path(__file__).with_name("fake_vllm.py")
 
 
@@ -112,6 +134,8 @@ def env(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     ext.start()
     cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
     cluster.kubectl("create", "namespace", NS)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(KEDA_CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s")
     cluster.add_nodes("dgx-a100-80gb", 2, "as-dgx")
     engines = Engines(cluster, work)
     (work / "prom").mkdir()
@@ -129,6 +153,7 @@ def env(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             yield {"engines": engines, "prom": prom, "metrics": f"http://127.0.0.1:{metrics_port}/metrics"}
     finally:
         cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
+        cluster.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=false", check=False)
         local.stop()
         engines.stop()
         cluster.set_extender(ExtenderConfig.from_env())
@@ -277,15 +302,36 @@ def test_a_stopped_prometheus_never_scales_down(
     assert "did not answer" in warnings[-1]["message"]
 
 
+def stays_passive(cluster: E2ECluster, env: dict[str, Any], name: str, other: dict[str, Any]) -> str:
+    """Pool `name` at 1 replica and `other` (an autoscaler's object, without ``scaleTargetRef``)
+    targeting it: under load that would scale it, it stays put for 5 decisions, naming `other`."""
+    apply(cluster, pool_yaml(name, f"http://127.0.0.1:{env['prom'].port}", replicas=1))
+    other["spec"]["scaleTargetRef"] = {
+        "apiVersion": "neuronetes.io/v1alpha1",
+        "kind": "AgentPool",
+        "name": name,
+    }
+    apply(cluster, json.dumps(other))
+    kind = {"HorizontalPodAutoscaler": "HorizontalPodAutoscaler", "ScaledObject": "KEDA ScaledObject"}
+    named = f"{kind[other['kind']]} {NS}/{other['metadata']['name']}"
+    env["engines"].load(name, waiting=50, running=1, requestsPerSecond=1)
+    found = wait_until(lambda: condition(cluster, name, "AutoscalerConflict"), timeout=60, what="conflict")
+    assert named in found["message"]
+    before = decisions(env, name, "hold:conflict")
+    wait_until(
+        lambda: decisions(env, name, "hold:conflict") >= before + 5, timeout=60, what="5 passive ticks"
+    )
+    assert replicas(cluster, name) == 1
+    assert pool(cluster, name)["status"]["autoscaling"]["conflict"] == named
+    return named
+
+
 def test_an_hpa_on_the_pool_makes_the_autoscaler_passive(cluster: E2ECluster, env: dict[str, Any]) -> None:
-    engines, prom = env["engines"], env["prom"]
-    apply(cluster, pool_yaml("web", f"http://127.0.0.1:{prom.port}", replicas=1))
     hpa = {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
         "metadata": {"name": "web-hpa"},
         "spec": {
-            "scaleTargetRef": {"apiVersion": "neuronetes.io/v1alpha1", "kind": "AgentPool", "name": "web"},
             "minReplicas": 1,
             "maxReplicas": 4,
             "metrics": [
@@ -296,18 +342,7 @@ def test_an_hpa_on_the_pool_makes_the_autoscaler_passive(cluster: E2ECluster, en
             ],
         },
     }
-    apply(cluster, json.dumps(hpa))
-    engines.load("web", waiting=50, running=1, requestsPerSecond=1)  # would scale up if it acted
-    found = wait_until(lambda: condition(cluster, "web", "AutoscalerConflict"), timeout=60, what="conflict")
-    assert f"HorizontalPodAutoscaler {NS}/web-hpa" in found["message"]
-    before = decisions(env, "web", "hold:conflict")
-    wait_until(
-        lambda: decisions(env, "web", "hold:conflict") >= before + 5, timeout=60, what="5 passive ticks"
-    )
-    assert replicas(cluster, "web") == 1
-    assert (
-        pool(cluster, "web")["status"]["autoscaling"]["conflict"] == f"HorizontalPodAutoscaler {NS}/web-hpa"
-    )
+    assert stays_passive(cluster, env, "web", hpa) == f"HorizontalPodAutoscaler {NS}/web-hpa"
 
 
 def test_a_bindings_lag_over_its_threshold_scales_its_pool(cluster: E2ECluster, env: dict[str, Any]) -> None:
@@ -358,3 +393,23 @@ spec:
     up = [e["message"] for e in events(cluster, "workers") if e["reason"] == "AutoscaledUp"]
     assert up and "by toolbinding-lag (ToolBinding tasks)" in up[0]
     assert [p for p in get_json(cluster, "pods", "-n", NS, "-l", f"{LABEL_POOL}=workers")["items"]]
+
+
+def test_a_keda_scaledobject_on_the_pool_makes_the_autoscaler_passive(
+    cluster: E2ECluster, env: dict[str, Any]
+) -> None:
+    scaled = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "batch-so"},
+        "spec": {
+            "triggers": [{"type": "prometheus", "metadata": {"query": "sum(up)", "threshold": "1"}}],
+        },
+    }
+    assert stays_passive(cluster, env, "batch", scaled) == f"KEDA ScaledObject {NS}/batch-so"
+    # The ScaledObject goes: the controller acts again, and the condition goes with the conflict.
+    cluster.kubectl("delete", "scaledobject", "batch-so", "-n", NS)
+    wait_until(lambda: replicas(cluster, "batch") > 1, timeout=60, what="batch scaled up once free")
+    wait_until(
+        lambda: condition(cluster, "batch", "AutoscalerConflict") is None, timeout=30, what="conflict gone"
+    )

@@ -183,6 +183,10 @@ METRIC_SLICE_OOM_REFUSALS: Final = "neuronetes_slice_oom_refusals_total"
 METRIC_SLICE_PAUSED: Final = "neuronetes_slice_paused"
 # per pod (agent, NVML reconciliation of shared GPUs)
 METRIC_SLICE_EVICTIONS: Final = "neuronetes_slice_evictions_total"
+# per AgentPool (operator, the autoscaling controller)
+METRIC_AUTOSCALER_DECISIONS: Final = "neuronetes_autoscaler_decisions_total"
+METRIC_AUTOSCALER_DESIRED: Final = "neuronetes_autoscaler_desired_replicas"
+METRIC_SCALEUP_TO_READY: Final = "neuronetes_scaleup_decision_to_ready_seconds"
 
 
 class MetricType(enum.StrEnum):
@@ -382,6 +386,24 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         ("Hostname", "namespace", "pod", "reason"),
         "Pods with a slice that NVML reconciliation found holding GPU memory past the shim, by reason "
         "(unshimmed, over_limit): evicted, or only reported under --reconcile=report.",
+    ),
+    MetricSpec(
+        METRIC_AUTOSCALER_DECISIONS,
+        MetricType.COUNTER,
+        ("namespace", "pool", "rule"),
+        "Autoscaling decisions by AgentPool and the rule that decided (docs/autoscaling.md).",
+    ),
+    MetricSpec(
+        METRIC_AUTOSCALER_DESIRED,
+        MetricType.GAUGE,
+        ("namespace", "pool"),
+        "Replicas the autoscaling controller last decided for an AgentPool.",
+    ),
+    MetricSpec(
+        METRIC_SCALEUP_TO_READY,
+        MetricType.HISTOGRAM,
+        ("namespace", "pool"),
+        "Seconds from a scale-up decision to all of its replicas Ready (seen at the next tick).",
     ),
 )
 """Every metric NeuroNetes exports; docs/contracts.md lists the same table."""

@@ -338,6 +338,24 @@ class PolicyState(_Object):
     effect: Annotated[str, Meta(max_length=1024)] | None = None
 
 
+class AutoscalingStatus(_Object):
+    """The autoscaling controller's last decision (docs/autoscaling.md, "The controller")."""
+
+    current_replicas: NonNegative | None = None
+    desired_replicas: NonNegative | None = None
+    rule: Annotated[str, Meta(max_length=64)] | None = None
+    expected_ttft_seconds: Annotated[float, Meta(ge=0)] | None = field(
+        default=None, name="expectedTTFTSeconds"
+    )
+    inputs: Annotated[dict[str, float], Meta(max_length=32)] | None = None
+    stale_metrics: Annotated[list[Str63], Meta(max_length=16)] | None = None
+    message: Annotated[str, Meta(max_length=1024)] | None = None
+    conflict: Annotated[str, Meta(max_length=512)] | None = None
+    last_decision_time: datetime | None = None
+    next_decision_time: datetime | None = None
+    last_scale_time: datetime | None = None
+
+
 class AgentPoolStatus(_Object):
     phase: Literal["Pending", "Scheduling", "Ready", "Scaling", "Degraded", "Failed"] | None = None
     replicas: NonNegative | None = None
@@ -352,6 +370,7 @@ class AgentPoolStatus(_Object):
     observed_generation: NonNegative | None = None
     placements: Annotated[list[Placement], Meta(max_length=1024)] | None = None
     policies: Annotated[list[PolicyState], Meta(max_length=16)] | None = None
+    autoscaling: AutoscalingStatus | None = None
     conditions: Conditions | None = None
 
 

@@ -22,10 +22,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
+from prometheus_client import CollectorRegistry, start_http_server
 
 from neuronetes import contracts as c
 
 from .admission import ANNOTATION_SLICE
+from .autoscaler import AutoscalerController, AutoscalerMetrics
 from .controller import PLURAL, PoolController
 from .gang_retry import pool_of_gang
 from .objects import post_event
@@ -86,6 +88,18 @@ async def _worker(queue: WorkQueue, reconcile: Callable[[str, str], object]) -> 
             queue.add(key)
 
 
+async def _autoscale(autoscaler: AutoscalerController, every: float) -> None:
+    """The autoscaling controller's ticks, one at a time, every `every` seconds (docs/autoscaling.md,
+    "The controller"); a tick's work is bounded by its settings (poolsPerTick, bindingsPerTick)."""
+    while True:
+        started = asyncio.get_running_loop().time()
+        try:
+            await asyncio.to_thread(autoscaler.tick)
+        except Exception as exc:  # the next tick retries; the loop must not die
+            log.warning("autoscaling tick failed: %s", exc)
+        await asyncio.sleep(max(0.0, every - (asyncio.get_running_loop().time() - started)))
+
+
 async def _resync(queues: Mapping[str, WorkQueue], controller: PoolController, every: float) -> None:
     """Every `every` seconds, every pool and every slice (a Pending one may fit now) is queued."""
     while True:
@@ -121,9 +135,10 @@ def connection_info(cfg: Any) -> kopf.ConnectionInfo:
 def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any) -> kopf.OperatorRegistry:
     """The kopf handlers, registered in their own registry (nothing global)."""
     registry = kopf.OperatorRegistry()
+    metrics_registry = CollectorRegistry()
     # The handlers are coroutines: they run on the loop that owns the queue (sync handlers would run
     # in kopf's thread pool, and asyncio queues are not thread-safe).
-    state: dict[str, Any] = {"api": api, "bindings": {}}
+    state: dict[str, Any] = {"api": api, "bindings": {}, "metrics": AutoscalerMetrics(metrics_registry)}
     cfg = settings
 
     @kopf.on.startup(registry=registry)
@@ -147,6 +162,14 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
         # One slice worker: slices are bound one at a time (see slice_controller).
         state["tasks"].append(asyncio.create_task(_worker(slice_queue, slices.reconcile)))
         state["tasks"].append(asyncio.create_task(_worker(binding_queue, controller.reconcile_binding)))
+        if cfg.metrics_port:
+            state["metrics_server"] = start_http_server(cfg.metrics_port, registry=metrics_registry)[0]
+        if cfg.autoscaler.enabled:
+            autoscaler = AutoscalerController(api, cfg.autoscaler, state["metrics"], cfg.namespaces)
+            state["autoscaler"] = autoscaler
+            state["tasks"].append(
+                asyncio.create_task(_autoscale(autoscaler, cfg.autoscaler.interval_seconds))
+            )
         state["tasks"].append(
             asyncio.create_task(
                 _resync(
@@ -166,6 +189,10 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
     async def cleanup(**_: Any) -> None:
         for task in state.get("tasks", []):
             task.cancel()
+        if "autoscaler" in state:
+            state["autoscaler"].close()
+        if "metrics_server" in state:
+            state["metrics_server"].shutdown()
 
     @kopf.on.event(c.GROUP, c.VERSION, PLURAL, registry=registry)
     async def pool_event(namespace: str | None, name: str, **_: Any) -> None:

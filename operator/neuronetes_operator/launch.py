@@ -224,6 +224,11 @@ def operator_rbac(namespace: str, service_account: str = "neuronetes-operator") 
             "verbs": ["get", "list", "watch"],
         },
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+        # The autoscaling controller: spec.replicas through the scale subresource, and the other
+        # autoscalers that would make it passive (docs/autoscaling.md, "The controller").
+        {"apiGroups": [c.GROUP], "resources": ["agentpools/scale"], "verbs": ["get", "patch"]},
+        {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": ["list"]},
+        {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"], "verbs": ["list"]},
     ]
     return [
         {

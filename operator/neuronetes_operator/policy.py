@@ -16,6 +16,8 @@ __all__ = ["POLICY_CONTROLLER", "ResolvedPool", "cost_optimization_enabled", "re
 
 POLICY_CONTROLLER = "validated; takes effect in the policy controller"
 """The `effect` of a policy block that the operator shows but does not act on itself."""
+AUTOSCALING_CONTROLLER = "the autoscaling controller sets spec.replicas (status.autoscaling)"
+"""The `effect` of `spec.autoscaling` (`neuronetes_operator.autoscaler`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +88,7 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
     out: list[PolicyState] = []
     if spec.autoscaling is not None:
         out.append(
-            PolicyState(name="autoscaling", enabled=spec.autoscaling.enabled, effect=POLICY_CONTROLLER)
+            PolicyState(name="autoscaling", enabled=spec.autoscaling.enabled, effect=AUTOSCALING_CONTROLLER)
         )
     if s is None:
         return tuple(out)

@@ -8,7 +8,40 @@ from typing import Annotated, Any
 import msgspec
 import msgspec.yaml
 
-__all__ = ["OperatorSettings", "load_settings"]
+__all__ = ["AutoscalerSettings", "OperatorSettings", "load_settings"]
+
+
+class AutoscalerSettings(
+    msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True, frozen=True
+):
+    """The autoscaling controller (docs/autoscaling.md, "The controller").
+
+    Attributes:
+        enabled: run the controller (off: ``spec.autoscaling`` and ``autoscaleOnLag`` are not acted on).
+        interval_seconds: one tick every this many seconds (each pool's decision interval).
+        pools_per_tick: pools decided in one tick at most; a cluster with more is served in turns
+            (each tick starts where the last stopped), so each pool is decided at least every
+            ``ceil(pools / poolsPerTick)`` ticks.
+        bindings_per_tick: ToolBindings read in one tick at most, in turns as the pools.
+        http_timeout_seconds: one Prometheus query or one pod scrape, connect and read together.
+        scrape_concurrency: pod scrapes (``source: pods``) or Prometheus queries in flight at once.
+        max_scrape_bytes: a pod's /metrics body read at most; a larger one counts as a failed scrape.
+        prometheus_url: the Prometheus of pools with ``source: prometheus`` and no ``prometheusURL``,
+            and of ToolBindings without ``spec.queue.address``.
+        rate_window_seconds: the window of the counters' rates in PromQL (``rate(...[Ns])``).
+    """
+
+    enabled: bool = True
+    interval_seconds: Annotated[float, msgspec.Meta(ge=0.5, le=300)] = 5.0
+    pools_per_tick: Annotated[int, msgspec.Meta(ge=1, le=10000)] = 100
+    bindings_per_tick: Annotated[int, msgspec.Meta(ge=1, le=10000)] = 100
+    http_timeout_seconds: Annotated[float, msgspec.Meta(ge=0.1, le=60)] = 2.0
+    scrape_concurrency: Annotated[int, msgspec.Meta(ge=1, le=256)] = 16
+    max_scrape_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 << 20)] = 4 << 20
+    prometheus_url: Annotated[str, msgspec.Meta(max_length=2048, pattern=r"^https?://[^\s]+$")] | None = (
+        msgspec.field(default=None, name="prometheusURL")
+    )
+    rate_window_seconds: Annotated[int, msgspec.Meta(ge=2, le=3600)] = 60
 
 
 class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True, frozen=True):
@@ -25,6 +58,8 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
         batch_size: pod creations and deletions one reconcile of a pool does at most (whole gangs:
             a gang larger than this goes alone); a pool with more to do is reconciled again at once,
             behind the pools already queued (docs/agentpool.md, "Batches").
+        metrics_port: serve the operator's Prometheus metrics on this port (all addresses; 0: none).
+        autoscaler: the autoscaling controller's settings (`AutoscalerSettings`).
     """
 
     namespaces: list[str] = msgspec.field(default_factory=list)
@@ -34,6 +69,8 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
     gang_retry_seconds: Annotated[float, msgspec.Meta(ge=0.1, le=3600)] = 10.0
     gang_retry_max_seconds: Annotated[float, msgspec.Meta(ge=1, le=86400)] = 300.0
     batch_size: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 64
+    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    autoscaler: AutoscalerSettings = msgspec.field(default_factory=AutoscalerSettings)
 
 
 def load_settings(path: str | Path | None) -> OperatorSettings:

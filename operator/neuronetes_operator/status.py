@@ -18,7 +18,11 @@ from .pods import LABEL_POOL
 from .policy import ResolvedPool
 from .reconcile import is_ready, is_terminating
 
-__all__ = ["NO_MATCHING_NODES", "pod_gpus", "pool_status", "type_condition"]
+__all__ = ["AUTOSCALER_CONDITIONS", "NO_MATCHING_NODES", "pod_gpus", "pool_status", "type_condition"]
+
+AUTOSCALER_CONDITIONS = ("AutoscalerConflict", "MetricsStale")
+"""Condition types the autoscaling controller owns (`neuronetes_operator.autoscaler`): a status
+written here carries them over as they are."""
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> int:
@@ -255,5 +259,25 @@ def pool_status(
         observed_generation=generation,
         placements=sorted((_placement(p) for p in bound), key=lambda x: x.pod)[:1024],
         policies=list(resolved.policies),
-        conditions=_merge_times(conditions, old, now),
+        conditions=_merge_times(conditions, old, now) + _autoscaler_conditions(old),
     )
+
+
+def _autoscaler_conditions(old: Sequence[Mapping[str, Any]]) -> list[Condition]:
+    out = []
+    for cd in old:
+        if cd.get("type") in AUTOSCALER_CONDITIONS:
+            since = cd.get("lastTransitionTime")
+            out.append(
+                Condition(
+                    type=str(cd["type"]),
+                    status=cd.get("status", "Unknown"),
+                    observed_generation=cd.get("observedGeneration"),
+                    last_transition_time=None
+                    if not since
+                    else datetime.fromisoformat(str(since).replace("Z", "+00:00")),
+                    reason=cd.get("reason"),
+                    message=cd.get("message"),
+                )
+            )
+    return out

@@ -47,8 +47,15 @@ def free_port() -> int:
 
 class PrometheusServer:
     def __init__(
-        self, workdir: Path, targets: Mapping[str, Sequence[str]], *, rule_files: Sequence[Path] = ()
+        self,
+        workdir: Path,
+        targets: Mapping[str, Sequence[str]],
+        *,
+        rule_files: Sequence[Path] = (),
+        file_sd: Mapping[str, Path] | None = None,
     ) -> None:
+        """``file_sd``: job → a file_sd JSON file of targets and their labels (``__metrics_path__``
+        included), reread as it changes."""
         self.workdir = workdir
         self.port = free_port()
         config = {
@@ -57,6 +64,10 @@ class PrometheusServer:
             "scrape_configs": [
                 {"job_name": job, "static_configs": [{"targets": list(addresses)}]}
                 for job, addresses in targets.items()
+            ]
+            + [
+                {"job_name": job, "file_sd_configs": [{"files": [str(path)], "refresh_interval": "1s"}]}
+                for job, path in (file_sd or {}).items()
             ],
         }
         self.config = workdir / "prometheus.yml"

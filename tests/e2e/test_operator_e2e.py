@@ -565,7 +565,7 @@ def test_toolbindings_resolve_their_pool(cluster: E2ECluster, stack: LocalStack)
     wait_until(lambda: phase("rag-binding") == "Active", timeout=30, what="rag-binding Active")
     st = get_json(cluster, "toolbinding", "queue-binding", "-n", NS)["status"]
     reasons = {cd["type"]: cd["reason"] for cd in st["conditions"]}
-    assert reasons == {"Bound": "NoPoolRef", "LagScaling": "PolicyController"}
+    assert reasons == {"Bound": "NoPoolRef", "LagScaling": "QueueNotReadable"}
 
 
 def test_a_pool_of_a_gpu_type_no_node_has_is_not_a_silent_pending(

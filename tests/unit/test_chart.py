@@ -211,6 +211,31 @@ def test_operator_settings_load_with_the_operators_defaults() -> None:
     assert loaded == operator_settings.OperatorSettings()
 
 
+def test_autoscaler_settings_and_the_metrics_port_reach_the_operator(tmp_path: Path) -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    props = schema["properties"]["operator"]["properties"]["settings"]["properties"]["autoscaler"]
+    fields = msgspec.structs.fields(operator_settings.AutoscalerSettings)
+    assert set(props["properties"]) == {f.encode_name for f in fields}
+    values = {
+        "operator": {
+            "settings": {
+                "metricsPort": 9102,
+                "autoscaler": {"intervalSeconds": 2, "prometheusURL": "http://prometheus.monitoring:9090"},
+            }
+        }
+    }
+    objects = render(values, tmp=tmp_path)
+    loaded = msgspec.convert(
+        _config_map_file(objects, "neuronetes-operator-settings", "settings.yaml"),
+        operator_settings.OperatorSettings,
+    )
+    assert loaded.metrics_port == 9102 and loaded.autoscaler.interval_seconds == 2
+    assert loaded.autoscaler.prometheus_url == "http://prometheus.monitoring:9090"
+    operator = containers(one(objects, "Deployment", "neuronetes-operator"))["operator"]
+    assert operator["ports"] == [{"name": "metrics", "containerPort": 9102}]
+    assert "ports" not in containers(one(default_objects(), "Deployment", "neuronetes-operator"))["operator"]
+
+
 def _webhooks_without_client_config(objects: Any) -> list[dict[str, Any]]:
     out = []
     for obj in objects:

@@ -12,7 +12,7 @@ from apitools import seed_examples
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, AgentPoolSpec, decode
 from neuronetes_operator.pods import LABEL_POOL, LABEL_TEMPLATE_HASH, desired_pods
-from neuronetes_operator.policy import POLICY_CONTROLLER, resolve
+from neuronetes_operator.policy import AUTOSCALING_CONTROLLER, POLICY_CONTROLLER, resolve
 from neuronetes_operator.reconcile import plan
 from neuronetes_operator.status import pool_status
 
@@ -101,6 +101,7 @@ def test_policy_blocks_are_shown_never_dropped() -> None:
         "preemption",
     }
     assert names["carbonAware"].effect == POLICY_CONTROLLER and names["carbonAware"].enabled
+    assert names["autoscaling"].effect == AUTOSCALING_CONTROLLER
     assert not names["cacheAware"].enabled
     assert "preempt" in (names["preemption"].effect or "")
 

@@ -281,10 +281,12 @@ def test_a_breach_scales_up_with_an_event_and_status_holding_the_numbers() -> No
 def test_the_time_to_ready_is_observed_once_the_scaled_up_replicas_are_ready() -> None:
     state = PoolState(SPEC, 5.0)
     _tick(state, 1000.0, 2, _reading(tokens=20_000, tps=2000, rate=5))
-    starting = _tick(state, 1005.0, 4, _reading(0, 2000, 5), pods=_pods(2, starting=2))
+    # A backlog still standing (no window in SPEC: an empty queue would be right-sized at once).
+    backlog = _reading(3000, 2000, 5)
+    starting = _tick(state, 1005.0, 4, backlog, pods=_pods(2, starting=2))
     assert starting.ready_after_s == []
-    assert _tick(state, 1010.0, 4, _reading(0, 2000, 5), pods=_pods(4)).ready_after_s == [10.0]
-    assert _tick(state, 1015.0, 4, _reading(0, 2000, 5), pods=_pods(4)).ready_after_s == []
+    assert _tick(state, 1010.0, 4, backlog, pods=_pods(4)).ready_after_s == [10.0]
+    assert _tick(state, 1015.0, 4, backlog, pods=_pods(4)).ready_after_s == []
 
 
 def test_stale_metrics_hold_with_one_warning_per_change_and_a_condition() -> None:

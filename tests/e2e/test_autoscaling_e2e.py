@@ -138,7 +138,7 @@ def env(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     cluster.kubectl("create", "namespace", NS)
     cluster.kubectl("apply", "-f", "-", input=json.dumps(KEDA_CRD))
     cluster.kubectl("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s")
-    cluster.add_nodes("dgx-a100-80gb", 2, "as-dgx")
+    nodes = cluster.add_nodes("dgx-a100-80gb", 2, "as-dgx")
     engines = Engines(cluster, work)
     (work / "prom").mkdir()
     prom = PrometheusServer(work / "prom", {}, file_sd={"pods": engines.targets})
@@ -156,6 +156,9 @@ def env(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     finally:
         cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
         cluster.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=false", check=False)
+        # The cluster is shared: later tests place GPU pods on the nodes they made, not on these.
+        cluster.kubectl("delete", "node", *nodes, "--wait=false", check=False)
+        cluster.kubectl("delete", "gpunode", *nodes, "--wait=false", check=False)
         local.stop()
         engines.stop()
         cluster.set_extender(ExtenderConfig.from_env())

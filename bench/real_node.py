@@ -37,6 +37,7 @@ from neuronetes.devcluster import DevCluster
 from neuronetes.devcluster.api import ApiError
 from neuronetes.devcluster.chartmode import LOCAL_VALUES, ChartOps, ChartRelease
 from neuronetes.devcluster.components import REAL_NODE_LABEL
+from neuronetes.devcluster.nodeview import node_processes
 from neuronetes.devcluster.realchart import REAL_NODE_VALUES
 from neuronetes.devcluster.realnodes import BUSYBOX_IMAGE
 
@@ -109,30 +110,6 @@ def create_to_running(dev: DevCluster, count: int, label: str) -> dict[str, floa
     }
 
 
-def _processes(dev: DevCluster, pattern: str) -> list[int]:
-    marker = f"real-node.sh {dev.state_dir / 'real-nodes' / NODE}"
-    cmd = {p: _cmdline(p) for p in os.listdir("/proc") if p.isdigit()}
-    ours = _pid_ns("self")
-    # The node's PID 1 (hack/real-node.sh inside the node's PID namespace, not `unshare` in ours).
-    pid1 = next(p for p, c in cmd.items() if marker in c and _pid_ns(p) not in ("", ours))
-    ns = _pid_ns(pid1)
-    return [int(p) for p, c in cmd.items() if pattern in c and _pid_ns(p) == ns]
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        return Path("/proc", pid, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:  # gone meanwhile
-        return ""
-
-
-def _pid_ns(pid: str) -> str:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:  # gone meanwhile
-        return ""
-
-
 def _cpu_ticks(pid: int) -> int:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
@@ -171,8 +148,8 @@ def agent_at_rest(dev: DevCluster, seconds: float) -> dict[str, Any]:
     )["items"]
     uid = next(p["metadata"]["uid"] for p in pods if p["spec"].get("nodeName") == NODE)
     procs = {
-        "agent": _processes(dev, f"agent run --node={NODE}"),
-        "nri-plugin": _processes(dev, f"neuronetes-nri --node-name={NODE}"),
+        "agent": node_processes(dev.state_dir, NODE, f"agent run --node={NODE}"),
+        "nri-plugin": node_processes(dev.state_dir, NODE, f"neuronetes-nri --node-name={NODE}"),
     }
     before = {k: sum(_cpu_ticks(p) for p in v) for k, v in procs.items()}
     time.sleep(seconds)

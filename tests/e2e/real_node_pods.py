@@ -14,7 +14,6 @@ the simulated GPU's wiring, not NeuroNetes': the plugin injects everything else.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any, Final
@@ -23,7 +22,7 @@ import pytest
 from e2e_cluster import wait_until
 
 from neuronetes import contracts
-from neuronetes.devcluster import DevCluster
+from neuronetes.devcluster import DevCluster, nodeview
 from neuronetes.devcluster.components import REAL_NODE_LABEL
 from neuronetes.devcluster.realchart import GPU_PROBE_IMAGE
 
@@ -163,56 +162,20 @@ def apply(
 # ---- the node's processes and files, as this machine sees them ------------------------------------
 
 
-def _cmdline(pid: str) -> str:
-    try:
-        return Path("/proc", pid, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _pid_ns(pid: str | int) -> str:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return ""
-
-
 def node_pid(dev: DevCluster, node: str) -> int | None:
-    """The node's PID 1 (``hack/real-node.sh`` in the node's own PID namespace, which `unshare`
-    started from ours): its namespaces are the node's, whatever the node's processes do."""
-    marker = f"real-node.sh {dev.state_dir / 'real-nodes' / node}"
-    ours = _pid_ns("self")
-    found = [
-        int(p)
-        for p in os.listdir("/proc")
-        if p.isdigit() and marker in _cmdline(p) and _pid_ns(p) not in ("", ours)
-    ]
-    return min(found) if found else None
+    return nodeview.node_pid(dev.state_dir, node)
 
 
 def node_processes(dev: DevCluster, node: str, pattern: str) -> list[int]:
-    """PIDs (this machine's) of the node's processes whose command line holds `pattern`: the
-    processes of the node's own PID namespace."""
-    pid1 = node_pid(dev, node)
-    assert pid1 is not None, f"node {node} is not running"
-    ns = _pid_ns(pid1)
-    return sorted(
-        int(p) for p in os.listdir("/proc") if p.isdigit() and pattern in _cmdline(p) and _pid_ns(p) == ns
-    )
+    return nodeview.node_processes(dev.state_dir, node, pattern)
 
 
 def node_path(dev: DevCluster, node: str, path: str) -> Path:
-    """A path as the node sees it (its private /run, /dev, /mnt): through its PID 1's root."""
-    pid1 = node_pid(dev, node)
-    assert pid1 is not None, f"node {node} is not running"
-    return Path(f"/proc/{pid1}/root") / path.lstrip("/")
+    return nodeview.node_path(dev.state_dir, node, path)
 
 
 def node_mounts(dev: DevCluster, node: str) -> str:
-    """The mount table (``mountinfo``) of the node's mount namespace."""
-    pid1 = node_pid(dev, node)
-    assert pid1 is not None, f"node {node} is not running"
-    return Path(f"/proc/{pid1}/mountinfo").read_text()
+    return nodeview.node_mounts(dev.state_dir, node)
 
 
 def ledger_uids(dev: DevCluster, node: str) -> set[str]:

@@ -48,7 +48,7 @@ class _Reading:
     arrival_tokens_per_second: float | None
     """Prompt tokens arriving per second: what was prefilled plus the queue's growth (signed)."""
     arrival_replicas: float | None
-    """The replicas that prefill the arrival rate at the target utilization (unrounded)."""
+    """The replicas that prefill the arrival rate with square-root staffing headroom (unrounded)."""
     demand_growth: float
     """How many replicas the demand will have grown by when a replica ordered now is Ready: its rise
     per second over the last load time x the load time (0 when it did not rise)."""
@@ -210,11 +210,11 @@ class TokenAutoscaler:
         arrival = None if measured is None else max(measured + (trend or 0.0), 0.0)
         for_arrivals = steady = None
         if arrival is not None and capacity:
-            for_arrivals = steady = arrival / (capacity * s.target_utilization)
+            for_arrivals = steady = self._staffed(arrival / capacity)
             if kv is not None:
                 # The decode load: the KV cache the ready replicas hold, as if each were as full as
                 # the fullest (an upper bound: the step-down never leaves less KV than in use).
-                steady = max(steady, kv * replicas.ready / s.target_utilization)
+                steady = max(steady, self._staffed(kv * replicas.ready))
         return _Reading(
             tokens,
             waiting,
@@ -229,6 +229,10 @@ class TokenAutoscaler:
             self._growth(now, for_arrivals),
             steady,
         )
+
+    def _staffed(self, load: float) -> float:
+        """The replicas that carry ``load`` replicas' worth of capacity (square-root staffing)."""
+        return load + self.settings.staffing_beta * math.sqrt(load)
 
     def _per_replica_capacity(
         self, measured: float | None, ready: int, saturated: bool, now: float
@@ -386,7 +390,7 @@ class TokenAutoscaler:
 
     def _demand_target(self, current: int, reading: _Reading) -> tuple[int, str]:
         """The arrival-rate scale-up: the replicas (starting ones count as supply) that carry the
-        arrivals at the target utilization, plus the growth expected over a load time, when the
+        arrivals with square-root staffing headroom, plus the growth expected over a load time, when the
         arrivals alone need more than current x (1 + tolerance); ``(current, "hold")`` otherwise."""
         demand, above = reading.arrival_replicas, current * (1 + self.settings.tolerance)
         if demand is None or demand <= above:

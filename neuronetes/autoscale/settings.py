@@ -33,10 +33,14 @@ class AutoscaleSettings:
     decision_interval_s: float = 5.0
     cold_start_s: float = 90.0
     """How long starting replicas hold scale-up when model_load_s is 0 (unknown)."""
-    target_utilization: float = 0.7
-    """The share of a replica's capacity (prefill tokens/s, KV cache) the steady-state target fills:
-    the rest is headroom for the load that arrives while new replicas cold-start. 0.7 is the default
-    target of Knative's and KServe's concurrency autoscalers. Not a CRD field yet."""
+    staffing_beta: float = 0.75
+    """The steady-state target for a load of R replicas' capacity is R + staffing_beta x sqrt(R): the
+    square-root staffing rule of many-server queues (Halfin and Whitt, 1981), which holds the chance
+    that a request waits constant as the pool grows, so a big pool runs nearer its capacity than a
+    small one (R = 2 -> 3.1, 65 % busy; R = 20 -> 23.4, 86 %). A fixed target utilization (Knative's
+    and KServe's 0.7) over-provisions big pools and under-provisions small ones. 0.75 (a request waits
+    in about one case in three, briefly) from the benchmark's runs (bench/README.md); 0 targets full
+    utilization. Not a CRD field yet."""
     step_down_headroom: float = 0.25
     """The right-size step-down leaves this share of growth over the window's highest demand before
     the demand scale-up would fire again: a trade of GPU-seconds (a pool kept up to 25 % above its
@@ -52,7 +56,6 @@ class AutoscaleSettings:
             "decision_interval_s",
             "orphan_window_s",
             "cold_start_s",
-            "target_utilization",
         )
         for f in fields(self):
             value = getattr(self, f.name)
@@ -72,8 +75,6 @@ class AutoscaleSettings:
             raise ValueError("saturation_waiting_per_replica must be > 0")
         if self.step_down_headroom < 0:
             raise ValueError(f"step_down_headroom must be >= 0, not {self.step_down_headroom}")
-        if self.target_utilization > 1:
-            raise ValueError(f"target_utilization must be in (0, 1], not {self.target_utilization}")
 
     @classmethod
     def from_spec(cls, spec: Autoscaling, decision_interval_s: float = 5.0) -> AutoscaleSettings:

@@ -27,6 +27,11 @@ pytestmark = pytest.mark.unit
 BOUNDS = Bounds(min_replicas=1, max_replicas=16)
 
 
+def staffed(load: float) -> float:
+    """The replicas for ``load`` replicas' capacity at the default staffing_beta (square-root staffing)."""
+    return load + 0.75 * math.sqrt(load)
+
+
 def signals(now: float, **over: object) -> PoolSignals:
     """An idle pool's reading at ``now``, with ``over`` changed."""
     base: dict[str, object] = {
@@ -148,11 +153,11 @@ def test_under_continuous_traffic_the_pool_right_sizes_after_a_quiet_window() ->
             slo_ttft_s=2.0, tokens_per_second_per_replica=4_000, stabilization_s=300, step_down_headroom=0
         )
     )
-    # 14 000 prompt tokens/s arrive and are prefilled, the queue is empty: 14 000 / (4 000 x 0.7) = 5.
+    # 14 000 prompt tokens/s arrive and are prefilled, the queue is empty: 3.5 replicas' load, 4.9 staffed.
     steady = {"request_rate": 14.0, "kv_cache_usage": 0.1}
     held = [scaler.decide(busy(t, 0, 14_000, **steady), counts(16), BOUNDS) for t in range(0, 300, 5)]
     assert {d.rule for d in held} == {"hold:stabilization"}
-    assert held[-1].inputs["steady_replicas"] == pytest.approx(5.0)
+    assert held[-1].inputs["steady_replicas"] == pytest.approx(staffed(3.5))
     first = scaler.decide(busy(300, 0, 14_000, **steady), counts(16), BOUNDS)
     assert (first.desired, first.rule) == (8, "right-size")  # the down cap: at most halve
     # The next step needs a whole quiet window again.
@@ -169,7 +174,7 @@ def test_a_queue_inside_the_window_restarts_it_and_kv_use_bounds_the_right_size(
             slo_ttft_s=2.0, tokens_per_second_per_replica=4_000, stabilization_s=300, step_down_headroom=0
         )
     )
-    # KV: the fullest replica at 35 %, as if all 16 were: 16 x 0.35 / 0.7 = 8 replicas' worth.
+    # KV: the fullest replica at 35 %, as if all 16 were: 16 x 0.35 = 5.6 replicas' load, 7.4 staffed.
     steady = {"request_rate": 14.0, "kv_cache_usage": 0.35}
     for t in range(0, 150, 5):
         scaler.decide(busy(t, 0, 14_000, **steady), counts(16), BOUNDS)
@@ -180,20 +185,20 @@ def test_a_queue_inside_the_window_restarts_it_and_kv_use_bounds_the_right_size(
         assert scaler.decide(busy(t, 0, 14_000, **steady), counts(16), BOUNDS).desired == 16
     down = scaler.decide(busy(455, 0, 14_000, **steady), counts(16), BOUNDS)
     assert (down.desired, down.rule) == (8, "right-size")
-    assert down.inputs["arrival_replicas"] == pytest.approx(5.0)
-    assert down.inputs["steady_replicas"] == pytest.approx(8.0)
+    assert down.inputs["arrival_replicas"] == pytest.approx(staffed(3.5))
+    assert down.inputs["steady_replicas"] == pytest.approx(staffed(16 * 0.35))
 
 
 def test_the_right_size_step_down_leaves_headroom_for_growth_over_the_window() -> None:
     scaler = TokenAutoscaler(AutoscaleSettings(slo_ttft_s=2.0, tokens_per_second_per_replica=4_000))
-    # 14 000 tokens/s: 5 replicas at 0.7 utilization, x 1.25 headroom = 6.25 -> 7 (not 5): a rise of
+    # 14 000 tokens/s: 4.9 replicas staffed, x 1.25 headroom = 6.1 -> 7 (not 5): a rise of
     # 25 % over the window's highest demand leaves the pool within its tolerance instead of reversing.
     steady = {"request_rate": 14.0, "kv_cache_usage": 0.1}
     for t in range(0, 300, 5):
         scaler.decide(busy(t, 0, 14_000, **steady), counts(8), BOUNDS)
     down = scaler.decide(busy(300, 0, 14_000, **steady), counts(8), BOUNDS)
     assert (down.desired, down.rule) == (7, "right-size")
-    risen = scaler.decide(busy(305, 0, 17_500, **steady), counts(7), BOUNDS)  # 6.25 replicas' worth
+    risen = scaler.decide(busy(305, 0, 17_500, **steady), counts(7), BOUNDS)  # 5.9 replicas staffed
     assert risen.desired == 7 and risen.rule.startswith("hold")
     with pytest.raises(ValueError, match="step_down_headroom"):
         AutoscaleSettings(slo_ttft_s=1.0, step_down_headroom=-0.1)
@@ -202,16 +207,18 @@ def test_the_right_size_step_down_leaves_headroom_for_growth_over_the_window() -
 def test_a_rise_sustained_over_a_load_time_is_extrapolated_over_the_next_one() -> None:
     settings_ = AutoscaleSettings(slo_ttft_s=2.0, model_load_s=60, tokens_per_second_per_replica=1_000)
     scaler = TokenAutoscaler(settings_)
-    # Arrivals rise 100 tokens/s every 5 s (1 200 tokens/s a minute: 1.7 replicas at 0.7) while the
-    # pool holds 20 replicas: no scale-up, but the rise is tracked.
+    # Arrivals rise 100 tokens/s every 5 s (1 200 tokens/s a minute, about 1.3 replicas staffed) while
+    # the pool holds 20 replicas: no scale-up, but the rise is tracked. The growth is the smaller rise
+    # of the window's two halves (the later one: staffing is concave), over the next minute.
     for i in range(13):
         held = scaler.decide(busy(5 * i, 0, 10_000 + 100 * i), counts(20), Bounds(1, 64))
         assert held.desired == 20
-    assert held.inputs["demand_growth"] == pytest.approx(1_200 / 700)
-    # Now short of supply on 10 replicas (17.3 needed): the target adds the minute's growth to come.
+    assert held.inputs["demand_growth"] == pytest.approx(2 * (staffed(11.2) - staffed(10.6)))
+    # Now short of supply on 10 replicas (13.8 needed): the target adds the minute's growth to come.
     up = scaler.decide(busy(65, 0, 11_300), counts(10), Bounds(1, 64))
-    assert up.inputs["arrival_replicas"] == pytest.approx(11_300 / 700)
-    assert (up.desired, up.rule) == (math.ceil(11_300 / 700 + 1_200 / 700), "arrival-rate")
+    assert up.inputs["arrival_replicas"] == pytest.approx(staffed(11.3))
+    growth = 2 * (staffed(11.3) - staffed(10.7))
+    assert (up.desired, up.rule) == (math.ceil(staffed(11.3) + growth), "arrival-rate")
     # One burst (a rise in the last half of the window only) extrapolates nothing.
     scaler = TokenAutoscaler(settings_)
     for i in range(12):
@@ -226,29 +233,29 @@ def test_during_a_cold_start_the_arrival_rate_still_adds_what_the_starting_repli
         AutoscaleSettings(slo_ttft_s=2.0, model_load_s=60, tokens_per_second_per_replica=1_000)
     )
     starting = counts(4, ready=2, starting=2)
-    # 2 800 tokens/s: 4 replicas at 0.7, which the starting ones make: the start holds the rest.
+    # 2 800 tokens/s: 4.1 replicas staffed, within the tolerance of the 4 the starting ones make.
     assert scaler.decide(busy(0, 0, 2_800), starting, BOUNDS).rule == "hold"
     # Saturation cannot say how much is missing: it waits for the starting replicas.
     full = scaler.decide(busy(5, 0, 2_800, kv_cache_usage=0.95), starting, BOUNDS)
     assert (full.desired, full.rule) == (4, "hold:cold-start")
-    # 4 200 tokens/s: 6 replicas' worth, starting ones counted as supply: 2 more now, not in a minute.
+    # 4 200 tokens/s: 5.7 replicas staffed, starting ones counted as supply: 2 more now, not in a minute.
     more = scaler.decide(busy(10, 0, 4_200), starting, BOUNDS)
     assert (more.desired, more.rule) == (6, "arrival-rate")
 
 
 def test_the_arrival_rate_scales_up_ahead_of_the_queue_beyond_the_tolerance() -> None:
     scaler = TokenAutoscaler(AutoscaleSettings(slo_ttft_s=2.0, tokens_per_second_per_replica=8_000))
-    # 24 000 tokens/s on 4 replicas: 24 000 / (8 000 x 0.7) = 4.3, within 10 % of 4.
+    # 24 000 tokens/s on 4 replicas: R = 24 000 / 8 000 = 3, R + 0.75 sqrt(R) = 4.3, within 10 % of 4.
     assert scaler.decide(busy(0, 0, 24_000), counts(4), BOUNDS).rule == "hold"
-    up = scaler.decide(busy(5, 0, 30_000), counts(4), BOUNDS)  # 5.4 replicas
+    up = scaler.decide(busy(5, 0, 30_000), counts(4), BOUNDS)  # R = 3.75: 5.2 replicas
     assert (up.desired, up.rule) == (6, "arrival-rate")
     # Arrivals are what was prefilled plus the queue's growth: a queue that shrank by 10 000 tokens
     # in 5 s while 30 000 tokens/s were prefilled means 28 000 tokens/s arrive.
     scaler = TokenAutoscaler(AutoscaleSettings(slo_ttft_s=2.0, tokens_per_second_per_replica=8_000))
     scaler.decide(busy(0, 10_000, 30_000), counts(6), BOUNDS)
     assert scaler.decide(busy(5, 0, 30_000), counts(6), BOUNDS).inputs["arrival_tokens_per_second"] == 28_000
-    with pytest.raises(ValueError, match="target_utilization"):
-        AutoscaleSettings(slo_ttft_s=1.0, target_utilization=1.5)
+    with pytest.raises(ValueError, match="staffing_beta"):
+        AutoscaleSettings(slo_ttft_s=1.0, staffing_beta=-0.5)
 
 
 def test_a_backlog_replicas_were_added_for_asks_again_only_while_it_is_not_draining() -> None:
@@ -522,7 +529,7 @@ def test_prefill_heavy_load_at_low_kv_use_scales_on_tokens() -> None:
     rules = {d.rule for d in pool.decisions}
     assert "ttft-slo" in rules and "saturation" not in rules
     # The backlog floor doubles once (2); the arrival rate then sets the pool while the first start
-    # is still loading, the starting replica counted as supply: 14 000 tokens/s at 70 % of 4 000 a
+    # is still loading, the starting replica counted as supply: 14 000 tokens/s staffed at 4 000 a
     # replica is 5 replicas, reached by the cap's steps 4 and 5 within 10 s. (Before the cold start
     # let the arrival rate through, it went 2, 4 by the floor once the start was Ready, then 5: the
     # change of this sequence is that fix.) Once the queue drains, the backlog that asked for

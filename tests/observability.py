@@ -132,8 +132,15 @@ def exported_metric_names() -> dict[str, set[str]]:
     from neuronetes_agent.daemon.exporter import AgentCollector
     from neuronetes_extender.app import create_app
     from neuronetes_extender.service import ExtenderService
+    from neuronetes_operator.autoscaler import AutoscalerMetrics
 
     app = create_app(ExtenderService(synced_cache(node_objects({"t4x4-pcie": 1}))))
     agent = CollectorRegistry(auto_describe=False)
     agent.register(AgentCollector(list))  # what `serve_metrics` registers
-    return {"extender": sample_names(app.state.metrics.registry), "agent": sample_names(agent)}
+    operator = CollectorRegistry()
+    AutoscalerMetrics(operator)  # what the operator's metrics listener serves
+    return {
+        "extender": sample_names(app.state.metrics.registry),
+        "agent": sample_names(agent),
+        "operator": sample_names(operator),
+    }

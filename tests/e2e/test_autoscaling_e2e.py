@@ -7,7 +7,8 @@ discovered through a file_sd file this test keeps in step with the pods, with th
 ``namespace`` and ``pod`` labels as a cluster's Kubernetes discovery gives them; the controller's
 pool-scoped PromQL (``source: prometheus``) then selects exactly the pool's pods. This is the
 production path (Prometheus HTTP API, the scale subresource, status, Events, the operator's
-/metrics) with only the engines simulated.
+/metrics, which Prometheus scrapes for the dashboard's autoscaling panels) with only the engines
+simulated.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 from e2e_cluster import E2ECluster, wait_until
 from e2e_prometheus import PrometheusServer, free_port, needs_prometheus
 from extender_harness import ExtenderProcess
+from observability import dashboard_queries
 
 from neuronetes.devcluster import ExtenderConfig
 from neuronetes.devcluster.localstack import LocalStack
@@ -141,8 +143,11 @@ def env(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     nodes = cluster.add_nodes("dgx-a100-80gb", 2, "as-dgx")
     engines = Engines(cluster, work)
     (work / "prom").mkdir()
-    prom = PrometheusServer(work / "prom", {}, file_sd={"pods": engines.targets})
     metrics_port = free_port()
+    # Prometheus scrapes the engines (their pods' labels from the file) and the operator itself.
+    prom = PrometheusServer(
+        work / "prom", {"operator": [f"127.0.0.1:{metrics_port}"]}, file_sd={"pods": engines.targets}
+    )
     settings = {
         **dev_operator_settings(),
         "metricsPort": metrics_port,
@@ -208,6 +213,13 @@ def condition(cluster: E2ECluster, name: str, kind: str) -> dict[str, Any] | Non
     return next((cd for cd in found if cd["type"] == kind), None)
 
 
+AUTOSCALING_PANELS = (
+    "panel 'Pool replicas wanted by the autoscaler'",
+    "panel 'Autoscaler decisions by rule (5 min)'",
+    "panel 'Scale-up decision to Ready'",
+)
+
+
 def events(cluster: E2ECluster, name: str) -> list[dict[str, Any]]:
     found = get_json(cluster, "events", "-n", NS, "--field-selector", f"involvedObject.name={name}")["items"]
     return sorted(found, key=lambda e: (e.get("firstTimestamp") or "", e["metadata"]["name"]))
@@ -259,6 +271,15 @@ def test_load_scales_up_and_idle_steps_down_one_at_a_time_to_min(
         timeout=60,
         what="a scale-up's time to Ready observed",
     )
+    # The dashboard's autoscaling panels show this pool from Prometheus's scrapes of the operator.
+    panels = [q for q in dashboard_queries() if q.where.startswith(AUTOSCALING_PANELS)]
+    assert len(panels) == 4, panels
+    for query in panels:
+        wait_until(
+            lambda q=query: any(r["metric"].get("pool") == "chat" for r in prom.query(q.expr)),
+            timeout=60,
+            what=f"{query.where} shows the pool",
+        )
 
     engines.load("chat", waiting=0, running=0, requestsPerSecond=0)
     seen = [replicas(cluster, "chat")]

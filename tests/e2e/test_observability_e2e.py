@@ -1,7 +1,8 @@
 """The Grafana dashboard and the alert rules against a real Prometheus scraping the e2e components.
 
 A cluster of its own runs the extender beside kube-scheduler and the node agent in fleet mode
-(as `neuronetes demo` does; the operator exports no metrics, so it is not started). One pod is
+(as `neuronetes demo` does; the operator is not started: its autoscaling panels are checked by
+tests/e2e/test_autoscaling_e2e.py, whose Prometheus scrapes it). One pod is
 placed, a gang that cannot fit waits past its 1-second timeout, a GPU reports an XID and is taken
 offline. Then every expression of the dashboard and the rules evaluates without error through the HTTP API,
 the important panels return series, every rule Prometheus loads is healthy, and the alerts for

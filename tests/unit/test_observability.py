@@ -57,6 +57,8 @@ def test_the_dashboard_covers_every_area() -> None:
     ):
         assert name in used, name
     assert c.METRIC_SCHEDULER_LATENCY + "_bucket" in used
+    assert {c.METRIC_AUTOSCALER_DECISIONS, c.METRIC_AUTOSCALER_DESIRED} <= used
+    assert c.METRIC_SCALEUP_TO_READY + "_bucket" in used
     assert c.METRIC_GPU_XID_ERRORS in used
 
 

@@ -72,6 +72,36 @@ def _lock(state: StateDir) -> int | str:
     return fd
 
 
+_STOPPING = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """The signal is relayed (`_relay_signals`); nothing else to do in the main thread."""
+
+
+def _relay_signals(stop: threading.Event, wake: threading.Event) -> None:
+    """SIGTERM and SIGINT set `stop`; every signal among them and SIGCHLD (a shepherd stopped,
+    continued or ended: reap it now rather than at the next round) sets `wake`, from a thread of
+    its own. A Python handler runs in the main thread between any two of its bytecodes, the
+    scheduler loop's own ``wake.wait()`` and ``wake.set()`` included, with the Event's lock held:
+    a handler that set an Event there would wait forever for a lock its own thread holds, and the
+    daemon would never schedule again. So the handlers do nothing; the interpreter writes each
+    signal's number to a pipe (``set_wakeup_fd``), which the relay thread reads."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    for sig in (*_STOPPING, signal.SIGCHLD):
+        signal.signal(sig, _ignore)
+
+    def relay() -> None:
+        while True:
+            if any(signum in _STOPPING for signum in os.read(read_end, 512)):
+                stop.set()
+            wake.set()
+
+    threading.Thread(target=relay, name="signals", daemon=True).start()
+
+
 def run_daemon(opts: DaemonOptions) -> int:
     logging.basicConfig(
         level=opts.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -119,15 +149,7 @@ def run_daemon(opts: DaemonOptions) -> int:
     sched.tick()  # GPUs read and the queue looked at before the first request is answered
     server = DaemonServer(opts.state_dir, sched, max_clients=opts.max_clients)
     stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-        sched.wake.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    # A job's shepherd ended: reap it now rather than at the next round.
-    signal.signal(signal.SIGCHLD, lambda signum, frame: sched.wake.set())
+    _relay_signals(stop, sched.wake)
     serving = threading.Thread(target=server.serve_forever, name="socket", daemon=True)
     serving.start()
     log.info(

@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuronetes.signals import relay_signals
+
 from .admission import Settings
 from .checkpoint import CudaCheckpoint
 from .containment import detect
@@ -75,31 +77,17 @@ def _lock(state: StateDir) -> int | str:
 _STOPPING = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
-def _ignore(signum: int, frame: object) -> None:
-    """The signal is relayed (`_relay_signals`); nothing else to do in the main thread."""
-
-
 def _relay_signals(stop: threading.Event, wake: threading.Event) -> None:
     """SIGTERM and SIGINT set `stop`; every signal among them and SIGCHLD (a shepherd stopped,
-    continued or ended: reap it now rather than at the next round) sets `wake`, from a thread of
-    its own. A Python handler runs in the main thread between any two of its bytecodes, the
-    scheduler loop's own ``wake.wait()`` and ``wake.set()`` included, with the Event's lock held:
-    a handler that set an Event there would wait forever for a lock its own thread holds, and the
-    daemon would never schedule again. So the handlers do nothing; the interpreter writes each
-    signal's number to a pipe (``set_wakeup_fd``), which the relay thread reads."""
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    for sig in (*_STOPPING, signal.SIGCHLD):
-        signal.signal(sig, _ignore)
+    continued or ended: reap it now rather than at the next round) sets `wake` — from a thread of
+    its own (`neuronetes.signals`: a handler setting an Event could deadlock the scheduler loop)."""
 
-    def relay() -> None:
-        while True:
-            if any(signum in _STOPPING for signum in os.read(read_end, 512)):
-                stop.set()
-            wake.set()
+    def handle(signum: int) -> None:
+        if signum in _STOPPING:
+            stop.set()
+        wake.set()
 
-    threading.Thread(target=relay, name="signals", daemon=True).start()
+    relay_signals(handle, (*_STOPPING, signal.SIGCHLD))
 
 
 def run_daemon(opts: DaemonOptions) -> int:

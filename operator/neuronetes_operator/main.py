@@ -6,11 +6,11 @@ import argparse
 import logging
 import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 
 import msgspec
+
+from neuronetes.signals import relay_signals
 
 from .settings import load_settings
 from .tiers import PriorityTier, load_tiers
@@ -86,11 +86,8 @@ def webhook_serve(ns: argparse.Namespace) -> int:
             "tiers granted by namespace label are refused"
         )
 
-    def stop(signum: int, frame: FrameType | None) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # shutdown() waits for serve_forever to return: called from the relay thread, never the loop's.
+    relay_signals(lambda signum: server.shutdown(), (signal.SIGTERM, signal.SIGINT))
     logging.getLogger("neuronetes.webhook").info("serving on https://%s:%d", ns.host, server.port)
     server.serve_forever()
     return 0

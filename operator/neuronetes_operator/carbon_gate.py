@@ -182,12 +182,12 @@ class CarbonGateController:
         scopes: list[str | None] = [*self.namespaces] or [None]
         for ns in scopes:
             if plural is None:
+                # Gated pods are Pending: the API server leaves out every running pod.
+                query = {"label_selector": LABEL_POOL, "field_selector": "status.phase=Pending"}
                 answer = (
-                    self.core.list_namespaced_pod(ns, label_selector=LABEL_POOL, _preload_content=False)
+                    self.core.list_namespaced_pod(ns, _preload_content=False, **query)
                     if ns
-                    else self.core.list_pod_for_all_namespaces(
-                        label_selector=LABEL_POOL, _preload_content=False
-                    )
+                    else self.core.list_pod_for_all_namespaces(_preload_content=False, **query)
                 )
                 out.extend(json.loads(answer.data).get("items") or [])
             elif ns:

@@ -238,6 +238,8 @@ class TimeShifting(_Object):
     enabled: bool = False
     clean_energy_hours: Annotated[str, Meta(pattern=CLOCK_RANGE_PATTERN)] | None = None
     time_zone: Annotated[str, Meta(max_length=64, pattern=TIME_ZONE_PATTERN)] = "UTC"
+    max_delay: Annotated[str, Meta(max_length=32, pattern=DURATION_PATTERN)] = "6h"
+    expected_runtime: Annotated[str, Meta(max_length=32, pattern=DURATION_PATTERN)] | None = None
 
 
 class CarbonAware(_Object):
@@ -356,6 +358,23 @@ class AutoscalingStatus(_Object):
     last_scale_time: datetime | None = None
 
 
+class CarbonStatus(_Object):
+    """The carbon gate-release controller's view of a pool (docs/carbon.md)."""
+
+    gated_pods: NonNegative | None = None
+    released_pods: NonNegative | None = None
+    intensity: Annotated[float, Meta(ge=0)] | None = None
+    intensity_source: Annotated[str, Meta(max_length=64)] | None = None
+    intensity_time: datetime | None = None
+    avoided_grams_co2: float | None = field(default=None, name="avoidedGramsCO2")
+    accounting: Literal["location-based"] | None = None
+    last_release_reason: (
+        Literal["window", "stale", "intensity", "deadline", "forecast", "disabled"] | None
+    ) = None
+    last_release_time: datetime | None = None
+    message: Annotated[str, Meta(max_length=1024)] | None = None
+
+
 class AgentPoolStatus(_Object):
     phase: Literal["Pending", "Scheduling", "Ready", "Scaling", "Degraded", "Failed"] | None = None
     replicas: NonNegative | None = None
@@ -371,6 +390,7 @@ class AgentPoolStatus(_Object):
     placements: Annotated[list[Placement], Meta(max_length=1024)] | None = None
     policies: Annotated[list[PolicyState], Meta(max_length=16)] | None = None
     autoscaling: AutoscalingStatus | None = None
+    carbon: CarbonStatus | None = None
     conditions: Conditions | None = None
 
 

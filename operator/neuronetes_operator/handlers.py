@@ -28,6 +28,7 @@ from neuronetes import contracts as c
 
 from .admission import ANNOTATION_SLICE
 from .autoscaler import AutoscalerController, AutoscalerMetrics
+from .carbon_gate import CarbonGateController
 from .controller import PLURAL, PoolController
 from .gang_retry import pool_of_gang
 from .objects import post_event
@@ -88,15 +89,16 @@ async def _worker(queue: WorkQueue, reconcile: Callable[[str, str], object]) -> 
             queue.add(key)
 
 
-async def _autoscale(autoscaler: AutoscalerController, every: float) -> None:
-    """The autoscaling controller's ticks, one at a time, every `every` seconds (docs/autoscaling.md,
-    "The controller"); a tick's work is bounded by its settings (poolsPerTick, bindingsPerTick)."""
+async def _ticks(what: str, tick: Callable[[], object], every: float) -> None:
+    """A timer-driven controller's ticks, one at a time, every `every` seconds: the autoscaling
+    controller (docs/autoscaling.md, "The controller"; a tick's work is bounded by its settings,
+    poolsPerTick and bindingsPerTick) and the carbon gate-release controller (docs/carbon.md)."""
     while True:
         started = asyncio.get_running_loop().time()
         try:
-            await asyncio.to_thread(autoscaler.tick)
+            await asyncio.to_thread(tick)
         except Exception as exc:  # the next tick retries; the loop must not die
-            log.warning("autoscaling tick failed: %s", exc)
+            log.warning("%s tick failed: %s", what, exc)
         await asyncio.sleep(max(0.0, every - (asyncio.get_running_loop().time() - started)))
 
 
@@ -168,7 +170,12 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
             autoscaler = AutoscalerController(api, cfg.autoscaler, state["metrics"], cfg.namespaces)
             state["autoscaler"] = autoscaler
             state["tasks"].append(
-                asyncio.create_task(_autoscale(autoscaler, cfg.autoscaler.interval_seconds))
+                asyncio.create_task(_ticks("autoscaling", autoscaler.tick, cfg.autoscaler.interval_seconds))
+            )
+        if cfg.carbon.enabled:
+            gates = CarbonGateController(api, cfg.carbon, cfg.namespaces)
+            state["tasks"].append(
+                asyncio.create_task(_ticks("carbon gate", gates.tick, cfg.carbon.interval_seconds))
             )
         state["tasks"].append(
             asyncio.create_task(

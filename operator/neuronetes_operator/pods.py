@@ -33,6 +33,7 @@ __all__ = [
     "desired_pods",
     "gang_name",
     "pod_names",
+    "region_preferences",
 ]
 
 LABEL_POOL: Final = f"{c.GROUP}/pool"
@@ -97,6 +98,33 @@ def _with_node_requirements(spec: dict[str, Any], extra: list[dict[str, Any]]) -
         term["matchExpressions"] = [*term.get("matchExpressions", []), *copy.deepcopy(extra)]
 
 
+def region_preferences(spec: AgentPoolSpec) -> list[dict[str, Any]]:
+    """``carbonAware.preferredRegions`` as preferred node-affinity terms on
+    ``topology.kubernetes.io/region``: the first region weighs 100, each next one 10 less (at least
+    1), so kube-scheduler ranks nodes by the list's order and still places a pod where none is."""
+    carbon = spec.scheduling.carbon_aware if spec.scheduling else None
+    if carbon is None or not carbon.enabled or not carbon.preferred_regions:
+        return []
+    return [
+        {
+            "weight": max(1, 100 - 10 * i),
+            "preference": {
+                "matchExpressions": [{"key": c.LABEL_REGION, "operator": "In", "values": [region]}]
+            },
+        }
+        for i, region in enumerate(carbon.preferred_regions)
+    ]
+
+
+def _with_node_preferences(spec: dict[str, Any], extra: list[dict[str, Any]]) -> None:
+    """Add `extra` to the pod spec's preferred node-affinity terms (after the template's own)."""
+    if not extra:
+        return
+    node = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    preferred = node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+    preferred.extend(copy.deepcopy(extra))
+
+
 def _annotations(spec: AgentPoolSpec, resolved: ResolvedPool) -> dict[str, str]:
     topo = spec.gpu_requirements.topology
     out: dict[str, str] = {c.ANNOTATION_LOCALITY: topo.locality}
@@ -123,6 +151,7 @@ def _pod_spec(
     if resolved.priority_class is not None:  # a tier's, chosen by the operator (tiers.pool_priority)
         pod["priorityClassName"] = resolved.priority_class
     _with_node_requirements(pod, _node_requirements(spec, resolved))
+    _with_node_preferences(pod, region_preferences(spec))
     if tolerations:
         pod["tolerations"] = [*pod.get("tolerations", []), *copy.deepcopy(tolerations)]
     return pod

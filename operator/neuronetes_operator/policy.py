@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from neuronetes.api.models import AgentPoolSpec, CostOptimization, PolicyState
+from neuronetes.api.models import AgentPoolSpec, CarbonAware, CostOptimization, PolicyState
 
-__all__ = ["POLICY_CONTROLLER", "ResolvedPool", "cost_optimization_enabled", "resolve"]
+__all__ = ["POLICY_CONTROLLER", "ResolvedPool", "carbon_effect", "cost_optimization_enabled", "resolve"]
 
 POLICY_CONTROLLER = "validated; takes effect in the policy controller"
 """The `effect` of a policy block that the operator shows but does not act on itself."""
@@ -60,6 +60,31 @@ def cost_optimization_enabled(cost: CostOptimization | None) -> bool:
         or cost.spot_strategy is not None
         or cost.interruption_threshold is not None
     )
+
+
+def carbon_effect(carbon: CarbonAware) -> str:
+    """What ``carbonAware`` does (docs/carbon.md): region preference and the carbon gate."""
+    if not carbon.enabled:
+        return "off (carbonAware.enabled is false)"
+    parts = []
+    if carbon.preferred_regions:
+        parts.append(
+            f"pods prefer regions {', '.join(carbon.preferred_regions[:8])} (preferred node affinity)"
+        )
+    shifting = carbon.time_shifting
+    if shifting is not None and shifting.enabled:
+        parts.append(
+            "pods above minReplicas wait behind the scheduling gate neuronetes.io/carbon until "
+            f"{shifting.clean_energy_hours} {shifting.time_zone}"
+            + (
+                f", intensity <= {carbon.max_carbon_intensity:g} gCO2/kWh"
+                if carbon.max_carbon_intensity is not None
+                else ""
+            )
+            + f" or their release-by time (at most {shifting.max_delay}); "
+            "the carbon gate controller releases them (status.carbon)"
+        )
+    return "; ".join(parts) or "nothing to do (no preferredRegions, no timeShifting)"
 
 
 def _desired(spec: AgentPoolSpec, gang_size: int) -> int:
@@ -110,8 +135,13 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
             else "pods never preempt others (PriorityClass preemptionPolicy: Never)"
         )
         out.append(PolicyState(name="preemption", enabled=s.preemption.enabled, effect=effect))
+    if s.carbon_aware is not None:
+        out.append(
+            PolicyState(
+                name="carbonAware", enabled=s.carbon_aware.enabled, effect=carbon_effect(s.carbon_aware)
+            )
+        )
     for name, block in (
-        ("carbonAware", s.carbon_aware),
         ("dataLocality", s.data_locality),
         ("cacheAware", s.cache_aware),
         ("fastScheduling", s.fast_scheduling),

@@ -323,6 +323,10 @@ class PoolController:
         for key in ("placements", "conditions", "policies", "fallback"):
             if key in old and key not in body["status"]:
                 body["status"][key] = None
+        if isinstance(old.get("fallback"), dict) and body["status"].get("fallback"):
+            # A merge patch keeps the fields it does not name: clear the triggers and the restore
+            # time that no longer hold.
+            body["status"]["fallback"] = {**dict.fromkeys(old["fallback"]), **body["status"]["fallback"]}
         patch_status(self.custom, PLURAL, meta, body)
 
     def _event_on_transition(self, pool: Mapping[str, Any], status: AgentPoolStatus) -> None:

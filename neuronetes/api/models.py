@@ -206,6 +206,7 @@ class Preemption(_Object):
 class FallbackTrigger(_Object):
     cost_exceeded: bool = False
     slo_at_risk: bool = False
+    hold_seconds: Annotated[int, Meta(ge=0, le=86400)] = 300
 
 
 class SpotStrategy(_Object):
@@ -229,6 +230,7 @@ class CostOptimization(_Object):
     spot_enabled: bool = False
     spot_max_interruptions: NonNegative | None = None
     fallback_model: Str253 | None = None
+    fallback_template: PodTemplate | None = None
     fallback_trigger: FallbackTrigger | None = None
     spot_strategy: SpotStrategy | None = None
     interruption_threshold: InterruptionThreshold | None = None
@@ -375,6 +377,21 @@ class CarbonStatus(_Object):
     message: Annotated[str, Meta(max_length=1024)] | None = None
 
 
+class FallbackStatus(_Object):
+    """The cost/SLO decision tree's last answer (`neuronetes.costpolicy`, docs/fallback.md)."""
+
+    action: (
+        Literal[
+            "keep", "use-spot", "degrade-model", "restore-model", "scale-up", "use-on-demand", "faster-model"
+        ]
+        | None
+    ) = None
+    reason: Annotated[str, Meta(max_length=1024)] | None = None
+    triggers: Annotated[list[Literal["costExceeded", "sloAtRisk"]], Meta(max_length=2)] | None = None
+    restore_since: datetime | None = None
+    last_switch_time: datetime | None = None
+
+
 class AgentPoolStatus(_Object):
     phase: Literal["Pending", "Scheduling", "Ready", "Scaling", "Degraded", "Failed"] | None = None
     replicas: NonNegative | None = None
@@ -383,7 +400,8 @@ class AgentPoolStatus(_Object):
     spot_replicas: NonNegative | None = None
     gpus: NonNegative | None = None
     cost_per_hour: Annotated[float, Meta(ge=0)] | None = None
-    active_model: str | None = None
+    active_model: Str253 | None = None
+    fallback: FallbackStatus | None = None
     selector: str | None = None
     last_scale_time: datetime | None = None
     observed_generation: NonNegative | None = None

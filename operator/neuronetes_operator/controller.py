@@ -22,6 +22,7 @@ from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, AgentPoolStatus, ToolBinding, decode
 
 from . import CONVERT_LOCK
+from .fallback import choose_model, policy_inputs
 from .gang_retry import GangRetries, failed_reservations
 from .objects import api_message, patch_status, post_event
 from .pods import LABEL_POOL, DesiredPod, desired_pods, gang_name
@@ -110,7 +111,22 @@ class PoolController:
             self._write_status(pool, AgentPoolStatus(phase="Failed"))
             return False
         self._ensure_budget(pool, resolved.desired, resolved.gang_size, spec.min_replicas)
-        want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations)
+        with self._lock:
+            nodes = dict(self.nodes)
+        # The fallback step (`fallback`): the model served decides the pods' template, so a switch
+        # is the rolling replacement of outdated pods below.
+        now = time.time()
+        inputs = policy_inputs(
+            pool, spec, resolved, nodes, now=now, autoscaler_on=self.settings.autoscaler.enabled
+        )
+        model = choose_model(pool, spec, inputs, now=now)
+        want = desired_pods(
+            pool,
+            spec,
+            resolved,
+            tolerations=self.settings.pod_tolerations,
+            model=None if model is None else model.model,
+        )
         pods = self._pods(namespace, name, pool["metadata"]["uid"])
         actions, later = batch(plan(want, pods), self.settings.batch_size)
         gang_notes = self._retry_failed_gangs(pool, resolved.gang_size, want, pods, actions)
@@ -128,6 +144,8 @@ class PoolController:
             self._event(pool, etype, reason, _REASON_TEXT[reason].format(names=_names(names)))
         if actions:
             pods = self._pods(namespace, name, pool["metadata"]["uid"])
+        if model is not None and model.event is not None:
+            self._event(pool, *model.event)
         with self._lock:
             nodes = dict(self.nodes)
         gpu_type = spec.gpu_requirements.type
@@ -139,6 +157,7 @@ class PoolController:
             gang_notes=gang_notes,
             backlog=len(later),
             nodes_of_type=None if gpu_type is None else self._nodes_of_type(gpu_type, nodes),
+            model=model,
         )
         self._event_on_transition(pool, status)
         self._write_status(pool, status)
@@ -301,9 +320,13 @@ class PoolController:
         with _CONVERT:
             body = {"status": msgspec.to_builtins(status)}
         old = pool.get("status") or {}
-        for key in ("placements", "conditions", "policies"):
+        for key in ("placements", "conditions", "policies", "fallback"):
             if key in old and key not in body["status"]:
                 body["status"][key] = None
+        if isinstance(old.get("fallback"), dict) and body["status"].get("fallback"):
+            # A merge patch keeps the fields it does not name: clear the triggers and the restore
+            # time that no longer hold.
+            body["status"]["fallback"] = {**dict.fromkeys(old["fallback"]), **body["status"]["fallback"]}
         patch_status(self.custom, PLURAL, meta, body)
 
     def _event_on_transition(self, pool: Mapping[str, Any], status: AgentPoolStatus) -> None:

@@ -19,13 +19,15 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from neuronetes import contracts as c
-from neuronetes.api.models import AgentPoolSpec
+from neuronetes.api.models import AgentPoolSpec, PodTemplate
 from neuronetes.api.units import bandwidth_gbps, gpu_memory_class_labels
 
 from .policy import ResolvedPool
 
 __all__ = [
+    "ANNOTATION_MODEL",
     "DEFAULT_CONTAINER",
+    "ENV_MODEL",
     "LABEL_POOL",
     "LABEL_TEMPLATE_HASH",
     "DesiredPod",
@@ -34,12 +36,18 @@ __all__ = [
     "gang_name",
     "pod_names",
     "region_preferences",
+    "served_template",
 ]
 
 LABEL_POOL: Final = f"{c.GROUP}/pool"
 """Label on every pod (and the PodDisruptionBudget) of a pool: the pool's name."""
 LABEL_TEMPLATE_HASH: Final = f"{c.GROUP}/pod-template-hash"
 """Label: hash of what the pool put into the pod; a pod with another hash is outdated."""
+ANNOTATION_MODEL: Final = c.ANNOTATION_MODEL
+"""Annotation on the pods of a pool with a fallback model: the model they serve."""
+ENV_MODEL: Final = "AGENTPOOL_MODEL"
+"""Environment variable of every container of a pool with a fallback model: the model served, so
+a template's args can say ``$(AGENTPOOL_MODEL)`` (docs/fallback.md, "Which template")."""
 DEFAULT_CONTAINER: Final[dict[str, Any]] = {"name": "agent", "image": "registry.k8s.io/pause:3.10"}
 """The container of a pool without a template: it only holds the replica's GPUs."""
 
@@ -136,13 +144,34 @@ def _annotations(spec: AgentPoolSpec, resolved: ResolvedPool) -> dict[str, str]:
     return out
 
 
+def served_template(spec: AgentPoolSpec, resolved: ResolvedPool, model: str | None) -> PodTemplate | None:
+    """The template of the pods that serve `model`: ``costOptimization.fallbackTemplate`` for the
+    fallback model when set, else ``spec.template``."""
+    cost = spec.scheduling.cost_optimization if spec.scheduling else None
+    if (
+        resolved.fallback_model is not None
+        and model == resolved.fallback_model
+        and cost is not None
+        and cost.fallback_template is not None
+    ):
+        return cost.fallback_template
+    return spec.template
+
+
 def _pod_spec(
-    spec: AgentPoolSpec, resolved: ResolvedPool, tolerations: list[dict[str, Any]]
+    spec: AgentPoolSpec,
+    resolved: ResolvedPool,
+    tolerations: list[dict[str, Any]],
+    template: PodTemplate | None,
+    model: str | None,
 ) -> dict[str, Any]:
-    template = spec.template.spec if spec.template and spec.template.spec else {}
-    pod = copy.deepcopy(dict(template))
+    pod = copy.deepcopy(dict(template.spec if template and template.spec else {}))
     containers = pod.get("containers") or [dict(DEFAULT_CONTAINER)]
     pod["containers"] = containers
+    if resolved.fallback_model is not None and model is not None:
+        for ctr in containers:
+            env = [e for e in ctr.get("env") or [] if e.get("name") != ENV_MODEL]
+            ctr["env"] = [*env, {"name": ENV_MODEL, "value": model}]
     first = containers[0]
     resources = first.setdefault("resources", {})
     limits = resources.setdefault("limits", {})
@@ -179,13 +208,21 @@ class PoolTemplate:
         spec: AgentPoolSpec,
         resolved: ResolvedPool,
         tolerations: list[dict[str, Any]] | None = None,
+        model: str | None = None,
     ) -> None:
+        """`model`: the model the pods serve (``status.activeModel``); None is ``spec.model``. Only
+        a pool with a fallback model has its model in its pods (`ENV_MODEL`, `ANNOTATION_MODEL`):
+        the pods of other pools are as they were, and no operator upgrade rolls them."""
         meta = pool["metadata"]
         self.pool: str = meta["name"]
         self.namespace: str = meta["namespace"]
-        template_meta = spec.template.metadata if spec.template and spec.template.metadata else {}
-        self.spec = _pod_spec(spec, resolved, tolerations or [])
+        model = spec.model if model is None else model
+        template = served_template(spec, resolved, model)
+        template_meta = template.metadata if template and template.metadata else {}
+        self.spec = _pod_spec(spec, resolved, tolerations or [], template, model)
         self.annotations = {**(template_meta.get("annotations") or {}), **_annotations(spec, resolved)}
+        if resolved.fallback_model is not None and model is not None:
+            self.annotations[ANNOTATION_MODEL] = model
         self.labels: dict[str, str] = dict(template_meta.get("labels") or {})
         self.gang_size = resolved.gang_size
         self.digest = _template_hash(self.spec, self.annotations, self.labels, resolved.gang_size)
@@ -236,6 +273,7 @@ def desired_pods(
     resolved: ResolvedPool,
     *,
     tolerations: list[dict[str, Any]] | None = None,
+    model: str | None = None,
 ) -> list[DesiredPod]:
     """Every pod `pool` (the AgentPool object as the API server sent it) wants, in creation order.
 
@@ -246,6 +284,8 @@ def desired_pods(
         pool: the AgentPool's object (for name, namespace, uid: the pods' owner).
         spec: its decoded spec; resolved: `neuronetes_operator.policy.resolve(spec)`.
         tolerations: added to every pod (the operator's settings; e.g. simulated nodes' taint).
+        model: the model served (``status.activeModel``, `neuronetes_operator.fallback`); None:
+            ``spec.model``.
     """
-    template = PoolTemplate(pool, spec, resolved, tolerations)
+    template = PoolTemplate(pool, spec, resolved, tolerations, model)
     return [DesiredPod(name, gang, template) for name, gang in pod_names(template.pool, resolved)]

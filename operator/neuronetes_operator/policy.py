@@ -18,6 +18,8 @@ POLICY_CONTROLLER = "validated; takes effect in the policy controller"
 """The `effect` of a policy block that the operator shows but does not act on itself."""
 AUTOSCALING_CONTROLLER = "the autoscaling controller sets spec.replicas (status.autoscaling)"
 """The `effect` of `spec.autoscaling` (`neuronetes_operator.autoscaler`)."""
+FALLBACK_EFFECT = "serves {model} while a fallbackTrigger holds (status.fallback, condition FallbackActive)"
+"""The `effect` part of a fallback model (`neuronetes_operator.fallback`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,8 @@ class ResolvedPool:
     priority: int
     preemption: bool
     policies: tuple[PolicyState, ...]
+    fallback_model: str | None = None
+    """``costOptimization.fallbackModel`` while cost optimisation is on (None: no fallback)."""
     priority_class: str | None = None
     """The pods' PriorityClass: set by the operator from the pool's priority tier
     (`neuronetes_operator.tiers.pool_priority`), never minted from the spec."""
@@ -120,11 +124,13 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
     if s.cost_optimization is not None:
         enabled = cost_optimization_enabled(s.cost_optimization)
         spot = "pods may use spot nodes" if spot_allowed else "pods avoid spot nodes"
+        if enabled and s.cost_optimization.fallback_model is not None:
+            spot += f"; {FALLBACK_EFFECT.format(model=s.cost_optimization.fallback_model)}"
         out.append(
             PolicyState(
                 name="costOptimization",
                 enabled=enabled,
-                effect=f"{spot}; budget, fallback model and spot strategy: {POLICY_CONTROLLER}",
+                effect=f"{spot}; budget and spot strategy: {POLICY_CONTROLLER}",
             )
         )
     if s.preemption is not None:
@@ -174,4 +180,5 @@ def resolve(spec: AgentPoolSpec) -> ResolvedPool:
         priority=s.priority if s else 0,
         preemption=bool(s and s.preemption and s.preemption.enabled),
         policies=_policies(spec, spot_allowed) + extra,
+        fallback_model=cost.fallback_model if cost is not None and cost_optimization_enabled(cost) else None,
     )

@@ -14,15 +14,26 @@ from typing import Any
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPoolStatus, Condition, Placement
 
+from .fallback import COST_CONDITION, ModelChoice
 from .pods import LABEL_POOL
 from .policy import ResolvedPool
 from .reconcile import is_ready, is_terminating
 
-__all__ = ["AUTOSCALER_CONDITIONS", "NO_MATCHING_NODES", "pod_gpus", "pool_status", "type_condition"]
+__all__ = [
+    "AUTOSCALER_CONDITIONS",
+    "CARRIED_CONDITIONS",
+    "NO_MATCHING_NODES",
+    "pod_gpus",
+    "pool_status",
+    "type_condition",
+]
 
 AUTOSCALER_CONDITIONS = ("AutoscalerConflict", "MetricsStale")
 """Condition types the autoscaling controller owns (`neuronetes_operator.autoscaler`): a status
 written here carries them over as they are."""
+CARRIED_CONDITIONS = (*AUTOSCALER_CONDITIONS, COST_CONDITION)
+"""Condition types other controllers set on the pool: carried over as they are unless this
+status computes them itself."""
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> int:
@@ -142,13 +153,15 @@ def pool_status(
     gang_notes: Mapping[str, str] | None = None,
     backlog: int = 0,
     nodes_of_type: int | None = None,
+    model: ModelChoice | None = None,
 ) -> AgentPoolStatus:
     """The status of `pool` given its pods and the nodes they are bound to (by name).
     `gang_notes`: per gang whose reservation the extender reported failed, what to say about it.
     `backlog`: pod creations and deletions the reconcile left for the next ones (its batch was
     full); the ``Progressing`` condition says so (reason ``Batching``). `nodes_of_type`: how many
     nodes have the GPU type the pool names (None: it names none, or nobody knows): the condition
-    ``NoMatchingNodes`` (`type_condition`)."""
+    ``NoMatchingNodes`` (`type_condition`). `model`: the fallback step's choice
+    (`fallback.choose_model`): ``activeModel``, ``fallback`` and the condition ``FallbackActive``."""
     now = now or datetime.now(UTC)
     meta = pool["metadata"]
     generation = int(meta.get("generation") or 0)
@@ -222,6 +235,8 @@ def pool_status(
     gpu_type = ((pool.get("spec") or {}).get("gpuRequirements") or {}).get("type")
     if gpu_type and nodes_of_type is not None:
         conditions.append(type_condition(str(gpu_type), nodes_of_type, generation))
+    if model is not None:
+        conditions.append(model.condition)
 
     if failed:
         phase = "Degraded"
@@ -255,18 +270,19 @@ def pool_status(
         gpus=sum(pod_gpus(p) for p in bound),
         cost_per_hour=round(sum(_cost(p, nodes) for p in bound), 4),
         selector=f"{LABEL_POOL}={meta['name']}",
-        active_model=(pool.get("spec") or {}).get("model"),
+        active_model=(pool.get("spec") or {}).get("model") if model is None else model.model,
+        fallback=None if model is None else model.status,
         observed_generation=generation,
         placements=sorted((_placement(p) for p in bound), key=lambda x: x.pod)[:1024],
         policies=list(resolved.policies),
-        conditions=_merge_times(conditions, old, now) + _autoscaler_conditions(old),
+        conditions=_merge_times(conditions, old, now) + _carried(old, {cd.type for cd in conditions}),
     )
 
 
-def _autoscaler_conditions(old: Sequence[Mapping[str, Any]]) -> list[Condition]:
+def _carried(old: Sequence[Mapping[str, Any]], computed: set[str]) -> list[Condition]:
     out = []
     for cd in old:
-        if cd.get("type") in AUTOSCALER_CONDITIONS:
+        if cd.get("type") in CARRIED_CONDITIONS and cd.get("type") not in computed:
             since = cd.get("lastTransitionTime")
             out.append(
                 Condition(

@@ -19,26 +19,41 @@ from collections.abc import Callable, Iterable
 __all__ = ["relay_signals"]
 
 
+_lock = threading.Lock()
+_handlers: dict[int, Callable[[int], None]] = {}
+_relay_started = False
+
+
 def _relayed(signum: int, frame: object) -> None:
     """Nothing to do in the main thread: the relay thread handles the signal."""
 
 
-def relay_signals(handle: Callable[[int], None], signals: Iterable[int]) -> None:
-    """Call ``handle(signum)`` from a daemon thread for each of ``signals`` the process receives.
-
-    Call once per process, from the main thread (``set_wakeup_fd`` is process-wide and main-thread
-    only). Signals that arrive faster than the thread reads may be merged (a full pipe drops
-    bytes): ``handle`` must treat a signal as "something happened", not count them.
-    """
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    for sig in signals:
-        signal.signal(sig, _relayed)
-
-    def relay() -> None:
-        while True:
-            for signum in os.read(read_end, 512):
+def _relay(read_end: int) -> None:
+    while True:
+        for signum in os.read(read_end, 512):
+            # The pipe carries every signal Python handles, not only ours: call only what was asked.
+            handle = _handlers.get(signum)
+            if handle is not None:
                 handle(signum)
 
-    threading.Thread(target=relay, name="signals", daemon=True).start()
+
+def relay_signals(handle: Callable[[int], None], signals: Iterable[int]) -> None:
+    """Call ``handle(signum)`` from the relay thread for each of ``signals`` the process receives
+    (a later call for the same signal replaces its handler).
+
+    The first call must come from the main thread (``set_wakeup_fd`` is process-wide and
+    main-thread only); it starts the one relay thread. Signals that arrive faster than the thread
+    reads may be merged (a full pipe drops bytes): ``handle`` must treat a signal as "something
+    happened", not count them.
+    """
+    global _relay_started
+    with _lock:
+        if not _relay_started:
+            read_end, write_end = os.pipe()
+            os.set_blocking(write_end, False)
+            signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+            threading.Thread(target=_relay, args=(read_end,), name="signals", daemon=True).start()
+            _relay_started = True
+        for sig in signals:
+            _handlers[sig] = handle
+            signal.signal(sig, _relayed)

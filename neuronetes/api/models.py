@@ -356,6 +356,15 @@ class AutoscalingStatus(_Object):
     last_scale_time: datetime | None = None
 
 
+class CostStatus(_Object):
+    """The pool's cost per hour (docs/cost.md): running, projected, budget."""
+
+    current_per_hour: Annotated[float, Meta(ge=0)]
+    projected_per_hour: Annotated[float, Meta(ge=0)]
+    budget_per_hour: Annotated[float, Meta(ge=0)] | None = None
+    unknown_price_replicas: NonNegative | None = None
+
+
 class AgentPoolStatus(_Object):
     phase: Literal["Pending", "Scheduling", "Ready", "Scaling", "Degraded", "Failed"] | None = None
     replicas: NonNegative | None = None
@@ -364,6 +373,7 @@ class AgentPoolStatus(_Object):
     spot_replicas: NonNegative | None = None
     gpus: NonNegative | None = None
     cost_per_hour: Annotated[float, Meta(ge=0)] | None = None
+    cost: CostStatus | None = None
     active_model: str | None = None
     selector: str | None = None
     last_scale_time: datetime | None = None

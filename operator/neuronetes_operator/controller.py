@@ -336,6 +336,12 @@ class PoolController:
         for key in ("placements", "conditions", "policies"):
             if key in old and key not in body["status"]:
                 body["status"][key] = None
+        # A merge patch keeps what it does not name: a figure that went away is removed by name.
+        cost = body["status"].get("cost")
+        if cost is not None:
+            for key in ("budgetPerHour", "unknownPriceReplicas"):
+                if key in (old.get("cost") or {}) and key not in cost:
+                    cost[key] = None
         patch_status(self.custom, PLURAL, meta, body)
 
     def _event_on_transition(self, pool: Mapping[str, Any], status: AgentPoolStatus) -> None:

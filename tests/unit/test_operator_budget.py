@@ -174,3 +174,14 @@ def test_a_pod_that_fits_no_node_has_an_unknown_cost() -> None:
     kept = plan_budget(want, [], prices, 100.0)
     cond = budget_condition(kept, cost_status(kept, [], prices), 2)
     assert cond is not None and "no node admits the pods" in (cond.message or "")
+
+
+def test_the_policy_effect_says_the_budget_acts() -> None:
+    _, r, _ = pool(ONE_GPU + "scheduling: {costOptimization: {maxCostPerHour: 25}}")
+    (cost,) = [p for p in r.policies if p.name == "costOptimization"]
+    assert cost.enabled and "maxCostPerHour 25: replicas beyond the budget are not created" in (
+        cost.effect or ""
+    )
+    assert "budget" not in (cost.effect or "").split("maxCostPerHour 25: ")[1].split(";", 1)[1]
+    _, off, _ = pool(ONE_GPU + "scheduling: {costOptimization: {enabled: false, maxCostPerHour: 25}}")
+    assert "maxCostPerHour" not in (off.policies[0].effect or "")

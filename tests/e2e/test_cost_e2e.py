@@ -22,6 +22,7 @@ from extender_harness import ExtenderProcess
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
+from neuronetes.devcluster.access import EXTENDER_NAMESPACE, EXTENDER_SERVICE_ACCOUNT
 from neuronetes.devcluster.localstack import LocalStack
 from neuronetes.pricing import PRICE_TABLE_KEY
 from neuronetes.profiles import profile
@@ -34,6 +35,7 @@ NS = "cost-e2e"
 TABLE = "price-table"
 SELECT = "cost-e2e"  # the node label each pool selects: labelled or table
 INSTANCE = "p4d.24xlarge"
+stack_extender: list[ExtenderProcess] = []  # the module's extender, for its log
 
 
 def get_json(cluster: E2ECluster, *args: str) -> Any:
@@ -50,12 +52,34 @@ def set_table(cluster: E2ECluster, text: str) -> None:
     cluster.kubectl("apply", "-f", "-", input=json.dumps(configmap))
 
 
+def extender_table_access() -> dict[str, Any]:
+    meta = {"name": "neuronetes:scheduler", "namespace": NS}
+    rule = {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "resourceNames": [TABLE],
+        "verbs": ["get", "list", "watch"],
+    }
+    subject = {"kind": "ServiceAccount", "name": EXTENDER_SERVICE_ACCOUNT, "namespace": EXTENDER_NAMESPACE}
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": [rule]}
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": meta,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": meta["name"]},
+        "subjects": [subject],
+    }
+    return {"apiVersion": "v1", "kind": "List", "items": [role, binding]}
+
+
 @pytest.fixture(scope="module")
 def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     work = Path(tmp_path_factory.mktemp("cost"))
     cluster.kubectl("create", "namespace", NS)
     set_table(cluster, "{}")  # no entries yet: the table node's price is unknown
-    ext = ExtenderProcess(cluster.extender_kubeconfig, work)
+    # What the chart grants the extender (files/rbac.yaml): this one ConfigMap, by name.
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(extender_table_access()))
+    ext = ExtenderProcess(cluster.extender_kubeconfig, work, extra_args=["--price-table", f"{NS}/{TABLE}"])
     ext.start()
     cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
     settings = {**dev_operator_settings(), "priceTable": f"{NS}/{TABLE}", "resyncSeconds": 5}
@@ -75,6 +99,7 @@ def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     nodes += cluster.dev.create_nodes([replace(by_table, price_per_hour=None)])
     try:
         local.start()
+        stack_extender.append(ext)
         yield local
     finally:
         cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
@@ -85,6 +110,7 @@ def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         cluster.set_extender(ExtenderConfig.from_env())
         ext.stop()
         print(f"--- operator log ---\n{local.operator.tail(30)}")
+        stack_extender.clear()
 
 
 def apply_pool(
@@ -187,7 +213,9 @@ def test_a_pool_over_its_budget_gets_what_fits_says_so_and_gets_the_rest_when_th
         lambda: [e for e in events(cluster, "over") if e["reason"] == "WithinBudget"],
         what="a WithinBudget Event",
     )
-    assert within[0]["type"] == "Normal" and "running 16.00/h" in within[0]["message"]
+    # Said when the budget let go, as the new pods were being placed: their cost is projected.
+    assert within[0]["type"] == "Normal" and within[0]["message"].startswith("4 of 4 replicas; running ")
+    assert within[0]["message"].endswith("projected 16.00/h of a budget of 16.00/h")
 
 
 def test_a_price_table_entry_prices_a_node_without_a_label_and_a_change_is_picked_up(
@@ -225,3 +253,25 @@ def test_a_price_table_entry_prices_a_node_without_a_label_and_a_change_is_picke
     # A new price is picked up without a restart: the running cost follows.
     set_table(cluster, f"{INSTANCE}:\n  on-demand: 48.00\n")  # 6/h a GPU
     settled(cluster, "tabled", ready=2, reason="WithinBudget", cost=12.0)
+
+
+def test_the_extender_reads_the_table_by_name_alone_and_follows_a_change(
+    cluster: E2ECluster, stack: LocalStack
+) -> None:
+    (ext,) = stack_extender
+    user = f"system:serviceaccount:{EXTENDER_NAMESPACE}:{EXTENDER_SERVICE_ACCOUNT}"
+
+    def may(*what: str) -> bool:
+        done = cluster.kubectl("auth", "can-i", *what, "-n", NS, "--as", user, check=False)
+        return done.stdout.strip() == "yes"
+
+    # Least privilege: the price table and nothing else of the namespace's ConfigMaps.
+    assert may("watch", f"configmaps/{TABLE}") and may("get", f"configmaps/{TABLE}")
+    assert not may("list", "configmaps") and not may("get", "configmaps/another")
+    set_table(cluster, f"{INSTANCE}:\n  on-demand: 48.00\ng5.48xlarge:\n  on-demand: 16.29\n  spot: 5.8\n")
+
+    def in_force() -> bool:
+        return f"price table {NS}/{TABLE}: 3 price(s) in force" in ext.log.read_text()
+
+    wait_until(in_force, timeout=30, what="the extender's price table to follow the ConfigMap")
+    assert "403" not in ext.log.read_text()

@@ -392,6 +392,15 @@ class FallbackStatus(_Object):
     last_switch_time: datetime | None = None
 
 
+class CostStatus(_Object):
+    """The pool's cost per hour (docs/cost.md): running, projected, budget."""
+
+    current_per_hour: Annotated[float, Meta(ge=0)]
+    projected_per_hour: Annotated[float, Meta(ge=0)]
+    budget_per_hour: Annotated[float, Meta(ge=0)] | None = None
+    unknown_price_replicas: NonNegative | None = None
+
+
 class AgentPoolStatus(_Object):
     phase: Literal["Pending", "Scheduling", "Ready", "Scaling", "Degraded", "Failed"] | None = None
     replicas: NonNegative | None = None
@@ -400,6 +409,7 @@ class AgentPoolStatus(_Object):
     spot_replicas: NonNegative | None = None
     gpus: NonNegative | None = None
     cost_per_hour: Annotated[float, Meta(ge=0)] | None = None
+    cost: CostStatus | None = None
     active_model: Str253 | None = None
     fallback: FallbackStatus | None = None
     selector: str | None = None

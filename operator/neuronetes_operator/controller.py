@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -19,17 +20,19 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from neuronetes import contracts as c
-from neuronetes.api.models import AgentPool, AgentPoolStatus, ToolBinding, decode
+from neuronetes.api.models import AgentPool, AgentPoolSpec, AgentPoolStatus, ToolBinding, decode
+from neuronetes.pricing import EMPTY_TABLE, PriceTable
 
 from . import CONVERT_LOCK
+from .budget import BudgetPlan, PoolPrices, cost_status, plan_budget
 from .fallback import choose_model, policy_inputs
 from .gang_retry import GangRetries, failed_reservations
 from .objects import api_message, patch_status, post_event
 from .pods import LABEL_POOL, DesiredPod, desired_pods, gang_name
-from .policy import resolve
+from .policy import cost_optimization_enabled, resolve
 from .reconcile import LIST_PAGE, Action, batch, is_terminating, plan, read_pod_page
 from .settings import OperatorSettings
-from .status import NO_MATCHING_NODES, pool_status
+from .status import COST_BUDGET_EXCEEDED, NO_MATCHING_NODES, pool_status
 from .tiers import DEFAULT_TIERS, PriorityTier, TierError, with_tier
 from .toolbindings import binding_status
 
@@ -44,7 +47,24 @@ _REASON_TEXT = {
     "PodFinished": "deleted pods {names}: they failed or exited; they are recreated",
     "GangBroken": "deleted pods {names}: their gang lost a member after binding; the gang is recreated whole",
     "Outdated": "deleted pods {names}: the pool's spec changed (rolling replacement)",
+    "OverBudget": "deleted pods {names}: their cost no longer fits the pool's maxCostPerHour",
 }
+
+
+def _budget(spec: AgentPoolSpec) -> float | None:
+    """The pool's ``maxCostPerHour`` while its cost optimization is on (None: no budget)."""
+    cost = spec.scheduling.cost_optimization if spec.scheduling else None
+    if cost is None or not cost_optimization_enabled(cost):
+        return None
+    return cost.max_cost_per_hour
+
+
+def _over_budget(actions: list[Action], budget: BudgetPlan) -> list[Action]:
+    """The plan's deletions of pods the budget left out say so (their Event's reason)."""
+    return [
+        replace(a, reason="OverBudget") if a.verb == "delete" and a.name in budget.dropped else a
+        for a in actions
+    ]
 
 
 def _names(names: list[str], shown: int = 10) -> str:
@@ -68,6 +88,7 @@ class PoolController:
         self.settings = settings
         self.tiers = tiers
         self.nodes: dict[str, Mapping[str, Any]] = {}
+        self.prices: PriceTable = EMPTY_TABLE  # the price table (`neuronetes.kube.pricetable`)
         self._lock = threading.Lock()
         self.retries = GangRetries(settings.gang_retry_seconds, settings.gang_retry_max_seconds)
         self._calls = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
@@ -82,6 +103,11 @@ class PoolController:
                 self.nodes[name] = {
                     "metadata": {"labels": dict(body.get("metadata", {}).get("labels") or {})}
                 }
+
+    def set_price_table(self, table: PriceTable) -> None:
+        """The price table changed (the caller then reconciles every pool)."""
+        with self._lock:
+            self.prices = table
 
     # ---- the reconcile -------------------------------------------------------------------------
 
@@ -128,7 +154,12 @@ class PoolController:
             model=None if model is None else model.model,
         )
         pods = self._pods(namespace, name, pool["metadata"]["uid"])
-        actions, later = batch(plan(want, pods), self.settings.batch_size)
+        with self._lock:
+            nodes, table = dict(self.nodes), self.prices
+        prices = PoolPrices(nodes, table, want[0].template.spec if want else None)
+        budget = plan_budget(want, pods, prices, _budget(spec))
+        want = budget.kept
+        actions, later = batch(_over_budget(plan(want, pods), budget), self.settings.batch_size)
         gang_notes = self._retry_failed_gangs(pool, resolved.gang_size, want, pods, actions)
         # Concurrently: a gang's members are created together, and a batch is not created one
         # round trip (through the webhook) at a time. One event per reason, naming the pods.
@@ -146,8 +177,7 @@ class PoolController:
             pods = self._pods(namespace, name, pool["metadata"]["uid"])
         if model is not None and model.event is not None:
             self._event(pool, *model.event)
-        with self._lock:
-            nodes = dict(self.nodes)
+        cost = cost_status(budget, pods, prices)
         gpu_type = spec.gpu_requirements.type
         status = pool_status(
             pool,
@@ -158,6 +188,8 @@ class PoolController:
             backlog=len(later),
             nodes_of_type=None if gpu_type is None else self._nodes_of_type(gpu_type, nodes),
             model=model,
+            cost=cost,
+            budget=budget,
         )
         self._event_on_transition(pool, status)
         self._write_status(pool, status)
@@ -327,13 +359,28 @@ class PoolController:
             # A merge patch keeps the fields it does not name: clear the triggers and the restore
             # time that no longer hold.
             body["status"]["fallback"] = {**dict.fromkeys(old["fallback"]), **body["status"]["fallback"]}
+        # A merge patch keeps what it does not name: a figure that went away is removed by name.
+        cost = body["status"].get("cost")
+        if cost is not None:
+            for key in ("budgetPerHour", "unknownPriceReplicas"):
+                if key in (old.get("cost") or {}) and key not in cost:
+                    cost[key] = None
         patch_status(self.custom, PLURAL, meta, body)
 
     def _event_on_transition(self, pool: Mapping[str, Any], status: AgentPoolStatus) -> None:
         """A Warning event when a condition turns bad for a new reason (GangUnplaceable, Unschedulable,
-        NoMatchingNodes)."""
+        NoMatchingNodes, CostBudgetExceeded's); a Normal one when the budget holds everything again."""
         old = {cd.get("type"): cd.get("reason") for cd in (pool.get("status") or {}).get("conditions") or []}
         for cd in status.conditions or []:
+            if cd.type == COST_BUDGET_EXCEEDED:
+                if old.get(cd.type) != cd.reason and (cd.status == "True" or cd.type in old):
+                    self._event(
+                        pool,
+                        "Warning" if cd.status == "True" else "Normal",
+                        cd.reason or cd.type,
+                        cd.message or "",
+                    )
+                continue
             if (
                 cd.reason
                 in (

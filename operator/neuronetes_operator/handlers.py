@@ -25,6 +25,9 @@ import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
 from neuronetes import contracts as c
+from neuronetes.kube.client import KubeClient
+from neuronetes.kube.pricetable import PriceTableWatch, parse_price_table_ref
+from neuronetes.pricing import PriceTable
 
 from .admission import ANNOTATION_SLICE
 from .autoscaler import AutoscalerController, AutoscalerMetrics
@@ -102,20 +105,58 @@ async def _ticks(what: str, tick: Callable[[], object], every: float) -> None:
         await asyncio.sleep(max(0.0, every - (asyncio.get_running_loop().time() - started)))
 
 
+async def _queue_all(queues: Mapping[str, WorkQueue], controller: PoolController) -> None:
+    """Queue every object of each plural in `queues`."""
+    for plural, queue in queues.items():
+        try:
+            found = await asyncio.to_thread(
+                controller.custom.list_cluster_custom_object, c.GROUP, c.VERSION, plural
+            )
+        except Exception as exc:  # the next round retries; the loop must not die
+            log.warning("resync of %s failed: %s", plural, exc)
+            continue
+        for item in found.get("items", []):
+            queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))
+
+
 async def _resync(queues: Mapping[str, WorkQueue], controller: PoolController, every: float) -> None:
     """Every `every` seconds, every pool and every slice (a Pending one may fit now) is queued."""
     while True:
         await asyncio.sleep(every)
-        for plural, queue in queues.items():
-            try:
-                found = await asyncio.to_thread(
-                    controller.custom.list_cluster_custom_object, c.GROUP, c.VERSION, plural
-                )
-            except Exception as exc:  # the next round retries; the loop must not die
-                log.warning("resync of %s failed: %s", plural, exc)
-                continue
-            for item in found.get("items", []):
-                queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))
+        await _queue_all(queues, controller)
+
+
+PRICE_TABLE_WAIT_S = 10.0
+"""How long the operator waits at start for the price table's first list before reconciling (a
+pool with a budget reconciled without its prices would hold back pods it can afford)."""
+
+
+async def _watch_prices(ref: str, api: Any, controller: PoolController, queue: WorkQueue) -> PriceTableWatch:
+    """Keep `controller`'s price table current from the ConfigMap `ref` (``NAMESPACE/NAME``): each
+    change queues every pool (their budgets and costs are priced again); an invalid table is a
+    Warning Event on the ConfigMap."""
+    loop = asyncio.get_running_loop()
+
+    def changed(table: PriceTable) -> None:
+        controller.set_price_table(table)
+        asyncio.run_coroutine_threadsafe(_queue_all({PLURAL: queue}, controller), loop)
+
+    def invalid(configmap: Mapping[str, Any], message: str) -> None:
+        post_event(
+            controller.core,
+            {**configmap, "apiVersion": "v1", "kind": "ConfigMap"},
+            "Warning",
+            "InvalidPriceTable",
+            message,
+        )
+
+    namespace, name = parse_price_table_ref(ref)
+    watch = PriceTableWatch(KubeClient(api), namespace, name, on_change=changed, on_invalid=invalid).start()
+    if not await asyncio.to_thread(watch.wait_synced, PRICE_TABLE_WAIT_S):
+        log.warning(
+            "price table %s not listed yet; reconciling without it (pools are queued again once it is)", ref
+        )
+    return watch
 
 
 def connection_info(cfg: Any) -> kopf.ConnectionInfo:
@@ -156,6 +197,8 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
         settings.watching.inactivity_timeout = 600
         queue, slice_queue, binding_queue = WorkQueue(), WorkQueue(), WorkQueue()
         controller = controller_factory()
+        if cfg.price_table:
+            state["prices"] = await _watch_prices(cfg.price_table, api, controller, queue)
         slices = SliceController(api, lambda *a: post_event(controller.core, *a))
         state.update(queue=queue, controller=controller, slice_queue=slice_queue, binding_queue=binding_queue)
         state["tasks"] = [
@@ -198,6 +241,8 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
             task.cancel()
         if "autoscaler" in state:
             state["autoscaler"].close()
+        if "prices" in state:
+            await asyncio.to_thread(state["prices"].stop, 2.0)
         if "metrics_server" in state:
             state["metrics_server"].shutdown()
 

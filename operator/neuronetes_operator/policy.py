@@ -16,6 +16,8 @@ __all__ = ["POLICY_CONTROLLER", "ResolvedPool", "carbon_effect", "cost_optimizat
 
 POLICY_CONTROLLER = "validated; takes effect in the policy controller"
 """The `effect` of a policy block that the operator shows but does not act on itself."""
+BUDGET_EFFECT = "replicas beyond the budget are not created (status.cost, condition CostBudgetExceeded)"
+"""The `effect` of ``costOptimization.maxCostPerHour`` (`neuronetes_operator.budget`)."""
 AUTOSCALING_CONTROLLER = "the autoscaling controller sets spec.replicas (status.autoscaling)"
 """The `effect` of `spec.autoscaling` (`neuronetes_operator.autoscaler`)."""
 FALLBACK_EFFECT = "serves {model} while a fallbackTrigger holds (status.fallback, condition FallbackActive)"
@@ -124,13 +126,18 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
     if s.cost_optimization is not None:
         enabled = cost_optimization_enabled(s.cost_optimization)
         spot = "pods may use spot nodes" if spot_allowed else "pods avoid spot nodes"
+        budget = (
+            f"; maxCostPerHour {s.cost_optimization.max_cost_per_hour:g}: {BUDGET_EFFECT}"
+            if enabled and s.cost_optimization.max_cost_per_hour is not None
+            else ""
+        )
         if enabled and s.cost_optimization.fallback_model is not None:
             spot += f"; {FALLBACK_EFFECT.format(model=s.cost_optimization.fallback_model)}"
         out.append(
             PolicyState(
                 name="costOptimization",
                 enabled=enabled,
-                effect=f"{spot}; budget and spot strategy: {POLICY_CONTROLLER}",
+                effect=f"{spot}{budget}; spot strategy: {POLICY_CONTROLLER}",
             )
         )
     if s.preemption is not None:

@@ -120,6 +120,9 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
             a gang larger than this goes alone); a pool with more to do is reconciled again at once,
             behind the pools already queued (docs/agentpool.md, "Batches").
         metrics_port: serve the operator's Prometheus metrics on this port (all addresses; 0: none).
+        price_table: ``NAMESPACE/NAME`` of the price table's ConfigMap (docs/cost.md), watched:
+            node prices for nodes without a ``neuronetes.io/price-per-hour`` label (the chart sets
+            its ``neuronetes-price-table``); unset or empty: prices come from node labels alone.
         autoscaler: the autoscaling controller's settings (`AutoscalerSettings`).
         carbon: the carbon gate-release controller's settings (`CarbonSettings`).
     """
@@ -132,6 +135,16 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
     gang_retry_max_seconds: Annotated[float, msgspec.Meta(ge=1, le=86400)] = 300.0
     batch_size: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 64
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    price_table: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                max_length=317,
+                pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
+            ),
+        ]
+        | None
+    ) = None
     autoscaler: AutoscalerSettings = msgspec.field(default_factory=AutoscalerSettings)
     carbon: CarbonSettings = msgspec.field(default_factory=CarbonSettings)
 

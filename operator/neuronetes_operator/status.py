@@ -1,8 +1,9 @@
 """An AgentPool's status from its pods and their nodes. Pure: objects in, status out.
 
 Placements come from each bound pod's ``neuronetes.io/assigned-gpus`` (the extender's decision,
-read with the strict contract decoder); the cost is each bound pod's share of its node's
-``neuronetes.io/price-per-hour``: price × (the pod's GPUs / the node's ``neuronetes.io/gpu-count``).
+read with the strict contract decoder); the cost is each bound pod's share of its node's price
+(`neuronetes_operator.budget`, prices from `neuronetes.pricing`): price × (the pod's GPUs / the
+node's ``neuronetes.io/gpu-count``).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from neuronetes import contracts as c
-from neuronetes.api.models import AgentPoolStatus, Condition, Placement
+from neuronetes.api.models import AgentPoolStatus, Condition, CostStatus, Placement
 
+from .budget import BudgetPlan, PoolPrices, pod_gpus
 from .fallback import COST_CONDITION, ModelChoice
 from .pods import LABEL_POOL
 from .policy import ResolvedPool
@@ -22,7 +24,9 @@ from .reconcile import is_ready, is_terminating
 __all__ = [
     "AUTOSCALER_CONDITIONS",
     "CARRIED_CONDITIONS",
+    "COST_BUDGET_EXCEEDED",
     "NO_MATCHING_NODES",
+    "budget_condition",
     "pod_gpus",
     "pool_status",
     "type_condition",
@@ -34,20 +38,6 @@ written here carries them over as they are."""
 CARRIED_CONDITIONS = (*AUTOSCALER_CONDITIONS, COST_CONDITION)
 """Condition types other controllers set on the pool: carried over as they are unless this
 status computes them itself."""
-
-
-def pod_gpus(pod: Mapping[str, Any]) -> int:
-    """GPUs (or MIG instances) the pod's containers ask for."""
-    total = 0
-    for ctr in pod.get("spec", {}).get("containers") or []:
-        limits = (ctr.get("resources") or {}).get("limits") or {}
-        for key, value in limits.items():
-            if key == c.RESOURCE_GPU or key.startswith(c.RESOURCE_MIG_PREFIX):
-                try:
-                    total += int(str(value))
-                except ValueError:
-                    continue
-    return total
 
 
 def _placement(pod: Mapping[str, Any]) -> Placement:
@@ -64,21 +54,6 @@ def _placement(pod: Mapping[str, Any]) -> Placement:
     return Placement(
         pod=meta["name"], node=node, gpus=gpus, gang=(meta.get("labels") or {}).get(c.LABEL_GANG)
     )
-
-
-def _cost(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> float:
-    node = nodes.get(pod.get("spec", {}).get("nodeName") or "")
-    if node is None:
-        return 0.0
-    labels = node.get("metadata", {}).get("labels") or {}
-    try:
-        price = float(labels.get(c.LABEL_PRICE_PER_HOUR, "0"))
-        count = int(labels.get(c.LABEL_GPU_COUNT, "0"))
-    except ValueError:
-        return 0.0
-    if price <= 0 or count <= 0:
-        return 0.0
-    return price * min(1.0, pod_gpus(pod) / count)
 
 
 def _condition(kind: str, ok: bool, reason: str, message: str, generation: int) -> Condition:
@@ -126,6 +101,59 @@ def _fields(cd: Condition) -> dict[str, Any]:
     return {f: getattr(cd, f) for f in cd.__struct_fields__}
 
 
+COST_BUDGET_EXCEEDED = "CostBudgetExceeded"
+"""The condition (and Event reasons) of a pool whose ``maxCostPerHour`` holds replicas back."""
+_SHOWN_NODES = 3
+
+
+def _money(x: float) -> str:
+    return f"{x:.2f}/h"
+
+
+def budget_condition(plan: BudgetPlan, cost: CostStatus, generation: int) -> Condition | None:
+    """``CostBudgetExceeded``: True while the budget holds replicas back (reason ``BudgetReached``,
+    or ``UnknownPrices`` when only prices nobody knows do), False (``WithinBudget``) otherwise;
+    None for a pool without a budget. The message carries the figures."""
+    if plan.budget is None:
+        return None
+    figures = (
+        f"running {_money(cost.current_per_hour)}, projected {_money(cost.projected_per_hour)} "
+        f"of a budget of {_money(plan.budget)}"
+    )
+    kept = len(plan.kept)
+    if plan.held_for_cost:
+        next_cost = "" if plan.next_cost is None else f" (the next would cost {_money(plan.next_cost)})"
+        message = f"{kept} of {plan.wanted} replicas fit the budget{next_cost}; {figures}"
+        if plan.held_for_unknown:
+            message += f"; {plan.held_for_unknown} more held back for unknown prices"
+        return _condition(COST_BUDGET_EXCEEDED, True, "BudgetReached", message, generation)
+    if plan.held_for_unknown:
+        if plan.unknown_running:
+            why = f"{plan.unknown_running} replica(s) run on nodes of unknown price: the total is unknown"
+        elif plan.unpriced:
+            shown = ", ".join(plan.unpriced[:_SHOWN_NODES])
+            more = len(plan.unpriced) - _SHOWN_NODES
+            if more > 0:
+                shown += f" and {more} more"
+            why = (
+                f"the pods may land on node(s) of unknown price ({shown}): "
+                f"label them {c.LABEL_PRICE_PER_HOUR} or add their instance type to the price table"
+            )
+        else:
+            why = "no node admits the pods, so what they would cost is unknown"
+        message = (
+            f"{kept} of {plan.wanted} replicas kept; {plan.held_for_unknown} held back: {why}; {figures}"
+        )
+        return _condition(COST_BUDGET_EXCEEDED, True, "UnknownPrices", message, generation)
+    return _condition(
+        COST_BUDGET_EXCEEDED,
+        False,
+        "WithinBudget",
+        f"{kept} of {plan.wanted} replicas; {figures}",
+        generation,
+    )
+
+
 NO_MATCHING_NODES = "NoMatchingNodes"
 """The condition (and its reason, and the Event's) of a pool whose GPU type no node has."""
 
@@ -154,6 +182,8 @@ def pool_status(
     backlog: int = 0,
     nodes_of_type: int | None = None,
     model: ModelChoice | None = None,
+    cost: CostStatus | None = None,
+    budget: BudgetPlan | None = None,
 ) -> AgentPoolStatus:
     """The status of `pool` given its pods and the nodes they are bound to (by name).
     `gang_notes`: per gang whose reservation the extender reported failed, what to say about it.
@@ -161,7 +191,11 @@ def pool_status(
     full); the ``Progressing`` condition says so (reason ``Batching``). `nodes_of_type`: how many
     nodes have the GPU type the pool names (None: it names none, or nobody knows): the condition
     ``NoMatchingNodes`` (`type_condition`). `model`: the fallback step's choice
-    (`fallback.choose_model`): ``activeModel``, ``fallback`` and the condition ``FallbackActive``."""
+    (`fallback.choose_model`): ``activeModel``, ``fallback`` and the condition ``FallbackActive``.
+
+    `cost`: ``status.cost`` (`neuronetes_operator.budget`),
+    without it the cost is the bound pods' share of their nodes' labelled prices; `budget`: what
+    ``maxCostPerHour`` kept, the condition ``CostBudgetExceeded`` (`budget_condition`)."""
     now = now or datetime.now(UTC)
     meta = pool["metadata"]
     generation = int(meta.get("generation") or 0)
@@ -232,6 +266,9 @@ def pool_status(
                 "GangScheduled", whole == resolved.gangs and resolved.gangs > 0, reason, message, generation
             )
         )
+    budget_cond = None if budget is None or cost is None else budget_condition(budget, cost, generation)
+    if budget_cond is not None:
+        conditions.append(budget_cond)
     gpu_type = ((pool.get("spec") or {}).get("gpuRequirements") or {}).get("type")
     if gpu_type and nodes_of_type is not None:
         conditions.append(type_condition(str(gpu_type), nodes_of_type, generation))
@@ -268,7 +305,8 @@ def pool_status(
             == "true"
         ),
         gpus=sum(pod_gpus(p) for p in bound),
-        cost_per_hour=round(sum(_cost(p, nodes) for p in bound), 4),
+        cost_per_hour=cost.current_per_hour if cost is not None else _labelled_cost(bound, nodes),
+        cost=cost,
         selector=f"{LABEL_POOL}={meta['name']}",
         active_model=(pool.get("spec") or {}).get("model") if model is None else model.model,
         fallback=None if model is None else model.status,
@@ -277,6 +315,11 @@ def pool_status(
         policies=list(resolved.policies),
         conditions=_merge_times(conditions, old, now) + _carried(old, {cd.type for cd in conditions}),
     )
+
+
+def _labelled_cost(bound: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> float:
+    prices = PoolPrices(nodes)
+    return round(sum(x for p in bound if (x := prices.bound(p)) is not None), 4)
 
 
 def _carried(old: Sequence[Mapping[str, Any]], computed: set[str]) -> list[Condition]:

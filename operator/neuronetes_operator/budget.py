@@ -33,6 +33,9 @@ from neuronetes.pricing import EMPTY_TABLE, PriceTable, price_of
 from .pods import DesiredPod, gang_name
 from .reconcile import is_terminating
 
+COST_BUDGET_EXCEEDED: Final = "CostBudgetExceeded"
+"""The pool condition the budget step sets (`status.budget_condition`); the fallback step reads it."""
+
 __all__ = [
     "BudgetPlan",
     "PoolPrices",

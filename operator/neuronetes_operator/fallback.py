@@ -36,10 +36,10 @@ from neuronetes.costpolicy import (
     slo_state,
 )
 
+from .budget import COST_BUDGET_EXCEEDED
 from .policy import ResolvedPool
 
 __all__ = [
-    "COST_CONDITION",
     "FALLBACK_CONDITION",
     "SLO_SIGNAL_MAX_AGE_S",
     "ModelChoice",
@@ -47,9 +47,6 @@ __all__ = [
     "policy_inputs",
 ]
 
-COST_CONDITION: Final = "CostBudgetExceeded"
-"""The condition the cost controller sets while the pool's cost exceeds ``maxCostPerHour``: True is
-the ``costExceeded`` trigger's input."""
 FALLBACK_CONDITION: Final = "FallbackActive"
 SLO_SIGNAL_MAX_AGE_S: Final = 120.0
 """``status.autoscaling`` older than this (``lastDecisionTime``) is no SLO signal: the autoscaler
@@ -125,7 +122,7 @@ def policy_inputs(
     spot_nodes = any(
         (n.get("metadata", {}).get("labels") or {}).get(c.LABEL_SPOT) == "true" for n in nodes.values()
     )
-    budget = _condition(status, COST_CONDITION)
+    budget = _condition(status, COST_BUDGET_EXCEEDED)
     trigger = cost.fallback_trigger if cost is not None else None
     return PolicyInputs(
         slo=slo,
@@ -173,10 +170,10 @@ def choose_model(
         last_switch_time=None if switched_at is None else _iso(switched_at),
     )
     primary = spec.model or "spec.template"
-    budget = _condition(pool.get("status") or {}, COST_CONDITION)
+    budget = _condition(pool.get("status") or {}, COST_BUDGET_EXCEEDED)
     figures = decision.reason
     if TRIGGER_COST in decision.triggers and budget is not None and budget.get("message"):
-        figures += f"; {COST_CONDITION}: {budget['message']}"
+        figures += f"; {COST_BUDGET_EXCEEDED}: {budget['message']}"
     generation = int(pool["metadata"].get("generation") or 0)
     on_fallback = held.model == fallback
     if on_fallback:

@@ -15,8 +15,8 @@ from typing import Any
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPoolStatus, Condition, CostStatus, Placement
 
-from .budget import BudgetPlan, PoolPrices, pod_gpus
-from .fallback import COST_CONDITION, ModelChoice
+from .budget import COST_BUDGET_EXCEEDED, BudgetPlan, PoolPrices, pod_gpus
+from .fallback import ModelChoice
 from .pods import LABEL_POOL
 from .policy import ResolvedPool
 from .reconcile import is_ready, is_terminating
@@ -35,7 +35,7 @@ __all__ = [
 AUTOSCALER_CONDITIONS = ("AutoscalerConflict", "MetricsStale")
 """Condition types the autoscaling controller owns (`neuronetes_operator.autoscaler`): a status
 written here carries them over as they are."""
-CARRIED_CONDITIONS = (*AUTOSCALER_CONDITIONS, COST_CONDITION)
+CARRIED_CONDITIONS = AUTOSCALER_CONDITIONS
 """Condition types other controllers set on the pool: carried over as they are unless this
 status computes them itself."""
 
@@ -101,7 +101,6 @@ def _fields(cd: Condition) -> dict[str, Any]:
     return {f: getattr(cd, f) for f in cd.__struct_fields__}
 
 
-COST_BUDGET_EXCEEDED = "CostBudgetExceeded"
 """The condition (and Event reasons) of a pool whose ``maxCostPerHour`` holds replicas back."""
 _SHOWN_NODES = 3
 

@@ -189,7 +189,7 @@ def test_a_pool_without_a_fallback_model_is_as_before() -> None:
     assert status.active_model == "llama-70b" and status.fallback is None
 
 
-def test_status_shows_the_active_model_and_carries_the_cost_condition() -> None:
+def test_status_shows_the_active_model_and_leaves_the_cost_condition_to_the_budget_step() -> None:
     obj = pool(status={"conditions": [budget(True)], "autoscaling": decided(0.3)})
     spec = decode(obj, AgentPool).spec
     resolved = resolve(spec)
@@ -197,7 +197,9 @@ def test_status_shows_the_active_model_and_carries_the_cost_condition() -> None:
     assert status.active_model == "llama-8b"
     assert status.fallback is not None and status.fallback.action == "degrade-model"
     kinds = {cd.type: cd.status for cd in status.conditions or []}
-    assert kinds["FallbackActive"] == "True" and kinds["CostBudgetExceeded"] == "True"
+    # The budget step computes CostBudgetExceeded every reconcile (status.budget_condition): a status
+    # without its plan (here: none passed, as for a pool whose budget was removed) drops it.
+    assert kinds["FallbackActive"] == "True" and "CostBudgetExceeded" not in kinds
     effect = next(p.effect for p in resolved.policies if p.name == "costOptimization")
     assert effect is not None and "serves llama-8b while a fallbackTrigger holds" in effect
 

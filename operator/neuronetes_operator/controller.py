@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -20,6 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, AgentPoolStatus, ToolBinding, decode
+from neuronetes.spot import NOTICE_KEY, Notice, notice_of
 
 from . import CONVERT_LOCK
 from .gang_retry import GangRetries, failed_reservations
@@ -28,6 +30,7 @@ from .pods import LABEL_POOL, DesiredPod, desired_pods, gang_name
 from .policy import resolve
 from .reconcile import LIST_PAGE, Action, batch, is_terminating, plan, read_pod_page
 from .settings import OperatorSettings
+from .spot_plan import plan_spot, spot_state, with_capacity
 from .status import NO_MATCHING_NODES, pool_status
 from .tiers import DEFAULT_TIERS, PriorityTier, TierError, with_tier
 from .toolbindings import binding_status
@@ -43,7 +46,14 @@ _REASON_TEXT = {
     "PodFinished": "deleted pods {names}: they failed or exited; they are recreated",
     "GangBroken": "deleted pods {names}: their gang lost a member after binding; the gang is recreated whole",
     "Outdated": "deleted pods {names}: the pool's spec changed (rolling replacement)",
+    "SpotReplacement": "created pods {names}: they replace pods on nodes under an interruption notice",
+    "SpotReplaced": "deleted pods {names}: their replacements are Ready, or the notice's deadline came",
+    "SpotInterrupted": "deleted pods {names}: their node is under an interruption notice (scale-down)",
+    "SpotRebalanced": "moved pods {names} off spot: over the pool's spot share (maxSpotPercent, or spot off)",
 }
+_NORMAL = ("Created", "ScaledDown", "SpotReplacement", "SpotReplaced", "SpotRebalanced")
+REPLACEMENT_POLL_S = 2.0
+"""While a replacement is under way its pool is reconciled at least this often (the deadline)."""
 
 
 def _names(names: list[str], shown: int = 10) -> str:
@@ -67,20 +77,60 @@ class PoolController:
         self.settings = settings
         self.tiers = tiers
         self.nodes: dict[str, Mapping[str, Any]] = {}
+        self.first_seen: dict[str, datetime] = {}  # node → when its interruption notice was first seen
+        self.wake: dict[tuple[str, str], float] = {}  # pool → reconcile again after this many seconds
         self._lock = threading.Lock()
         self.retries = GangRetries(settings.gang_retry_seconds, settings.gang_retry_max_seconds)
         self._calls = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
 
     # ---- node cache (fed by the kopf node watch) ------------------------------------------------
 
-    def node_seen(self, name: str, body: Mapping[str, Any] | None) -> None:
+    def node_seen(self, name: str, body: Mapping[str, Any] | None) -> bool:
+        """Keep what reconciles read of a node (labels, taints, our notice annotation); whether an
+        interruption notice appeared on it (the caller reconciles every pool then)."""
         with self._lock:
             if body is None:
                 self.nodes.pop(name, None)
-            else:
-                self.nodes[name] = {
-                    "metadata": {"labels": dict(body.get("metadata", {}).get("labels") or {})}
-                }
+                self.first_seen.pop(name, None)
+                return False
+            meta = body.get("metadata") or {}
+            annotations = meta.get("annotations") or {}
+            kept = {
+                "metadata": {
+                    "name": name,
+                    "labels": dict(meta.get("labels") or {}),
+                    "annotations": {k: v for k, v in annotations.items() if k == NOTICE_KEY},
+                },
+                "spec": {"taints": list((body.get("spec") or {}).get("taints") or [])},
+            }
+            self.nodes[name] = kept
+            notice = notice_of(kept, now=datetime.now(UTC), rebalance=self.settings.spot_rebalance_notices)
+            if notice is None:
+                self.first_seen.pop(name, None)
+                return False
+            if name in self.first_seen:
+                return False
+            self.first_seen[name] = notice.noticed
+            return True
+
+    def _notices(
+        self, nodes: Mapping[str, Mapping[str, Any]], recorded: Mapping[str, datetime], now: datetime
+    ) -> dict[str, Notice]:
+        """Every node under an interruption notice, its start from the pool's status when recorded
+        there (a restarted operator keeps the deadline), else from when it was first seen."""
+        with self._lock:
+            first = dict(self.first_seen)
+        out = {}
+        for name, node in nodes.items():
+            notice = notice_of(
+                node,
+                now=now,
+                first_seen=recorded.get(name) or first.get(name),
+                rebalance=self.settings.spot_rebalance_notices,
+            )
+            if notice is not None:
+                out[name] = notice
+        return out
 
     # ---- the reconcile -------------------------------------------------------------------------
 
@@ -112,7 +162,29 @@ class PoolController:
         self._ensure_budget(pool, resolved.desired, resolved.gang_size, spec.min_replicas)
         want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations)
         pods = self._pods(namespace, name, pool["metadata"]["uid"])
-        actions, later = batch(plan(want, pods), self.settings.batch_size)
+        now = datetime.now(UTC)
+        with self._lock:
+            nodes = dict(self.nodes)
+        old_spot = (pool.get("status") or {}).get("spot") or {}
+        recorded = {
+            str(i.get("node")): datetime.fromisoformat(str(i["noticed"]).replace("Z", "+00:00"))
+            for i in old_spot.get("interruptions") or []
+            if i.get("noticed")
+        }
+        notices = self._notices(nodes, recorded, now)
+        tripped = bool(old_spot.get("thresholdTrippedAt"))
+        spot_off = tripped and resolved.spot.threshold_action == "disable-spot"
+        moves = plan_spot(want, pods, nodes, notices, resolved, spot_off=spot_off, now=now)
+        spot = spot_state(pool, resolved, moves, notices, now=now)
+        if spot.disables_spot != spot_off:
+            # The threshold tripped (or cleared) now: plan again, so this very reconcile acts on it.
+            moves = plan_spot(want, pods, nodes, notices, resolved, spot_off=spot.disables_spot, now=now)
+        for etype, reason, message in spot.events:
+            self._event(pool, etype, reason, message)
+        planned = moves.actions + with_capacity(plan(want, pods, moves.deleting), moves)
+        actions, later = batch(planned, self.settings.batch_size)
+        if moves.replacing:
+            self.wake[(namespace, name)] = REPLACEMENT_POLL_S
         gang_notes = self._retry_failed_gangs(pool, resolved.gang_size, want, pods, actions)
         # Concurrently: a gang's members are created together, and a batch is not created one
         # round trip (through the webhook) at a time. One event per reason, naming the pods.
@@ -124,12 +196,10 @@ class PoolController:
         for reason, names in by_reason.items():
             if reason == "GangRetry":
                 continue  # said by `_retry_failed_gangs`, with the reservation's outcome
-            etype = "Normal" if reason in ("Created", "ScaledDown") else "Warning"
+            etype = "Normal" if reason in _NORMAL else "Warning"
             self._event(pool, etype, reason, _REASON_TEXT[reason].format(names=_names(names)))
         if actions:
             pods = self._pods(namespace, name, pool["metadata"]["uid"])
-        with self._lock:
-            nodes = dict(self.nodes)
         gpu_type = spec.gpu_requirements.type
         status = pool_status(
             pool,
@@ -139,6 +209,8 @@ class PoolController:
             gang_notes=gang_notes,
             backlog=len(later),
             nodes_of_type=None if gpu_type is None else self._nodes_of_type(gpu_type, nodes),
+            spot=spot.status if spot.shown else None,
+            extra_conditions=spot.conditions,
         )
         self._event_on_transition(pool, status)
         self._write_status(pool, status)
@@ -301,7 +373,7 @@ class PoolController:
         with _CONVERT:
             body = {"status": msgspec.to_builtins(status)}
         old = pool.get("status") or {}
-        for key in ("placements", "conditions", "policies"):
+        for key in ("placements", "conditions", "policies", "spot"):
             if key in old and key not in body["status"]:
                 body["status"][key] = None
         patch_status(self.custom, PLURAL, meta, body)

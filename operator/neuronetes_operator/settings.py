@@ -60,6 +60,8 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
             behind the pools already queued (docs/agentpool.md, "Batches").
         metrics_port: serve the operator's Prometheus metrics on this port (all addresses; 0: none).
         autoscaler: the autoscaling controller's settings (`AutoscalerSettings`).
+        spot_rebalance_notices: treat the AWS Node Termination Handler's rebalance-recommendation
+            taint as an interruption notice (docs/spot.md; off: it is only a hint).
     """
 
     namespaces: list[str] = msgspec.field(default_factory=list)
@@ -71,6 +73,7 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
     batch_size: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 64
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
     autoscaler: AutoscalerSettings = msgspec.field(default_factory=AutoscalerSettings)
+    spot_rebalance_notices: bool = False
 
 
 def load_settings(path: str | Path | None) -> OperatorSettings:

@@ -12,13 +12,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 from neuronetes import contracts as c
-from neuronetes.api.models import AgentPoolStatus, Condition, Placement
+from neuronetes.api.models import AgentPoolStatus, Condition, Placement, SpotStatus
+from neuronetes.spot import is_spot_node
 
 from .pods import LABEL_POOL
 from .policy import ResolvedPool
 from .reconcile import is_ready, is_terminating
 
-__all__ = ["AUTOSCALER_CONDITIONS", "NO_MATCHING_NODES", "pod_gpus", "pool_status", "type_condition"]
+__all__ = [
+    "AUTOSCALER_CONDITIONS",
+    "NO_MATCHING_NODES",
+    "make_condition",
+    "pod_gpus",
+    "pool_status",
+    "type_condition",
+]
 
 AUTOSCALER_CONDITIONS = ("AutoscalerConflict", "MetricsStale")
 """Condition types the autoscaling controller owns (`neuronetes_operator.autoscaler`): a status
@@ -70,7 +78,7 @@ def _cost(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> flo
     return price * min(1.0, pod_gpus(pod) / count)
 
 
-def _condition(kind: str, ok: bool, reason: str, message: str, generation: int) -> Condition:
+def make_condition(kind: str, ok: bool, reason: str, message: str, generation: int) -> Condition:
     return Condition(
         type=kind,
         status="True" if ok else "False",
@@ -124,12 +132,12 @@ def type_condition(gpu_type: str, nodes_of_type: int, generation: int) -> Condit
     pods would stay Pending with nothing said), False once one is."""
     if nodes_of_type:
         message = f"{nodes_of_type} node(s) have GPUs of type {gpu_type}"
-        return _condition(NO_MATCHING_NODES, False, "NodesMatch", message, generation)
+        return make_condition(NO_MATCHING_NODES, False, "NodesMatch", message, generation)
     message = (
         f"no node has GPUs of type {gpu_type} (node label {c.LABEL_GPU_TYPE}): the pool's pods stay "
         "Pending until one joins; check spec.gpuRequirements.type"
     )
-    return _condition(NO_MATCHING_NODES, True, NO_MATCHING_NODES, message, generation)
+    return make_condition(NO_MATCHING_NODES, True, NO_MATCHING_NODES, message, generation)
 
 
 def pool_status(
@@ -142,13 +150,16 @@ def pool_status(
     gang_notes: Mapping[str, str] | None = None,
     backlog: int = 0,
     nodes_of_type: int | None = None,
+    spot: SpotStatus | None = None,
+    extra_conditions: Sequence[Condition] = (),
 ) -> AgentPoolStatus:
     """The status of `pool` given its pods and the nodes they are bound to (by name).
     `gang_notes`: per gang whose reservation the extender reported failed, what to say about it.
     `backlog`: pod creations and deletions the reconcile left for the next ones (its batch was
     full); the ``Progressing`` condition says so (reason ``Batching``). `nodes_of_type`: how many
     nodes have the GPU type the pool names (None: it names none, or nobody knows): the condition
-    ``NoMatchingNodes`` (`type_condition`)."""
+    ``NoMatchingNodes`` (`type_condition`). `spot`, `extra_conditions`: the spot state and its
+    conditions (`neuronetes_operator.spot_plan.spot_state`)."""
     now = now or datetime.now(UTC)
     meta = pool["metadata"]
     generation = int(meta.get("generation") or 0)
@@ -160,14 +171,14 @@ def pool_status(
     desired = resolved.desired
 
     conditions = [
-        _condition(
+        make_condition(
             "Ready",
             len(ready) >= desired,
             "AllReplicasReady" if len(ready) >= desired else "ReplicasNotReady",
             f"{len(ready)} of {desired} replicas ready",
             generation,
         ),
-        _condition(
+        make_condition(
             "Progressing",
             bool(backlog) or len(live) != desired or len(bound) < desired or len(pods) != len(live),
             "Batching"
@@ -177,7 +188,7 @@ def pool_status(
             + (f"; {backlog} more pod changes wait for the next reconciles (batches)" if backlog else ""),
             generation,
         ),
-        _condition(
+        make_condition(
             "Degraded",
             bool(failed or stuck),
             "PodsFailed" if failed else ("Unschedulable" if stuck else "AsExpected"),
@@ -215,13 +226,14 @@ def pool_status(
             # retried with kube-scheduler's backoff (and after the extender's reservation expires).
             reason, message = "GangUnplaceable", f"{message}; the scheduler says: {unplaceable[0]}"
         conditions.append(
-            _condition(
+            make_condition(
                 "GangScheduled", whole == resolved.gangs and resolved.gangs > 0, reason, message, generation
             )
         )
     gpu_type = ((pool.get("spec") or {}).get("gpuRequirements") or {}).get("type")
     if gpu_type and nodes_of_type is not None:
         conditions.append(type_condition(str(gpu_type), nodes_of_type, generation))
+    conditions.extend(extra_conditions)
 
     if failed:
         phase = "Degraded"
@@ -247,10 +259,7 @@ def pool_status(
         spot_replicas=sum(
             1
             for p in bound
-            if (nodes.get(p["spec"]["nodeName"], {}).get("metadata", {}).get("labels") or {}).get(
-                c.LABEL_SPOT
-            )
-            == "true"
+            if is_spot_node(nodes.get(p["spec"]["nodeName"], {}).get("metadata", {}).get("labels") or {})
         ),
         gpus=sum(pod_gpus(p) for p in bound),
         cost_per_hour=round(sum(_cost(p, nodes) for p in bound), 4),
@@ -259,6 +268,7 @@ def pool_status(
         observed_generation=generation,
         placements=sorted((_placement(p) for p in bound), key=lambda x: x.pod)[:1024],
         policies=list(resolved.policies),
+        spot=spot,
         conditions=_merge_times(conditions, old, now) + _autoscaler_conditions(old),
     )
 

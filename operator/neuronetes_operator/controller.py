@@ -61,6 +61,21 @@ def _names(names: list[str], shown: int = 10) -> str:
     return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
 
 
+def _recorded_notices(spot: Mapping[str, Any], now: datetime) -> dict[str, datetime]:
+    """When the notices in a pool's ``status.spot`` began, for those whose deadline is still ahead:
+    a restarted operator keeps their deadlines (a notice on a node whose last one is over is new)."""
+    out = {}
+    for item in spot.get("interruptions") or []:
+        try:
+            noticed = datetime.fromisoformat(str(item["noticed"]).replace("Z", "+00:00"))
+            deadline = datetime.fromisoformat(str(item["deadline"]).replace("Z", "+00:00"))
+        except (KeyError, ValueError):
+            continue
+        if deadline > now:
+            out[str(item.get("node"))] = noticed
+    return out
+
+
 class PoolController:
     """Reconciles AgentPools; thread-safe (one reconcile per pool at a time is the caller's job)."""
 
@@ -166,11 +181,7 @@ class PoolController:
         with self._lock:
             nodes = dict(self.nodes)
         old_spot = (pool.get("status") or {}).get("spot") or {}
-        recorded = {
-            str(i.get("node")): datetime.fromisoformat(str(i["noticed"]).replace("Z", "+00:00"))
-            for i in old_spot.get("interruptions") or []
-            if i.get("noticed")
-        }
+        recorded = _recorded_notices(old_spot, now)
         notices = self._notices(nodes, recorded, now)
         tripped = bool(old_spot.get("thresholdTrippedAt"))
         spot_off = tripped and resolved.spot.threshold_action == "disable-spot"
@@ -183,7 +194,7 @@ class PoolController:
             self._event(pool, etype, reason, message)
         planned = moves.actions + with_capacity(plan(want, pods, moves.deleting), moves)
         actions, later = batch(planned, self.settings.batch_size)
-        if moves.replacing:
+        if moves.in_flight:  # old and new pods both exist: the deadline must not wait for an event
             self.wake[(namespace, name)] = REPLACEMENT_POLL_S
         gang_notes = self._retry_failed_gangs(pool, resolved.gang_size, want, pods, actions)
         # Concurrently: a gang's members are created together, and a batch is not created one

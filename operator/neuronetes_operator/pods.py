@@ -45,9 +45,11 @@ LABEL_TEMPLATE_HASH: Final = f"{c.GROUP}/pod-template-hash"
 """Label: hash of what the pool put into the pod; a pod with another hash is outdated."""
 LABEL_CAPACITY: Final = f"{c.GROUP}/capacity"
 """Label: ``spot`` on a pod the operator let use spot nodes, ``on-demand`` on one it kept off them."""
-ANNOTATION_REPLACES: Final = f"{c.GROUP}/replaces"
+ANNOTATION_REPLACES: Final = f"spot.{c.GROUP}/replaces"
 """Annotation of a replacement pod (spot interruption or rebalance): the pod it replaces and its
-deadline, ``<pod>@<RFC 3339>`` (``<pod>`` alone: no deadline, the old pod goes once this one is Ready)."""
+deadline, ``<pod>@<RFC 3339>`` (``<pod>`` alone: no deadline, the old pod goes once this one is Ready).
+Outside ``neuronetes.io/``, whose pod annotations the webhook keeps for GPU decisions and requests;
+only the operator reads it, on the pods its pool controls."""
 REPLACEMENT_SUFFIX: Final = "-r"
 """A pod's replacement is named by adding this suffix (and a replacement's replacement by taking it
 away), so both can exist at once and the names stay deterministic: a restarted operator finds them."""

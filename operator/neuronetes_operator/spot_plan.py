@@ -72,6 +72,8 @@ class SpotPlan:
     """Per node under notice, the pool's pods on it (for the Event and condition)."""
     replacing: int = 0
     """Units with a replacement under way (after the actions)."""
+    in_flight: int = 0
+    """Units whose old and new pods both exist (the old go when the new are Ready, or at the deadline)."""
 
 
 def _live(pods: Mapping[str, Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
@@ -198,6 +200,7 @@ def plan_spot(
                 delete(old, "SpotReplaced")
             else:
                 out.replacing += 1
+                out.in_flight += 1
                 if not on_spot(new):
                     moving.add(unit.key)
             continue
@@ -304,23 +307,25 @@ def spot_state(
     meta = pool["metadata"]
     generation = int(meta.get("generation") or 0)
     old = (pool.get("status") or {}).get("spot") or {}
-    kept: dict[str, SpotInterruption] = {}
+    kept: list[SpotInterruption] = []
     for item in old.get("interruptions") or []:
         noticed, deadline = _when(item.get("noticed")), _when(item.get("deadline"))
         if item.get("node") and noticed and deadline:
-            kept[str(item["node"])] = SpotInterruption(
-                node=str(item["node"]),
-                source=str(item.get("source") or "unknown")[:63],
-                noticed=noticed,
-                deadline=deadline,
+            kept.append(
+                SpotInterruption(
+                    node=str(item["node"])[:253],
+                    source=str(item.get("source") or "unknown")[:63],
+                    noticed=noticed,
+                    deadline=deadline,
+                )
             )
     events: list[tuple[str, str, str]] = []
     policy = resolved.spot
     fresh: list[SpotInterruption] = []
     for node, names in sorted(moves.notified.items()):
         notice = notices[node]
-        if node in kept:
-            continue
+        if any(i.node == node and i.deadline >= notice.noticed for i in kept):
+            continue  # the notice already recorded (a node noticed again after its last one is new)
         entry = SpotInterruption(
             node=node, source=notice.source, noticed=notice.noticed, deadline=notice.deadline
         )
@@ -342,7 +347,7 @@ def spot_state(
     tripped_at = _when(old.get("thresholdTrippedAt"))
     if threshold:
         state = step_threshold(
-            ThresholdState(noticed=tuple(i.noticed for i in kept.values()), tripped_at=tripped_at),
+            ThresholdState(noticed=tuple(i.noticed for i in kept), tripped_at=tripped_at),
             [i.noticed for i in fresh],
             count=threshold,
             window_s=window,
@@ -373,7 +378,7 @@ def spot_state(
         tripped_at = state.tripped_at
     else:
         tripped_at = None
-    entries = sorted([*kept.values(), *fresh], key=lambda i: i.noticed)
+    entries = sorted([*kept, *fresh], key=lambda i: i.noticed)
     recent = [i for i in entries if i.node in notices or (now - i.noticed).total_seconds() <= window]
     entries = (recent or entries[-1:])[-64:]
     action = policy.threshold_action if tripped_at is not None else None

@@ -15,6 +15,7 @@ from operator_fakes import FakeCluster, controller
 
 from neuronetes import contracts as c
 from neuronetes.spot import NOTICE_KEY, SPOT_LABELS, is_spot_node
+from neuronetes_operator.admission import check_annotations
 from neuronetes_operator.controller import PoolController
 from neuronetes_operator.pods import ANNOTATION_REPLACES, LABEL_CAPACITY
 
@@ -312,3 +313,17 @@ def test_a_garbage_notice_value_is_one_event_and_the_default_deadline() -> None:
     w.reconcile()
     assert w.reasons().count("InvalidInterruptionNotice") == 1
     assert any(n.endswith("-r") for n in w.fake.pods)
+
+
+def test_a_replacement_pod_passes_the_pod_webhooks_annotation_rule() -> None:
+    """The webhook keeps ``neuronetes.io/*`` pod annotations for GPU decisions and requests: the
+    replacement's own annotation is outside it, so the operator's replacement is admitted."""
+    w = World(pool({"spotEnabled": True}, replicas=1), NODES)
+    w.reconcile()
+    w.schedule()
+    w.reconcile()
+    w.taint(w.fake.pods["sp-0"]["spec"]["nodeName"], NTH)
+    w.reconcile()
+    replacement = w.fake.pods["sp-0-r"]
+    assert ANNOTATION_REPLACES in replacement["metadata"]["annotations"]
+    assert check_annotations(replacement) == []

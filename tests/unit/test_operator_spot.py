@@ -18,6 +18,7 @@ from neuronetes.spot import NOTICE_KEY, SPOT_LABELS, is_spot_node
 from neuronetes_operator.admission import check_annotations
 from neuronetes_operator.controller import PoolController
 from neuronetes_operator.pods import ANNOTATION_REPLACES, LABEL_CAPACITY
+from neuronetes_operator.policy import POLICY_CONTROLLER
 
 pytestmark = pytest.mark.unit
 
@@ -327,3 +328,45 @@ def test_a_replacement_pod_passes_the_pod_webhooks_annotation_rule() -> None:
     replacement = w.fake.pods["sp-0-r"]
     assert ANNOTATION_REPLACES in replacement["metadata"]["annotations"]
     assert check_annotations(replacement) == []
+
+
+def test_status_policies_say_what_spot_does_not_that_a_controller_will() -> None:
+    cost = {
+        "spotEnabled": True,
+        "spotStrategy": {
+            "maxSpotPercent": 30,
+            "instanceTypes": ["g5.xlarge"],
+            "onInterruption": "scale-down",
+        },
+        "interruptionThreshold": {"count": 3, "window": "10m", "action": "alert"},
+    }
+    w = World(pool(cost, replicas=2), NODES)
+    w.reconcile()
+    (effect,) = [p["effect"] for p in w.fake.pool["status"]["policies"] if p["name"] == "costOptimization"]
+    assert "at most 30% of the replicas (whole gangs) on spot nodes" in effect
+    assert (
+        "preferring instance types g5.xlarge" in effect and "on an interruption notice: scale-down" in effect
+    )
+    assert "3 notices within 10m: alert" in effect
+    assert effect.endswith(f"budget, fallback model: {POLICY_CONTROLLER}")
+
+
+def test_a_replica_under_its_other_name_is_kept_scaled_down_and_rolled_like_any() -> None:
+    """`reconcile.plan` with the two names: ``sp-0-r`` is replica 0 (nothing recreated under
+    ``sp-0``); scaled to 1, ``sp-1-r`` goes; an outdated ``sp-0-r`` is rolled and comes back as ``sp-0``."""
+    w = World(pool({"spotEnabled": True}, replicas=2), NODES)
+    w.reconcile()
+    w.schedule()
+    w.reconcile()
+    for name in ("sp-0", "sp-1"):  # as if both had been replaced once
+        pod = w.fake.pods.pop(name)
+        pod["metadata"]["name"] = name + "-r"
+        w.fake.pods[name + "-r"] = pod
+    w.reconcile()
+    assert sorted(w.fake.pods) == ["sp-0-r", "sp-1-r"]
+    w.fake.pool["spec"]["minReplicas"] = 1
+    w.reconcile()
+    assert sorted(w.fake.pods) == ["sp-0-r"] and "ScaledDown" in w.reasons()
+    w.fake.pool["spec"]["template"] = {"metadata": {"labels": {"app": "v2"}}}
+    w.reconcile()
+    assert sorted(w.fake.pods) == ["sp-0"] and "Outdated" in w.reasons()

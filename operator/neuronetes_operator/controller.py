@@ -136,7 +136,10 @@ class PoolController:
         with self._lock:
             first = dict(self.first_seen)
         out = {}
-        for name, node in nodes.items():
+        for name in first:  # the nodes under notice (`node_seen`): not every node, every reconcile
+            node = nodes.get(name)
+            if node is None:
+                continue
             notice = notice_of(
                 node,
                 now=now,

@@ -101,6 +101,33 @@ def initial_replicas(workload: Workload) -> int:
     return max(1, math.ceil(first_minute / START_RPS_PER_REPLICA))
 
 
+def simulated_row(
+    args: argparse.Namespace, workload: Workload, policy: Policy, model: ServerModel, initial: int
+) -> dict[str, Any]:
+    """One policy's summary on one workload, simulated (``wall_s``: what the simulation took)."""
+    started = time.perf_counter()
+    run = simulate(
+        workload,
+        policy,
+        model,
+        initial_replicas=initial,
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+        dt=args.dt,
+        scrape_s=args.scrape,
+    )
+    row = summarise(run, args.slo_ttft)
+    row["wall_s"] = round(time.perf_counter() - started, 1)
+    return row
+
+
+def write_report(path: Path | None, report: dict[str, Any]) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1))
+        print(f"\nwrote {path}")
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         f"{'policy':<11} {'TTFT p50':>8} {'p95':>7} {'p99':>7} {'SLO att.':>8} {'replica-s':>10} "
@@ -153,20 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         initial = min(max(initial, args.min_replicas), args.max_replicas)
         print(f"start: {initial} warm replicas")
         for policy in policies(args, model)[0]:  # fresh policy state for every workload
-            started = time.perf_counter()
-            run = simulate(
-                workload,
-                policy,
-                model,
-                initial_replicas=initial,
-                min_replicas=args.min_replicas,
-                max_replicas=args.max_replicas,
-                dt=args.dt,
-                scrape_s=args.scrape,
-            )
-            row = summarise(run, args.slo_ttft)
-            row["wall_s"] = round(time.perf_counter() - started, 1)
-            rows.append(row)
+            rows.append(simulated_row(args, workload, policy, model, initial))
         print(table(rows))
         ours = next((r for r in rows if r["policy"] == "ours"), None)
         if ours is not None:
@@ -183,10 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                 "results": rows,
             }
         )
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1))
-        print(f"\nwrote {args.json}")
+    write_report(args.json, report)
     return 0
 
 

@@ -87,6 +87,8 @@ GANG_KEYS: Final = (LABEL_GANG, LABEL_POD_GROUP_X_K8S, ANNOTATION_GROUP_NAME_VOL
 ANNOTATION_LOCALITY: Final = f"{GROUP}/locality"  # any | same-node | same-socket | nvlink
 ANNOTATION_MIN_BANDWIDTH: Final = f"{GROUP}/min-bandwidth-gbps"  # NVLink GB/s between the GPUs
 ANNOTATION_GANG_TIMEOUT: Final = f"{GROUP}/gang-timeout-seconds"  # how long a gang reservation holds
+ANNOTATION_MODEL: Final = f"{GROUP}/model"
+"""On the pods of a pool with a fallback model: the model they serve (spec.model or fallbackModel)."""
 # The GPUSlice (same namespace) a pod runs inside: the pod gets exactly the slice's share of the
 # slice's GPU and is not charged again (docs/gpuslice.md).
 ANNOTATION_SLICE: Final = f"{GROUP}/slice"

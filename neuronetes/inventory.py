@@ -78,7 +78,14 @@ class ClusterState:
         self.mem_free: I64 = self.mem_cap.copy()
         self.gpu_count: I64 = np.array([len(x.gpus) for x in nodes], dtype=np.int64).reshape(n)
         self.node_schedulable: BOOL = np.array([x.schedulable for x in nodes], dtype=bool).reshape(n)
-        self.price_per_hour: F64 = np.array([x.price_per_hour for x in nodes], dtype=np.float64).reshape(n)
+        # An unknown price is NaN: it passes no max-price filter, and the cost scorer ranks it with
+        # the most expensive known price (`neuronetes.engine.scorers.score_cost`).
+        self.price_per_hour: F64 = np.array(
+            [np.nan if x.price_per_hour is None else x.price_per_hour for x in nodes], dtype=np.float64
+        ).reshape(n)
+        known = self.price_per_hour[~np.isnan(self.price_per_hour)]
+        self.price_top: float | None = float(known.max()) if known.size else None
+        """The highest known price (None: no node has one)."""
         self.spot: BOOL = np.array([x.spot for x in nodes], dtype=bool).reshape(n)
 
         self.models: tuple[str, ...] = tuple(sorted({x.gpu_model for x in nodes}))

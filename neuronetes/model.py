@@ -86,7 +86,8 @@ class NodeSpec:
     memory_mib: int
     gpus: tuple[GpuSpec, ...]
     labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
-    price_per_hour: float = 0.0
+    price_per_hour: float | None = None
+    """Per hour (`neuronetes.pricing`); None: unknown, which no scorer or filter reads as free."""
     spot: bool = False
     zone: str = ""
     region: str = ""

@@ -17,7 +17,8 @@ the agent already writes on the Node (the labels of docs/contracts.md "Node labe
 - topology: ``neuronetes.io/gpu-topology: nvlink`` puts all GPUs in one NVLink domain (an NVSwitch
   node) at the model's nominal bandwidth, ``pcie`` in none; GPUs are split evenly over two
   sockets / NUMA nodes in index order (the common dual-socket layout);
-- price, spot, zone and region from their labels; cordoned nodes are unschedulable;
+- price from its label, else the price table (`neuronetes.pricing`; unknown: None); spot, zone
+  and region from their labels; cordoned nodes are unschedulable;
 - GPU UUIDs: `neuronetes.contracts.simulated_gpu_uuid` (deterministic per node and index).
 
 What labels cannot say (bridged NVLink pairs, odd socket layouts) is approximated as above; the
@@ -40,6 +41,7 @@ from neuronetes import mig
 from neuronetes.api import models as m
 from neuronetes.api.units import nominal_nvlink_gbps
 from neuronetes.model import GpuHealth, GpuSpec, NodeSpec
+from neuronetes.pricing import EMPTY_TABLE, PriceError, PriceTable, node_price
 from neuronetes.quantity import QuantityError, parse_quantity, to_mib, to_milli
 
 __all__ = [
@@ -134,17 +136,11 @@ def _pcie_gen(model: str) -> int:
     return 4
 
 
-def _price(labels: Mapping[str, str]) -> float:
-    raw = labels.get(c.LABEL_PRICE_PER_HOUR)
-    if not raw:
-        return 0.0
+def _price(labels: Mapping[str, str], prices: PriceTable) -> float | None:
     try:
-        price = float(raw)
-    except ValueError:
-        raise NodeSpecError(f"label {c.LABEL_PRICE_PER_HOUR}: {raw!r} is not a number") from None
-    if not price >= 0.0 or price == float("inf"):
-        raise NodeSpecError(f"label {c.LABEL_PRICE_PER_HOUR}: {raw!r} is not a price")
-    return price
+        return node_price(labels, prices).per_hour
+    except PriceError as exc:
+        raise NodeSpecError(str(exc)) from None
 
 
 class _Meta(msgspec.Struct, kw_only=True):
@@ -169,8 +165,9 @@ class _NodeObject(msgspec.Struct, kw_only=True):
     status: _Status = msgspec.field(default_factory=_Status)
 
 
-def node_spec_from_object(node: Mapping[str, Any]) -> NodeSpec:
-    """The engine's view of one Node object as the API's JSON (a mapping).
+def node_spec_from_object(node: Mapping[str, Any], prices: PriceTable = EMPTY_TABLE) -> NodeSpec:
+    """The engine's view of one Node object as the API's JSON (a mapping); `prices`: the price
+    table (`neuronetes.pricing`) for nodes without a price label.
 
     Raises:
         NodeSpecError: not a Node object, or as `node_spec_from_fields`.
@@ -185,14 +182,21 @@ def node_spec_from_object(node: Mapping[str, Any]) -> NodeSpec:
         obj.metadata.labels or {},
         {**(status.capacity or {}), **(status.allocatable or {})},
         unschedulable=obj.spec.unschedulable,
+        prices=prices,
     )
 
 
 def node_spec_from_fields(
-    name: str, labels: Mapping[str, str], resources: Mapping[str, Any], *, unschedulable: bool
+    name: str,
+    labels: Mapping[str, str],
+    resources: Mapping[str, Any],
+    *,
+    unschedulable: bool,
+    prices: PriceTable = EMPTY_TABLE,
 ) -> NodeSpec:
     """The engine's view of one node from its name, labels, resources (capacity overlaid with
-    allocatable) and cordon.
+    allocatable) and cordon; its price from its label or `prices` (`neuronetes.pricing.node_price`;
+    None when neither knows it).
 
     Raises:
         NodeSpecError: the node has no name, or a label or capacity value that cannot be read.
@@ -254,7 +258,7 @@ def node_spec_from_fields(
         memory_mib=memory_mib,
         gpus=gpus,
         labels=labels,
-        price_per_hour=_price(labels),
+        price_per_hour=_price(labels, prices),
         spot=labels.get(c.LABEL_SPOT, "").lower() == "true",
         zone=labels.get(c.LABEL_ZONE, ""),
         region=labels.get(c.LABEL_REGION, ""),

@@ -311,9 +311,10 @@ def node_labels(spec: NodeSpec) -> dict[str, str]:
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         "type": "kwok",
-        LABEL_PRICE_PER_HOUR: _price_label(spec.price_per_hour),
         LABEL_SPOT: "true" if spec.spot else "false",
     }
+    if spec.price_per_hour is not None:  # an unknown price is no label (docs/cost.md)
+        labels[LABEL_PRICE_PER_HOUR] = _price_label(spec.price_per_hour)
     if spec.zone:
         labels[LABEL_ZONE] = spec.zone
     if spec.region:

@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from neuronetes import contracts as c
+from neuronetes.pricing import CAPACITY_VALUES, LABEL_INSTANCE_TYPE
 
 __all__ = [
     "LABEL_INSTANCE_TYPE",
@@ -45,21 +46,17 @@ __all__ = [
     "step_threshold",
 ]
 
-LABEL_INSTANCE_TYPE: Final = "node.kubernetes.io/instance-type"
 NOTICE_KEY: Final = f"{c.GROUP}/interruption-notice"
 """Our notice for any other source: a taint, label or annotation of this key on the node. Its value
 may carry the deadline: seconds from the notice (``"90"``), or, in an annotation, an RFC 3339 time."""
 
 SPOT_LABELS: Final[Mapping[str, tuple[str, ...]]] = {
-    c.LABEL_SPOT: ("true",),
-    "karpenter.sh/capacity-type": ("spot",),
-    "eks.amazonaws.com/capacityType": ("SPOT",),
-    "cloud.google.com/gke-spot": ("true",),
-    "cloud.google.com/gke-preemptible": ("true",),
-    "kubernetes.azure.com/scalesetpriority": ("spot",),
+    label: tuple(value for value, kind in values.items() if kind == "spot")
+    for label, values in CAPACITY_VALUES.items()
 }
 """Node labels that mark spot (preemptible) capacity, and their spot values: ours, Karpenter's,
-EKS managed node groups', GKE's (spot and the older preemptible VMs) and AKS's."""
+EKS managed node groups', GKE's (spot and the older preemptible VMs) and AKS's. Taken from the
+capacity labels the prices read (`neuronetes.pricing.CAPACITY_VALUES`): one list for both."""
 
 
 @dataclass(frozen=True, slots=True)

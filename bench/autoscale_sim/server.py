@@ -151,6 +151,7 @@ class Replica:
         self.prompt_tokens_total = 0.0
         self.generation_tokens_total = 0.0
         self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)
+        self.ttft_sum = 0.0
 
     def serving(self, now: float) -> bool:
         return now >= self.ready_at and not self.draining and self.stopped_at is None
@@ -169,7 +170,7 @@ class Replica:
         self.waiting_prompt_tokens += request.prompt
 
     def kv_used(self) -> float:
-        prefilled = sum(r.prompt - left for r, left in self.prefilling)  # type: ignore[union-attr,operator]
+        prefilled = sum(r.prompt - left for r, left in self.prefilling)  # type: ignore[union-attr,operator,misc]
         decoded = len(self.decoding) * self.clock - self.decode_start_sum
         return float(prefilled) + self.decode_prompt_sum + decoded
 
@@ -214,6 +215,7 @@ class Replica:
         ttft = at - request.arrival
         bucket = next((i for i, bound in enumerate(TTFT_BUCKETS) if ttft <= bound), len(TTFT_BUCKETS))
         self.ttft_counts[bucket] += 1
+        self.ttft_sum += ttft
         self.generation_tokens_total += 1
         if request.output <= 1:
             self._finish(request, at, done)
@@ -328,6 +330,10 @@ class Pool:
         self.backlog.clear()
         for request in pending:
             self.route(request, now)
+        self.advance(now, dt, done)
+
+    def advance(self, now: float, dt: float, done: list[Request]) -> None:
+        """Run every started replica's engine from `now` for `dt`; a drained one stops."""
         for replica in self.replicas:
             if replica.stopped_at is not None or now < replica.ready_at:
                 continue

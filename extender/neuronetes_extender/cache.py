@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from neuronetes.api.models import GPUNode
 from neuronetes.engine.policy import Policy
 from neuronetes.model import Locality, NodeSpec, PodRequest
+from neuronetes.pricing import PriceTable
 
 from . import binding
 from . import decisions as d
@@ -121,6 +122,11 @@ class GpuCache:
         with self._lock:
             self._books.store.delete_node(name)
         self.touch("nodes")
+
+    def set_price_table(self, prices: PriceTable) -> None:
+        """The price table changed (`neuronetes.kube.pricetable`): every node is priced again."""
+        with self._lock:
+            self._books.store.set_prices(prices)
 
     def replace_gpunodes(self, objs: Iterable[GPUNode]) -> None:
         """Every GPUNode after a (re)list: each node's GPUs as its agent discovered them."""

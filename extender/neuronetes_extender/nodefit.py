@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from neuronetes.nodeselect import requirement_holds
+
 from .wire import Affinity, Node, NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration
 
 __all__ = ["NodeFacts", "node_fit_reason"]
@@ -34,30 +36,8 @@ class NodeFacts:
         return cls(node.metadata.name, dict(node.metadata.labels or {}), tuple(node.spec.taints or ()))
 
 
-def _integer(text: str) -> int | None:
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
 def _requirement_holds(req: NodeSelectorRequirement, value: str | None) -> bool:
-    values = req.values or []
-    op = req.operator
-    if op == "In":
-        return value is not None and value in values
-    if op == "NotIn":
-        return value is None or value not in values
-    if op == "Exists":
-        return value is not None
-    if op == "DoesNotExist":
-        return value is None
-    if op in ("Gt", "Lt") and value is not None and len(values) == 1:
-        have, bound = _integer(value), _integer(values[0])
-        if have is None or bound is None:
-            return False
-        return have > bound if op == "Gt" else have < bound
-    return False  # an unknown operator or a malformed Gt/Lt matches nothing (as Kubernetes)
+    return requirement_holds(req.operator, req.values or [], value)
 
 
 def _term_matches(term: NodeSelectorTerm, facts: NodeFacts) -> bool:

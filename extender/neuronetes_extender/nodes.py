@@ -14,14 +14,16 @@ import msgspec
 
 from neuronetes.model import NodeSpec
 from neuronetes.nodes import NodeSpecError, node_spec_from_fields
+from neuronetes.pricing import EMPTY_TABLE, PriceTable
 
 from .wire import Node
 
 __all__ = ["node_spec_from_node"]
 
 
-def node_spec_from_node(node: Node | Mapping[str, Any]) -> NodeSpec:
-    """The engine's view of one Node object (a `wire.Node`, or the API's JSON as a mapping).
+def node_spec_from_node(node: Node | Mapping[str, Any], prices: PriceTable = EMPTY_TABLE) -> NodeSpec:
+    """The engine's view of one Node object (a `wire.Node`, or the API's JSON as a mapping); its
+    price from its label, else `prices` (`neuronetes.pricing`).
 
     Raises:
         NodeSpecError: not a Node object, or as `neuronetes.nodes.node_spec_from_fields`.
@@ -34,4 +36,6 @@ def node_spec_from_node(node: Node | Mapping[str, Any]) -> NodeSpec:
     resources: dict[str, Any] = dict(node.status.capacity or {})
     resources.update(node.status.allocatable or {})
     labels = node.metadata.labels or {}
-    return node_spec_from_fields(node.metadata.name, labels, resources, unschedulable=node.spec.unschedulable)
+    return node_spec_from_fields(
+        node.metadata.name, labels, resources, unschedulable=node.spec.unschedulable, prices=prices
+    )

@@ -29,6 +29,8 @@ from typing import Any, Final
 import uvicorn
 from fastapi import FastAPI
 
+from neuronetes.kube.pricetable import PriceTableWatch, parse_price_table_ref
+
 from .app import create_app
 from .cache import GpuCache
 from .config import ConfigError, SettingsSource
@@ -155,6 +157,7 @@ class Extender:
     metrics: ExtenderMetrics
     reflectors: Reflectors | None = None
     store: ReservationStore | None = None
+    prices: PriceTableWatch | None = None
 
 
 def build(
@@ -165,11 +168,20 @@ def build(
     watch: bool = True,
     resync_period: float = 600.0,
     service_class: type[ExtenderService] = ExtenderService,
+    price_table: str | None = None,
 ) -> Extender:
     """Cache + service + app; with `watch`, the app's startup starts the list+watch threads.
 
-    `service_class` may be a subclass that instruments the verbs (tests).
+    `service_class` may be a subclass that instruments the verbs (tests). `price_table`: the
+    ``NAMESPACE/NAME`` of the price table's ConfigMap, watched (`neuronetes.kube.pricetable`).
+
+    Raises:
+        ConfigError: a bad settings file or `price_table` reference.
     """
+    try:
+        table_ref = parse_price_table_ref(price_table) if price_table else None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     settings = SettingsSource(config)
     cache = GpuCache(settings)
     api = api or KubeApi.from_kubeconfig(kubeconfig)
@@ -184,8 +196,15 @@ def build(
     events = EventRecorder(client)
     service = service_class(cache, client, metrics, groups, health=health, events=events)
     store = ReservationStore(cache, api, resync_period=resync_period, health=health) if watch else None
+    prices = (
+        PriceTableWatch(api, *table_ref, on_change=cache.set_price_table, resync_period=resync_period)
+        if watch and table_ref is not None
+        else None
+    )
 
     def startup() -> None:
+        if prices is not None:  # before the nodes: a first list then prices every node once
+            prices.start()
         if watch:
             extender.reflectors = start_reflectors(cache, api, resync_period=resync_period, health=health)
             for reflector in group_watches:
@@ -205,11 +224,13 @@ def build(
             store.stop(max(0.5, deadline - time.monotonic()))
         for reflector in group_watches:
             reflector.join(deadline - time.monotonic())
+        if prices is not None:
+            prices.stop(max(0.5, deadline - time.monotonic()))
 
     app = create_app(
         service, metrics=metrics, on_startup=startup, on_shutdown=shutdown, on_shutdown_async=client.aclose
     )
-    extender = Extender(cache, service, app, metrics, store=store)
+    extender = Extender(cache, service, app, metrics, store=store, prices=prices)
     return extender
 
 
@@ -261,7 +282,12 @@ def serve(ns: argparse.Namespace) -> int:
             insecure_allow_remote=ns.insecure_allow_remote,
         )
         metrics_address = parse_bind_address(ns.metrics_bind_address) if ns.metrics_bind_address else None
-        extender = build(kubeconfig=ns.kubeconfig, config=ns.config, resync_period=ns.resync_period)
+        extender = build(
+            kubeconfig=ns.kubeconfig,
+            config=ns.config,
+            resync_period=ns.resync_period,
+            price_table=ns.price_table,
+        )
         if metrics_address is not None:
             port = extender.metrics.serve(*metrics_address)
             log.info("metrics on http://%s:%d/metrics", metrics_address[0], port)

@@ -17,6 +17,7 @@ from typing import Final
 from neuronetes.api.models import GPUNode
 from neuronetes.model import NodeSpec
 from neuronetes.nodes import NodeSpecError, apply_gpunode, unusable_node
+from neuronetes.pricing import EMPTY_TABLE, PriceTable, price_of
 
 from .nodefit import NodeFacts
 from .nodes import node_spec_from_node
@@ -32,10 +33,10 @@ RESOURCES: Final = ("nodes", "pods")
 GPUNODES: Final = "gpunodes"
 
 
-def spec_of(node: Node) -> NodeSpec:
+def spec_of(node: Node, prices: PriceTable = EMPTY_TABLE) -> NodeSpec:
     """The node's spec; an unreadable node is kept as one nothing is placed on."""
     try:
-        return node_spec_from_node(node)
+        return node_spec_from_node(node, prices)
     except NodeSpecError as exc:
         log.warning("%s: nothing will be placed there", exc)
         return unusable_node(node.metadata.name)
@@ -56,6 +57,7 @@ class ClusterStore:
         self._binding: dict[str, PodInfo] = {}
         self.slices: dict[str, SliceInfo] = {}  # Bound GPUSlices by namespace/name
         self.dirty = False  # the node specs changed since the snapshot was built
+        self.prices = EMPTY_TABLE  # the price table (`neuronetes.pricing`) of nodes without a price label
         self._required: set[str] = set(RESOURCES)
         self._synced: set[str] = set()
         self._heard: dict[str, float] = {}
@@ -88,13 +90,22 @@ class ClusterStore:
     def replace_nodes(self, nodes: Iterable[Node]) -> None:
         named = [n for n in nodes if n.metadata.name]
         self.facts = {n.metadata.name: NodeFacts.of(n) for n in named}
-        self.set_node_specs(spec_of(n) for n in named)
+        self.set_node_specs(spec_of(n, self.prices) for n in named)
 
     def upsert_node(self, node: Node) -> None:
-        spec = spec_of(node)
+        spec = spec_of(node, self.prices)
         self.facts[spec.name] = NodeFacts.of(node)
         self._node_specs[spec.name] = spec
         self._set_spec(spec.name)
+
+    def set_prices(self, prices: PriceTable) -> None:
+        """Price every node again with `prices` (the price table changed): a node's own price
+        label still wins (`neuronetes.pricing.node_price`)."""
+        self.prices = prices
+        for name, spec in list(self._node_specs.items()):
+            if spec.schedulable or spec.gpus:  # an unusable node has no labels to price it by
+                self._node_specs[name] = replace(spec, price_per_hour=price_of(spec.labels, prices))
+                self._set_spec(name)
 
     def delete_node(self, name: str) -> None:
         self.facts.pop(name, None)

@@ -206,6 +206,7 @@ class Preemption(_Object):
 class FallbackTrigger(_Object):
     cost_exceeded: bool = False
     slo_at_risk: bool = False
+    hold_seconds: Annotated[int, Meta(ge=0, le=86400)] = 300
 
 
 class SpotStrategy(_Object):
@@ -229,6 +230,7 @@ class CostOptimization(_Object):
     spot_enabled: bool = False
     spot_max_interruptions: NonNegative | None = None
     fallback_model: Str253 | None = None
+    fallback_template: PodTemplate | None = None
     fallback_trigger: FallbackTrigger | None = None
     spot_strategy: SpotStrategy | None = None
     interruption_threshold: InterruptionThreshold | None = None
@@ -238,6 +240,8 @@ class TimeShifting(_Object):
     enabled: bool = False
     clean_energy_hours: Annotated[str, Meta(pattern=CLOCK_RANGE_PATTERN)] | None = None
     time_zone: Annotated[str, Meta(max_length=64, pattern=TIME_ZONE_PATTERN)] = "UTC"
+    max_delay: Annotated[str, Meta(max_length=32, pattern=DURATION_PATTERN)] = "6h"
+    expected_runtime: Annotated[str, Meta(max_length=32, pattern=DURATION_PATTERN)] | None = None
 
 
 class CarbonAware(_Object):
@@ -377,6 +381,49 @@ class SpotStatus(_Object):
     message: Annotated[str, Meta(max_length=1024)] | None = None
 
 
+class CarbonStatus(_Object):
+    """The carbon gate-release controller's view of a pool (docs/carbon.md)."""
+
+    gated_pods: NonNegative | None = None
+    released_pods: NonNegative | None = None
+    intensity: Annotated[float, Meta(ge=0)] | None = None
+    intensity_source: Annotated[str, Meta(max_length=64)] | None = None
+    intensity_time: datetime | None = None
+    avoided_grams_co2: float | None = field(default=None, name="avoidedGramsCO2")
+    accounting: Literal["location-based"] | None = None
+    last_release_reason: (
+        Literal["window", "stale", "intensity", "deadline", "forecast", "disabled"] | None
+    ) = None
+    last_release_time: datetime | None = None
+    message: Annotated[str, Meta(max_length=1024)] | None = None
+
+
+class FallbackStatus(_Object):
+    """The cost/SLO decision tree's last answer (`neuronetes.costpolicy`, docs/fallback.md)."""
+
+    action: (
+        Literal[
+            "keep", "use-spot", "degrade-model", "restore-model", "scale-up", "use-on-demand", "faster-model"
+        ]
+        | None
+    ) = None
+    reason: Annotated[str, Meta(max_length=1024)] | None = None
+    triggers: (
+        Annotated[list[Literal["costExceeded", "sloAtRisk", "spotInterruptions"]], Meta(max_length=3)] | None
+    ) = None
+    restore_since: datetime | None = None
+    last_switch_time: datetime | None = None
+
+
+class CostStatus(_Object):
+    """The pool's cost per hour (docs/cost.md): running, projected, budget."""
+
+    current_per_hour: Annotated[float, Meta(ge=0)]
+    projected_per_hour: Annotated[float, Meta(ge=0)]
+    budget_per_hour: Annotated[float, Meta(ge=0)] | None = None
+    unknown_price_replicas: NonNegative | None = None
+
+
 class AgentPoolStatus(_Object):
     phase: Literal["Pending", "Scheduling", "Ready", "Scaling", "Degraded", "Failed"] | None = None
     replicas: NonNegative | None = None
@@ -385,7 +432,9 @@ class AgentPoolStatus(_Object):
     spot_replicas: NonNegative | None = None
     gpus: NonNegative | None = None
     cost_per_hour: Annotated[float, Meta(ge=0)] | None = None
-    active_model: str | None = None
+    cost: CostStatus | None = None
+    active_model: Str253 | None = None
+    fallback: FallbackStatus | None = None
     selector: str | None = None
     last_scale_time: datetime | None = None
     observed_generation: NonNegative | None = None
@@ -393,6 +442,7 @@ class AgentPoolStatus(_Object):
     policies: Annotated[list[PolicyState], Meta(max_length=16)] | None = None
     autoscaling: AutoscalingStatus | None = None
     spot: SpotStatus | None = None
+    carbon: CarbonStatus | None = None
     conditions: Conditions | None = None
 
 

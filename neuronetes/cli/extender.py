@@ -58,6 +58,12 @@ def extender() -> None:
     show_default=True,
     help="seconds between full relists",
 )
+@click.option(
+    "--price-table",
+    metavar="NAMESPACE/NAME",
+    help="the ConfigMap of node prices by instance and capacity type, watched (docs/cost.md; the "
+    "chart's neuronetes-price-table); default: prices from node labels alone",
+)
 @LOG_LEVEL
 def serve(**opts: Any) -> int:
     # Imported here: the HTTP stack is only the extender's (and slow to load).

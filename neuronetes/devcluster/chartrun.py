@@ -68,6 +68,7 @@ from neuronetes.devcluster.podruns import (
     is_node_agent,
     resolve_address,
 )
+from neuronetes.signals import relay_signals
 
 __all__ = ["FLEET", "RUNNING_CONDITION", "Runner", "fleet_launch", "is_node_agent", "main"]
 
@@ -376,8 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         net=ns.loopback_net,
     )
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    relay_signals(lambda signum: stop.set(), (signal.SIGTERM, signal.SIGINT))
     logs = LogServer(root / "kubelet-certs", runner.find_log)
     runner.node_ip, runner.kubelet_port = ns.node_ip, logs.port
     proxy = EgressProxy(Path(ns.egress_socket), runner.resolve) if ns.egress_socket else None

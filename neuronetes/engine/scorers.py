@@ -350,12 +350,18 @@ def score_model_cache(ctx: ScoreContext) -> F64:
 
 
 def score_cost(ctx: ScoreContext) -> F64:
+    """1 − price / the cluster's highest known price (`neuronetes.pricing`). A node of unknown
+    price scores 0, as the most expensive known one: never as free. Without any known price (or
+    with every known price 0) prices say nothing and every node of known price scores 1."""
     st = ctx.state
     price = st.price_per_hour[ctx.rows]
-    top = float(st.price_per_hour.max(initial=0.0))
-    if top <= 0:
+    known = ~np.isnan(price)
+    top = st.price_top
+    if top is None:
         return np.ones(ctx.rows.size)
-    return 1.0 - price / top
+    if top <= 0:
+        return known.astype(np.float64)
+    return np.where(known, 1.0 - np.where(known, price, 0.0) / top, 0.0)
 
 
 def score_data_locality(ctx: ScoreContext) -> F64:

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 from neuronetes import contracts as c
 from neuronetes.assignment import ResourceRequestError, pod_gpu_request
+from neuronetes.carbon.release import ANNOTATION_DEADLINE, ANNOTATION_EXPECTED_RUNTIME
 
 __all__ = [
     "ANNOTATION_SLICE",
@@ -33,7 +34,15 @@ __all__ = [
 ANNOTATION_SLICE: Final = c.ANNOTATION_SLICE
 """A pod names the GPUSlice it uses (same namespace) with this annotation (docs/gpuslice.md)."""
 TENANT_ANNOTATIONS: Final = frozenset(
-    {c.ANNOTATION_LOCALITY, c.ANNOTATION_MIN_BANDWIDTH, c.ANNOTATION_GANG_TIMEOUT, ANNOTATION_SLICE}
+    {
+        c.ANNOTATION_LOCALITY,
+        c.ANNOTATION_MIN_BANDWIDTH,
+        c.ANNOTATION_GANG_TIMEOUT,
+        c.ANNOTATION_MODEL,
+        ANNOTATION_SLICE,
+        ANNOTATION_DEADLINE,
+        ANNOTATION_EXPECTED_RUNTIME,
+    }
 )
 """The ``neuronetes.io/*`` annotations a tenant (or the operator) may set: requests, not decisions."""
 DANGEROUS_CAPABILITIES: Final = frozenset({"SYS_ADMIN", "SYS_PTRACE", "SYS_RAWIO", "ALL"})

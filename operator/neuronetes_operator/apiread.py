@@ -1,6 +1,7 @@
 """Reading objects for an admission decision, with the webhook's own API credentials.
 
-The webhook reads the GPUSlice a pod names (`slice_admission`), the pod a node agent's Eviction
+The webhook reads the AgentPool a pod's ``neuronetes.io/pool`` label names (`carbon_admission`),
+the GPUSlice a pod names (`slice_admission`), the pod a node agent's Eviction
 or Event names (`agent_admission`), the Namespace whose labels grant a priority tier
 (`tier_admission`), and a namespace's ResourceQuotas, GPUSlices and pods (`quota_admission`):
 in-cluster credentials (its ServiceAccount), else ``$KUBECONFIG`` (a local cluster), through the
@@ -22,6 +23,7 @@ __all__ = [
     "ObjectLister",
     "ObjectPath",
     "ObjectReader",
+    "agentpool_path",
     "api_client",
     "api_lister",
     "api_reader",
@@ -44,6 +46,10 @@ def _q(part: str) -> str:
 
 def gpuslice_path(namespace: str, name: str) -> str:
     return f"/apis/{c.GROUP}/{c.VERSION}/namespaces/{_q(namespace)}/gpuslices/{_q(name)}"
+
+
+def agentpool_path(namespace: str, name: str) -> str:
+    return f"/apis/{c.GROUP}/{c.VERSION}/namespaces/{_q(namespace)}/agentpools/{_q(name)}"
 
 
 def pod_path(namespace: str, name: str) -> str:

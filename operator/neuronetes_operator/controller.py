@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,18 +21,21 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from neuronetes import contracts as c
-from neuronetes.api.models import AgentPool, AgentPoolStatus, ToolBinding, decode
+from neuronetes.api.models import AgentPool, AgentPoolSpec, AgentPoolStatus, ToolBinding, decode
+from neuronetes.pricing import EMPTY_TABLE, PriceTable
 from neuronetes.spot import NOTICE_KEY, Notice, notice_of
 
 from . import CONVERT_LOCK
+from .budget import BudgetPlan, PoolPrices, cost_status, plan_budget
+from .fallback import choose_model, policy_inputs
 from .gang_retry import GangRetries, failed_reservations
 from .objects import api_message, patch_status, post_event
-from .pods import LABEL_POOL, DesiredPod, desired_pods, gang_name
-from .policy import resolve
+from .pods import LABEL_POOL, DesiredPod, alternate_name, desired_pods, gang_name
+from .policy import ResolvedPool, cost_optimization_enabled, resolve
 from .reconcile import LIST_PAGE, Action, batch, is_terminating, plan, read_pod_page
 from .settings import OperatorSettings
-from .spot_plan import plan_spot, spot_state, with_capacity
-from .status import NO_MATCHING_NODES, pool_status
+from .spot_plan import SpotPlan, SpotState, plan_spot, spot_state, with_capacity
+from .status import COST_BUDGET_EXCEEDED, NO_MATCHING_NODES, pool_status
 from .tiers import DEFAULT_TIERS, PriorityTier, TierError, with_tier
 from .toolbindings import binding_status
 
@@ -50,10 +54,28 @@ _REASON_TEXT = {
     "SpotReplaced": "deleted pods {names}: their replacements are Ready, or the notice's deadline came",
     "SpotInterrupted": "deleted pods {names}: their node is under an interruption notice (scale-down)",
     "SpotRebalanced": "moved pods {names} off spot: over the pool's spot share (maxSpotPercent, or spot off)",
+    "OverBudget": "deleted pods {names}: their cost no longer fits the pool's maxCostPerHour",
 }
 _NORMAL = ("Created", "ScaledDown", "SpotReplacement", "SpotReplaced", "SpotRebalanced")
 REPLACEMENT_POLL_S = 2.0
 """While a replacement is under way its pool is reconciled at least this often (the deadline)."""
+
+
+def _budget(spec: AgentPoolSpec) -> float | None:
+    """The pool's ``maxCostPerHour`` while its cost optimization is on (None: no budget)."""
+    cost = spec.scheduling.cost_optimization if spec.scheduling else None
+    if cost is None or not cost_optimization_enabled(cost):
+        return None
+    return cost.max_cost_per_hour
+
+
+def _over_budget(actions: list[Action], budget: BudgetPlan) -> list[Action]:
+    """The plan's deletions of pods the budget left out say so (their Event's reason), under either
+    of a replica's names (`pods.alternate_name`)."""
+    dropped = budget.dropped | {alternate_name(n) for n in budget.dropped}
+    return [
+        replace(a, reason="OverBudget") if a.verb == "delete" and a.name in dropped else a for a in actions
+    ]
 
 
 def _names(names: list[str], shown: int = 10) -> str:
@@ -94,6 +116,7 @@ class PoolController:
         self.nodes: dict[str, Mapping[str, Any]] = {}
         self.first_seen: dict[str, datetime] = {}  # node → when its interruption notice was first seen
         self.wake: dict[tuple[str, str], float] = {}  # pool → reconcile again after this many seconds
+        self.prices: PriceTable = EMPTY_TABLE  # the price table (`neuronetes.kube.pricetable`)
         self._lock = threading.Lock()
         self.retries = GangRetries(settings.gang_retry_seconds, settings.gang_retry_max_seconds)
         self._calls = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
@@ -150,6 +173,31 @@ class PoolController:
                 out[name] = notice
         return out
 
+    def set_price_table(self, table: PriceTable) -> None:
+        """The price table changed (the caller then reconciles every pool)."""
+        with self._lock:
+            self.prices = table
+
+    def _spot_pass(
+        self,
+        pool: Mapping[str, Any],
+        resolved: ResolvedPool,
+        want: list[DesiredPod],
+        pods: list[dict[str, Any]],
+        nodes: Mapping[str, Mapping[str, Any]],
+        notices: Mapping[str, Notice],
+        spot_off: bool,
+        at: datetime,
+    ) -> tuple[SpotPlan, SpotState, list[Action]]:
+        """The spot split of `want` (`spot_plan`): the replacements and moves, the spot state, and
+        the ordinary plan's actions with their creations made spot-capable while the share allows."""
+        moves = plan_spot(want, pods, nodes, notices, resolved, spot_off=spot_off, now=at)
+        spot = spot_state(pool, resolved, moves, notices, now=at)
+        if spot.disables_spot != spot_off:
+            # The threshold tripped (or cleared) now: plan again, so this very reconcile acts on it.
+            moves = plan_spot(want, pods, nodes, notices, resolved, spot_off=spot.disables_spot, now=at)
+        return moves, spot, with_capacity(plan(want, pods, moves.deleting), moves)
+
     # ---- the reconcile -------------------------------------------------------------------------
 
     def reconcile(self, namespace: str, name: str) -> bool:
@@ -178,25 +226,61 @@ class PoolController:
             self._write_status(pool, AgentPoolStatus(phase="Failed"))
             return False
         self._ensure_budget(pool, resolved.desired, resolved.gang_size, spec.min_replicas)
-        want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations)
-        pods = self._pods(namespace, name, pool["metadata"]["uid"])
-        now = datetime.now(UTC)
         with self._lock:
             nodes = dict(self.nodes)
+        # The fallback step (`fallback`): the model served decides the pods' template, so a switch
+        # is the rolling replacement of outdated pods below.
+        now = time.time()
+        inputs = policy_inputs(
+            pool, spec, resolved, nodes, now=now, autoscaler_on=self.settings.autoscaler.enabled
+        )
+        model = choose_model(pool, spec, inputs, now=now)
+        want = desired_pods(
+            pool,
+            spec,
+            resolved,
+            tolerations=self.settings.pod_tolerations,
+            model=None if model is None else model.model,
+        )
+        pods = self._pods(namespace, name, pool["metadata"]["uid"])
+        with self._lock:
+            nodes, table = dict(self.nodes), self.prices
+        at = datetime.now(UTC)
         old_spot = (pool.get("status") or {}).get("spot") or {}
-        recorded = _recorded_notices(old_spot, now)
-        notices = self._notices(nodes, recorded, now)
-        tripped = bool(old_spot.get("thresholdTrippedAt"))
-        spot_off = tripped and resolved.spot.threshold_action == "disable-spot"
-        moves = plan_spot(want, pods, nodes, notices, resolved, spot_off=spot_off, now=now)
-        spot = spot_state(pool, resolved, moves, notices, now=now)
-        if spot.disables_spot != spot_off:
-            # The threshold tripped (or cleared) now: plan again, so this very reconcile acts on it.
-            moves = plan_spot(want, pods, nodes, notices, resolved, spot_off=spot.disables_spot, now=now)
+        notices = self._notices(nodes, _recorded_notices(old_spot, at), at)
+        spot_off = (
+            bool(old_spot.get("thresholdTrippedAt")) and resolved.spot.threshold_action == "disable-spot"
+        )
+        # The spot split first: it decides which pods to create are spot-capable, and a spot-capable
+        # pod is projected at the dearest node it may land on, an on-demand one at the dearest
+        # on-demand node (`budget.PoolPrices`). Then the budget keeps what fits; if it left replicas
+        # out, the split is planned again on what it kept (the share is of the pool's replicas), no
+        # creation becoming spot-capable that was not (it could cost more than the budget counted).
+        # Replacements (`spot_plan`) are never held back: a replica being replaced counts once.
+        moves, spot, planned = self._spot_pass(pool, resolved, want, pods, nodes, notices, spot_off, at)
+        capable = {a.name: a.pod.spot for a in planned if a.verb == "create" and a.pod is not None}
+        template = want[0].template if want else None
+        prices = PoolPrices(
+            nodes,
+            table,
+            None if template is None else template.spec,
+            None if template is None else template.on_demand_spec,
+        )
+        budget = plan_budget(
+            [replace(d, spot=capable.get(d.name, False)) for d in want], pods, prices, _budget(spec)
+        )
+        if budget.dropped:
+            want = budget.kept
+            moves, spot, planned = self._spot_pass(pool, resolved, want, pods, nodes, notices, spot_off, at)
+            planned = [
+                replace(a, pod=replace(a.pod, spot=False))
+                if a.pod is not None and a.pod.spot and not capable.get(a.name, False)
+                else a
+                for a in planned
+            ]
         for etype, reason, message in spot.events:
             self._event(pool, etype, reason, message)
-        planned = moves.actions + with_capacity(plan(want, pods, moves.deleting), moves)
-        actions, later = batch(planned, self.settings.batch_size)
+        actions, later = batch(moves.actions + _over_budget(planned, budget), self.settings.batch_size)
         if moves.in_flight:  # old and new pods both exist: the deadline must not wait for an event
             self.wake[(namespace, name)] = REPLACEMENT_POLL_S
         gang_notes = self._retry_failed_gangs(pool, resolved.gang_size, want, pods, actions)
@@ -214,6 +298,9 @@ class PoolController:
             self._event(pool, etype, reason, _REASON_TEXT[reason].format(names=_names(names)))
         if actions:
             pods = self._pods(namespace, name, pool["metadata"]["uid"])
+        if model is not None and model.event is not None:
+            self._event(pool, *model.event)
+        cost = cost_status(budget, pods, prices)
         gpu_type = spec.gpu_requirements.type
         status = pool_status(
             pool,
@@ -225,6 +312,9 @@ class PoolController:
             nodes_of_type=None if gpu_type is None else self._nodes_of_type(gpu_type, nodes),
             spot=spot.status if spot.shown else None,
             extra_conditions=spot.conditions,
+            model=model,
+            cost=cost,
+            budget=budget,
         )
         self._event_on_transition(pool, status)
         self._write_status(pool, status)
@@ -387,16 +477,35 @@ class PoolController:
         with _CONVERT:
             body = {"status": msgspec.to_builtins(status)}
         old = pool.get("status") or {}
-        for key in ("placements", "conditions", "policies", "spot"):
+        for key in ("placements", "conditions", "policies", "spot", "fallback"):
             if key in old and key not in body["status"]:
                 body["status"][key] = None
+        if isinstance(old.get("fallback"), dict) and body["status"].get("fallback"):
+            # A merge patch keeps the fields it does not name: clear the triggers and the restore
+            # time that no longer hold.
+            body["status"]["fallback"] = {**dict.fromkeys(old["fallback"]), **body["status"]["fallback"]}
+        # A merge patch keeps what it does not name: a figure that went away is removed by name.
+        cost = body["status"].get("cost")
+        if cost is not None:
+            for key in ("budgetPerHour", "unknownPriceReplicas"):
+                if key in (old.get("cost") or {}) and key not in cost:
+                    cost[key] = None
         patch_status(self.custom, PLURAL, meta, body)
 
     def _event_on_transition(self, pool: Mapping[str, Any], status: AgentPoolStatus) -> None:
         """A Warning event when a condition turns bad for a new reason (GangUnplaceable, Unschedulable,
-        NoMatchingNodes)."""
+        NoMatchingNodes, CostBudgetExceeded's); a Normal one when the budget holds everything again."""
         old = {cd.get("type"): cd.get("reason") for cd in (pool.get("status") or {}).get("conditions") or []}
         for cd in status.conditions or []:
+            if cd.type == COST_BUDGET_EXCEEDED:
+                if old.get(cd.type) != cd.reason and (cd.status == "True" or cd.type in old):
+                    self._event(
+                        pool,
+                        "Warning" if cd.status == "True" else "Normal",
+                        cd.reason or cd.type,
+                        cd.message or "",
+                    )
+                continue
             if (
                 cd.reason
                 in (

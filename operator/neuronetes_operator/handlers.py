@@ -25,9 +25,13 @@ import kopf
 from prometheus_client import CollectorRegistry, start_http_server
 
 from neuronetes import contracts as c
+from neuronetes.kube.client import KubeClient
+from neuronetes.kube.pricetable import PriceTableWatch, parse_price_table_ref
+from neuronetes.pricing import PriceTable
 
 from .admission import ANNOTATION_SLICE
 from .autoscaler import AutoscalerController, AutoscalerMetrics
+from .carbon_gate import CarbonGateController
 from .controller import PLURAL, PoolController
 from .gang_retry import pool_of_gang
 from .objects import post_event
@@ -95,15 +99,16 @@ async def _worker(
             asyncio.get_running_loop().call_later(after, queue.add, key)
 
 
-async def _autoscale(autoscaler: AutoscalerController, every: float) -> None:
-    """The autoscaling controller's ticks, one at a time, every `every` seconds (docs/autoscaling.md,
-    "The controller"); a tick's work is bounded by its settings (poolsPerTick, bindingsPerTick)."""
+async def _ticks(what: str, tick: Callable[[], object], every: float) -> None:
+    """A timer-driven controller's ticks, one at a time, every `every` seconds: the autoscaling
+    controller (docs/autoscaling.md, "The controller"; a tick's work is bounded by its settings,
+    poolsPerTick and bindingsPerTick) and the carbon gate-release controller (docs/carbon.md)."""
     while True:
         started = asyncio.get_running_loop().time()
         try:
-            await asyncio.to_thread(autoscaler.tick)
+            await asyncio.to_thread(tick)
         except Exception as exc:  # the next tick retries; the loop must not die
-            log.warning("autoscaling tick failed: %s", exc)
+            log.warning("%s tick failed: %s", what, exc)
         await asyncio.sleep(max(0.0, every - (asyncio.get_running_loop().time() - started)))
 
 
@@ -126,6 +131,39 @@ async def _resync(queues: Mapping[str, WorkQueue], controller: PoolController, e
     while True:
         await asyncio.sleep(every)
         await _queue_all(queues, controller)
+
+
+PRICE_TABLE_WAIT_S = 10.0
+"""How long the operator waits at start for the price table's first list before reconciling (a
+pool with a budget reconciled without its prices would hold back pods it can afford)."""
+
+
+async def _watch_prices(ref: str, api: Any, controller: PoolController, queue: WorkQueue) -> PriceTableWatch:
+    """Keep `controller`'s price table current from the ConfigMap `ref` (``NAMESPACE/NAME``): each
+    change queues every pool (their budgets and costs are priced again); an invalid table is a
+    Warning Event on the ConfigMap."""
+    loop = asyncio.get_running_loop()
+
+    def changed(table: PriceTable) -> None:
+        controller.set_price_table(table)
+        asyncio.run_coroutine_threadsafe(_queue_all({PLURAL: queue}, controller), loop)
+
+    def invalid(configmap: Mapping[str, Any], message: str) -> None:
+        post_event(
+            controller.core,
+            {**configmap, "apiVersion": "v1", "kind": "ConfigMap"},
+            "Warning",
+            "InvalidPriceTable",
+            message,
+        )
+
+    namespace, name = parse_price_table_ref(ref)
+    watch = PriceTableWatch(KubeClient(api), namespace, name, on_change=changed, on_invalid=invalid).start()
+    if not await asyncio.to_thread(watch.wait_synced, PRICE_TABLE_WAIT_S):
+        log.warning(
+            "price table %s not listed yet; reconciling without it (pools are queued again once it is)", ref
+        )
+    return watch
 
 
 def connection_info(cfg: Any) -> kopf.ConnectionInfo:
@@ -166,6 +204,8 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
         settings.watching.inactivity_timeout = 600
         queue, slice_queue, binding_queue = WorkQueue(), WorkQueue(), WorkQueue()
         controller = controller_factory()
+        if cfg.price_table:
+            state["prices"] = await _watch_prices(cfg.price_table, api, controller, queue)
         slices = SliceController(api, lambda *a: post_event(controller.core, *a))
         state.update(queue=queue, controller=controller, slice_queue=slice_queue, binding_queue=binding_queue)
         state["tasks"] = [
@@ -181,7 +221,12 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
             autoscaler = AutoscalerController(api, cfg.autoscaler, state["metrics"], cfg.namespaces)
             state["autoscaler"] = autoscaler
             state["tasks"].append(
-                asyncio.create_task(_autoscale(autoscaler, cfg.autoscaler.interval_seconds))
+                asyncio.create_task(_ticks("autoscaling", autoscaler.tick, cfg.autoscaler.interval_seconds))
+            )
+        if cfg.carbon.enabled:
+            gates = CarbonGateController(api, cfg.carbon, cfg.namespaces)
+            state["tasks"].append(
+                asyncio.create_task(_ticks("carbon gate", gates.tick, cfg.carbon.interval_seconds))
             )
         state["tasks"].append(
             asyncio.create_task(
@@ -204,6 +249,8 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
             task.cancel()
         if "autoscaler" in state:
             state["autoscaler"].close()
+        if "prices" in state:
+            await asyncio.to_thread(state["prices"].stop, 2.0)
         if "metrics_server" in state:
             state["metrics_server"].shutdown()
 

@@ -212,7 +212,12 @@ def operator_rbac(namespace: str, service_account: str = "neuronetes-operator") 
             "resources": ["agentpools/status", "gpuslices/status", "toolbindings/status"],
             "verbs": ["get", "patch", "update"],
         },
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
+        # patch: the carbon gate controller removes the neuronetes.io/carbon scheduling gate.
+        {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "verbs": ["get", "list", "watch", "create", "delete", "patch"],
+        },
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [c.GROUP], "resources": ["gangreservations"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},

@@ -6,11 +6,11 @@ import argparse
 import logging
 import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 
 import msgspec
+
+from neuronetes.signals import relay_signals
 
 from .settings import load_settings
 from .tiers import PriorityTier, load_tiers
@@ -65,6 +65,7 @@ def webhook_serve(ns: argparse.Namespace) -> int:
         return 2
     from .admission import protect_host_paths
     from .agent_admission import api_pod_reader
+    from .carbon_admission import api_pool_reader
     from .quota_admission import api_quota_lister
     from .slice_admission import api_slice_reader
     from .tier_admission import api_namespace_reader
@@ -72,7 +73,9 @@ def webhook_serve(ns: argparse.Namespace) -> int:
 
     protect_host_paths(getattr(ns, "protected_host_path", None) or ())
     slices = api_slice_reader()
-    reads = ClusterReads(slices, api_pod_reader(), api_namespace_reader(), api_quota_lister(), tiers)
+    reads = ClusterReads(
+        slices, api_pod_reader(), api_namespace_reader(), api_quota_lister(), tiers, api_pool_reader()
+    )
     try:
         server = WebhookServer(ns.host, ns.port, Path(ns.cert_dir), frozenset(ns.trusted_user or ()), reads)
     except (OSError, ValueError) as exc:
@@ -86,11 +89,8 @@ def webhook_serve(ns: argparse.Namespace) -> int:
             "tiers granted by namespace label are refused"
         )
 
-    def stop(signum: int, frame: FrameType | None) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # shutdown() waits for serve_forever to return: called from the relay thread, never the loop's.
+    relay_signals(lambda signum: server.shutdown(), (signal.SIGTERM, signal.SIGINT))
     logging.getLogger("neuronetes.webhook").info("serving on https://%s:%d", ns.host, server.port)
     server.serve_forever()
     return 0

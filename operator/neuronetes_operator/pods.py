@@ -19,15 +19,17 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from neuronetes import contracts as c
-from neuronetes.api.models import AgentPoolSpec
+from neuronetes.api.models import AgentPoolSpec, PodTemplate
 from neuronetes.api.units import bandwidth_gbps, gpu_memory_class_labels
 from neuronetes.spot import instance_type_preferences, on_demand_requirements, spot_preferences
 
 from .policy import ResolvedPool
 
 __all__ = [
+    "ANNOTATION_MODEL",
     "ANNOTATION_REPLACES",
     "DEFAULT_CONTAINER",
+    "ENV_MODEL",
     "LABEL_CAPACITY",
     "LABEL_POOL",
     "LABEL_TEMPLATE_HASH",
@@ -37,6 +39,8 @@ __all__ = [
     "desired_pods",
     "gang_name",
     "pod_names",
+    "region_preferences",
+    "served_template",
 ]
 
 LABEL_POOL: Final = f"{c.GROUP}/pool"
@@ -53,6 +57,11 @@ only the operator reads it, on the pods its pool controls."""
 REPLACEMENT_SUFFIX: Final = "-r"
 """A pod's replacement is named by adding this suffix (and a replacement's replacement by taking it
 away), so both can exist at once and the names stay deterministic: a restarted operator finds them."""
+ANNOTATION_MODEL: Final = c.ANNOTATION_MODEL
+"""Annotation on the pods of a pool with a fallback model: the model they serve."""
+ENV_MODEL: Final = "AGENTPOOL_MODEL"
+"""Environment variable of every container of a pool with a fallback model: the model served, so
+a template's args can say ``$(AGENTPOOL_MODEL)`` (docs/fallback.md, "Which template")."""
 DEFAULT_CONTAINER: Final[dict[str, Any]] = {"name": "agent", "image": "registry.k8s.io/pause:3.10"}
 """The container of a pool without a template: it only holds the replica's GPUs."""
 
@@ -144,6 +153,33 @@ def _with_node_requirements(spec: dict[str, Any], extra: list[dict[str, Any]]) -
         term["matchExpressions"] = [*term.get("matchExpressions", []), *copy.deepcopy(extra)]
 
 
+def region_preferences(spec: AgentPoolSpec) -> list[dict[str, Any]]:
+    """``carbonAware.preferredRegions`` as preferred node-affinity terms on
+    ``topology.kubernetes.io/region``: the first region weighs 100, each next one 10 less (at least
+    1), so kube-scheduler ranks nodes by the list's order and still places a pod where none is."""
+    carbon = spec.scheduling.carbon_aware if spec.scheduling else None
+    if carbon is None or not carbon.enabled or not carbon.preferred_regions:
+        return []
+    return [
+        {
+            "weight": max(1, 100 - 10 * i),
+            "preference": {
+                "matchExpressions": [{"key": c.LABEL_REGION, "operator": "In", "values": [region]}]
+            },
+        }
+        for i, region in enumerate(carbon.preferred_regions)
+    ]
+
+
+def _with_node_preferences(spec: dict[str, Any], extra: list[dict[str, Any]]) -> None:
+    """Add `extra` to the pod spec's preferred node-affinity terms (after the template's own)."""
+    if not extra:
+        return
+    node = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    preferred = node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+    preferred.extend(copy.deepcopy(extra))
+
+
 def _annotations(spec: AgentPoolSpec, resolved: ResolvedPool) -> dict[str, str]:
     topo = spec.gpu_requirements.topology
     out: dict[str, str] = {c.ANNOTATION_LOCALITY: topo.locality}
@@ -155,13 +191,34 @@ def _annotations(spec: AgentPoolSpec, resolved: ResolvedPool) -> dict[str, str]:
     return out
 
 
+def served_template(spec: AgentPoolSpec, resolved: ResolvedPool, model: str | None) -> PodTemplate | None:
+    """The template of the pods that serve `model`: ``costOptimization.fallbackTemplate`` for the
+    fallback model when set, else ``spec.template``."""
+    cost = spec.scheduling.cost_optimization if spec.scheduling else None
+    if (
+        resolved.fallback_model is not None
+        and model == resolved.fallback_model
+        and cost is not None
+        and cost.fallback_template is not None
+    ):
+        return cost.fallback_template
+    return spec.template
+
+
 def _pod_spec(
-    spec: AgentPoolSpec, resolved: ResolvedPool, tolerations: list[dict[str, Any]]
+    spec: AgentPoolSpec,
+    resolved: ResolvedPool,
+    tolerations: list[dict[str, Any]],
+    template: PodTemplate | None,
+    model: str | None,
 ) -> dict[str, Any]:
-    template = spec.template.spec if spec.template and spec.template.spec else {}
-    pod = copy.deepcopy(dict(template))
+    pod = copy.deepcopy(dict(template.spec if template and template.spec else {}))
     containers = pod.get("containers") or [dict(DEFAULT_CONTAINER)]
     pod["containers"] = containers
+    if resolved.fallback_model is not None and model is not None:
+        for ctr in containers:
+            env = [e for e in ctr.get("env") or [] if e.get("name") != ENV_MODEL]
+            ctr["env"] = [*env, {"name": ENV_MODEL, "value": model}]
     first = containers[0]
     resources = first.setdefault("resources", {})
     limits = resources.setdefault("limits", {})
@@ -170,16 +227,10 @@ def _pod_spec(
     if resolved.priority_class is not None:  # a tier's, chosen by the operator (tiers.pool_priority)
         pod["priorityClassName"] = resolved.priority_class
     _with_node_requirements(pod, _node_requirements(spec, resolved))
+    _with_node_preferences(pod, region_preferences(spec))
     if tolerations:
         pod["tolerations"] = [*pod.get("tolerations", []), *copy.deepcopy(tolerations)]
     return pod
-
-
-def _with_preferences(spec: dict[str, Any], terms: list[dict[str, Any]]) -> None:
-    """Add preferred node affinity `terms` to the pod spec."""
-    node = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
-    preferred = node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
-    preferred.extend(copy.deepcopy(terms))
 
 
 def _capacity_variants(base: dict[str, Any], resolved: ResolvedPool) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -191,7 +242,7 @@ def _capacity_variants(base: dict[str, Any], resolved: ResolvedPool) -> tuple[di
     on_demand = copy.deepcopy(base)
     _with_node_requirements(on_demand, on_demand_requirements())
     spot = copy.deepcopy(base)
-    _with_preferences(spot, spot_preferences() + instance_type_preferences(resolved.spot.instance_types))
+    _with_node_preferences(spot, spot_preferences() + instance_type_preferences(resolved.spot.instance_types))
     return on_demand, spot
 
 
@@ -228,13 +279,21 @@ class PoolTemplate:
         spec: AgentPoolSpec,
         resolved: ResolvedPool,
         tolerations: list[dict[str, Any]] | None = None,
+        model: str | None = None,
     ) -> None:
+        """`model`: the model the pods serve (``status.activeModel``); None is ``spec.model``. Only
+        a pool with a fallback model has its model in its pods (`ENV_MODEL`, `ANNOTATION_MODEL`):
+        the pods of other pools are as they were, and no operator upgrade rolls them."""
         meta = pool["metadata"]
         self.pool: str = meta["name"]
         self.namespace: str = meta["namespace"]
-        template_meta = spec.template.metadata if spec.template and spec.template.metadata else {}
-        self.spec = _pod_spec(spec, resolved, tolerations or [])
+        model = spec.model if model is None else model
+        template = served_template(spec, resolved, model)
+        template_meta = template.metadata if template and template.metadata else {}
+        self.spec = _pod_spec(spec, resolved, tolerations or [], template, model)
         self.annotations = {**(template_meta.get("annotations") or {}), **_annotations(spec, resolved)}
+        if resolved.fallback_model is not None and model is not None:
+            self.annotations[ANNOTATION_MODEL] = model
         self.labels: dict[str, str] = dict(template_meta.get("labels") or {})
         self.gang_size = resolved.gang_size
         # The hash leaves out whether a pod may use spot: that is decided per pod, at creation
@@ -318,6 +377,7 @@ def desired_pods(
     resolved: ResolvedPool,
     *,
     tolerations: list[dict[str, Any]] | None = None,
+    model: str | None = None,
 ) -> list[DesiredPod]:
     """Every pod `pool` (the AgentPool object as the API server sent it) wants, in creation order.
 
@@ -328,8 +388,10 @@ def desired_pods(
         pool: the AgentPool's object (for name, namespace, uid: the pods' owner).
         spec: its decoded spec; resolved: `neuronetes_operator.policy.resolve(spec)`.
         tolerations: added to every pod (the operator's settings; e.g. simulated nodes' taint).
+        model: the model served (``status.activeModel``, `neuronetes_operator.fallback`); None:
+            ``spec.model``.
     """
-    template = PoolTemplate(pool, spec, resolved, tolerations)
+    template = PoolTemplate(pool, spec, resolved, tolerations, model)
     return [
         DesiredPod(name, gang, template, alternate_name(name))
         for name, gang in pod_names(template.pool, resolved)

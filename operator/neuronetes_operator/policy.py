@@ -10,15 +10,32 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from neuronetes.api.models import AgentPoolSpec, CostOptimization, InterruptionThreshold, PolicyState
+from neuronetes.api.models import (
+    AgentPoolSpec,
+    CarbonAware,
+    CostOptimization,
+    InterruptionThreshold,
+    PolicyState,
+)
 from neuronetes.spot import duration_seconds
 
-__all__ = ["POLICY_CONTROLLER", "ResolvedPool", "SpotPolicy", "cost_optimization_enabled", "resolve"]
+__all__ = [
+    "POLICY_CONTROLLER",
+    "ResolvedPool",
+    "SpotPolicy",
+    "carbon_effect",
+    "cost_optimization_enabled",
+    "resolve",
+]
 
 POLICY_CONTROLLER = "validated; takes effect in the policy controller"
 """The `effect` of a policy block that the operator shows but does not act on itself."""
+BUDGET_EFFECT = "replicas beyond the budget are not created (status.cost, condition CostBudgetExceeded)"
+"""The `effect` of ``costOptimization.maxCostPerHour`` (`neuronetes_operator.budget`)."""
 AUTOSCALING_CONTROLLER = "the autoscaling controller sets spec.replicas (status.autoscaling)"
 """The `effect` of `spec.autoscaling` (`neuronetes_operator.autoscaler`)."""
+FALLBACK_EFFECT = "serves {model} while a fallbackTrigger holds (status.fallback, condition FallbackActive)"
+"""The `effect` part of a fallback model (`neuronetes_operator.fallback`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +65,8 @@ class ResolvedPool:
     policies: tuple[PolicyState, ...]
     spot: SpotPolicy = SpotPolicy()
     """The spot share, the interruption handling and threshold (defaults when no strategy is set)."""
+    fallback_model: str | None = None
+    """``costOptimization.fallbackModel`` while cost optimisation is on (None: no fallback)."""
     priority_class: str | None = None
     """The pods' PriorityClass: set by the operator from the pool's priority tier
     (`neuronetes_operator.tiers.pool_priority`), never minted from the spec."""
@@ -75,6 +94,31 @@ def cost_optimization_enabled(cost: CostOptimization | None) -> bool:
         or cost.spot_strategy is not None
         or cost.interruption_threshold is not None
     )
+
+
+def carbon_effect(carbon: CarbonAware) -> str:
+    """What ``carbonAware`` does (docs/carbon.md): region preference and the carbon gate."""
+    if not carbon.enabled:
+        return "off (carbonAware.enabled is false)"
+    parts = []
+    if carbon.preferred_regions:
+        parts.append(
+            f"pods prefer regions {', '.join(carbon.preferred_regions[:8])} (preferred node affinity)"
+        )
+    shifting = carbon.time_shifting
+    if shifting is not None and shifting.enabled:
+        parts.append(
+            "pods above minReplicas wait behind the scheduling gate neuronetes.io/carbon until "
+            f"{shifting.clean_energy_hours} {shifting.time_zone}"
+            + (
+                f", intensity <= {carbon.max_carbon_intensity:g} gCO2/kWh"
+                if carbon.max_carbon_intensity is not None
+                else ""
+            )
+            + f" or their release-by time (at most {shifting.max_delay}); "
+            "the carbon gate controller releases them (status.carbon)"
+        )
+    return "; ".join(parts) or "nothing to do (no preferredRegions, no timeShifting)"
 
 
 def _desired(spec: AgentPoolSpec, gang_size: int) -> int:
@@ -109,12 +153,21 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
         return tuple(out)
     if s.cost_optimization is not None:
         enabled = cost_optimization_enabled(s.cost_optimization)
+        budget = (
+            f"maxCostPerHour {s.cost_optimization.max_cost_per_hour:g}: {BUDGET_EFFECT}; "
+            if enabled and s.cost_optimization.max_cost_per_hour is not None
+            else ""
+        )
+        fallback = (
+            f"; {FALLBACK_EFFECT.format(model=s.cost_optimization.fallback_model)}"
+            if enabled and s.cost_optimization.fallback_model is not None
+            else ""
+        )
         out.append(
             PolicyState(
                 name="costOptimization",
                 enabled=enabled,
-                effect=_spot_effect(s.cost_optimization, spot_allowed)
-                + f"; budget, fallback model: {POLICY_CONTROLLER}",
+                effect=budget + _spot_effect(s.cost_optimization, spot_allowed) + fallback,
             )
         )
     if s.preemption is not None:
@@ -125,8 +178,13 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
             else "pods never preempt others (PriorityClass preemptionPolicy: Never)"
         )
         out.append(PolicyState(name="preemption", enabled=s.preemption.enabled, effect=effect))
+    if s.carbon_aware is not None:
+        out.append(
+            PolicyState(
+                name="carbonAware", enabled=s.carbon_aware.enabled, effect=carbon_effect(s.carbon_aware)
+            )
+        )
     for name, block in (
-        ("carbonAware", s.carbon_aware),
         ("dataLocality", s.data_locality),
         ("cacheAware", s.cache_aware),
         ("fastScheduling", s.fast_scheduling),
@@ -193,4 +251,5 @@ def resolve(spec: AgentPoolSpec) -> ResolvedPool:
         priority=s.priority if s else 0,
         preemption=bool(s and s.preemption and s.preemption.enabled),
         policies=_policies(spec, spot_allowed) + extra,
+        fallback_model=cost.fallback_model if cost is not None and cost_optimization_enabled(cost) else None,
     )

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import msgspec.yaml
 
-__all__ = ["AutoscalerSettings", "OperatorSettings", "load_settings"]
+__all__ = [
+    "AutoscalerSettings",
+    "CarbonSettings",
+    "IntensitySourceSettings",
+    "OperatorSettings",
+    "load_settings",
+]
 
 
 class AutoscalerSettings(
@@ -44,6 +50,61 @@ class AutoscalerSettings(
     rate_window_seconds: Annotated[int, msgspec.Meta(ge=2, le=3600)] = 60
 
 
+class IntensitySourceSettings(
+    msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True, frozen=True
+):
+    """Where the carbon gate controller reads the grid's intensity (docs/carbon.md, "Sources").
+
+    Attributes:
+        type: ``file`` (a YAML/JSON file, e.g. a mounted ConfigMap), ``carbon-aware-sdk`` (the Carbon
+            Aware SDK Web API), ``electricity-maps`` (v3 API) or ``watttime`` (v3 API).
+        path: the file (type ``file``).
+        url: the API's base URL (the HTTP types), e.g. ``https://api.electricitymap.org``.
+        location: the SDK's ``location``, the Electricity Maps ``zone`` or the WattTime ``region``.
+        window_minutes: the SDK's ``windowSize``.
+        username: the WattTime user name (not a secret).
+        credential_file: a mounted Secret key holding the Electricity Maps token or the WattTime
+            password; credential_env: else the environment variable holding it (``secretKeyRef``).
+        refresh_seconds: read the source this often; a reading older than twice this is stale and
+            releases every gated pod (fail open).
+        timeout_seconds: one HTTP request, connect and read together (answers are read up to 1 MiB).
+    """
+
+    type: Literal["file", "carbon-aware-sdk", "electricity-maps", "watttime"]
+    path: str | None = None
+    url: Annotated[str, msgspec.Meta(max_length=2048, pattern=r"^https?://[^\s]+$")] | None = msgspec.field(
+        default=None, name="url"
+    )
+    location: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+    window_minutes: Annotated[int, msgspec.Meta(ge=1, le=1440)] = 60
+    username: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    credential_file: str | None = None
+    credential_env: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    refresh_seconds: Annotated[float, msgspec.Meta(ge=0.5, le=86400)] = 300.0
+    timeout_seconds: Annotated[float, msgspec.Meta(ge=0.1, le=60)] = 5.0
+
+
+class CarbonSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True, frozen=True):
+    """The carbon gate-release controller (docs/carbon.md, "The controller").
+
+    Attributes:
+        enabled: run the controller (off: gated pods wait for nothing but deletion — keep it on
+            wherever the webhook gates pods).
+        interval_seconds: one tick (read gated pods, decide, release) every this many seconds.
+        source: the intensity source (`IntensitySourceSettings`); none: only the clean-energy
+            window and the pods' release-by times release them.
+        prometheus_url: where ``neuronetes_gpu_power_watts`` is read for the gCO2 estimate; none:
+            the GPU family's TDP.
+    """
+
+    enabled: bool = True
+    interval_seconds: Annotated[float, msgspec.Meta(ge=0.2, le=3600)] = 30.0
+    source: IntensitySourceSettings | None = None
+    prometheus_url: Annotated[str, msgspec.Meta(max_length=2048, pattern=r"^https?://[^\s]+$")] | None = (
+        msgspec.field(default=None, name="prometheusURL")
+    )
+
+
 class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True, frozen=True):
     """What the operator does beyond the objects' specs.
 
@@ -59,7 +120,11 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
             a gang larger than this goes alone); a pool with more to do is reconciled again at once,
             behind the pools already queued (docs/agentpool.md, "Batches").
         metrics_port: serve the operator's Prometheus metrics on this port (all addresses; 0: none).
+        price_table: ``NAMESPACE/NAME`` of the price table's ConfigMap (docs/cost.md), watched:
+            node prices for nodes without a ``neuronetes.io/price-per-hour`` label (the chart sets
+            its ``neuronetes-price-table``); unset or empty: prices come from node labels alone.
         autoscaler: the autoscaling controller's settings (`AutoscalerSettings`).
+        carbon: the carbon gate-release controller's settings (`CarbonSettings`).
         spot_rebalance_notices: treat the AWS Node Termination Handler's rebalance-recommendation
             taint as an interruption notice (docs/spot.md; off: it is only a hint).
     """
@@ -72,7 +137,18 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
     gang_retry_max_seconds: Annotated[float, msgspec.Meta(ge=1, le=86400)] = 300.0
     batch_size: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 64
     metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    price_table: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                max_length=317,
+                pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
+            ),
+        ]
+        | None
+    ) = None
     autoscaler: AutoscalerSettings = msgspec.field(default_factory=AutoscalerSettings)
+    carbon: CarbonSettings = msgspec.field(default_factory=CarbonSettings)
     spot_rebalance_notices: bool = False
 
 

@@ -1,8 +1,9 @@
 """An AgentPool's status from its pods and their nodes. Pure: objects in, status out.
 
 Placements come from each bound pod's ``neuronetes.io/assigned-gpus`` (the extender's decision,
-read with the strict contract decoder); the cost is each bound pod's share of its node's
-``neuronetes.io/price-per-hour``: price × (the pod's GPUs / the node's ``neuronetes.io/gpu-count``).
+read with the strict contract decoder); the cost is each bound pod's share of its node's price
+(`neuronetes_operator.budget`, prices from `neuronetes.pricing`): price × (the pod's GPUs / the
+node's ``neuronetes.io/gpu-count``).
 """
 
 from __future__ import annotations
@@ -12,16 +13,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 from neuronetes import contracts as c
-from neuronetes.api.models import AgentPoolStatus, Condition, Placement, SpotStatus
+from neuronetes.api.models import AgentPoolStatus, Condition, CostStatus, Placement, SpotStatus
 from neuronetes.spot import is_spot_node
 
+from .budget import BudgetPlan, PoolPrices, pod_gpus
+from .fallback import COST_CONDITION, ModelChoice
 from .pods import LABEL_POOL
 from .policy import ResolvedPool
 from .reconcile import is_ready, is_terminating
 
 __all__ = [
     "AUTOSCALER_CONDITIONS",
+    "CARRIED_CONDITIONS",
+    "COST_BUDGET_EXCEEDED",
     "NO_MATCHING_NODES",
+    "budget_condition",
     "make_condition",
     "pod_gpus",
     "pool_status",
@@ -31,20 +37,9 @@ __all__ = [
 AUTOSCALER_CONDITIONS = ("AutoscalerConflict", "MetricsStale")
 """Condition types the autoscaling controller owns (`neuronetes_operator.autoscaler`): a status
 written here carries them over as they are."""
-
-
-def pod_gpus(pod: Mapping[str, Any]) -> int:
-    """GPUs (or MIG instances) the pod's containers ask for."""
-    total = 0
-    for ctr in pod.get("spec", {}).get("containers") or []:
-        limits = (ctr.get("resources") or {}).get("limits") or {}
-        for key, value in limits.items():
-            if key == c.RESOURCE_GPU or key.startswith(c.RESOURCE_MIG_PREFIX):
-                try:
-                    total += int(str(value))
-                except ValueError:
-                    continue
-    return total
+CARRIED_CONDITIONS = (*AUTOSCALER_CONDITIONS, COST_CONDITION)
+"""Condition types other controllers set on the pool: carried over as they are unless this
+status computes them itself."""
 
 
 def _placement(pod: Mapping[str, Any]) -> Placement:
@@ -61,21 +56,6 @@ def _placement(pod: Mapping[str, Any]) -> Placement:
     return Placement(
         pod=meta["name"], node=node, gpus=gpus, gang=(meta.get("labels") or {}).get(c.LABEL_GANG)
     )
-
-
-def _cost(pod: Mapping[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> float:
-    node = nodes.get(pod.get("spec", {}).get("nodeName") or "")
-    if node is None:
-        return 0.0
-    labels = node.get("metadata", {}).get("labels") or {}
-    try:
-        price = float(labels.get(c.LABEL_PRICE_PER_HOUR, "0"))
-        count = int(labels.get(c.LABEL_GPU_COUNT, "0"))
-    except ValueError:
-        return 0.0
-    if price <= 0 or count <= 0:
-        return 0.0
-    return price * min(1.0, pod_gpus(pod) / count)
 
 
 def make_condition(kind: str, ok: bool, reason: str, message: str, generation: int) -> Condition:
@@ -123,6 +103,59 @@ def _fields(cd: Condition) -> dict[str, Any]:
     return {f: getattr(cd, f) for f in cd.__struct_fields__}
 
 
+COST_BUDGET_EXCEEDED = "CostBudgetExceeded"
+"""The condition (and Event reasons) of a pool whose ``maxCostPerHour`` holds replicas back."""
+_SHOWN_NODES = 3
+
+
+def _money(x: float) -> str:
+    return f"{x:.2f}/h"
+
+
+def budget_condition(plan: BudgetPlan, cost: CostStatus, generation: int) -> Condition | None:
+    """``CostBudgetExceeded``: True while the budget holds replicas back (reason ``BudgetReached``,
+    or ``UnknownPrices`` when only prices nobody knows do), False (``WithinBudget``) otherwise;
+    None for a pool without a budget. The message carries the figures."""
+    if plan.budget is None:
+        return None
+    figures = (
+        f"running {_money(cost.current_per_hour)}, projected {_money(cost.projected_per_hour)} "
+        f"of a budget of {_money(plan.budget)}"
+    )
+    kept = len(plan.kept)
+    if plan.held_for_cost:
+        next_cost = "" if plan.next_cost is None else f" (the next would cost {_money(plan.next_cost)})"
+        message = f"{kept} of {plan.wanted} replicas fit the budget{next_cost}; {figures}"
+        if plan.held_for_unknown:
+            message += f"; {plan.held_for_unknown} more held back for unknown prices"
+        return make_condition(COST_BUDGET_EXCEEDED, True, "BudgetReached", message, generation)
+    if plan.held_for_unknown:
+        if plan.unknown_running:
+            why = f"{plan.unknown_running} replica(s) run on nodes of unknown price: the total is unknown"
+        elif plan.unpriced:
+            shown = ", ".join(plan.unpriced[:_SHOWN_NODES])
+            more = len(plan.unpriced) - _SHOWN_NODES
+            if more > 0:
+                shown += f" and {more} more"
+            why = (
+                f"the pods may land on node(s) of unknown price ({shown}): "
+                f"label them {c.LABEL_PRICE_PER_HOUR} or add their instance type to the price table"
+            )
+        else:
+            why = "no node admits the pods, so what they would cost is unknown"
+        message = (
+            f"{kept} of {plan.wanted} replicas kept; {plan.held_for_unknown} held back: {why}; {figures}"
+        )
+        return make_condition(COST_BUDGET_EXCEEDED, True, "UnknownPrices", message, generation)
+    return make_condition(
+        COST_BUDGET_EXCEEDED,
+        False,
+        "WithinBudget",
+        f"{kept} of {plan.wanted} replicas; {figures}",
+        generation,
+    )
+
+
 NO_MATCHING_NODES = "NoMatchingNodes"
 """The condition (and its reason, and the Event's) of a pool whose GPU type no node has."""
 
@@ -152,6 +185,9 @@ def pool_status(
     nodes_of_type: int | None = None,
     spot: SpotStatus | None = None,
     extra_conditions: Sequence[Condition] = (),
+    model: ModelChoice | None = None,
+    cost: CostStatus | None = None,
+    budget: BudgetPlan | None = None,
 ) -> AgentPoolStatus:
     """The status of `pool` given its pods and the nodes they are bound to (by name).
     `gang_notes`: per gang whose reservation the extender reported failed, what to say about it.
@@ -159,7 +195,12 @@ def pool_status(
     full); the ``Progressing`` condition says so (reason ``Batching``). `nodes_of_type`: how many
     nodes have the GPU type the pool names (None: it names none, or nobody knows): the condition
     ``NoMatchingNodes`` (`type_condition`). `spot`, `extra_conditions`: the spot state and its
-    conditions (`neuronetes_operator.spot_plan.spot_state`)."""
+    conditions (`neuronetes_operator.spot_plan.spot_state`). `model`: the fallback step's choice
+    (`fallback.choose_model`): ``activeModel``, ``fallback`` and the condition ``FallbackActive``.
+
+    `cost`: ``status.cost`` (`neuronetes_operator.budget`),
+    without it the cost is the bound pods' share of their nodes' labelled prices; `budget`: what
+    ``maxCostPerHour`` kept, the condition ``CostBudgetExceeded`` (`budget_condition`)."""
     now = now or datetime.now(UTC)
     meta = pool["metadata"]
     generation = int(meta.get("generation") or 0)
@@ -230,10 +271,15 @@ def pool_status(
                 "GangScheduled", whole == resolved.gangs and resolved.gangs > 0, reason, message, generation
             )
         )
+    budget_cond = None if budget is None or cost is None else budget_condition(budget, cost, generation)
+    if budget_cond is not None:
+        conditions.append(budget_cond)
     gpu_type = ((pool.get("spec") or {}).get("gpuRequirements") or {}).get("type")
     if gpu_type and nodes_of_type is not None:
         conditions.append(type_condition(str(gpu_type), nodes_of_type, generation))
     conditions.extend(extra_conditions)
+    if model is not None:
+        conditions.append(model.condition)
 
     if failed:
         phase = "Degraded"
@@ -262,21 +308,28 @@ def pool_status(
             if is_spot_node(nodes.get(p["spec"]["nodeName"], {}).get("metadata", {}).get("labels") or {})
         ),
         gpus=sum(pod_gpus(p) for p in bound),
-        cost_per_hour=round(sum(_cost(p, nodes) for p in bound), 4),
+        cost_per_hour=cost.current_per_hour if cost is not None else _labelled_cost(bound, nodes),
+        cost=cost,
         selector=f"{LABEL_POOL}={meta['name']}",
-        active_model=(pool.get("spec") or {}).get("model"),
+        active_model=(pool.get("spec") or {}).get("model") if model is None else model.model,
+        fallback=None if model is None else model.status,
         observed_generation=generation,
         placements=sorted((_placement(p) for p in bound), key=lambda x: x.pod)[:1024],
         policies=list(resolved.policies),
         spot=spot,
-        conditions=_merge_times(conditions, old, now) + _autoscaler_conditions(old),
+        conditions=_merge_times(conditions, old, now) + _carried(old, {cd.type for cd in conditions}),
     )
 
 
-def _autoscaler_conditions(old: Sequence[Mapping[str, Any]]) -> list[Condition]:
+def _labelled_cost(bound: Sequence[Mapping[str, Any]], nodes: Mapping[str, Mapping[str, Any]]) -> float:
+    prices = PoolPrices(nodes)
+    return round(sum(x for p in bound if (x := prices.bound(p)) is not None), 4)
+
+
+def _carried(old: Sequence[Mapping[str, Any]], computed: set[str]) -> list[Condition]:
     out = []
     for cd in old:
-        if cd.get("type") in AUTOSCALER_CONDITIONS:
+        if cd.get("type") in CARRIED_CONDITIONS and cd.get("type") not in computed:
             since = cd.get("lastTransitionTime")
             out.append(
                 Condition(

@@ -15,7 +15,7 @@ from typing import Any, Final
 import msgspec
 
 from neuronetes.api.gpus import type_problem
-from neuronetes.api.models import AgentPool, AgentPoolSpec, GPUSlice, GPUSliceSpec, decode
+from neuronetes.api.models import AgentPool, AgentPoolSpec, GPUSlice, GPUSliceSpec, PodTemplate, decode
 from neuronetes.api.units import (
     MAX_GPU_MEMORY_GB,
     MAX_NVLINK_GBPS,
@@ -138,9 +138,21 @@ def check_pool_time_zone(spec: AgentPoolSpec) -> list[str]:
 
 
 def check_pool_template(spec: AgentPoolSpec) -> list[str]:
-    """The template's owned fields, then the pod checks on the pod the pool would create."""
+    """The template's owned fields, then the pod checks on the pod the pool would create; the same
+    for ``costOptimization.fallbackTemplate`` (the pods that serve the fallback model)."""
+    out = _check_template(spec, spec.template, "spec.template", None)
+    cost = spec.scheduling.cost_optimization if spec.scheduling else None
+    if cost is not None and cost.fallback_template is not None:
+        path = "spec.scheduling.costOptimization.fallbackTemplate"
+        out += _check_template(spec, cost.fallback_template, path, cost.fallback_model)
+    return out
+
+
+def _check_template(
+    spec: AgentPoolSpec, template: PodTemplate | None, path: str, model: str | None
+) -> list[str]:
     out = []
-    tspec = spec.template.spec if spec.template and spec.template.spec else {}
+    tspec = template.spec if template and template.spec else {}
     for key, what in (
         ("nodeName", "the NeuroNetes scheduler places the pool's pods (use a nodeSelector)"),
         ("schedulerName", "the operator sets neuronetes-scheduler"),
@@ -148,13 +160,13 @@ def check_pool_template(spec: AgentPoolSpec) -> list[str]:
         ("priorityClassName", "use spec.scheduling.priorityTier (the cluster admin's tiers)"),
     ):
         if key in tspec:
-            out.append(f"spec.template.spec.{key}: must not be set; {what}")
+            out.append(f"{path}.spec.{key}: must not be set; {what}")
     for i, ctr in enumerate(tspec.get("containers") or []):
         for part in ("limits", "requests"):
             for res in ((ctr or {}).get("resources") or {}).get(part) or {}:
                 if str(res).startswith("neuronetes.io/") or res == "nvidia.com/gpu":
                     out.append(
-                        f"spec.template.spec.containers[{i}].resources.{part}[{res}]: must not be set; the "
+                        f"{path}.spec.containers[{i}].resources.{part}[{res}]: must not be set; the "
                         "operator derives GPU resources from spec.gpuRequirements and spec.migProfile"
                     )
     if out:
@@ -166,11 +178,11 @@ def check_pool_template(spec: AgentPoolSpec) -> list[str]:
     # name and gang labels, which no pod check reads (their lengths: `check_pool_names`). A pool
     # scaled to zero still has a template: its pod is checked the same.
     resolved = resolve(spec)
-    template = PoolTemplate(fake, spec, resolved)
-    pod = template.pod("pool-0-0" if resolved.gang_size else "pool-0", 0 if resolved.gang_size else None)
+    pool_template = PoolTemplate(fake, spec, resolved, model=model)
+    pod = pool_template.pod("pool-0-0" if resolved.gang_size else "pool-0", 0 if resolved.gang_size else None)
     pod["spec"].pop("schedulerName", None)
     for check in POD_CHECKS.values():
-        out.extend(f"spec.template ({m})" for m in check(pod))
+        out.extend(f"{path} ({m})" for m in check(pod))
     return out
 
 

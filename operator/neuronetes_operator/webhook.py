@@ -1,6 +1,7 @@
 """The admission webhook's HTTPS server: AdmissionReview in, verdict out, and its dev certificate.
 
-Four routes: ``/pods`` (mutating: sets the scheduler name, refuses what `admission.review_pod`
+Four routes: ``/pods`` (mutating: sets the scheduler name, adds the ``neuronetes.io/carbon``
+scheduling gate to time-shifted pool pods (`carbon_admission`), refuses what `admission.review_pod`
 refuses, a ``neuronetes-*`` PriorityClass the namespace may not use (`tier_admission`) and what
 would exceed the namespace's GPU quota (`quota_admission`)), ``/evictions`` and ``/events`` (the
 node agent evicts, and records Events about, only pods of its own node: `agent_admission`) and
@@ -33,6 +34,7 @@ from typing import Any, Final
 from .admission import ANNOTATION_SLICE, annotation_changes, asks_for_gpus, review_pod
 from .agent_admission import PodReader, review_eviction, review_pod_event
 from .apiread import ObjectLister
+from .carbon_admission import PoolReader, carbon_gate_patch
 from .quota_admission import review_pod_quota, review_slice_quota
 from .slice_admission import SliceReader, review_slice_pod
 from .tier_admission import NamespaceReader, review_pod_priority, review_pool_priority
@@ -81,6 +83,9 @@ class ClusterReads:
     namespaces: NamespaceReader | None = None
     quotas: ObjectLister | None = None
     tiers: tuple[PriorityTier, ...] = DEFAULT_TIERS
+    pools: PoolReader | None = None
+    """Reads the AgentPool a pod's ``neuronetes.io/pool`` label names (`carbon_admission`); missing or
+    failing, pods are admitted without the carbon gate (fail open)."""
 
 
 def admission_response(
@@ -148,7 +153,10 @@ def _review_pod(
         obj, patch = inside.pod, inside.patch
     verdict = review_pod(obj)
     refusals = verdict.refusals or review_pod_quota(obj, namespace, reads.quotas)
-    return _respond(request["uid"], refusals, [*patch, *verdict.patch])
+    if refusals:
+        return _respond(request["uid"], refusals)
+    gate = carbon_gate_patch(obj, namespace, reads.pools)
+    return _respond(request["uid"], [], [*patch, *verdict.patch, *gate])
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,24 @@ def test_the_daemon_options_reach_the_scheduler(tmp_path: Path) -> None:
         finally:
             for s in idle:
                 s.close()
+
+
+def test_a_daemon_flooded_with_sigchld_keeps_scheduling_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """Every stop, continue and exit of a job's shepherd sends the daemon SIGCHLD, at any point of
+    its loop. However many arrive, and wherever, the daemon keeps reaping and starting jobs and
+    still ends on SIGTERM (a handler that took a lock the loop holds hung it for good)."""
+    with running_daemon(tmp_path, "--interval", "0.001") as d:  # the loop waits and wakes all the time
+        assert d.proc is not None
+        d.submit("during", 1, 20, step_s=0.01)
+        for _ in range(5000):  # a signal a millisecond: a few seconds of shepherds stopping and ending
+            os.kill(d.proc.pid, signal.SIGCHLD)
+            time.sleep(0.001)
+        assert d.proc.poll() is None, d.log.read_text()[-2000:]
+        d.wait_state("during", "COMPLETED", timeout=60)
+        d.submit("after", 1, 1)
+        d.wait_state("after", "COMPLETED", timeout=60)
+        d.proc.terminate()
+        assert d.proc.wait(60) == 0
 
 
 def test_a_job_that_does_not_exit_by_the_checkpoint_deadline_is_killed_and_restarts_afresh(

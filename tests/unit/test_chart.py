@@ -33,6 +33,7 @@ from chart_render import (
     one,
     parse_cli,
     render,
+    template_args,
 )
 from cryptography import x509
 
@@ -44,6 +45,7 @@ from neuronetes.devcluster.config import (
     scheduler_config,
 )
 from neuronetes.devcluster.tools import Toolchain, read_versions
+from neuronetes.pricing import parse_price_table
 
 pytestmark = pytest.mark.unit
 
@@ -208,7 +210,10 @@ def test_schema_of_operator_settings_names_exactly_the_settings_keys() -> None:
 def test_operator_settings_load_with_the_operators_defaults() -> None:
     rendered = _config_map_file(default_objects(), "neuronetes-operator-settings", "settings.yaml")
     loaded = msgspec.convert(rendered, operator_settings.OperatorSettings)
-    assert loaded == operator_settings.OperatorSettings()
+    # The one setting the chart fills in: the price table it renders (pricing.priceTable).
+    assert loaded == msgspec.structs.replace(
+        operator_settings.OperatorSettings(), price_table=f"{NAMESPACE}/neuronetes-price-table"
+    )
 
 
 def test_autoscaler_settings_and_the_metrics_port_reach_the_operator(tmp_path: Path) -> None:
@@ -437,3 +442,23 @@ def test_the_agent_takes_extra_volumes_and_the_nri_plugin_can_be_left_out() -> N
     # Nodes whose runtime has no NRI: the agent alone.
     without = one(render(extra=["--set", "agent.nri.enabled=false"]), "DaemonSet", "neuronetes-agent")
     assert set(containers(without)) == {"agent"}
+
+
+def test_the_price_table_value_becomes_the_configmap_both_components_watch(tmp_path: Path) -> None:
+    table = {"p4d.24xlarge": {"on-demand": 32.77, "spot": 13.11}, "g5.48xlarge": {"on-demand": 16.29}}
+    objects = render({"pricing": {"priceTable": table}}, tmp=tmp_path)
+    rendered = one(objects, "ConfigMap", "neuronetes-price-table")["data"]["prices.yaml"]
+    parsed = parse_price_table(rendered)
+    assert (
+        parsed.lookup("p4d.24xlarge", "spot") == 13.11 and parsed.lookup("g5.48xlarge", "on-demand") == 16.29
+    )
+    ref = f"{NAMESPACE}/neuronetes-price-table"
+    assert _config_map_file(objects, "neuronetes-operator-settings", "settings.yaml")["priceTable"] == ref
+    assert (
+        f"--price-table={ref}" in containers(one(objects, "Deployment", "gpu-scheduler"))["extender"]["args"]
+    )
+    # The schema refuses a price that is no price, naming the entry, before anything is installed.
+    bad = helm(
+        *template_args({"pricing": {"priceTable": {"p4d.24xlarge": {"spot": -1}}}}, tmp=tmp_path), check=False
+    )
+    assert bad.returncode != 0 and "p4d.24xlarge" in bad.stderr and "spot" in bad.stderr

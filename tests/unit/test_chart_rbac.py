@@ -187,11 +187,38 @@ def test_the_node_restriction_names_the_agents_service_account() -> None:
 
 def test_the_lease_role_names_the_scheduler_configurations_lease() -> None:
     (role,) = [
-        o for o in default_objects() if o["kind"] == "Role" and o["metadata"]["namespace"] == NAMESPACE
+        o
+        for o in default_objects()
+        if o["kind"] == "Role"
+        and o["metadata"]["namespace"] == NAMESPACE
+        and o["metadata"]["name"] == "neuronetes:scheduler"
     ]
-    (rule,) = role["rules"]
+    (rule,) = [r for r in role["rules"] if r["resources"] == ["leases"]]
     config = next(o for o in find(default_objects(), "ConfigMap", "gpu-scheduler-config"))["data"][
         "config.yaml"
     ]
     lease = re.search(r"resourceName: (\S+)", config)
     assert lease is not None and rule["resourceNames"] == [lease[1]]
+
+
+def test_the_price_table_is_the_only_configmap_the_operator_and_the_extender_may_read() -> None:
+    objects = default_objects()
+    (table,) = find(objects, "ConfigMap", "neuronetes-price-table")
+    for component in ("operator", "scheduler"):
+        roles = [
+            o
+            for o in objects
+            if o["kind"] in ("Role", "ClusterRole") and o["metadata"]["name"] == f"neuronetes:{component}"
+        ]
+        configmaps = [r for role in roles for r in role["rules"] if "configmaps" in r["resources"]]
+        assert configmaps == [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [table["metadata"]["name"]],
+                "verbs": ["get", "list", "watch"],
+            }
+        ], component
+        assert all(
+            r["metadata"]["namespace"] == table["metadata"]["namespace"] for r in roles if r["kind"] == "Role"
+        )

@@ -31,6 +31,7 @@ from neuronetes.engine import PlacementEngine
 from neuronetes.inventory import ClusterState
 from neuronetes.model import GpuGrant, Locality, PodRequest
 from neuronetes.nodes import NodeSpecError
+from neuronetes.pricing import parse_price_table
 from neuronetes.profiles import PROFILES, node_manifest
 from neuronetes_extender.cache import GpuCache
 from neuronetes_extender.config import ConfigError, ExtenderSettings, SettingsSource, load_settings
@@ -344,6 +345,45 @@ def test_node_changes_rebuild_and_replay_holds_and_pods() -> None:
     cache.check_invariants()
     assert cache.stats().rebuilds == rebuilds + 1
     assert n0 in {h.node for h in cache.holds()} or cache.hold_of(pod.id) is not None
+
+
+def test_a_price_table_change_prices_every_node_again_and_the_label_still_wins() -> None:
+    objs = node_objects({"t4x4-pcie": 3})
+    for obj in objs:
+        labels = obj["metadata"]["labels"]
+        labels["node.kubernetes.io/instance-type"] = "g4dn.12xlarge"
+        labels["karpenter.sh/capacity-type"] = "on-demand"
+    del objs[0]["metadata"]["labels"][c.LABEL_PRICE_PER_HOUR]
+    del objs[1]["metadata"]["labels"][c.LABEL_PRICE_PER_HOUR]
+    objs[1]["metadata"]["labels"]["node.kubernetes.io/instance-type"] = "g4dn.metal"  # not in the table
+    cache = synced_cache(objs)
+    table, unknown, labelled = (o["metadata"]["name"] for o in objs)
+
+    def price(name: str) -> float | None:
+        spec = cache.node_spec(name)
+        assert spec is not None
+        return spec.price_per_hour
+
+    assert price(table) is None and price(unknown) is None
+    label = price(labelled)
+    assert label is not None
+    # Unknown prices rank with the dearest known node: never as free.
+    pod = info(gpu_pod("p", 1))
+    assert cache.explain(pod, table)["cost"] == cache.explain(pod, unknown)["cost"] == 0.0
+    rebuilds = cache.stats().rebuilds
+    cache.set_price_table(parse_price_table("g4dn.12xlarge: {on-demand: 3.91, spot: 1.56}"))
+    cache.check_invariants()
+    assert price(table) == 3.91 and price(unknown) is None and price(labelled) == label
+    assert cache.stats().rebuilds == rebuilds + 1
+    cost = {name: cache.explain(pod, name)["cost"] for name in (table, unknown, labelled)}
+    assert cost[unknown] == 0.0 and cost[table] == pytest.approx(1 - 3.91 / max(3.91, label))
+    # A node that joins later is priced by the table in force.
+    late = node_objects({"t4x4-pcie": 1}, prefix="late-")[0]
+    late["metadata"]["labels"].pop(c.LABEL_PRICE_PER_HOUR)
+    late["metadata"]["labels"]["node.kubernetes.io/instance-type"] = "g4dn.12xlarge"
+    late["metadata"]["labels"][c.LABEL_SPOT] = "true"
+    cache.upsert_node(as_node(late))
+    assert price(late["metadata"]["name"]) == 1.56
 
 
 def test_a_bind_to_a_node_that_left_is_refused() -> None:

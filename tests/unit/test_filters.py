@@ -313,7 +313,7 @@ def test_mig_filter_skips_offline_mig_gpus(nodes) -> None:
 def test_one_reason_per_infeasible_node_and_none_for_feasible(nodes) -> None:
     """A cluster with one node failing each filter (plus two feasible ones)."""
     specs = [
-        nodes.dgx("ok-1"),
+        nodes.dgx("ok-1", price_per_hour=0.0),
         nodes.dgx("unschedulable", schedulable=False),
         nodes.t4("wrong-model"),
         nodes.dgx("small", n_gpus=2, groups=1),
@@ -325,6 +325,7 @@ def test_one_reason_per_infeasible_node_and_none_for_feasible(nodes) -> None:
         nodes.dgx("slow", nvlink_bw=100.0),
         nodes.dgx("dear", price_per_hour=100.0),
         nodes.dgx("ok-2", price_per_hour=1.0),
+        nodes.dgx("unpriced"),  # an unknown price is not under any maximum
     ]
     engine = engine_for(specs, policy="default")
     hold(engine, "used", {j: (1, 0) for j in range(6)})  # 2 fully free GPUs
@@ -350,6 +351,7 @@ def test_one_reason_per_infeasible_node_and_none_for_feasible(nodes) -> None:
         "split": "Topology",
         "slow": "Bandwidth",
         "dear": "Price",
+        "unpriced": "Price",
     }
     reasons = engine.reasons(req)
     assert reasons == {n: REASON[f] for n, f in expected.items()}

@@ -348,7 +348,7 @@ def test_status_policies_say_what_spot_does_not_that_a_controller_will() -> None
         "preferring instance types g5.xlarge" in effect and "on an interruption notice: scale-down" in effect
     )
     assert "3 notices within 10m: alert" in effect
-    assert effect.endswith(f"budget, fallback model: {POLICY_CONTROLLER}")
+    assert POLICY_CONTROLLER not in effect  # the budget and the fallback model act too
 
 
 def test_a_replica_under_its_other_name_is_kept_scaled_down_and_rolled_like_any() -> None:
@@ -370,3 +370,37 @@ def test_a_replica_under_its_other_name_is_kept_scaled_down_and_rolled_like_any(
     w.fake.pool["spec"]["template"] = {"metadata": {"labels": {"app": "v2"}}}
     w.reconcile()
     assert sorted(w.fake.pods) == ["sp-0"] and "Outdated" in w.reasons()
+
+
+def priced(name: str, spot: bool, price: str) -> dict[str, Any]:
+    out = node(name, spot)
+    out["metadata"]["labels"][c.LABEL_PRICE_PER_HOUR] = price
+    return out
+
+
+def test_with_a_budget_the_spot_split_comes_first_and_a_replacement_is_not_held_back() -> None:
+    """``maxCostPerHour`` 8 with spot at 1/h and on-demand at 4/h (a pod takes a node's whole price):
+    the spot-capable pod is projected at the dearest node it may land on (4), the on-demand one at 4,
+    so both fit; on a notice the replica's on-demand replacement counts once (the dearer of its two
+    pods, 4), never refused because the old pod still runs."""
+    nodes = [priced("spot-0", True, "1"), priced("od-a", False, "4"), priced("od-b", False, "4")]
+    w = World(
+        pool({"spotEnabled": True, "spotStrategy": {"maxSpotPercent": 50}, "maxCostPerHour": 8}, 2), nodes
+    )
+    w.reconcile()
+    capacities = sorted(p["metadata"]["labels"][LABEL_CAPACITY] for p in w.fake.pods.values())
+    assert capacities == ["on-demand", "spot"]
+    w.schedule()
+    status = w.reconcile()
+    assert status["cost"]["currentPerHour"] == pytest.approx(5.0)
+    (victim,) = w.on("spot-0")
+    w.taint("spot-0", NTH)
+    status = w.reconcile()
+    assert victim + "-r" in w.fake.pods and victim in w.fake.pods  # created while the old one runs
+    assert w.fake.pods[victim + "-r"]["metadata"]["labels"][LABEL_CAPACITY] == "on-demand"
+    budget = w.condition("CostBudgetExceeded")
+    assert budget["status"] == "False", budget
+    w.schedule()
+    status = w.reconcile()
+    assert victim not in w.fake.pods and "OverBudget" not in w.reasons()
+    assert status["replicas"] == 2 and status["cost"]["currentPerHour"] == pytest.approx(8.0)

@@ -97,7 +97,8 @@ def test_operator_rbac_is_least_privilege() -> None:
         for g in rule["apiGroups"]
         for r in rule["resources"]
     }
-    assert rules[("", "pods")] == {"get", "list", "watch", "create", "delete"}
+    # patch: only to remove the carbon scheduling gate (carbon_gate).
+    assert rules[("", "pods")] == {"get", "list", "watch", "create", "delete", "patch"}
     assert rules[("", "nodes")] == {"get", "list", "watch"}
     assert "delete" not in rules[("neuronetes.io", "agentpools")]
     assert all("*" not in verbs for verbs in rules.values())

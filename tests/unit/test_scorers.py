@@ -369,15 +369,22 @@ def test_model_cache(nodes) -> None:
     assert placement is not None and placement.node in {"warm", "other"}
 
 
-def test_cost_prefers_cheaper_nodes(nodes) -> None:
+def test_cost_prefers_cheaper_nodes_and_never_reads_an_unknown_price_as_free(nodes) -> None:
     engine = engine_for(
-        [nodes.t4("dear", price_per_hour=4.0), nodes.t4("cheap", price_per_hour=1.0), nodes.t4("free")],
+        [
+            nodes.t4("dear", price_per_hour=4.0),
+            nodes.t4("cheap", price_per_hour=1.0),
+            nodes.t4("free", price_per_hour=0.0),
+            nodes.t4("unknown"),
+        ],
         "cost",
     )
     s = scores(engine, PodRequest("p", gpus=1))
-    assert s == pytest.approx({"dear": 0.0, "cheap": 0.75, "free": 1.0})
+    assert s == pytest.approx({"dear": 0.0, "cheap": 0.75, "free": 1.0, "unknown": 0.0})
     unpriced = engine_for([nodes.t4("a"), nodes.t4("b")], "cost")
     assert set(scores(unpriced, PodRequest("p", gpus=1)).values()) == {1.0}
+    all_free = engine_for([nodes.t4("a", price_per_hour=0.0), nodes.t4("b")], "cost")
+    assert scores(all_free, PodRequest("p", gpus=1)) == {"a": 1.0, "b": 0.0}
 
 
 def test_data_locality_prefers_the_requested_zones(nodes) -> None:

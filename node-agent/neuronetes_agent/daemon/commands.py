@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neuronetes.signals import relay_signals
+
 from .devices import GpuRefError, match_gpu
 
 if TYPE_CHECKING:  # imported when a verb runs: the rest of the CLI does without the API client
@@ -88,11 +90,7 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
             return _error(f"metrics on {ns.metrics_host}:{ns.metrics_port}: {exc}")
         print(f"metrics on http://{ns.metrics_host}:{port}/metrics", file=sys.stderr, flush=True)
 
-    def on_signal(signum: int, frame: object) -> None:
-        process.request_stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    relay_signals(lambda signum: process.request_stop(), (signal.SIGTERM, signal.SIGINT))
     try:
         process.run()
     except DiscoveryError as exc:

@@ -177,7 +177,8 @@ class AgentProcess:
             agent.tick()
 
     def request_stop(self) -> None:
-        """Make `run` return after the current round (safe from a signal handler)."""
+        """Make `run` return after the current round (from any thread; never from a signal handler:
+        `neuronetes.signals` says why)."""
         self._stop.set()
 
     def stop(self) -> None:

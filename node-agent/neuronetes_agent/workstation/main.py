@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from neuronetes.signals import relay_signals
+
 from .admission import Settings
 from .checkpoint import CudaCheckpoint
 from .containment import detect
@@ -72,6 +74,22 @@ def _lock(state: StateDir) -> int | str:
     return fd
 
 
+_STOPPING = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+def _relay_signals(stop: threading.Event, wake: threading.Event) -> None:
+    """SIGTERM and SIGINT set `stop`; every signal among them and SIGCHLD (a shepherd stopped,
+    continued or ended: reap it now rather than at the next round) sets `wake` — from a thread of
+    its own (`neuronetes.signals`: a handler setting an Event could deadlock the scheduler loop)."""
+
+    def handle(signum: int) -> None:
+        if signum in _STOPPING:
+            stop.set()
+        wake.set()
+
+    relay_signals(handle, (*_STOPPING, signal.SIGCHLD))
+
+
 def run_daemon(opts: DaemonOptions) -> int:
     logging.basicConfig(
         level=opts.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -119,15 +137,7 @@ def run_daemon(opts: DaemonOptions) -> int:
     sched.tick()  # GPUs read and the queue looked at before the first request is answered
     server = DaemonServer(opts.state_dir, sched, max_clients=opts.max_clients)
     stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-        sched.wake.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    # A job's shepherd ended: reap it now rather than at the next round.
-    signal.signal(signal.SIGCHLD, lambda signum, frame: sched.wake.set())
+    _relay_signals(stop, sched.wake)
     serving = threading.Thread(target=server.serve_forever, name="socket", daemon=True)
     serving.start()
     log.info(

@@ -1,0 +1,199 @@
+"""The fallback model end to end: the operator as a process rolls a pool to its fallbackModel while a
+trigger holds, and back once it has been clear for ``holdSeconds``.
+
+The triggers are read from the pool's status, where the other controllers put them: the cost
+controller's condition ``CostBudgetExceeded`` and the autoscaling controller's ``status.autoscaling``
+(expected TTFT). The test writes them through the status subresource as those controllers do; the
+operator runs with its autoscaling controller off so that it does not overwrite the decision the
+test wrote (kwok pods serve no metrics). Pods are kwok pods on kwok nodes; the extender places them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_cluster import E2ECluster, wait_until
+from extender_harness import ExtenderProcess
+
+from neuronetes import contracts as c
+from neuronetes.devcluster import ExtenderConfig
+from neuronetes.devcluster.localstack import LocalStack
+from neuronetes_operator.launch import dev_operator_settings
+from neuronetes_operator.pods import ENV_MODEL, LABEL_POOL
+
+pytestmark = pytest.mark.e2e
+
+NS = "fallback-e2e"
+HOLD_S = 4
+
+
+def get_json(cluster: E2ECluster, *args: str) -> Any:
+    return json.loads(cluster.kubectl("get", "-o", "json", *args).stdout)
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    work = Path(tmp_path_factory.mktemp("fallback"))
+    ext = ExtenderProcess(cluster.extender_kubeconfig, work)
+    ext.start()
+    cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
+    cluster.kubectl("create", "namespace", NS)
+    nodes = cluster.add_nodes("dgx-a100-80gb", 2, "fb-dgx")
+    # Resync every 2 s: the roll back is due HOLD_S after the trigger cleared, with no event then.
+    settings = {**dev_operator_settings(), "resyncSeconds": 2, "autoscaler": {"enabled": False}}
+    local = LocalStack(cluster.kubeconfig, work / "stack", cluster.kubectl, settings=settings, replicas=1)
+    try:
+        local.start()
+        yield local
+    finally:
+        cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
+        cluster.kubectl("delete", "node", *nodes, "--wait=false", check=False)
+        cluster.kubectl("delete", "gpunode", *nodes, "--wait=false", check=False)
+        local.stop()
+        cluster.set_extender(ExtenderConfig.from_env())
+        ext.stop()
+        print(f"--- operator log ---\n{local.operator.tail(30)}")
+
+
+def pool_manifest(name: str, trigger: str, **spec: Any) -> str:
+    """A pool of 2 replicas serving llama-70b (template labelled size=large) with fallback llama-8b
+    (fallbackTemplate labelled size=small) on `trigger`, as JSON for ``kubectl apply``."""
+    cost = {
+        "maxCostPerHour": 10,
+        "sloHeadroomMs": 200,
+        "fallbackModel": "llama-8b",
+        "fallbackTemplate": {"metadata": {"labels": {"size": "small"}}},
+        "fallbackTrigger": {trigger: True, "holdSeconds": HOLD_S},
+    }
+    body = {
+        "model": "llama-70b",
+        "replicas": 2,
+        "minReplicas": 1,
+        "maxReplicas": 2,
+        "template": {"metadata": {"labels": {"size": "large"}}},
+        "scheduling": {"costOptimization": cost},
+        **spec,
+    }
+    return json.dumps(
+        {"apiVersion": c.API_VERSION, "kind": "AgentPool", "metadata": {"name": name}, "spec": body}
+    )
+
+
+def status_of(cluster: E2ECluster, name: str) -> dict[str, Any]:
+    return dict(get_json(cluster, "agentpool", name, "-n", NS).get("status") or {})
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((cd for cd in status.get("conditions") or [] if cd["type"] == kind), None)
+
+
+def patch_status(cluster: E2ECluster, name: str, status: dict[str, Any]) -> None:
+    cluster.kubectl(
+        "patch", "agentpool", name, "-n", NS, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": status}),
+    )  # fmt: skip
+
+
+def set_cost_condition(cluster: E2ECluster, name: str, exceeded: bool) -> None:
+    """``CostBudgetExceeded`` as the cost controller writes it: the pool's conditions with it set."""
+    kept = [
+        cd for cd in status_of(cluster, name).get("conditions") or [] if cd["type"] != "CostBudgetExceeded"
+    ]
+    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    cd = {
+        "type": "CostBudgetExceeded",
+        "status": "True" if exceeded else "False",
+        "reason": "OverBudget" if exceeded else "WithinBudget",
+        "message": "cost 12.5/h over maxCostPerHour 10/h" if exceeded else "cost 8/h within 10/h",
+        "lastTransitionTime": now,
+    }
+    patch_status(cluster, name, {"conditions": [*kept, cd]})
+
+
+def set_expected_ttft(cluster: E2ECluster, name: str, seconds: float) -> None:
+    """``status.autoscaling`` as the autoscaling controller writes it after a decision."""
+    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    decided = {"currentReplicas": 2, "desiredReplicas": 2, "rule": "hold", "lastDecisionTime": now}
+    patch_status(cluster, name, {"autoscaling": {**decided, "expectedTTFTSeconds": seconds}})
+
+
+def serving(cluster: E2ECluster, name: str, model: str, size: str) -> dict[str, Any] | None:
+    """The pool's status once every replica is a Ready pod of `model` (its template: `size`)."""
+    status = status_of(cluster, name)
+    pods = get_json(cluster, "pods", "-n", NS, "-l", f"{LABEL_POOL}={name}")["items"]
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    ok = (
+        status.get("activeModel") == model
+        and status.get("phase") == "Ready"
+        and len(live) == 2
+        and all(
+            p["metadata"]["annotations"].get(c.ANNOTATION_MODEL) == model
+            and p["metadata"]["labels"].get("size") == size
+            and {"name": ENV_MODEL, "value": model} in p["spec"]["containers"][0]["env"]
+            and any(
+                cd["type"] == "Ready" and cd["status"] == "True" for cd in p["status"].get("conditions") or []
+            )
+            for p in live
+        )
+    )
+    return status if ok else None
+
+
+def reasons(cluster: E2ECluster, name: str) -> list[str]:
+    found = get_json(cluster, "events", "-n", NS, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [e["reason"] for e in sorted(found, key=lambda e: e.get("firstTimestamp") or "")]
+
+
+def test_cost_exceeded_rolls_to_the_fallback_model_and_back(cluster: E2ECluster, stack: LocalStack) -> None:
+    cluster.kubectl("apply", "-n", NS, "-f", "-", input=pool_manifest("cost", "costExceeded"))
+    status = wait_until(lambda: serving(cluster, "cost", "llama-70b", "large"), timeout=120, what="70b Ready")
+    active = condition(status, "FallbackActive")
+    assert active is not None and (active["status"], active["reason"]) == ("False", "PrimaryModel")
+
+    set_cost_condition(cluster, "cost", exceeded=True)
+    status = wait_until(
+        lambda: serving(cluster, "cost", "llama-8b", "small"), timeout=120, what="8b rolled in"
+    )
+    active = condition(status, "FallbackActive")
+    assert active is not None and (active["status"], active["reason"]) == ("True", "CostBudgetExceeded")
+    assert "serving llama-8b instead of llama-70b" in active["message"]
+    assert "cost 12.5/h over maxCostPerHour 10/h" in active["message"]
+    assert status["fallback"]["action"] in ("degrade-model", "keep")
+    assert status["fallback"]["triggers"] == ["costExceeded"]
+    # The cost controller's condition is the operator's input, never overwritten by its status.
+    budget = condition(status, "CostBudgetExceeded")
+    assert budget is not None and budget["status"] == "True"
+    assert "FallbackModel" in reasons(cluster, "cost") and "Outdated" in reasons(cluster, "cost")
+
+    set_cost_condition(cluster, "cost", exceeded=False)
+    status = wait_until(lambda: serving(cluster, "cost", "llama-70b", "large"), timeout=120, what="70b back")
+    active = condition(status, "FallbackActive")
+    assert active is not None and (active["status"], active["reason"]) == ("False", "PrimaryModel")
+    assert status["fallback"]["action"] == "keep" and "restoreSince" not in status["fallback"]
+    switched = [r for r in reasons(cluster, "cost") if r in ("FallbackModel", "PrimaryModel")]
+    assert switched == ["FallbackModel", "PrimaryModel"]  # one switch each way, no flapping
+
+
+def test_slo_at_risk_rolls_to_the_faster_fallback_and_back(cluster: E2ECluster, stack: LocalStack) -> None:
+    manifest = pool_manifest("slo", "sloAtRisk", autoscaling={"ttftMs": 1000})
+    cluster.kubectl("apply", "-n", NS, "-f", "-", input=manifest)
+    wait_until(lambda: serving(cluster, "slo", "llama-70b", "large"), timeout=120, what="70b Ready")
+
+    set_expected_ttft(cluster, "slo", 0.95)  # over ttftMs 1000 - sloHeadroomMs 200
+    status = wait_until(
+        lambda: serving(cluster, "slo", "llama-8b", "small"), timeout=120, what="8b rolled in"
+    )
+    active = condition(status, "FallbackActive")
+    assert active is not None and (active["status"], active["reason"]) == ("True", "SloAtRisk")
+    assert "expected TTFT 950ms vs 800ms allowed" in active["message"]
+
+    set_expected_ttft(cluster, "slo", 0.3)
+    status = wait_until(lambda: serving(cluster, "slo", "llama-70b", "large"), timeout=120, what="70b back")
+    active = condition(status, "FallbackActive")
+    assert active is not None and active["status"] == "False"
+    assert "expected TTFT 300ms vs 800ms allowed" in active["message"]

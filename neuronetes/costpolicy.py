@@ -4,7 +4,8 @@
 `PolicyInputs`) to one `Decision` — which step to take, which model to serve after it, and why.
 
 1. Is the TTFT SLO met with ``sloHeadroomMs`` to spare (`slo_state`)?
-2. SLO met → reduce cost: spot available → use spot; the smaller model viable (``fallbackModel`` with
+2. SLO met → reduce cost: spot interrupted past ``interruptionThreshold`` (action ``fallback-model``)
+   → the fallback model; spot available → use spot; the smaller model viable (``fallbackModel`` with
    the ``costExceeded`` trigger, and the cost over budget) → degrade to it; the fallback served while
    no trigger holds any more → restore ``spec.model``; else keep as is.
 3. SLO at risk → improve performance: scale up replicas (below ``maxReplicas``); move off spot (use
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_HOLD_SECONDS",
     "TRIGGER_COST",
     "TRIGGER_SLO",
+    "TRIGGER_SPOT",
     "Action",
     "Decision",
     "HeldModel",
@@ -49,6 +51,9 @@ a break, before the pool rolls back to it."""
 
 TRIGGER_COST: Final = "costExceeded"
 TRIGGER_SLO: Final = "sloAtRisk"
+TRIGGER_SPOT: Final = "spotInterruptions"
+"""Not a ``fallbackTrigger`` flag: ``interruptionThreshold`` with ``action: fallback-model`` tripped
+(``status.spot.fallbackRequested``, docs/spot.md); the threshold's action is the opt-in."""
 
 
 class SloState(StrEnum):
@@ -124,7 +129,10 @@ class PolicyInputs:
         slo: the SLO state (`slo_state`).
         cost_exceeded: the pool's cost is over ``maxCostPerHour`` (condition ``CostBudgetExceeded``).
         spot_available: the pool may use spot and spot capacity could take more of its replicas
-            (below its ``maxSpotPercent`` share).
+            (``status.spot``: fewer units on spot than allowed — none while the interruption
+            threshold turns spot off — and a spot node in the cluster).
+        spot_fallback_requested: ``status.spot.fallbackRequested``: the interruption threshold
+            (action ``fallback-model``) is tripped.
         spot_replicas: replicas running on spot nodes now.
         replicas: replicas now; max_replicas: the autoscaler's ceiling (None: it cannot scale up).
         primary_model: ``spec.model``; fallback_model: ``costOptimization.fallbackModel`` (None: none).
@@ -136,6 +144,7 @@ class PolicyInputs:
     cost_exceeded: bool = False
     spot_available: bool = False
     spot_replicas: int = 0
+    spot_fallback_requested: bool = False
     replicas: int = 0
     max_replicas: int | None = None
     primary_model: str | None = None
@@ -168,6 +177,8 @@ def triggers_holding(inputs: PolicyInputs) -> tuple[str, ...]:
         out.append(TRIGGER_COST)
     if inputs.trigger_slo_at_risk and inputs.slo.state is SloState.AT_RISK:
         out.append(TRIGGER_SLO)
+    if inputs.spot_fallback_requested:
+        out.append(TRIGGER_SPOT)
     return tuple(out)
 
 
@@ -183,6 +194,12 @@ def decide(inputs: PolicyInputs) -> Decision:
     if inputs.slo.state is SloState.UNKNOWN:
         return out(Action.KEEP, "SLO state unknown: no step taken")
     if inputs.slo.state is SloState.MET:
+        if TRIGGER_SPOT in triggers and not inputs.on_fallback:
+            return out(
+                Action.DEGRADE_MODEL,
+                f"SLO met, spot interrupted past interruptionThreshold: serve {inputs.fallback_model}",
+                inputs.fallback_model,
+            )
         if inputs.spot_available:
             return out(Action.USE_SPOT, "SLO met: spot capacity first (cheapest step)")
         if TRIGGER_COST in triggers and not inputs.on_fallback:

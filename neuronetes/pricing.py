@@ -39,6 +39,7 @@ from neuronetes import contracts as c
 __all__ = [
     "CAPACITY_LABELS",
     "CAPACITY_TYPES",
+    "CAPACITY_VALUES",
     "EMPTY_TABLE",
     "LABEL_INSTANCE_TYPE",
     "PRICE_TABLE_KEY",
@@ -87,7 +88,7 @@ CAPACITY_LABELS: Final[tuple[tuple[str, str], ...]] = (
 docs/cost.md lists them. A GKE node (``cloud.google.com/gke-nodepool``) or an AKS node
 (``kubernetes.azure.com/agentpool``) without its provider's spot label is on-demand."""
 
-_VALUES: Final[dict[str, dict[str, CapacityType]]] = {
+CAPACITY_VALUES: Final[Mapping[str, Mapping[str, CapacityType]]] = {
     c.LABEL_SPOT: {"true": "spot", "false": "on-demand"},
     _KARPENTER: {"spot": "spot", "on-demand": "on-demand", "reserved": "reserved"},
     _EKS: {"SPOT": "spot", "ON_DEMAND": "on-demand", "CAPACITY_BLOCK": "reserved"},
@@ -100,7 +101,7 @@ _VALUES: Final[dict[str, dict[str, CapacityType]]] = {
 def capacity_type(labels: Mapping[str, str]) -> CapacityType | None:
     """The node's capacity type from the labels of `CAPACITY_LABELS`; None when none says."""
     for label, _ in CAPACITY_LABELS:
-        found = _VALUES[label].get(labels.get(label, "").strip())
+        found = CAPACITY_VALUES[label].get(labels.get(label, "").strip())
         if found is not None:
             return found
     if _GKE_NODEPOOL in labels or _AKS_AGENTPOOL in labels:

@@ -360,6 +360,27 @@ class AutoscalingStatus(_Object):
     last_scale_time: datetime | None = None
 
 
+class SpotInterruption(_Object):
+    """One interruption notice on a node that hosted the pool's pods (`neuronetes.spot.notice_of`)."""
+
+    node: Str253
+    source: Str63
+    noticed: datetime
+    deadline: datetime
+
+
+class SpotStatus(_Object):
+    """The pool's spot state (docs/spot.md): the spot share, notices, the interruption threshold."""
+
+    allowed_units: NonNegative | None = None
+    spot_units: NonNegative | None = None
+    interruptions: Annotated[list[SpotInterruption], Meta(max_length=64)] | None = None
+    threshold_tripped_at: datetime | None = None
+    threshold_action: Literal["disable-spot", "fallback-model", "alert"] | None = None
+    fallback_requested: bool = False
+    message: Annotated[str, Meta(max_length=1024)] | None = None
+
+
 class CarbonStatus(_Object):
     """The carbon gate-release controller's view of a pool (docs/carbon.md)."""
 
@@ -387,7 +408,9 @@ class FallbackStatus(_Object):
         | None
     ) = None
     reason: Annotated[str, Meta(max_length=1024)] | None = None
-    triggers: Annotated[list[Literal["costExceeded", "sloAtRisk"]], Meta(max_length=2)] | None = None
+    triggers: (
+        Annotated[list[Literal["costExceeded", "sloAtRisk", "spotInterruptions"]], Meta(max_length=3)] | None
+    ) = None
     restore_since: datetime | None = None
     last_switch_time: datetime | None = None
 
@@ -418,6 +441,7 @@ class AgentPoolStatus(_Object):
     placements: Annotated[list[Placement], Meta(max_length=1024)] | None = None
     policies: Annotated[list[PolicyState], Meta(max_length=16)] | None = None
     autoscaling: AutoscalingStatus | None = None
+    spot: SpotStatus | None = None
     carbon: CarbonStatus | None = None
     conditions: Conditions | None = None
 

@@ -17,6 +17,12 @@ extender's cost scorer reads. docs/cost.md states the rules; in short:
   are deleted (a price that rose removes the last units first). A unit whose cost is unknown is
   never created under a budget; one already bound whole is kept (a replica is not deleted for
   want of a price), but while one runs no new unit is created (the total cannot be checked).
+* **Spot** (docs/spot.md): a pod about to be created spot-capable is projected at the dearest node
+  its selection admits, spot or on-demand; an on-demand one (``NotIn`` every spot label) at the
+  dearest on-demand node; an unbound pod by its ``neuronetes.io/capacity`` label. A replica being
+  replaced (an interruption notice, a move off spot) is one unit, counted once at the dearer of
+  its two pods, so its replacement is never refused for the old pod still running: the
+  replacement is `neuronetes_operator.spot_plan`'s, for replicas the budget kept.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from neuronetes.api.models import CostStatus
 from neuronetes.nodeselect import pod_admits_node
 from neuronetes.pricing import EMPTY_TABLE, PriceTable, price_of
 
-from .pods import DesiredPod, gang_name
+from .pods import LABEL_CAPACITY, DesiredPod
 from .reconcile import is_terminating
 
 COST_BUDGET_EXCEEDED: Final = "CostBudgetExceeded"
@@ -93,10 +99,16 @@ class PoolPrices:
         nodes: Mapping[str, Mapping[str, Any]],
         table: PriceTable = EMPTY_TABLE,
         template_spec: Mapping[str, Any] | None = None,
+        on_demand_spec: Mapping[str, Any] | None = None,
     ) -> None:
+        """`template_spec`: the pods' spec as a spot-capable pod has it (no spot requirement);
+        `on_demand_spec`: the on-demand variant (`pods.PoolTemplate.on_demand_spec`: ``NotIn`` the
+        spot values of every spot label), projected apart: an on-demand pod's cost is that of the
+        dearest on-demand node (None: as `template_spec`)."""
         self.nodes = nodes
         self.table = table
         self.projection = Projection(None, 0) if template_spec is None else self._project(template_spec)
+        self.on_demand = self.projection if on_demand_spec is None else self._project(on_demand_spec)
 
     def bound(self, pod: Mapping[str, Any]) -> float | None:
         """The bound pod's share of its node's price; None when the node or its price is unknown."""
@@ -133,11 +145,14 @@ class PoolPrices:
             return Projection(None, admitted, tuple(unpriced))
         return Projection(highest, admitted)
 
-    def cost(self, pod: Mapping[str, Any] | None) -> float | None:
-        """A pool pod's cost: bound, its share; else (or not created yet: None) the projection."""
+    def cost(self, pod: Mapping[str, Any] | None, *, spot: bool = True) -> float | None:
+        """A pool pod's cost: bound, its share; else the projection of its variant (an unbound
+        pod's `LABEL_CAPACITY`; not created yet, None: `spot`, whether it will be spot-capable)."""
         if pod is not None and pod.get("spec", {}).get("nodeName"):
             return self.bound(pod)
-        return self.projection.per_pod
+        if pod is not None:
+            spot = (pod.get("metadata", {}).get("labels") or {}).get(LABEL_CAPACITY) != "on-demand"
+        return (self.projection if spot else self.on_demand).per_pod
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +181,7 @@ class BudgetPlan:
 def _units(want: Sequence[DesiredPod]) -> dict[str, list[DesiredPod]]:
     units: dict[str, list[DesiredPod]] = {}
     for d in want:
-        key = f"gang:{gang_name(d.template.pool, d.gang)}" if d.gang is not None else f"pod:{d.name}"
-        units.setdefault(key, []).append(d)
+        units.setdefault(d.unit, []).append(d)
     return units
 
 
@@ -184,8 +198,25 @@ def plan_budget(
     live = {p["metadata"]["name"]: p for p in pods if not is_terminating(p)}
     units = _units(want)
 
+    def pods_of(m: DesiredPod) -> list[Mapping[str, Any]]:
+        """The replica's live pods: one, or two while a replacement runs beside the pod it replaces
+        (`neuronetes_operator.spot_plan`)."""
+        return [live[n] for n in (m.name, m.alternate) if n and n in live]
+
+    def bound(m: DesiredPod) -> bool:
+        return any(p.get("spec", {}).get("nodeName") for p in pods_of(m))
+
     def running(members: list[DesiredPod]) -> bool:
-        return all(live.get(m.name, {}).get("spec", {}).get("nodeName") for m in members)
+        return all(bound(m) for m in members)
+
+    def member_cost(m: DesiredPod) -> float | None:
+        """A replica counts once: while a replacement runs beside the old pod, at the dearer of
+        the two (what it costs once the old one goes, or until then)."""
+        found = pods_of(m)
+        if not found:
+            return prices.cost(None, spot=m.spot)
+        costs = [prices.cost(p) for p in found]
+        return None if any(x is None for x in costs) else max(x for x in costs if x is not None)
 
     order = [k for k, ms in units.items() if running(ms)] + [k for k, ms in units.items() if not running(ms)]
     kept: set[str] = set()
@@ -195,7 +226,7 @@ def plan_budget(
     for key in order:
         members = units[key]
         is_running = running(members)
-        costs = [prices.cost(live.get(m.name)) for m in members]
+        costs = [member_cost(m) for m in members]
         if any(x is None for x in costs):
             if is_running:
                 kept.add(key)
@@ -249,10 +280,11 @@ def cost_status(plan: BudgetPlan, pods: Sequence[Mapping[str, Any]], prices: Poo
         elif pod["metadata"]["name"] in kept and cost is not None:
             projected += cost
     unknown = unknown_bound + plan.held_for_unknown
-    if prices.projection.per_pod is None:  # pods kept, not bound, and no projection of their cost
-        unknown += sum(
-            1 for p in live if not p.get("spec", {}).get("nodeName") and p["metadata"]["name"] in kept
-        )
+    unknown += sum(  # pods kept, not bound, and no projection of their cost
+        1
+        for p in live
+        if not p.get("spec", {}).get("nodeName") and p["metadata"]["name"] in kept and prices.cost(p) is None
+    )
     return CostStatus(
         current_per_hour=round(current, 4),
         projected_per_hour=round(current + projected, 4),

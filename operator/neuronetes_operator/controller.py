@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -22,16 +23,18 @@ from kubernetes.client.rest import ApiException
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, AgentPoolSpec, AgentPoolStatus, ToolBinding, decode
 from neuronetes.pricing import EMPTY_TABLE, PriceTable
+from neuronetes.spot import NOTICE_KEY, Notice, notice_of
 
 from . import CONVERT_LOCK
 from .budget import BudgetPlan, PoolPrices, cost_status, plan_budget
 from .fallback import choose_model, policy_inputs
 from .gang_retry import GangRetries, failed_reservations
 from .objects import api_message, patch_status, post_event
-from .pods import LABEL_POOL, DesiredPod, desired_pods, gang_name
-from .policy import cost_optimization_enabled, resolve
+from .pods import LABEL_POOL, DesiredPod, alternate_name, desired_pods, gang_name
+from .policy import ResolvedPool, cost_optimization_enabled, resolve
 from .reconcile import LIST_PAGE, Action, batch, is_terminating, plan, read_pod_page
 from .settings import OperatorSettings
+from .spot_plan import SpotPlan, SpotState, plan_spot, spot_state, with_capacity
 from .status import COST_BUDGET_EXCEEDED, NO_MATCHING_NODES, pool_status
 from .tiers import DEFAULT_TIERS, PriorityTier, TierError, with_tier
 from .toolbindings import binding_status
@@ -47,8 +50,15 @@ _REASON_TEXT = {
     "PodFinished": "deleted pods {names}: they failed or exited; they are recreated",
     "GangBroken": "deleted pods {names}: their gang lost a member after binding; the gang is recreated whole",
     "Outdated": "deleted pods {names}: the pool's spec changed (rolling replacement)",
+    "SpotReplacement": "created pods {names}: they replace pods on nodes under an interruption notice",
+    "SpotReplaced": "deleted pods {names}: their replacements are Ready, or the notice's deadline came",
+    "SpotInterrupted": "deleted pods {names}: their node is under an interruption notice (scale-down)",
+    "SpotRebalanced": "moved pods {names} off spot: over the pool's spot share (maxSpotPercent, or spot off)",
     "OverBudget": "deleted pods {names}: their cost no longer fits the pool's maxCostPerHour",
 }
+_NORMAL = ("Created", "ScaledDown", "SpotReplacement", "SpotReplaced", "SpotRebalanced")
+REPLACEMENT_POLL_S = 2.0
+"""While a replacement is under way its pool is reconciled at least this often (the deadline)."""
 
 
 def _budget(spec: AgentPoolSpec) -> float | None:
@@ -60,16 +70,32 @@ def _budget(spec: AgentPoolSpec) -> float | None:
 
 
 def _over_budget(actions: list[Action], budget: BudgetPlan) -> list[Action]:
-    """The plan's deletions of pods the budget left out say so (their Event's reason)."""
+    """The plan's deletions of pods the budget left out say so (their Event's reason), under either
+    of a replica's names (`pods.alternate_name`)."""
+    dropped = budget.dropped | {alternate_name(n) for n in budget.dropped}
     return [
-        replace(a, reason="OverBudget") if a.verb == "delete" and a.name in budget.dropped else a
-        for a in actions
+        replace(a, reason="OverBudget") if a.verb == "delete" and a.name in dropped else a for a in actions
     ]
 
 
 def _names(names: list[str], shown: int = 10) -> str:
     head = ", ".join(names[:shown])
     return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
+
+
+def _recorded_notices(spot: Mapping[str, Any], now: datetime) -> dict[str, datetime]:
+    """When the notices in a pool's ``status.spot`` began, for those whose deadline is still ahead:
+    a restarted operator keeps their deadlines (a notice on a node whose last one is over is new)."""
+    out = {}
+    for item in spot.get("interruptions") or []:
+        try:
+            noticed = datetime.fromisoformat(str(item["noticed"]).replace("Z", "+00:00"))
+            deadline = datetime.fromisoformat(str(item["deadline"]).replace("Z", "+00:00"))
+        except (KeyError, ValueError):
+            continue
+        if deadline > now:
+            out[str(item.get("node"))] = noticed
+    return out
 
 
 class PoolController:
@@ -88,6 +114,8 @@ class PoolController:
         self.settings = settings
         self.tiers = tiers
         self.nodes: dict[str, Mapping[str, Any]] = {}
+        self.first_seen: dict[str, datetime] = {}  # node → when its interruption notice was first seen
+        self.wake: dict[tuple[str, str], float] = {}  # pool → reconcile again after this many seconds
         self.prices: PriceTable = EMPTY_TABLE  # the price table (`neuronetes.kube.pricetable`)
         self._lock = threading.Lock()
         self.retries = GangRetries(settings.gang_retry_seconds, settings.gang_retry_max_seconds)
@@ -95,19 +123,80 @@ class PoolController:
 
     # ---- node cache (fed by the kopf node watch) ------------------------------------------------
 
-    def node_seen(self, name: str, body: Mapping[str, Any] | None) -> None:
+    def node_seen(self, name: str, body: Mapping[str, Any] | None) -> bool:
+        """Keep what reconciles read of a node (labels, taints, our notice annotation); whether an
+        interruption notice appeared on it (the caller reconciles every pool then)."""
         with self._lock:
             if body is None:
                 self.nodes.pop(name, None)
-            else:
-                self.nodes[name] = {
-                    "metadata": {"labels": dict(body.get("metadata", {}).get("labels") or {})}
-                }
+                self.first_seen.pop(name, None)
+                return False
+            meta = body.get("metadata") or {}
+            annotations = meta.get("annotations") or {}
+            kept = {
+                "metadata": {
+                    "name": name,
+                    "labels": dict(meta.get("labels") or {}),
+                    "annotations": {k: v for k, v in annotations.items() if k == NOTICE_KEY},
+                },
+                "spec": {"taints": list((body.get("spec") or {}).get("taints") or [])},
+            }
+            self.nodes[name] = kept
+            notice = notice_of(kept, now=datetime.now(UTC), rebalance=self.settings.spot_rebalance_notices)
+            if notice is None:
+                self.first_seen.pop(name, None)
+                return False
+            if name in self.first_seen:
+                return False
+            self.first_seen[name] = notice.noticed
+            return True
+
+    def _notices(
+        self, nodes: Mapping[str, Mapping[str, Any]], recorded: Mapping[str, datetime], now: datetime
+    ) -> dict[str, Notice]:
+        """Every node under an interruption notice, its start from the pool's status when recorded
+        there (a restarted operator keeps the deadline), else from when it was first seen."""
+        with self._lock:
+            first = dict(self.first_seen)
+        out = {}
+        for name in first:  # the nodes under notice (`node_seen`): not every node, every reconcile
+            node = nodes.get(name)
+            if node is None:
+                continue
+            notice = notice_of(
+                node,
+                now=now,
+                first_seen=recorded.get(name) or first.get(name),
+                rebalance=self.settings.spot_rebalance_notices,
+            )
+            if notice is not None:
+                out[name] = notice
+        return out
 
     def set_price_table(self, table: PriceTable) -> None:
         """The price table changed (the caller then reconciles every pool)."""
         with self._lock:
             self.prices = table
+
+    def _spot_pass(
+        self,
+        pool: Mapping[str, Any],
+        resolved: ResolvedPool,
+        want: list[DesiredPod],
+        pods: list[dict[str, Any]],
+        nodes: Mapping[str, Mapping[str, Any]],
+        notices: Mapping[str, Notice],
+        spot_off: bool,
+        at: datetime,
+    ) -> tuple[SpotPlan, SpotState, list[Action]]:
+        """The spot split of `want` (`spot_plan`): the replacements and moves, the spot state, and
+        the ordinary plan's actions with their creations made spot-capable while the share allows."""
+        moves = plan_spot(want, pods, nodes, notices, resolved, spot_off=spot_off, now=at)
+        spot = spot_state(pool, resolved, moves, notices, now=at)
+        if spot.disables_spot != spot_off:
+            # The threshold tripped (or cleared) now: plan again, so this very reconcile acts on it.
+            moves = plan_spot(want, pods, nodes, notices, resolved, spot_off=spot.disables_spot, now=at)
+        return moves, spot, with_capacity(plan(want, pods, moves.deleting), moves)
 
     # ---- the reconcile -------------------------------------------------------------------------
 
@@ -156,10 +245,44 @@ class PoolController:
         pods = self._pods(namespace, name, pool["metadata"]["uid"])
         with self._lock:
             nodes, table = dict(self.nodes), self.prices
-        prices = PoolPrices(nodes, table, want[0].template.spec if want else None)
-        budget = plan_budget(want, pods, prices, _budget(spec))
-        want = budget.kept
-        actions, later = batch(_over_budget(plan(want, pods), budget), self.settings.batch_size)
+        at = datetime.now(UTC)
+        old_spot = (pool.get("status") or {}).get("spot") or {}
+        notices = self._notices(nodes, _recorded_notices(old_spot, at), at)
+        spot_off = (
+            bool(old_spot.get("thresholdTrippedAt")) and resolved.spot.threshold_action == "disable-spot"
+        )
+        # The spot split first: it decides which pods to create are spot-capable, and a spot-capable
+        # pod is projected at the dearest node it may land on, an on-demand one at the dearest
+        # on-demand node (`budget.PoolPrices`). Then the budget keeps what fits; if it left replicas
+        # out, the split is planned again on what it kept (the share is of the pool's replicas), no
+        # creation becoming spot-capable that was not (it could cost more than the budget counted).
+        # Replacements (`spot_plan`) are never held back: a replica being replaced counts once.
+        moves, spot, planned = self._spot_pass(pool, resolved, want, pods, nodes, notices, spot_off, at)
+        capable = {a.name: a.pod.spot for a in planned if a.verb == "create" and a.pod is not None}
+        template = want[0].template if want else None
+        prices = PoolPrices(
+            nodes,
+            table,
+            None if template is None else template.spec,
+            None if template is None else template.on_demand_spec,
+        )
+        budget = plan_budget(
+            [replace(d, spot=capable.get(d.name, False)) for d in want], pods, prices, _budget(spec)
+        )
+        if budget.dropped:
+            want = budget.kept
+            moves, spot, planned = self._spot_pass(pool, resolved, want, pods, nodes, notices, spot_off, at)
+            planned = [
+                replace(a, pod=replace(a.pod, spot=False))
+                if a.pod is not None and a.pod.spot and not capable.get(a.name, False)
+                else a
+                for a in planned
+            ]
+        for etype, reason, message in spot.events:
+            self._event(pool, etype, reason, message)
+        actions, later = batch(moves.actions + _over_budget(planned, budget), self.settings.batch_size)
+        if moves.in_flight:  # old and new pods both exist: the deadline must not wait for an event
+            self.wake[(namespace, name)] = REPLACEMENT_POLL_S
         gang_notes = self._retry_failed_gangs(pool, resolved.gang_size, want, pods, actions)
         # Concurrently: a gang's members are created together, and a batch is not created one
         # round trip (through the webhook) at a time. One event per reason, naming the pods.
@@ -171,7 +294,7 @@ class PoolController:
         for reason, names in by_reason.items():
             if reason == "GangRetry":
                 continue  # said by `_retry_failed_gangs`, with the reservation's outcome
-            etype = "Normal" if reason in ("Created", "ScaledDown") else "Warning"
+            etype = "Normal" if reason in _NORMAL else "Warning"
             self._event(pool, etype, reason, _REASON_TEXT[reason].format(names=_names(names)))
         if actions:
             pods = self._pods(namespace, name, pool["metadata"]["uid"])
@@ -187,6 +310,8 @@ class PoolController:
             gang_notes=gang_notes,
             backlog=len(later),
             nodes_of_type=None if gpu_type is None else self._nodes_of_type(gpu_type, nodes),
+            spot=spot.status if spot.shown else None,
+            extra_conditions=spot.conditions,
             model=model,
             cost=cost,
             budget=budget,
@@ -352,7 +477,7 @@ class PoolController:
         with _CONVERT:
             body = {"status": msgspec.to_builtins(status)}
         old = pool.get("status") or {}
-        for key in ("placements", "conditions", "policies", "fallback"):
+        for key in ("placements", "conditions", "policies", "spot", "fallback"):
             if key in old and key not in body["status"]:
                 body["status"][key] = None
         if isinstance(old.get("fallback"), dict) and body["status"].get("fallback"):

@@ -2,9 +2,11 @@
 
 `choose_model` reads what the pool's object already says — the autoscaling controller's last
 decision (``status.autoscaling``: expected TTFT, when, stale metrics), the cost part's condition
-``CostBudgetExceeded``, ``status.spotReplicas``, the model served (``status.activeModel``) and the
-hold state (``status.fallback``) — builds the `neuronetes.costpolicy.PolicyInputs`, asks the decision
-tree (`neuronetes.costpolicy.decide`) and applies its hold time (`neuronetes.costpolicy.hold_model`).
+``CostBudgetExceeded``, the spot state (``status.spot``: units allowed on spot and used, the
+interruption threshold's ``fallbackRequested``; ``status.spotReplicas``), the model served
+(``status.activeModel``) and the hold state (``status.fallback``) — builds the
+`neuronetes.costpolicy.PolicyInputs`, asks the decision tree (`neuronetes.costpolicy.decide`) and
+applies its hold time (`neuronetes.costpolicy.hold_model`).
 The reconcile builds the pods of the chosen model (`pods.PoolTemplate`'s ``model``), so a switch is
 the ordinary rolling replacement of outdated pods (`reconcile.plan`, reason ``Outdated``), and writes
 ``status.activeModel``, ``status.fallback`` and the condition ``FallbackActive`` (docs/fallback.md).
@@ -17,24 +19,24 @@ cost condition's are events of the pool, which queue its reconcile.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from neuronetes import contracts as c
 from neuronetes.api.models import AgentPoolSpec, Condition, FallbackStatus
 from neuronetes.costpolicy import (
     DEFAULT_HOLD_SECONDS,
     TRIGGER_COST,
     TRIGGER_SLO,
+    TRIGGER_SPOT,
     Decision,
     PolicyInputs,
     decide,
     hold_model,
     slo_state,
 )
+from neuronetes.spot import is_spot_node, spot_allowance
 
 from .budget import COST_BUDGET_EXCEEDED
 from .policy import ResolvedPool
@@ -88,12 +90,6 @@ def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None
     return None
 
 
-def _spot_share(spec: AgentPoolSpec, replicas: int) -> int:
-    cost = spec.scheduling.cost_optimization if spec.scheduling else None
-    percent = cost.spot_strategy.max_spot_percent if cost and cost.spot_strategy else 100
-    return math.floor(replicas * percent / 100)
-
-
 def policy_inputs(
     pool: Mapping[str, Any],
     spec: AgentPoolSpec,
@@ -119,16 +115,23 @@ def policy_inputs(
     )
     replicas = spec.replicas if spec.replicas is not None else spec.min_replicas
     spot_replicas = int(status.get("spotReplicas") or 0)
-    spot_nodes = any(
-        (n.get("metadata", {}).get("labels") or {}).get(c.LABEL_SPOT) == "true" for n in nodes.values()
-    )
+    spot = status.get("spot") or {}
+    # The spot placement's own state (`spot_plan.spot_state`): units it may put on spot (0 while the
+    # interruption threshold turns spot off) and units on spot; before its first write, the share.
+    allowed = spot.get("allowedUnits")
+    if not isinstance(allowed, int):
+        allowed = spot_allowance(replicas, resolved.spot.max_spot_percent)
+    used = spot.get("spotUnits")
+    used = used if isinstance(used, int) else spot_replicas
+    spot_nodes = any(is_spot_node(n.get("metadata", {}).get("labels") or {}) for n in nodes.values())
     budget = _condition(status, COST_BUDGET_EXCEEDED)
     trigger = cost.fallback_trigger if cost is not None else None
     return PolicyInputs(
         slo=slo,
         cost_exceeded=budget is not None and budget.get("status") == "True",
-        spot_available=resolved.spot_allowed and spot_nodes and spot_replicas < _spot_share(spec, replicas),
+        spot_available=resolved.spot_allowed and spot_nodes and used < allowed,
         spot_replicas=spot_replicas,
+        spot_fallback_requested=bool(spot.get("fallbackRequested")),
         replicas=replicas,
         max_replicas=spec.max_replicas if autoscaling is not None and autoscaler_on else None,
         primary_model=spec.model,
@@ -177,11 +180,12 @@ def choose_model(
     generation = int(pool["metadata"].get("generation") or 0)
     on_fallback = held.model == fallback
     if on_fallback:
-        reason = (
-            "CostBudgetExceeded"
-            if TRIGGER_COST in decision.triggers
-            else ("SloAtRisk" if TRIGGER_SLO in decision.triggers else "FallbackHeld")
-        )
+        if TRIGGER_COST in decision.triggers:
+            reason = "CostBudgetExceeded"
+        elif TRIGGER_SLO in decision.triggers:
+            reason = "SloAtRisk"
+        else:
+            reason = "SpotInterruptions" if TRIGGER_SPOT in decision.triggers else "FallbackHeld"
         message = f"serving {fallback} instead of {primary}: {figures}"
         if held.restore_since is not None:
             back = _iso(held.restore_since + hold_s).isoformat().replace("+00:00", "Z")

@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 FAILED_PHASES: Final = frozenset({"Failed", "Expired"})
-_GANG: Final = re.compile(r"^(?P<pool>.+)-(?P<index>[0-9]+)$")
+_GANG: Final = re.compile(r"^(?P<pool>.+)-(?P<index>[0-9]+)(-r)?$")  # -r: a replacement gang
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,8 @@ class GangFailure:
 
 
 def pool_of_gang(gang: str) -> str | None:
-    """The pool whose gang label is `gang` (``<pool>-<index>``), or None."""
+    """The pool whose gang label is `gang` (``<pool>-<index>``, or ``<pool>-<index>-r`` for the
+    gang that replaces it on a spot interruption), or None."""
     found = _GANG.match(gang)
     return found["pool"] if found else None
 

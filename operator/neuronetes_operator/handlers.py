@@ -75,9 +75,14 @@ class WorkQueue:
             self.add(key)
 
 
-async def _worker(queue: WorkQueue, reconcile: Callable[[str, str], object]) -> None:
+async def _worker(
+    queue: WorkQueue,
+    reconcile: Callable[[str, str], object],
+    wake: dict[Key, float] | None = None,
+) -> None:
     """Reconcile keys from `queue`; a reconcile that returns true (its batch was full: more to do)
-    is queued again at once, behind the keys already waiting."""
+    is queued again at once, behind the keys already waiting; one that put its key in `wake` (a
+    spot replacement under way: its deadline) is queued again after that many seconds."""
     while True:
         key = await queue.get()
         more = False
@@ -90,6 +95,8 @@ async def _worker(queue: WorkQueue, reconcile: Callable[[str, str], object]) -> 
             queue.done(key)
         if more:
             queue.add(key)
+        elif wake is not None and (after := wake.pop(key, None)) is not None:
+            asyncio.get_running_loop().call_later(after, queue.add, key)
 
 
 async def _ticks(what: str, tick: Callable[[], object], every: float) -> None:
@@ -202,7 +209,8 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
         slices = SliceController(api, lambda *a: post_event(controller.core, *a))
         state.update(queue=queue, controller=controller, slice_queue=slice_queue, binding_queue=binding_queue)
         state["tasks"] = [
-            asyncio.create_task(_worker(queue, controller.reconcile)) for _ in range(cfg.workers)
+            asyncio.create_task(_worker(queue, controller.reconcile, controller.wake))
+            for _ in range(cfg.workers)
         ]
         # One slice worker: slices are bound one at a time (see slice_controller).
         state["tasks"].append(asyncio.create_task(_worker(slice_queue, slices.reconcile)))
@@ -282,7 +290,9 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
 
     @kopf.on.event("", "v1", "nodes", registry=registry)
     async def node_event(name: str, body: Mapping[str, Any], type: str | None, **_: Any) -> None:
-        state["controller"].node_seen(name, None if type == "DELETED" else body)
+        if state["controller"].node_seen(name, None if type == "DELETED" else body):
+            # An interruption notice: every pool is reconciled (those with pods there replace them).
+            await _queue_all({PLURAL: state["queue"]}, state["controller"])
 
     return registry
 

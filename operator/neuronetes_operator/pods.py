@@ -21,17 +21,21 @@ from typing import Any, Final
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPoolSpec, PodTemplate
 from neuronetes.api.units import bandwidth_gbps, gpu_memory_class_labels
+from neuronetes.spot import instance_type_preferences, on_demand_requirements, spot_preferences
 
 from .policy import ResolvedPool
 
 __all__ = [
     "ANNOTATION_MODEL",
+    "ANNOTATION_REPLACES",
     "DEFAULT_CONTAINER",
     "ENV_MODEL",
+    "LABEL_CAPACITY",
     "LABEL_POOL",
     "LABEL_TEMPLATE_HASH",
     "DesiredPod",
     "PoolTemplate",
+    "alternate_name",
     "desired_pods",
     "gang_name",
     "pod_names",
@@ -43,6 +47,16 @@ LABEL_POOL: Final = f"{c.GROUP}/pool"
 """Label on every pod (and the PodDisruptionBudget) of a pool: the pool's name."""
 LABEL_TEMPLATE_HASH: Final = f"{c.GROUP}/pod-template-hash"
 """Label: hash of what the pool put into the pod; a pod with another hash is outdated."""
+LABEL_CAPACITY: Final = f"{c.GROUP}/capacity"
+"""Label: ``spot`` on a pod the operator let use spot nodes, ``on-demand`` on one it kept off them."""
+ANNOTATION_REPLACES: Final = f"spot.{c.GROUP}/replaces"
+"""Annotation of a replacement pod (spot interruption or rebalance): the pod it replaces and its
+deadline, ``<pod>@<RFC 3339>`` (``<pod>`` alone: no deadline, the old pod goes once this one is Ready).
+Outside ``neuronetes.io/``, whose pod annotations the webhook keeps for GPU decisions and requests;
+only the operator reads it, on the pods its pool controls."""
+REPLACEMENT_SUFFIX: Final = "-r"
+"""A pod's replacement is named by adding this suffix (and a replacement's replacement by taking it
+away), so both can exist at once and the names stay deterministic: a restarted operator finds them."""
 ANNOTATION_MODEL: Final = c.ANNOTATION_MODEL
 """Annotation on the pods of a pool with a fallback model: the model they serve."""
 ENV_MODEL: Final = "AGENTPOOL_MODEL"
@@ -54,16 +68,51 @@ DEFAULT_CONTAINER: Final[dict[str, Any]] = {"name": "agent", "image": "registry.
 
 @dataclass(frozen=True, slots=True)
 class DesiredPod:
-    """One pod the pool wants: its name, gang (index or None) and the pool's shared template."""
+    """One pod the pool wants: its name, gang (index or None) and the pool's shared template.
+
+    `alternate`: the other name of the same replica (`REPLACEMENT_SUFFIX`): one of the two is the
+    replica, both only while one replaces the other. `spot`: whether the pod may use spot nodes;
+    `avoid`: nodes it must not land on (under an interruption notice); `replaces`: the value of
+    its `ANNOTATION_REPLACES`. These three are set on the pods about to be created
+    (`neuronetes_operator.spot_plan`)."""
 
     name: str
     gang: int | None
     template: PoolTemplate
+    alternate: str = ""
+    spot: bool = False
+    avoid: tuple[str, ...] = ()
+    replaces: str | None = None
 
     @property
     def manifest(self) -> dict[str, Any]:
         """The pod's manifest, built on each access (`PoolTemplate.pod`)."""
-        return self.template.pod(self.name, self.gang)
+        return self.template.pod(
+            self.name,
+            self.gang,
+            spot=self.spot,
+            avoid=self.avoid,
+            replacement=self.name.endswith(REPLACEMENT_SUFFIX),
+            replaces=self.replaces,
+        )
+
+    @property
+    def unit(self) -> str:
+        """What the pod belongs to and goes with: its gang (``gang:<label>``) or itself."""
+        if self.gang is None:
+            return f"pod:{self.name}"
+        return f"gang:{self.template.gang_label(self.gang, self.name.endswith(REPLACEMENT_SUFFIX))}"
+
+    def swapped(self) -> DesiredPod:
+        """The same replica under its other name (the replacement of the pod named `name`)."""
+        return DesiredPod(self.alternate, self.gang, self.template, self.name)
+
+
+def alternate_name(name: str) -> str:
+    """The other name of the replica named `name` (`REPLACEMENT_SUFFIX`)."""
+    if name.endswith(REPLACEMENT_SUFFIX):
+        return name[: -len(REPLACEMENT_SUFFIX)]
+    return name + REPLACEMENT_SUFFIX
 
 
 def gang_name(pool: str, index: int) -> str:
@@ -87,8 +136,6 @@ def _node_requirements(spec: AgentPoolSpec, resolved: ResolvedPool) -> list[dict
         out.append(
             {"key": c.LABEL_GPU_MEMORY, "operator": "In", "values": list(gpu_memory_class_labels(req.memory))}
         )
-    if not resolved.spot_allowed:
-        out.append({"key": c.LABEL_SPOT, "operator": "NotIn", "values": ["true"]})
     return out
 
 
@@ -186,6 +233,19 @@ def _pod_spec(
     return pod
 
 
+def _capacity_variants(base: dict[str, Any], resolved: ResolvedPool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(on-demand, spot-capable) variants of the pod spec: the two a pool's pods come in.
+
+    On-demand: ``NotIn`` the spot values of every spot label (`neuronetes.spot.SPOT_LABELS`).
+    Spot-capable: no such requirement, a preference for spot nodes and, in order, for
+    ``spotStrategy.instanceTypes``."""
+    on_demand = copy.deepcopy(base)
+    _with_node_requirements(on_demand, on_demand_requirements())
+    spot = copy.deepcopy(base)
+    _with_node_preferences(spot, spot_preferences() + instance_type_preferences(resolved.spot.instance_types))
+    return on_demand, spot
+
+
 def _template_hash(*parts: Any) -> str:
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
@@ -200,7 +260,18 @@ class PoolTemplate:
     it creates in this reconcile's batch, no others.
     """
 
-    __slots__ = ("annotations", "digest", "gang_size", "labels", "namespace", "owner", "pool", "spec")
+    __slots__ = (
+        "annotations",
+        "digest",
+        "gang_size",
+        "labels",
+        "namespace",
+        "on_demand_spec",
+        "owner",
+        "pool",
+        "spec",
+        "spot_spec",
+    )
 
     def __init__(
         self,
@@ -225,7 +296,10 @@ class PoolTemplate:
             self.annotations[ANNOTATION_MODEL] = model
         self.labels: dict[str, str] = dict(template_meta.get("labels") or {})
         self.gang_size = resolved.gang_size
+        # The hash leaves out whether a pod may use spot: that is decided per pod, at creation
+        # (docs/spot.md), and a change of spot share moves pods by replacement, not by rollout.
         self.digest = _template_hash(self.spec, self.annotations, self.labels, resolved.gang_size)
+        self.on_demand_spec, self.spot_spec = _capacity_variants(self.spec, resolved)
         self.owner = {
             "apiVersion": pool.get("apiVersion", c.API_VERSION),
             "kind": "AgentPool",
@@ -235,12 +309,42 @@ class PoolTemplate:
             "blockOwnerDeletion": True,
         }
 
-    def pod(self, name: str, gang: int | None) -> dict[str, Any]:
-        """The manifest of the pool's pod `name` (in gang `gang`, or None); a new object each call."""
-        labels = {**self.labels, LABEL_POOL: self.pool, LABEL_TEMPLATE_HASH: self.digest}
+    def gang_label(self, gang: int, replacement: bool = False) -> str:
+        """The ``neuronetes.io/gang`` of gang `gang`'s members (of its replacement: another gang)."""
+        label = gang_name(self.pool, gang)
+        return label + REPLACEMENT_SUFFIX if replacement else label
+
+    def pod(
+        self,
+        name: str,
+        gang: int | None,
+        *,
+        spot: bool = False,
+        avoid: tuple[str, ...] = (),
+        replacement: bool = False,
+        replaces: str | None = None,
+    ) -> dict[str, Any]:
+        """The manifest of the pool's pod `name` (in gang `gang`, or None); a new object each call.
+
+        `spot`: the spot-capable variant, else the on-demand one; `avoid`: nodes it must not land
+        on; `replacement`: a member of its gang's replacement; `replaces`: `ANNOTATION_REPLACES`."""
+        labels = {
+            **self.labels,
+            LABEL_POOL: self.pool,
+            LABEL_TEMPLATE_HASH: self.digest,
+            LABEL_CAPACITY: "spot" if spot else "on-demand",
+        }
         if gang is not None:
-            labels[c.LABEL_GANG] = gang_name(self.pool, gang)
+            labels[c.LABEL_GANG] = self.gang_label(gang, replacement)
             labels[c.LABEL_GANG_SIZE] = str(self.gang_size)
+        annotations = dict(self.annotations)
+        if replaces is not None:
+            annotations[ANNOTATION_REPLACES] = replaces
+        spec = copy.deepcopy(self.spot_spec if spot else self.on_demand_spec)
+        if avoid:
+            _with_node_requirements(
+                spec, [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": sorted(avoid)[:64]}]
+            )
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -248,10 +352,10 @@ class PoolTemplate:
                 "name": name,
                 "namespace": self.namespace,
                 "labels": labels,
-                "annotations": dict(self.annotations),
+                "annotations": annotations,
                 "ownerReferences": [dict(self.owner)],
             },
-            "spec": copy.deepcopy(self.spec),
+            "spec": spec,
         }
 
 
@@ -288,4 +392,7 @@ def desired_pods(
             ``spec.model``.
     """
     template = PoolTemplate(pool, spec, resolved, tolerations, model)
-    return [DesiredPod(name, gang, template) for name, gang in pod_names(template.pool, resolved)]
+    return [
+        DesiredPod(name, gang, template, alternate_name(name))
+        for name, gang in pod_names(template.pool, resolved)
+    ]

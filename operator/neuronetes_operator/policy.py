@@ -10,9 +10,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from neuronetes.api.models import AgentPoolSpec, CarbonAware, CostOptimization, PolicyState
+from neuronetes.api.models import (
+    AgentPoolSpec,
+    CarbonAware,
+    CostOptimization,
+    InterruptionThreshold,
+    PolicyState,
+)
+from neuronetes.spot import duration_seconds
 
-__all__ = ["POLICY_CONTROLLER", "ResolvedPool", "carbon_effect", "cost_optimization_enabled", "resolve"]
+__all__ = [
+    "POLICY_CONTROLLER",
+    "ResolvedPool",
+    "SpotPolicy",
+    "carbon_effect",
+    "cost_optimization_enabled",
+    "resolve",
+]
 
 POLICY_CONTROLLER = "validated; takes effect in the policy controller"
 """The `effect` of a policy block that the operator shows but does not act on itself."""
@@ -22,6 +36,18 @@ AUTOSCALING_CONTROLLER = "the autoscaling controller sets spec.replicas (status.
 """The `effect` of `spec.autoscaling` (`neuronetes_operator.autoscaler`)."""
 FALLBACK_EFFECT = "serves {model} while a fallbackTrigger holds (status.fallback, condition FallbackActive)"
 """The `effect` part of a fallback model (`neuronetes_operator.fallback`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpotPolicy:
+    """How a pool uses spot capacity (`neuronetes_operator.spot_plan`; docs/spot.md)."""
+
+    max_spot_percent: int = 100
+    on_interruption: str = "migrate-to-on-demand"
+    instance_types: tuple[str, ...] = ()
+    threshold_count: int | None = None
+    threshold_window_s: float = 0.0
+    threshold_action: str = "disable-spot"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +63,8 @@ class ResolvedPool:
     priority: int
     preemption: bool
     policies: tuple[PolicyState, ...]
+    spot: SpotPolicy = SpotPolicy()
+    """The spot share, the interruption handling and threshold (defaults when no strategy is set)."""
     fallback_model: str | None = None
     """``costOptimization.fallbackModel`` while cost optimisation is on (None: no fallback)."""
     priority_class: str | None = None
@@ -125,19 +153,21 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
         return tuple(out)
     if s.cost_optimization is not None:
         enabled = cost_optimization_enabled(s.cost_optimization)
-        spot = "pods may use spot nodes" if spot_allowed else "pods avoid spot nodes"
         budget = (
-            f"; maxCostPerHour {s.cost_optimization.max_cost_per_hour:g}: {BUDGET_EFFECT}"
+            f"maxCostPerHour {s.cost_optimization.max_cost_per_hour:g}: {BUDGET_EFFECT}; "
             if enabled and s.cost_optimization.max_cost_per_hour is not None
             else ""
         )
-        if enabled and s.cost_optimization.fallback_model is not None:
-            spot += f"; {FALLBACK_EFFECT.format(model=s.cost_optimization.fallback_model)}"
+        fallback = (
+            f"; {FALLBACK_EFFECT.format(model=s.cost_optimization.fallback_model)}"
+            if enabled and s.cost_optimization.fallback_model is not None
+            else ""
+        )
         out.append(
             PolicyState(
                 name="costOptimization",
                 enabled=enabled,
-                effect=f"{spot}{budget}; spot strategy: {POLICY_CONTROLLER}",
+                effect=budget + _spot_effect(s.cost_optimization, spot_allowed) + fallback,
             )
         )
     if s.preemption is not None:
@@ -165,6 +195,39 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
     return tuple(out)
 
 
+def _spot_effect(cost: CostOptimization, spot_allowed: bool) -> str:
+    strategy = cost.spot_strategy
+    if not spot_allowed:
+        said = "pods avoid spot nodes"
+    else:
+        pct = strategy.max_spot_percent if strategy else 100
+        said = f"at most {pct}% of the replicas (whole gangs) on spot nodes"
+        if strategy and strategy.instance_types:
+            said += f", preferring instance types {', '.join(strategy.instance_types[:4])}"
+            said += " ..." if len(strategy.instance_types) > 4 else ""
+    on = strategy.on_interruption if strategy else "migrate-to-on-demand"
+    said += f"; on an interruption notice: {on}"
+    threshold = cost.interruption_threshold
+    if threshold is not None:
+        said += f"; {threshold.count} notices within {threshold.window}: {threshold.action}"
+    return said
+
+
+def _spot_policy(cost: CostOptimization | None) -> SpotPolicy:
+    if cost is None:
+        return SpotPolicy()
+    strategy = cost.spot_strategy
+    threshold: InterruptionThreshold | None = cost.interruption_threshold
+    return SpotPolicy(
+        max_spot_percent=strategy.max_spot_percent if strategy else 100,
+        on_interruption=strategy.on_interruption if strategy else "migrate-to-on-demand",
+        instance_types=tuple(strategy.instance_types or ()) if strategy else (),
+        threshold_count=threshold.count if threshold else None,
+        threshold_window_s=duration_seconds(threshold.window) if threshold else 0.0,
+        threshold_action=threshold.action if threshold else "disable-spot",
+    )
+
+
 def resolve(spec: AgentPoolSpec) -> ResolvedPool:
     """The pool `spec` asks for, defaults resolved (docs/agentpool.md "Defaults")."""
     gang_size = _gang_size(spec)
@@ -184,6 +247,7 @@ def resolve(spec: AgentPoolSpec) -> ResolvedPool:
         desired=_desired(spec, gang_size),
         gang_size=gang_size,
         spot_allowed=spot_allowed,
+        spot=_spot_policy(cost if spot_allowed or cost_optimization_enabled(cost) else None),
         priority=s.priority if s else 0,
         preemption=bool(s and s.preemption and s.preemption.enabled),
         policies=_policies(spec, spot_allowed) + extra,

@@ -7,6 +7,8 @@ Rules (docs/agentpool.md "How pods are managed"):
 * Gangs are whole or absent: when a member of a gang that had begun binding is missing or failed,
   every other member is deleted too, and the gang is recreated, all members together, once none
   of its old members is left (a terminating pod's name cannot be reused before it is gone).
+* A replica has two names (``<pod>`` and ``<pod>-r``): a pod under notice, or one moved off spot,
+  is replaced under the other name while it still runs (`neuronetes_operator.spot_plan`).
 * A pod (or gang) whose template hash is outdated is replaced one unit at a time, and only while
   every other unit is ready, so a rollout never takes more than one replica (one gang) away.
 
@@ -18,13 +20,13 @@ the plan's order; the rest waits for the next reconcile, which plans again from 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from neuronetes import contracts as c
 
-from .pods import LABEL_TEMPLATE_HASH, DesiredPod, gang_name
+from .pods import LABEL_TEMPLATE_HASH, DesiredPod
 
 __all__ = ["LIST_PAGE", "Action", "batch", "is_ready", "is_terminating", "plan", "read_pod_page"]
 
@@ -110,16 +112,21 @@ def _unit_of(pod: Mapping[str, Any]) -> str:
     return f"gang:{gang}" if gang else f"pod:{pod['metadata']['name']}"
 
 
-def _unit_of_desired(d: DesiredPod) -> str:
-    return f"gang:{gang_name(d.template.pool, d.gang)}" if d.gang is not None else f"pod:{d.name}"
+def plan(
+    desired: Sequence[DesiredPod],
+    observed: Sequence[Mapping[str, Any]],
+    deleting: Collection[str] = (),
+) -> list[Action]:
+    """The actions that move `observed` (the pool's pods) toward `desired`.
 
-
-def plan(desired: Sequence[DesiredPod], observed: Sequence[Mapping[str, Any]]) -> list[Action]:
-    """The actions that move `observed` (the pool's pods) toward `desired`."""
+    A replica is one pod under either of its names (`DesiredPod.alternate`); both exist only while
+    one replaces the other (`neuronetes_operator.spot_plan`), and a gang's two generations are
+    two gangs. `deleting`: pods the caller deletes in this reconcile (counted as gone)."""
     have = {p["metadata"]["name"]: p for p in observed}
     want = {d.name: d for d in desired}
+    names = set(want) | {d.alternate for d in desired if d.alternate}
     actions: list[Action] = []
-    gone: set[str] = set()  # pods deleted by this plan or already terminating
+    gone: set[str] = set(deleting)  # pods deleted by this plan (or the caller) or already terminating
 
     def delete(name: str, reason: str) -> None:
         if name in gone:
@@ -128,10 +135,15 @@ def plan(desired: Sequence[DesiredPod], observed: Sequence[Mapping[str, Any]]) -
         if not is_terminating(have[name]):
             actions.append(Action("delete", name, reason, unit=_unit_of(have[name])))
 
+    def live(name: str) -> bool:
+        return bool(name) and name in have and name not in gone
+
     for name, pod in have.items():
         if is_terminating(pod):
             gone.add(name)
-        elif name not in want:
+        elif name in gone:
+            continue
+        elif name not in names:
             delete(name, "ScaledDown")
         elif _finished(pod):
             delete(name, "PodFinished")
@@ -143,36 +155,45 @@ def plan(desired: Sequence[DesiredPod], observed: Sequence[Mapping[str, Any]]) -
     for key, members in units.items():
         if key[0] != "gang":
             continue
-        present = [m.name for m in members if m.name in have and m.name not in gone]
-        started = any(_bound(have[n]) for n in present)
-        if present and len(present) < len(members) and started:
-            for n in present:
-                delete(n, "GangBroken")
+        for generation in ([m.name for m in members], [m.alternate for m in members if m.alternate]):
+            present = [n for n in generation if live(n)]
+            started = any(_bound(have[n]) for n in present)
+            if present and len(present) < len(members) and started:
+                for n in present:
+                    delete(n, "GangBroken")
+
+    def occupant(m: DesiredPod) -> str | None:
+        """The replica's one live pod; None when it has none, or two (a replacement under way)."""
+        found = [n for n in (m.name, m.alternate) if live(n)]
+        return found[0] if len(found) == 1 else None
 
     # Rollout: replace one outdated unit, only while every other unit is whole and ready.
     outdated = [
         key
         for key, members in units.items()
-        if any(m.name in have and m.name not in gone and _outdated(have[m.name], m) for m in members)
+        if any((o := occupant(m)) is not None and _outdated(have[o], m) for m in members)
     ]
     if outdated:
         settled = all(
-            m.name in have and m.name not in gone and is_ready(have[m.name])
+            (o := occupant(m)) is not None and is_ready(have[o])
             for key, members in units.items()
             if key != outdated[0]
             for m in members
         )
         if settled:
             for m in units[outdated[0]]:
-                if m.name in have:
-                    delete(m.name, "Outdated")
+                for n in (m.name, m.alternate):
+                    if n in have:
+                        delete(n, "Outdated")
 
     for key, members in units.items():
+        if any(live(m.alternate) for m in members):
+            continue  # the replica (gang) lives under its other name
         if any(m.name in gone for m in members) and key[0] == "gang":
             continue  # the gang is recreated whole once its old members are gone
         for m in members:
             if m.name not in have:
-                actions.append(Action("create", m.name, "Created", m, _unit_of_desired(m)))
+                actions.append(Action("create", m.name, "Created", m, m.unit))
     return actions
 
 

@@ -125,6 +125,8 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
             its ``neuronetes-price-table``); unset or empty: prices come from node labels alone.
         autoscaler: the autoscaling controller's settings (`AutoscalerSettings`).
         carbon: the carbon gate-release controller's settings (`CarbonSettings`).
+        spot_rebalance_notices: treat the AWS Node Termination Handler's rebalance-recommendation
+            taint as an interruption notice (docs/spot.md; off: it is only a hint).
     """
 
     namespaces: list[str] = msgspec.field(default_factory=list)
@@ -147,6 +149,7 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
     ) = None
     autoscaler: AutoscalerSettings = msgspec.field(default_factory=AutoscalerSettings)
     carbon: CarbonSettings = msgspec.field(default_factory=CarbonSettings)
+    spot_rebalance_notices: bool = False
 
 
 def load_settings(path: str | Path | None) -> OperatorSettings:

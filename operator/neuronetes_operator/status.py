@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from neuronetes import contracts as c
-from neuronetes.api.models import AgentPoolStatus, Condition, CostStatus, Placement
+from neuronetes.api.models import AgentPoolStatus, Condition, CostStatus, Placement, SpotStatus
+from neuronetes.spot import is_spot_node
 
 from .budget import COST_BUDGET_EXCEEDED, BudgetPlan, PoolPrices, pod_gpus
 from .fallback import ModelChoice
@@ -27,6 +28,7 @@ __all__ = [
     "COST_BUDGET_EXCEEDED",
     "NO_MATCHING_NODES",
     "budget_condition",
+    "make_condition",
     "pod_gpus",
     "pool_status",
     "type_condition",
@@ -56,7 +58,7 @@ def _placement(pod: Mapping[str, Any]) -> Placement:
     )
 
 
-def _condition(kind: str, ok: bool, reason: str, message: str, generation: int) -> Condition:
+def make_condition(kind: str, ok: bool, reason: str, message: str, generation: int) -> Condition:
     return Condition(
         type=kind,
         status="True" if ok else "False",
@@ -125,7 +127,7 @@ def budget_condition(plan: BudgetPlan, cost: CostStatus, generation: int) -> Con
         message = f"{kept} of {plan.wanted} replicas fit the budget{next_cost}; {figures}"
         if plan.held_for_unknown:
             message += f"; {plan.held_for_unknown} more held back for unknown prices"
-        return _condition(COST_BUDGET_EXCEEDED, True, "BudgetReached", message, generation)
+        return make_condition(COST_BUDGET_EXCEEDED, True, "BudgetReached", message, generation)
     if plan.held_for_unknown:
         if plan.unknown_running:
             why = f"{plan.unknown_running} replica(s) run on nodes of unknown price: the total is unknown"
@@ -143,8 +145,8 @@ def budget_condition(plan: BudgetPlan, cost: CostStatus, generation: int) -> Con
         message = (
             f"{kept} of {plan.wanted} replicas kept; {plan.held_for_unknown} held back: {why}; {figures}"
         )
-        return _condition(COST_BUDGET_EXCEEDED, True, "UnknownPrices", message, generation)
-    return _condition(
+        return make_condition(COST_BUDGET_EXCEEDED, True, "UnknownPrices", message, generation)
+    return make_condition(
         COST_BUDGET_EXCEEDED,
         False,
         "WithinBudget",
@@ -162,12 +164,12 @@ def type_condition(gpu_type: str, nodes_of_type: int, generation: int) -> Condit
     pods would stay Pending with nothing said), False once one is."""
     if nodes_of_type:
         message = f"{nodes_of_type} node(s) have GPUs of type {gpu_type}"
-        return _condition(NO_MATCHING_NODES, False, "NodesMatch", message, generation)
+        return make_condition(NO_MATCHING_NODES, False, "NodesMatch", message, generation)
     message = (
         f"no node has GPUs of type {gpu_type} (node label {c.LABEL_GPU_TYPE}): the pool's pods stay "
         "Pending until one joins; check spec.gpuRequirements.type"
     )
-    return _condition(NO_MATCHING_NODES, True, NO_MATCHING_NODES, message, generation)
+    return make_condition(NO_MATCHING_NODES, True, NO_MATCHING_NODES, message, generation)
 
 
 def pool_status(
@@ -180,6 +182,8 @@ def pool_status(
     gang_notes: Mapping[str, str] | None = None,
     backlog: int = 0,
     nodes_of_type: int | None = None,
+    spot: SpotStatus | None = None,
+    extra_conditions: Sequence[Condition] = (),
     model: ModelChoice | None = None,
     cost: CostStatus | None = None,
     budget: BudgetPlan | None = None,
@@ -189,7 +193,8 @@ def pool_status(
     `backlog`: pod creations and deletions the reconcile left for the next ones (its batch was
     full); the ``Progressing`` condition says so (reason ``Batching``). `nodes_of_type`: how many
     nodes have the GPU type the pool names (None: it names none, or nobody knows): the condition
-    ``NoMatchingNodes`` (`type_condition`). `model`: the fallback step's choice
+    ``NoMatchingNodes`` (`type_condition`). `spot`, `extra_conditions`: the spot state and its
+    conditions (`neuronetes_operator.spot_plan.spot_state`). `model`: the fallback step's choice
     (`fallback.choose_model`): ``activeModel``, ``fallback`` and the condition ``FallbackActive``.
 
     `cost`: ``status.cost`` (`neuronetes_operator.budget`),
@@ -206,14 +211,14 @@ def pool_status(
     desired = resolved.desired
 
     conditions = [
-        _condition(
+        make_condition(
             "Ready",
             len(ready) >= desired,
             "AllReplicasReady" if len(ready) >= desired else "ReplicasNotReady",
             f"{len(ready)} of {desired} replicas ready",
             generation,
         ),
-        _condition(
+        make_condition(
             "Progressing",
             bool(backlog) or len(live) != desired or len(bound) < desired or len(pods) != len(live),
             "Batching"
@@ -223,7 +228,7 @@ def pool_status(
             + (f"; {backlog} more pod changes wait for the next reconciles (batches)" if backlog else ""),
             generation,
         ),
-        _condition(
+        make_condition(
             "Degraded",
             bool(failed or stuck),
             "PodsFailed" if failed else ("Unschedulable" if stuck else "AsExpected"),
@@ -261,7 +266,7 @@ def pool_status(
             # retried with kube-scheduler's backoff (and after the extender's reservation expires).
             reason, message = "GangUnplaceable", f"{message}; the scheduler says: {unplaceable[0]}"
         conditions.append(
-            _condition(
+            make_condition(
                 "GangScheduled", whole == resolved.gangs and resolved.gangs > 0, reason, message, generation
             )
         )
@@ -271,6 +276,7 @@ def pool_status(
     gpu_type = ((pool.get("spec") or {}).get("gpuRequirements") or {}).get("type")
     if gpu_type and nodes_of_type is not None:
         conditions.append(type_condition(str(gpu_type), nodes_of_type, generation))
+    conditions.extend(extra_conditions)
     if model is not None:
         conditions.append(model.condition)
 
@@ -298,10 +304,7 @@ def pool_status(
         spot_replicas=sum(
             1
             for p in bound
-            if (nodes.get(p["spec"]["nodeName"], {}).get("metadata", {}).get("labels") or {}).get(
-                c.LABEL_SPOT
-            )
-            == "true"
+            if is_spot_node(nodes.get(p["spec"]["nodeName"], {}).get("metadata", {}).get("labels") or {})
         ),
         gpus=sum(pod_gpus(p) for p in bound),
         cost_per_hour=cost.current_per_hour if cost is not None else _labelled_cost(bound, nodes),
@@ -312,6 +315,7 @@ def pool_status(
         observed_generation=generation,
         placements=sorted((_placement(p) for p in bound), key=lambda x: x.pod)[:1024],
         policies=list(resolved.policies),
+        spot=spot,
         conditions=_merge_times(conditions, old, now) + _carried(old, {cd.type for cd in conditions}),
     )
 

@@ -72,6 +72,18 @@ def test_slo_met_cost_exceeded_degrades_to_the_fallback_model() -> None:
     assert got.triggers == ("costExceeded",) and "cost over budget" in got.reason
 
 
+def test_slo_met_spot_interrupted_past_the_threshold_degrades_to_the_fallback_model() -> None:
+    # interruptionThreshold's action fallback-model tripped: the fallback comes before more spot.
+    got = decide(inputs(MET, spot_fallback_requested=True, spot_available=True))
+    assert got.action is Action.DEGRADE_MODEL and got.model == "llama-8b"
+    assert got.triggers == ("spotInterruptions",) and "interruptionThreshold" in got.reason
+    # Once on the fallback, it is kept while the threshold holds, and restored once it cleared.
+    kept = decide(inputs(MET, spot_fallback_requested=True, active_model="llama-8b"))
+    assert kept.action is Action.KEEP and kept.model == "llama-8b"
+    back = decide(inputs(MET, active_model="llama-8b"))
+    assert back.action is Action.RESTORE_MODEL and back.model == "llama-70b"
+
+
 def test_slo_met_cost_exceeded_without_the_trigger_keeps_the_model() -> None:
     got = decide(inputs(MET, cost_exceeded=True))
     assert got.action is Action.KEEP and got.model == "llama-70b" and got.triggers == ()

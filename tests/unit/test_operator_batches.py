@@ -10,93 +10,17 @@ pool again while its reconcile says more is left.
 from __future__ import annotations
 
 import asyncio
-import json
-import types
 from typing import Any
 
 import pytest
-from kubernetes import client
-from kubernetes.client.rest import ApiException
+from operator_fakes import FakeCluster, controller
 
 from neuronetes import contracts as c
 from neuronetes_operator import controller as controller_module
 from neuronetes_operator import handlers, pods
-from neuronetes_operator.controller import PoolController
 from neuronetes_operator.reconcile import Action, batch
-from neuronetes_operator.settings import OperatorSettings
 
 pytestmark = pytest.mark.unit
-
-
-class FakeCluster:
-    """The API calls `PoolController` makes, on one namespace's pods and pools, in memory."""
-
-    def __init__(self, pool: dict[str, Any]) -> None:
-        self.pool = pool
-        self.pods: dict[str, dict[str, Any]] = {}
-        self.created: list[str] = []
-        self.deleted: list[str] = []
-        self.events: list[tuple[str, str]] = []
-        self.pages = 0
-        self.nodes: list[dict[str, Any]] = []
-        self.node_lists = 0
-
-    # CoreV1Api
-    def list_namespaced_pod(
-        self, namespace: str, label_selector: str, limit: int, _continue: str | None, _preload_content: bool
-    ) -> Any:
-        key, _, value = label_selector.partition("=")
-        items = [p for p in self.pods.values() if p["metadata"]["labels"].get(key) == value]
-        start = int(_continue or 0)
-        more = {"continue": str(start + limit)} if start + limit < len(items) else {}
-        self.pages += 1
-        return types.SimpleNamespace(
-            data=json.dumps({"metadata": more, "items": items[start : start + limit]}).encode()
-        )
-
-    def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> None:
-        name = body["metadata"]["name"]
-        if name in self.pods:
-            raise ApiException(status=409)
-        self.pods[name] = json.loads(json.dumps(body))
-        self.created.append(name)
-
-    def delete_namespaced_pod(self, name: str, namespace: str) -> None:
-        self.pods.pop(name)
-        self.deleted.append(name)
-
-    def list_node(self, label_selector: str, limit: int, _preload_content: bool) -> Any:
-        key, _, values = label_selector.partition(" in ")
-        wanted = values.strip("()").split(",")
-        items = [n for n in self.nodes if n["metadata"]["labels"].get(key) in wanted][:limit]
-        self.node_lists += 1
-        return types.SimpleNamespace(data=json.dumps({"items": items}).encode())
-
-    def create_namespaced_event(self, namespace: str, body: dict[str, Any]) -> None:
-        self.events.append((body["reason"], body["message"]))
-
-    # CustomObjectsApi
-    def get_namespaced_custom_object(self, *args: str) -> dict[str, Any]:
-        return json.loads(json.dumps(self.pool))
-
-    def list_namespaced_custom_object(self, *args: str) -> dict[str, Any]:
-        return {"items": []}  # no GangReservation reported
-
-    def patch_namespaced_custom_object_status(self, *args: Any) -> None:
-        self.pool["status"] = args[-1]["status"]
-
-    # PolicyV1Api, SchedulingV1Api
-    def create_namespaced_pod_disruption_budget(self, namespace: str, body: Any) -> None:
-        pass
-
-    def create_priority_class(self, body: Any) -> None:
-        pass
-
-
-def controller(fake: FakeCluster, batch_size: int) -> PoolController:
-    ctl = PoolController(client.ApiClient(), OperatorSettings(batch_size=batch_size))
-    ctl.core = ctl.custom = ctl.policy = ctl.scheduling = fake  # type: ignore[assignment]
-    return ctl
 
 
 def pool(spec: dict[str, Any]) -> dict[str, Any]:
@@ -117,10 +41,10 @@ def test_a_pool_larger_than_a_batch_converges_over_several_reconciles(
     built = 0
     original = pods.PoolTemplate.pod
 
-    def counting(self: Any, name: str, gang: int | None) -> dict[str, Any]:
+    def counting(self: Any, name: str, gang: int | None, **variant: Any) -> dict[str, Any]:
         nonlocal built
         built += 1
-        return original(self, name, gang)
+        return original(self, name, gang, **variant)
 
     monkeypatch.setattr(pods.PoolTemplate, "pod", counting)
     rounds, messages = [], []

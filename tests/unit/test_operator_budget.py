@@ -185,3 +185,47 @@ def test_the_policy_effect_says_the_budget_acts() -> None:
     assert "budget" not in (cost.effect or "").split("maxCostPerHour 25: ")[1].split(";", 1)[1]
     _, off, _ = pool(ONE_GPU + "scheduling: {costOptimization: {enabled: false, maxCostPerHour: 25}}")
     assert "maxCostPerHour" not in (off.policies[0].effect or "")
+
+
+SPOT_POOL = (
+    "replicas: 2\ngpuRequirements: {type: A100, count: 1}\n"
+    "scheduling: {costOptimization: {spotEnabled: true, maxCostPerHour: 20}}\n"
+)
+SPOT_NODES = {
+    "od": node("A100", 8, "80.00"),  # 10/h a pod
+    "spot": node("A100", 8, None, **{"karpenter.sh/capacity-type": "spot", c.LABEL_SPOT: "true"}),
+}
+
+
+def test_spot_capable_and_on_demand_pods_are_projected_by_the_nodes_their_variant_admits() -> None:
+    _, _, want = pool(SPOT_POOL)
+    template = want[0].template
+    prices = PoolPrices(
+        {**SPOT_NODES, "spot": node("A100", 8, "160.00", **{"karpenter.sh/capacity-type": "spot"})},
+        template_spec=template.spec,
+        on_demand_spec=template.on_demand_spec,
+    )
+    # A spot-capable pod may land on any A100 node: the dearest; an on-demand one on "od" only.
+    assert prices.cost(None, spot=True) == pytest.approx(20.0)
+    assert prices.cost(None, spot=False) == pytest.approx(10.0)
+    assert prices.cost(bound(want[0].manifest, None)) == pytest.approx(10.0)  # labelled on-demand
+    # An unpriced spot node leaves a spot-capable pod's cost unknown, never an on-demand one's.
+    unpriced = PoolPrices(SPOT_NODES, template_spec=template.spec, on_demand_spec=template.on_demand_spec)
+    assert unpriced.cost(None, spot=True) is None
+    assert unpriced.cost(None, spot=False) == pytest.approx(10.0)
+
+
+def test_a_replica_being_replaced_counts_once_and_its_replacement_is_not_held_back() -> None:
+    _, _, want = pool(SPOT_POOL)
+    template = want[0].template
+    spot_priced = {**SPOT_NODES, "spot": node("A100", 8, "40.00", **{"karpenter.sh/capacity-type": "spot"})}
+    prices = PoolPrices(spot_priced, template_spec=template.spec, on_demand_spec=template.on_demand_spec)
+    old = bound(want[0].manifest, "spot")  # 5/h, under an interruption notice
+    replacement = bound(template.pod(want[0].alternate, None, spot=False), None)  # on-demand: 10/h
+    other = bound(want[1].manifest, "od")  # 10/h
+    got = plan_budget(want, [old, replacement, other], prices, budget=20.0)
+    # The replica costs the dearer of its two pods (10), not both (15): 10 + 10 fits 20.
+    assert [d.name for d in got.kept] == [d.name for d in want] and not got.dropped
+    assert got.within == pytest.approx(20.0)
+    # The plan keeps both pods of the replica (the spot plan deletes the old one when the new is Ready).
+    assert not [a for a in plan(got.kept, [old, replacement, other]) if a.verb == "delete"]

@@ -74,6 +74,33 @@ def choose(obj: dict[str, Any], now: float = NOW) -> Any:
     return choose_model(obj, spec, policy_inputs(obj, spec, resolve(spec), {}, now=now), now=now)
 
 
+def test_the_spot_placements_state_is_the_trees_spot_input_and_its_threshold_a_trigger() -> None:
+    spot_spec = SPEC.replace("sloHeadroomMs: 200", "sloHeadroomMs: 200\n    spotEnabled: true")
+    spot_node = {"s1": {"metadata": {"labels": {"karpenter.sh/capacity-type": "spot"}}}}
+
+    def inputs(spot: dict[str, Any]) -> Any:
+        obj = pool(spot_spec, {"activeModel": "llama-70b", "autoscaling": decided(0.3), "spot": spot})
+        spec = decode(obj, AgentPool).spec
+        return policy_inputs(obj, spec, resolve(spec), spot_node, now=NOW)
+
+    # status.spot as the spot placement writes it: a unit left of the share, or none (spot turned off).
+    assert inputs({"allowedUnits": 1, "spotUnits": 0}).spot_available
+    assert not inputs({"allowedUnits": 1, "spotUnits": 1}).spot_available
+    assert not inputs({"allowedUnits": 0, "spotUnits": 0, "thresholdAction": "disable-spot"}).spot_available
+    # interruptionThreshold with action fallback-model tripped: the pool rolls to its fallback model.
+    obj = pool(
+        spot_spec,
+        {
+            "activeModel": "llama-70b",
+            "autoscaling": decided(0.3),
+            "spot": {"allowedUnits": 1, "spotUnits": 1, "fallbackRequested": True},
+        },
+    )
+    got = choose(obj)
+    assert got.model == "llama-8b" and got.status.triggers == ["spotInterruptions"]
+    assert got.condition.status == "True" and got.condition.reason == "SpotInterruptions"
+
+
 def test_cost_exceeded_condition_switches_to_the_fallback_with_its_figures() -> None:
     obj = pool(status={"activeModel": "llama-70b", "autoscaling": decided(0.3), "conditions": [budget(True)]})
     got = choose(obj)

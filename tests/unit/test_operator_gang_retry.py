@@ -91,3 +91,10 @@ def test_the_pool_says_its_gang_reservation_failed() -> None:
     gang = next(cd for cd in st.conditions or [] if cd.type == "GangScheduled")
     assert (gang.status, gang.reason) == ("False", "GangReservationFailed")
     assert note in (gang.message or "")
+
+
+def test_a_replacement_gangs_label_names_its_pool() -> None:
+    """A gang replaced on a spot interruption is labelled ``<pool>-<g>-r`` (`spot_plan`): its
+    reservation's events still reach its pool."""
+    assert pool_of_gang("my-pool-12-r") == "my-pool"
+    assert pool_of_gang("x-3-r-0") == "x-3-r"

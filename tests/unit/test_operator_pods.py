@@ -11,7 +11,8 @@ from apitools import seed_examples
 
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, AgentPoolSpec, decode
-from neuronetes_operator.pods import LABEL_POOL, LABEL_TEMPLATE_HASH, desired_pods
+from neuronetes.spot import SPOT_LABELS
+from neuronetes_operator.pods import LABEL_CAPACITY, LABEL_POOL, LABEL_TEMPLATE_HASH, desired_pods
 from neuronetes_operator.policy import AUTOSCALING_CONTROLLER, resolve
 from neuronetes_operator.reconcile import plan
 from neuronetes_operator.status import pool_status
@@ -126,7 +127,10 @@ def test_whole_gpu_pod_carries_resources_type_memory_locality_bandwidth() -> Non
     exprs = {e["key"]: e for e in terms(pod)[0]["matchExpressions"]}
     assert exprs[c.LABEL_GPU_TYPE]["values"] == ["A100"]
     assert exprs[c.LABEL_GPU_MEMORY]["values"][0] == "80Gi"
+    # On-demand by default: off every kind of spot node (neuronetes.spot.SPOT_LABELS).
     assert exprs[c.LABEL_SPOT] == {"key": c.LABEL_SPOT, "operator": "NotIn", "values": ["true"]}
+    assert exprs["karpenter.sh/capacity-type"]["values"] == ["spot"]
+    assert pod["metadata"]["labels"][LABEL_CAPACITY] == "on-demand"
     owner = pod["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["uid"], owner["controller"]) == ("AgentPool", UID, True)
     assert pod["metadata"]["labels"][LABEL_POOL] == "p"
@@ -136,7 +140,7 @@ def test_mig_pool_asks_for_one_instance_and_no_memory_class() -> None:
     _, _, _, pods = build("migProfile: 1g.5gb\ngpuRequirements: {type: A100, memory: 5Gi}")
     pod = pods[0].manifest
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"neuronetes.io/mig-1g.5gb": "1"}
-    assert {e["key"] for e in terms(pod)[0]["matchExpressions"]} == {c.LABEL_GPU_TYPE, c.LABEL_SPOT}
+    assert {e["key"] for e in terms(pod)[0]["matchExpressions"]} == {c.LABEL_GPU_TYPE, *SPOT_LABELS}
 
 
 def test_gang_pods_are_labelled_and_named_by_gang() -> None:
@@ -163,7 +167,7 @@ def test_template_is_merged_and_its_node_terms_keep_their_own_expressions() -> N
     assert pod["metadata"]["labels"]["app"] == "chat"
     assert [ctr["name"] for ctr in pod["spec"]["containers"]] == ["server", "sidecar"]
     assert "resources" not in pod["spec"]["containers"][1]
-    assert [e["key"] for e in terms(pod)[0]["matchExpressions"]] == ["zone", c.LABEL_GPU_TYPE, c.LABEL_SPOT]
+    assert [e["key"] for e in terms(pod)[0]["matchExpressions"]] == ["zone", c.LABEL_GPU_TYPE, *SPOT_LABELS]
     assert pod["spec"]["tolerations"] == tol
 
 

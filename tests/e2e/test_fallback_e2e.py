@@ -45,7 +45,9 @@ def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     ext.start()
     cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
     cluster.kubectl("create", "namespace", NS)
-    nodes = cluster.add_nodes("dgx-a100-80gb", 2, "fb-dgx")
+    # The pools run on these nodes only: the budget prices a pod by every node it may land on, and
+    # nodes other tests left in the shared cluster may have no price (unknown: nothing is created).
+    nodes = cluster.add_nodes("dgx-a100-80gb", 2, "fb-dgx", labels={OWN_NODES: "true"})
     # Resync every 2 s: the roll back is due HOLD_S after the trigger cleared, with no event then.
     settings = {**dev_operator_settings(), "resyncSeconds": 2, "autoscaler": {"enabled": False}}
     local = LocalStack(cluster.kubeconfig, work / "stack", cluster.kubectl, settings=settings, replicas=1)
@@ -62,6 +64,8 @@ def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         print(f"--- operator log ---\n{local.operator.tail(30)}")
 
 
+OWN_NODES = "neuronetes.test/fallback-e2e"
+ON_OWN_NODES = {"nodeSelector": {OWN_NODES: "true"}}
 BUDGET_FOR_TWO = 12  # two one-GPU replicas on dgx-a100-80gb nodes cost 10.24/h
 BUDGET_FOR_ONE = 6
 
@@ -73,7 +77,7 @@ def pool_manifest(name: str, trigger: str, budget: float = BUDGET_FOR_TWO, **spe
         "maxCostPerHour": budget,
         "sloHeadroomMs": 200,
         "fallbackModel": "llama-8b",
-        "fallbackTemplate": {"metadata": {"labels": {"size": "small"}}},
+        "fallbackTemplate": {"metadata": {"labels": {"size": "small"}}, "spec": ON_OWN_NODES},
         "fallbackTrigger": {trigger: True, "holdSeconds": HOLD_S},
     }
     body = {
@@ -81,7 +85,7 @@ def pool_manifest(name: str, trigger: str, budget: float = BUDGET_FOR_TWO, **spe
         "replicas": 2,
         "minReplicas": 1,
         "maxReplicas": 2,
-        "template": {"metadata": {"labels": {"size": "large"}}},
+        "template": {"metadata": {"labels": {"size": "large"}}, "spec": ON_OWN_NODES},
         "scheduling": {"costOptimization": cost},
         **spec,
     }

@@ -9,6 +9,7 @@ local user cannot put a daemon of theirs in its way.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from pathlib import Path
@@ -62,7 +63,9 @@ def call(state_dir: Path, request: p.Request, timeout_s: float = _TIMEOUT_S) -> 
         sock.settimeout(timeout_s)
         try:
             sock.connect(str(path))
-            sock.sendall(p.encode_request(request))
+            # A daemon at its client limit answers "busy" and closes unread: read that answer.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                sock.sendall(p.encode_request(request))
             data = b""
             while not data.endswith(b"\n"):
                 chunk = sock.recv(1 << 16)

@@ -25,6 +25,7 @@ __all__ = [
     "SpotPolicy",
     "carbon_effect",
     "cost_optimization_enabled",
+    "interruption_threshold",
     "resolve",
 ]
 
@@ -93,6 +94,7 @@ def cost_optimization_enabled(cost: CostOptimization | None) -> bool:
         or cost.fallback_trigger is not None
         or cost.spot_strategy is not None
         or cost.interruption_threshold is not None
+        or cost.spot_max_interruptions is not None
     )
 
 
@@ -195,6 +197,16 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
     return tuple(out)
 
 
+def interruption_threshold(cost: CostOptimization) -> InterruptionThreshold | None:
+    """``interruptionThreshold``, else the one ``spotMaxInterruptions`` (interruptions an hour the pool
+    tolerates on spot) stands for: its next interruption within an hour turns spot off."""
+    if cost.interruption_threshold is not None:
+        return cost.interruption_threshold
+    if cost.spot_max_interruptions is None:
+        return None
+    return InterruptionThreshold(count=cost.spot_max_interruptions + 1, window="1h", action="disable-spot")
+
+
 def _spot_effect(cost: CostOptimization, spot_allowed: bool) -> str:
     strategy = cost.spot_strategy
     if not spot_allowed:
@@ -207,7 +219,7 @@ def _spot_effect(cost: CostOptimization, spot_allowed: bool) -> str:
             said += " ..." if len(strategy.instance_types) > 4 else ""
     on = strategy.on_interruption if strategy else "migrate-to-on-demand"
     said += f"; on an interruption notice: {on}"
-    threshold = cost.interruption_threshold
+    threshold = interruption_threshold(cost)
     if threshold is not None:
         said += f"; {threshold.count} notices within {threshold.window}: {threshold.action}"
     return said
@@ -217,7 +229,7 @@ def _spot_policy(cost: CostOptimization | None) -> SpotPolicy:
     if cost is None:
         return SpotPolicy()
     strategy = cost.spot_strategy
-    threshold: InterruptionThreshold | None = cost.interruption_threshold
+    threshold = interruption_threshold(cost)
     return SpotPolicy(
         max_spot_percent=strategy.max_spot_percent if strategy else 100,
         on_interruption=strategy.on_interruption if strategy else "migrate-to-on-demand",

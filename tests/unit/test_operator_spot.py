@@ -404,3 +404,23 @@ def test_with_a_budget_the_spot_split_comes_first_and_a_replacement_is_not_held_
     status = w.reconcile()
     assert victim not in w.fake.pods and "OverBudget" not in w.reasons()
     assert status["replicas"] == 2 and status["cost"]["currentPerHour"] == pytest.approx(8.0)
+
+
+def test_spot_max_interruptions_is_a_threshold_of_one_hour() -> None:
+    # spotMaxInterruptions: the interruptions an hour the pool tolerates on spot; the next turns spot
+    # off, as interruptionThreshold {count: N + 1, window: 1h, action: disable-spot} would.
+    cost = {"spotEnabled": True, "spotStrategy": {"maxSpotPercent": 50}, "spotMaxInterruptions": 1}
+    nodes = [*NODES, node("spot-2", True), node("spot-3", True)]
+    w = World(pool(cost), nodes)
+    w.reconcile()
+    w.schedule()
+    w.reconcile()
+    w.taint("spot-0", NTH)
+    w.reconcile()
+    assert w.condition("SpotDisabled")["status"] == "False"  # one interruption: tolerated
+    w.schedule()
+    w.reconcile()
+    w.taint("spot-1", NTH)
+    status = w.reconcile()
+    assert w.condition("SpotDisabled")["status"] == "True"
+    assert status["spot"]["allowedUnits"] == 0 and status["spot"]["thresholdAction"] == "disable-spot"

@@ -226,15 +226,16 @@ class PoolController:
             self._write_status(pool, AgentPoolStatus(phase="Failed"))
             return False
         self._ensure_budget(pool, resolved.desired, resolved.gang_size, spec.min_replicas)
+        # One view of the nodes and one clock for every step of this reconcile.
         with self._lock:
-            nodes = dict(self.nodes)
+            nodes, table = dict(self.nodes), self.prices
+        at = datetime.now(UTC)
         # The fallback step (`fallback`): the model served decides the pods' template, so a switch
         # is the rolling replacement of outdated pods below.
-        now = time.time()
         inputs = policy_inputs(
-            pool, spec, resolved, nodes, now=now, autoscaler_on=self.settings.autoscaler.enabled
+            pool, spec, resolved, nodes, now=at.timestamp(), autoscaler_on=self.settings.autoscaler.enabled
         )
-        model = choose_model(pool, spec, inputs, now=now)
+        model = choose_model(pool, spec, inputs, now=at.timestamp())
         want = desired_pods(
             pool,
             spec,
@@ -243,9 +244,6 @@ class PoolController:
             model=None if model is None else model.model,
         )
         pods = self._pods(namespace, name, pool["metadata"]["uid"])
-        with self._lock:
-            nodes, table = dict(self.nodes), self.prices
-        at = datetime.now(UTC)
         old_spot = (pool.get("status") or {}).get("spot") or {}
         notices = self._notices(nodes, _recorded_notices(old_spot, at), at)
         spot_off = (

@@ -52,12 +52,20 @@ class FakeCluster:
         self.pods.pop(name)
         self.deleted.append(name)
 
-    def list_node(self, label_selector: str, limit: int, _preload_content: bool) -> Any:
-        key, _, values = label_selector.partition(" in ")
-        wanted = values.strip("()").split(",")
-        items = [n for n in self.nodes if n["metadata"]["labels"].get(key) in wanted][:limit]
+    def list_node(
+        self, limit: int, _preload_content: bool, label_selector: str = "", _continue: str | None = None
+    ) -> Any:
+        """Nodes, all or ``KEY in (A,B)``, a page of `limit` after the offset `_continue`."""
+        items = self.nodes
+        if label_selector:
+            key, _, values = label_selector.partition(" in ")
+            wanted = values.strip("()").split(",")
+            items = [n for n in items if n["metadata"]["labels"].get(key) in wanted]
+        start = int(_continue or 0)
+        more = {"continue": str(start + limit)} if start + limit < len(items) else {}
         self.node_lists += 1
-        return types.SimpleNamespace(data=json.dumps({"items": items}).encode())
+        page = {"metadata": more, "items": items[start : start + limit]}
+        return types.SimpleNamespace(data=json.dumps(page).encode())
 
     def create_namespaced_event(self, namespace: str, body: dict[str, Any]) -> None:
         self.events.append((body["reason"], body["message"]))

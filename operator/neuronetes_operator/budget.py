@@ -41,8 +41,18 @@ from .reconcile import is_terminating
 
 COST_BUDGET_EXCEEDED: Final = "CostBudgetExceeded"
 """The pool condition the budget step sets (`status.budget_condition`); the fallback step reads it."""
+BUDGET_REACHED: Final = "BudgetReached"
+"""Its reason while replicas are held back for what they cost: the cost is known and over budget
+(the fallback's ``costExceeded`` trigger)."""
+UNKNOWN_PRICES: Final = "UnknownPrices"
+"""Its reason while replicas are held back only because what they would cost is unknown: not a
+trigger of the fallback model (a smaller model is not known to be cheaper on nodes nobody prices,
+and a partial view of the nodes must not roll a pool)."""
 
 __all__ = [
+    "BUDGET_REACHED",
+    "COST_BUDGET_EXCEEDED",
+    "UNKNOWN_PRICES",
     "BudgetPlan",
     "PoolPrices",
     "cost_status",

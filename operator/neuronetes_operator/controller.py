@@ -8,7 +8,6 @@ the synchronous Kubernetes client (the kopf handlers run it in worker threads).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -22,13 +21,14 @@ from kubernetes.client.rest import ApiException
 
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, AgentPoolSpec, AgentPoolStatus, ToolBinding, decode
-from neuronetes.pricing import EMPTY_TABLE, PriceTable
-from neuronetes.spot import NOTICE_KEY, Notice, notice_of
+from neuronetes.pricing import PriceTable
+from neuronetes.spot import Notice
 
 from . import CONVERT_LOCK
 from .budget import BudgetPlan, PoolPrices, cost_status, plan_budget
 from .fallback import choose_model, policy_inputs
 from .gang_retry import GangRetries, failed_reservations
+from .nodecache import NodeCache, node_view
 from .objects import api_message, patch_status, post_event
 from .pods import LABEL_POOL, DesiredPod, alternate_name, desired_pods, gang_name
 from .policy import ResolvedPool, cost_optimization_enabled, resolve
@@ -113,70 +113,35 @@ class PoolController:
         self.api = api
         self.settings = settings
         self.tiers = tiers
-        self.nodes: dict[str, Mapping[str, Any]] = {}
-        self.first_seen: dict[str, datetime] = {}  # node → when its interruption notice was first seen
+        self.node_cache = NodeCache(rebalance_notices=settings.spot_rebalance_notices)
         self.wake: dict[tuple[str, str], float] = {}  # pool → reconcile again after this many seconds
-        self.prices: PriceTable = EMPTY_TABLE  # the price table (`neuronetes.kube.pricetable`)
-        self._lock = threading.Lock()
         self.retries = GangRetries(settings.gang_retry_seconds, settings.gang_retry_max_seconds)
         self._calls = ThreadPoolExecutor(max_workers=16, thread_name_prefix="pod-calls")
 
-    # ---- node cache (fed by the kopf node watch) ------------------------------------------------
+    # ---- node cache (`nodecache`: fed by the kopf node watch and full lists) ---------------------
 
     def node_seen(self, name: str, body: Mapping[str, Any] | None) -> bool:
-        """Keep what reconciles read of a node (labels, taints, our notice annotation); whether an
-        interruption notice appeared on it (the caller reconciles every pool then)."""
-        with self._lock:
-            if body is None:
-                self.nodes.pop(name, None)
-                self.first_seen.pop(name, None)
-                return False
-            meta = body.get("metadata") or {}
-            annotations = meta.get("annotations") or {}
-            kept = {
-                "metadata": {
-                    "name": name,
-                    "labels": dict(meta.get("labels") or {}),
-                    "annotations": {k: v for k, v in annotations.items() if k == NOTICE_KEY},
-                },
-                "spec": {"taints": list((body.get("spec") or {}).get("taints") or [])},
-            }
-            self.nodes[name] = kept
-            notice = notice_of(kept, now=datetime.now(UTC), rebalance=self.settings.spot_rebalance_notices)
-            if notice is None:
-                self.first_seen.pop(name, None)
-                return False
-            if name in self.first_seen:
-                return False
-            self.first_seen[name] = notice.noticed
-            return True
+        """A node watch event (None: deleted); whether an interruption notice appeared on it (the
+        caller reconciles every pool then)."""
+        return self.node_cache.seen(name, body)
 
-    def _notices(
-        self, nodes: Mapping[str, Mapping[str, Any]], recorded: Mapping[str, datetime], now: datetime
-    ) -> dict[str, Notice]:
-        """Every node under an interruption notice, its start from the pool's status when recorded
-        there (a restarted operator keeps the deadline), else from when it was first seen."""
-        with self._lock:
-            first = dict(self.first_seen)
-        out = {}
-        for name in first:  # the nodes under notice (`node_seen`): not every node, every reconcile
-            node = nodes.get(name)
-            if node is None:
-                continue
-            notice = notice_of(
-                node,
-                now=now,
-                first_seen=recorded.get(name) or first.get(name),
-                rebalance=self.settings.spot_rebalance_notices,
-            )
-            if notice is not None:
-                out[name] = notice
-        return out
+    def list_nodes(self) -> bool:
+        """List every node into the cache (`nodecache.NodeCache.replace`), in pages of `LIST_PAGE`
+        as raw JSON, keeping of each only what a reconcile reads; whether an interruption notice
+        appeared. Raises the API's errors."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            found = self.core.list_node(limit=LIST_PAGE, _continue=token, _preload_content=False)
+            page = msgspec.json.decode(found.data)
+            items.extend(node_view(str(i["metadata"]["name"]), i) for i in page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return self.node_cache.replace(items)
 
     def set_price_table(self, table: PriceTable) -> None:
         """The price table changed (the caller then reconciles every pool)."""
-        with self._lock:
-            self.prices = table
+        self.node_cache.set_prices(table)
 
     def _spot_pass(
         self,
@@ -227,8 +192,7 @@ class PoolController:
             return False
         self._ensure_budget(pool, resolved.desired, resolved.gang_size, spec.min_replicas)
         # One view of the nodes and one clock for every step of this reconcile.
-        with self._lock:
-            nodes, table = dict(self.nodes), self.prices
+        nodes, table = self.node_cache.snapshot()
         at = datetime.now(UTC)
         # The fallback step (`fallback`): the model served decides the pods' template, so a switch
         # is the rolling replacement of outdated pods below.
@@ -245,7 +209,7 @@ class PoolController:
         )
         pods = self._pods(namespace, name, pool["metadata"]["uid"])
         old_spot = (pool.get("status") or {}).get("spot") or {}
-        notices = self._notices(nodes, _recorded_notices(old_spot, at), at)
+        notices = self.node_cache.notices(nodes, _recorded_notices(old_spot, at), at)
         spot_off = (
             bool(old_spot.get("thresholdTrippedAt")) and resolved.spot.threshold_action == "disable-spot"
         )

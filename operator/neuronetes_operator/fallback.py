@@ -38,7 +38,7 @@ from neuronetes.costpolicy import (
 )
 from neuronetes.spot import is_spot_node, spot_allowance
 
-from .budget import COST_BUDGET_EXCEEDED
+from .budget import BUDGET_REACHED, COST_BUDGET_EXCEEDED
 from .policy import ResolvedPool
 
 __all__ = [
@@ -128,7 +128,10 @@ def policy_inputs(
     trigger = cost.fallback_trigger if cost is not None else None
     return PolicyInputs(
         slo=slo,
-        cost_exceeded=budget is not None and budget.get("status") == "True",
+        # Over budget, not merely unpriced (`budget.UNKNOWN_PRICES`).
+        cost_exceeded=(
+            budget is not None and budget.get("status") == "True" and budget.get("reason") == BUDGET_REACHED
+        ),
         spot_available=resolved.spot_allowed and spot_nodes and used < allowed,
         spot_replicas=spot_replicas,
         spot_fallback_requested=bool(spot.get("fallbackRequested")),

@@ -2,7 +2,8 @@
 
 The handlers only enqueue: an AgentPool event enqueues that pool, a pod event enqueues the pool
 named by the pod's ``neuronetes.io/pool`` label, a GangReservation event the pool whose gang it
-reserves, a node event refreshes the node cache. Workers
+reserves, a node event refreshes the node cache (`nodecache`), which the operator also lists in
+full before its first pool reconcile and every ``nodeResyncSeconds``. Workers
 take keys from the queue, never two for the same pool at once, and a pool that changes while it
 is being reconciled is reconciled again afterwards, as is one whose reconcile left pod changes
 for the next (its batch was full). No handler adds a finalizer, so pools delete
@@ -79,10 +80,14 @@ async def _worker(
     queue: WorkQueue,
     reconcile: Callable[[str, str], object],
     wake: dict[Key, float] | None = None,
+    ready: asyncio.Event | None = None,
 ) -> None:
-    """Reconcile keys from `queue`; a reconcile that returns true (its batch was full: more to do)
-    is queued again at once, behind the keys already waiting; one that put its key in `wake` (a
-    spot replacement under way: its deadline) is queued again after that many seconds."""
+    """Reconcile keys from `queue`, once `ready` is set (the node cache whole: `_list_nodes`); a
+    reconcile that returns true (its batch was full: more to do) is queued again at once, behind
+    the keys already waiting; one that put its key in `wake` (a spot replacement under way: its
+    deadline) is queued again after that many seconds."""
+    if ready is not None:
+        await ready.wait()
     while True:
         key = await queue.get()
         more = False
@@ -124,6 +129,32 @@ async def _queue_all(queues: Mapping[str, WorkQueue], controller: PoolController
             continue
         for item in found.get("items", []):
             queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))
+
+
+NODE_LIST_RETRY_S = (1.0, 30.0)
+"""A failed node list is retried after 1 s, doubling to at most 30 s."""
+
+
+async def _list_nodes(
+    controller: PoolController, queue: WorkQueue, every: float, listed: asyncio.Event
+) -> None:
+    """The node cache's full lists (`nodecache`): the first as soon as the API answers (`listed`
+    is set then: the pool workers wait for it), then one every `every` seconds; a list that shows
+    a new interruption notice queues every pool, as the watch's event would have."""
+    delay = NODE_LIST_RETRY_S[0]
+    while True:
+        try:
+            appeared = await asyncio.to_thread(controller.list_nodes)
+        except Exception as exc:  # retried; the loop must not die
+            log.warning("listing the nodes failed: %s; retrying in %.0f s", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, NODE_LIST_RETRY_S[1])
+            continue
+        delay = NODE_LIST_RETRY_S[0]
+        listed.set()
+        if appeared:
+            await _queue_all({PLURAL: queue}, controller)
+        await asyncio.sleep(every)
 
 
 async def _resync(queues: Mapping[str, WorkQueue], controller: PoolController, every: float) -> None:
@@ -208,9 +239,15 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
             state["prices"] = await _watch_prices(cfg.price_table, api, controller, queue)
         slices = SliceController(api, lambda *a: post_event(controller.core, *a))
         state.update(queue=queue, controller=controller, slice_queue=slice_queue, binding_queue=binding_queue)
+        # No pool is reconciled on a partial view of the nodes (`nodecache`): the workers wait for
+        # the first full list.
+        listed = asyncio.Event()
         state["tasks"] = [
-            asyncio.create_task(_worker(queue, controller.reconcile, controller.wake))
-            for _ in range(cfg.workers)
+            asyncio.create_task(_list_nodes(controller, queue, cfg.node_resync_seconds, listed)),
+            *(
+                asyncio.create_task(_worker(queue, controller.reconcile, controller.wake, listed))
+                for _ in range(cfg.workers)
+            ),
         ]
         # One slice worker: slices are bound one at a time (see slice_controller).
         state["tasks"].append(asyncio.create_task(_worker(slice_queue, slices.reconcile)))

@@ -112,6 +112,9 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
         namespaces: watch only these namespaces (empty: the whole cluster).
         workers: AgentPools reconciled at the same time (each pool is reconciled by one at a time).
         resync_seconds: every pool is reconciled at least this often, events or not.
+        node_resync_seconds: the nodes are listed in full this often (besides the node watch; the
+            first list comes before any pool reconcile): a node deleted while the watch was down is
+            dropped (`neuronetes_operator.nodecache`).
         pod_tolerations: added to every pool pod, e.g. the taint of simulated (kwok) nodes on a dev
             cluster; empty in production, where pools say what they tolerate in their template.
         gang_retry_seconds, gang_retry_max_seconds: a gang whose reservation failed is recreated at
@@ -132,6 +135,7 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
     namespaces: list[str] = msgspec.field(default_factory=list)
     workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
     resync_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 30.0
+    node_resync_seconds: Annotated[float, msgspec.Meta(ge=10, le=86400)] = 300.0
     pod_tolerations: list[dict[str, Any]] = msgspec.field(default_factory=list)
     gang_retry_seconds: Annotated[float, msgspec.Meta(ge=0.1, le=3600)] = 10.0
     gang_retry_max_seconds: Annotated[float, msgspec.Meta(ge=1, le=86400)] = 300.0

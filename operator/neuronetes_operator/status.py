@@ -16,7 +16,7 @@ from neuronetes import contracts as c
 from neuronetes.api.models import AgentPoolStatus, Condition, CostStatus, Placement, SpotStatus
 from neuronetes.spot import is_spot_node
 
-from .budget import COST_BUDGET_EXCEEDED, BudgetPlan, PoolPrices, pod_gpus
+from .budget import BUDGET_REACHED, COST_BUDGET_EXCEEDED, UNKNOWN_PRICES, BudgetPlan, PoolPrices, pod_gpus
 from .fallback import ModelChoice
 from .pods import LABEL_POOL
 from .policy import ResolvedPool
@@ -127,7 +127,7 @@ def budget_condition(plan: BudgetPlan, cost: CostStatus, generation: int) -> Con
         message = f"{kept} of {plan.wanted} replicas fit the budget{next_cost}; {figures}"
         if plan.held_for_unknown:
             message += f"; {plan.held_for_unknown} more held back for unknown prices"
-        return make_condition(COST_BUDGET_EXCEEDED, True, "BudgetReached", message, generation)
+        return make_condition(COST_BUDGET_EXCEEDED, True, BUDGET_REACHED, message, generation)
     if plan.held_for_unknown:
         if plan.unknown_running:
             why = f"{plan.unknown_running} replica(s) run on nodes of unknown price: the total is unknown"
@@ -145,7 +145,7 @@ def budget_condition(plan: BudgetPlan, cost: CostStatus, generation: int) -> Con
         message = (
             f"{kept} of {plan.wanted} replicas kept; {plan.held_for_unknown} held back: {why}; {figures}"
         )
-        return make_condition(COST_BUDGET_EXCEEDED, True, "UnknownPrices", message, generation)
+        return make_condition(COST_BUDGET_EXCEEDED, True, UNKNOWN_PRICES, message, generation)
     return make_condition(
         COST_BUDGET_EXCEEDED,
         False,

@@ -144,9 +144,13 @@ def serving(
     return status if ok else None
 
 
-def reasons(cluster: E2ECluster, name: str) -> list[str]:
+def events(cluster: E2ECluster, name: str) -> list[dict[str, Any]]:
     found = get_json(cluster, "events", "-n", NS, "--field-selector", f"involvedObject.name={name}")["items"]
-    return [e["reason"] for e in sorted(found, key=lambda e: e.get("firstTimestamp") or "")]
+    return sorted(found, key=lambda e: e.get("firstTimestamp") or "")
+
+
+def reasons(cluster: E2ECluster, name: str) -> list[str]:
+    return [e["reason"] for e in events(cluster, name)]
 
 
 def test_cost_exceeded_rolls_to_the_fallback_model_and_back(cluster: E2ECluster, stack: LocalStack) -> None:
@@ -178,8 +182,10 @@ def test_cost_exceeded_rolls_to_the_fallback_model_and_back(cluster: E2ECluster,
     active = condition(status, "FallbackActive")
     assert active is not None and (active["status"], active["reason"]) == ("False", "PrimaryModel")
     assert status["fallback"]["action"] == "keep" and "restoreSince" not in status["fallback"]
-    switched = [r for r in reasons(cluster, "cost") if r in ("FallbackModel", "PrimaryModel")]
-    assert switched == ["FallbackModel", "PrimaryModel"]  # one switch each way, no flapping
+    said = events(cluster, "cost")
+    switched = [e["reason"] for e in said if e["reason"] in ("FallbackModel", "PrimaryModel")]
+    told = "\n".join(f"{e.get('firstTimestamp')} {e['reason']}: {e['message']}" for e in said)
+    assert switched == ["FallbackModel", "PrimaryModel"], told  # one switch each way, no flapping
 
 
 def test_slo_at_risk_rolls_to_the_faster_fallback_and_back(cluster: E2ECluster, stack: LocalStack) -> None:

@@ -444,6 +444,41 @@ def test_the_agent_takes_extra_volumes_and_the_nri_plugin_can_be_left_out() -> N
     assert set(containers(without)) == {"agent"}
 
 
+def test_the_operator_mounts_the_carbon_sources_secret_and_the_settings_name_it() -> None:
+    """docs/carbon.md's chart example: the Secret is mounted where credentialFile points, an
+    environment variable from a secretKeyRef is set, and the settings load."""
+    source = {
+        "type": "electricity-maps",
+        "url": "https://api.electricitymap.org",
+        "location": "FR",
+        "credentialFile": "/var/run/secrets/electricity-maps/token",
+    }
+    secret = {"secretName": "electricity-maps", "items": [{"key": "token", "path": "token"}]}
+    env = {"name": "WT_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "watttime", "key": "password"}}}
+    mount = {"name": "em", "mountPath": "/var/run/secrets/electricity-maps", "readOnly": True}
+    extra = [
+        "--set-json", f"operator.settings.carbon.source={json.dumps(source)}",
+        "--set-json", f"operator.extraVolumes={json.dumps([{'name': 'em', 'secret': secret}])}",
+        "--set-json", f"operator.extraVolumeMounts={json.dumps([mount])}",
+        "--set-json", f"operator.extraEnv={json.dumps([env])}",
+    ]  # fmt: skip
+    objects = render(extra=extra)
+    op = one(objects, "Deployment", "neuronetes-operator")
+    assert {"name": "em", "secret": secret} in op["spec"]["template"]["spec"]["volumes"]
+    ctr = containers(op)["operator"]
+    assert mount in ctr["volumeMounts"] and ctr["env"] == [env]
+    settings = _config_map_file(objects, "neuronetes-operator-settings", "settings.yaml")
+    loaded = msgspec.convert(settings, operator_settings.OperatorSettings)
+    assert loaded.carbon.source.credential_file == "/var/run/secrets/electricity-maps/token"
+    # Without extras the operator has neither.
+    plain = containers(one(render(), "Deployment", "neuronetes-operator"))["operator"]
+    assert "env" not in plain and [m["name"] for m in plain["volumeMounts"]] == [
+        "settings",
+        "priority-tiers",
+        "tmp",
+    ]
+
+
 def test_the_price_table_value_becomes_the_configmap_both_components_watch(tmp_path: Path) -> None:
     table = {"p4d.24xlarge": {"on-demand": 32.77, "spot": 13.11}, "g5.48xlarge": {"on-demand": 16.29}}
     objects = render({"pricing": {"priceTable": table}}, tmp=tmp_path)

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from neuronetes.api.models import AgentPool, decode
+from neuronetes_operator.budget import BUDGET_REACHED, UNKNOWN_PRICES
 from neuronetes_operator.fallback import SLO_SIGNAL_MAX_AGE_S, choose_model, policy_inputs
 from neuronetes_operator.pods import ANNOTATION_MODEL, ENV_MODEL, desired_pods
 from neuronetes_operator.policy import resolve
@@ -56,11 +57,11 @@ def pool(spec: str = SPEC, status: dict[str, Any] | None = None) -> dict[str, An
     }
 
 
-def budget(exceeded: bool) -> dict[str, Any]:
+def budget(exceeded: bool, reason: str = BUDGET_REACHED) -> dict[str, Any]:
     return {
         "type": "CostBudgetExceeded",
         "status": "True" if exceeded else "False",
-        "reason": "OverBudget" if exceeded else "WithinBudget",
+        "reason": reason if exceeded else "WithinBudget",
         "message": "cost 12.0/h over maxCostPerHour 10.0/h",
     }
 
@@ -116,6 +117,20 @@ def test_cost_exceeded_condition_switches_to_the_fallback_with_its_figures() -> 
     assert got.event is not None and got.event[:2] == ("Normal", "FallbackModel")
     assert got.event[2].startswith("llama-70b -> llama-8b (rolling replacement)")
     assert got.status.triggers == ["costExceeded"] and got.status.last_switch_time is not None
+
+
+def test_unknown_prices_are_not_cost_exceeded() -> None:
+    """Replicas held back only because nobody prices their nodes (e.g. an operator that has not
+    seen every node yet) do not roll the pool: the smaller model is not known to be cheaper."""
+    unpriced = [budget(True, UNKNOWN_PRICES)]
+    obj = pool(status={"activeModel": "llama-70b", "autoscaling": decided(0.3), "conditions": unpriced})
+    got = choose(obj)
+    assert got.model == "llama-70b" and got.decision.action == "keep" and got.event is None
+    assert got.status.triggers is None
+    assert (got.condition.status, got.condition.reason) == ("False", "PrimaryModel")
+    # The same pool over budget does switch: only the reason differs.
+    obj["status"]["conditions"] = [budget(True)]
+    assert choose(obj).decision.action == "degrade-model"
 
 
 def test_slo_at_risk_from_the_autoscalers_status_switches_at_max_replicas() -> None:

@@ -168,7 +168,8 @@ def test_a_notice_replaces_the_pods_on_on_demand_and_deletes_the_old_once_ready(
     assert replacement["metadata"]["labels"][LABEL_CAPACITY] == "on-demand"
     name, _, deadline = replacement["metadata"]["annotations"][ANNOTATION_REPLACES].partition("@")
     assert name == victim
-    first_seen = w.ctl.first_seen["spot-0"]
+    first_seen = w.ctl.node_cache.first_seen("spot-0")
+    assert first_seen is not None
     assert datetime.fromisoformat(deadline) == first_seen + timedelta(seconds=120)
     terms = replacement["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["spot-0"]} in terms[

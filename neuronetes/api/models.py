@@ -231,6 +231,9 @@ class CostOptimization(_Object):
     spot_max_interruptions: NonNegative | None = None
     fallback_model: Str253 | None = None
     fallback_template: PodTemplate | None = None
+    fallback_gpu_count: Annotated[int, Meta(ge=1, le=16)] | None = field(
+        default=None, name="fallbackGPUCount"
+    )
     fallback_trigger: FallbackTrigger | None = None
     spot_strategy: SpotStrategy | None = None
     interruption_threshold: InterruptionThreshold | None = None

@@ -55,12 +55,20 @@ __all__ = [
     "UNKNOWN_PRICES",
     "BudgetPlan",
     "PoolPrices",
+    "PrimaryCost",
     "cost_status",
+    "money",
     "plan_budget",
     "pod_gpus",
+    "primary_cost",
 ]
 
 _EPSILON: Final = 1e-9  # prices are sums of floats; a unit that fits exactly must fit
+
+
+def money(x: float) -> str:
+    """A price per hour as the conditions and Events say it."""
+    return f"{x:.2f}/h"
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> int:
@@ -119,6 +127,16 @@ class PoolPrices:
         self.table = table
         self.projection = Projection(None, 0) if template_spec is None else self._project(template_spec)
         self.on_demand = self.projection if on_demand_spec is None else self._project(on_demand_spec)
+
+    @classmethod
+    def of(
+        cls, nodes: Mapping[str, Mapping[str, Any]], table: PriceTable, want: Sequence[DesiredPod]
+    ) -> PoolPrices:
+        """The prices of the pods `want` (their shared template's projections; none: no pods)."""
+        template = want[0].template if want else None
+        if template is None:
+            return cls(nodes, table)
+        return cls(nodes, table, template.spec, template.on_demand_spec)
 
     def bound(self, pod: Mapping[str, Any]) -> float | None:
         """The bound pod's share of its node's price; None when the node or its price is unknown."""
@@ -301,3 +319,40 @@ def cost_status(plan: BudgetPlan, pods: Sequence[Mapping[str, Any]], prices: Poo
         budget_per_hour=plan.budget,
         unknown_price_replicas=unknown or None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PrimaryCost:
+    """What ``spec.model``'s pods would cost at the pool's replicas, each projected as a pod not
+    yet bound (`PoolPrices.cost`: the dearest node its selection admits; on-demand unless the pod
+    is spot-capable). While the fallback model serves, this, not the fallback's own cost, says
+    whether the cost trigger still holds: the pool goes back only to a primary that fits, instead
+    of rolling back and over again each ``holdSeconds``."""
+
+    per_hour: float | None
+    """None: unknown (a node it may land on has no price, or none admits it)."""
+    replicas: int
+    budget: float
+
+    @property
+    def fits(self) -> bool:
+        return self.per_hour is not None and self.per_hour <= self.budget + _EPSILON
+
+    def describe(self, model: str) -> str:
+        cost = "an unknown price" if self.per_hour is None else money(self.per_hour)
+        verdict = "within" if self.fits else "over"
+        budget = money(self.budget)
+        return f"{model} would cost {cost} at {self.replicas} replicas, {verdict} maxCostPerHour {budget}"
+
+
+def primary_cost(want: Sequence[DesiredPod], prices: PoolPrices, budget: float) -> PrimaryCost:
+    """`PrimaryCost` of the pods `want` (``spec.model``'s, `pods.desired_pods`) under `prices`
+    (their template's projection)."""
+    total: float | None = 0.0
+    for d in want:
+        cost = prices.cost(None, spot=d.spot)
+        if cost is None:
+            total = None
+            break
+        total = (total or 0.0) + cost
+    return PrimaryCost(None if total is None else round(total, 4), len(want), budget)

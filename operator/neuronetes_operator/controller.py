@@ -20,24 +20,23 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from neuronetes import contracts as c
-from neuronetes.api.models import AgentPool, AgentPoolSpec, AgentPoolStatus, ToolBinding, decode
+from neuronetes.api.models import AgentPool, AgentPoolSpec, AgentPoolStatus, decode
 from neuronetes.pricing import PriceTable
 from neuronetes.spot import Notice
 
 from . import CONVERT_LOCK
-from .budget import BudgetPlan, PoolPrices, cost_status, plan_budget
+from .budget import BudgetPlan, PoolPrices, PrimaryCost, cost_status, plan_budget, primary_cost
 from .fallback import choose_model, policy_inputs
-from .gang_retry import GangRetries, failed_reservations
+from .gang_retry import GangRetries, plan_gang_retries
 from .nodecache import NodeCache, node_view
 from .objects import api_message, patch_status, post_event
-from .pods import LABEL_POOL, DesiredPod, alternate_name, desired_pods, gang_name
+from .pods import LABEL_POOL, DesiredPod, alternate_name, desired_pods
 from .policy import ResolvedPool, cost_optimization_enabled, resolve
-from .reconcile import LIST_PAGE, Action, batch, is_terminating, plan, read_pod_page
+from .reconcile import LIST_PAGE, Action, batch, plan, read_pod_page
 from .settings import OperatorSettings
 from .spot_plan import SpotPlan, SpotState, plan_spot, spot_state, with_capacity
 from .status import COST_BUDGET_EXCEEDED, NO_MATCHING_NODES, pool_status
 from .tiers import DEFAULT_TIERS, PriorityTier, TierError, with_tier
-from .toolbindings import binding_status
 
 __all__ = ["PoolController"]
 
@@ -196,10 +195,17 @@ class PoolController:
         at = datetime.now(UTC)
         # The fallback step (`fallback`): the model served decides the pods' template, so a switch
         # is the rolling replacement of outdated pods below.
+        primary = self._primary_cost(pool, spec, resolved, nodes, table)
         inputs = policy_inputs(
-            pool, spec, resolved, nodes, now=at.timestamp(), autoscaler_on=self.settings.autoscaler.enabled
+            pool,
+            spec,
+            resolved,
+            nodes,
+            now=at.timestamp(),
+            autoscaler_on=self.settings.autoscaler.enabled,
+            primary=primary,
         )
-        model = choose_model(pool, spec, inputs, now=at.timestamp())
+        model = choose_model(pool, spec, inputs, now=at.timestamp(), primary=primary)
         want = desired_pods(
             pool,
             spec,
@@ -221,13 +227,7 @@ class PoolController:
         # Replacements (`spot_plan`) are never held back: a replica being replaced counts once.
         moves, spot, planned = self._spot_pass(pool, resolved, want, pods, nodes, notices, spot_off, at)
         capable = {a.name: a.pod.spot for a in planned if a.verb == "create" and a.pod is not None}
-        template = want[0].template if want else None
-        prices = PoolPrices(
-            nodes,
-            table,
-            None if template is None else template.spec,
-            None if template is None else template.on_demand_spec,
-        )
+        prices = PoolPrices.of(nodes, table, want)
         budget = plan_budget(
             [replace(d, spot=capable.get(d.name, False)) for d in want], pods, prices, _budget(spec)
         )
@@ -282,6 +282,23 @@ class PoolController:
         self._write_status(pool, status)
         return bool(later)
 
+    def _primary_cost(
+        self,
+        pool: Mapping[str, Any],
+        spec: AgentPoolSpec,
+        resolved: ResolvedPool,
+        nodes: Mapping[str, Mapping[str, Any]],
+        table: PriceTable,
+    ) -> PrimaryCost | None:
+        """While the fallback model serves a pool with a budget: what ``spec.model``'s pods would
+        cost (`budget.PrimaryCost`); else None."""
+        budget = _budget(spec)
+        active = (pool.get("status") or {}).get("activeModel")
+        if budget is None or resolved.fallback_model is None or active != resolved.fallback_model:
+            return None
+        want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations, model=spec.model)
+        return primary_cost(want, PoolPrices.of(nodes, table, want), budget)
+
     def _retry_failed_gangs(
         self,
         pool: Mapping[str, Any],
@@ -290,55 +307,35 @@ class PoolController:
         pods: list[dict[str, Any]],
         actions: list[Action],
     ) -> dict[str, str]:
-        """Recreate the gangs whose reservation the extender reported Failed or Expired, with backoff
-        (`gang_retry`): their pods are deleted (`actions` gains the deletions and loses the gang's
-        creations; the gang is created whole once they are gone). Per such gang: what the
-        ``GangScheduled`` condition says about it."""
+        """Recreate the gangs whose reservation the extender reported Failed or Expired
+        (`gang_retry.plan_gang_retries`): `actions` gains their deletions and loses their
+        creations. Per such gang: what the ``GangScheduled`` condition says about it."""
         if not gang_size:
             return {}
         meta = pool["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        gangs = {gang_name(name, d.gang) for d in want if d.gang is not None}
         try:
             found = self.custom.list_namespaced_custom_object(
-                c.GROUP, c.VERSION, namespace, "gangreservations"
+                c.GROUP, c.VERSION, meta["namespace"], "gangreservations"
             )
         except ApiException as exc:
             if exc.status in (403, 404):  # no GangReservation CRD (or no access): nothing reported
                 return {}
             raise
-        failures = failed_reservations(found.get("items") or [], gangs)
-        members: dict[str, list[str]] = {}
-        for pod in pods:
-            gang = (pod["metadata"].get("labels") or {}).get(c.LABEL_GANG)
-            if gang and not is_terminating(pod):
-                members.setdefault(gang, []).append(pod["metadata"]["name"])
-        for gang in gangs - set(failures):
-            bound = [p for p in pods if (p["metadata"].get("labels") or {}).get(c.LABEL_GANG) == gang]
-            if len(bound) == gang_size and all(p.get("spec", {}).get("nodeName") for p in bound):
-                self.retries.settled(f"{namespace}/{gang}")
-        notes: dict[str, str] = {}
-        deleted = {a.name for a in actions if a.verb == "delete"}
-        for gang, failure in sorted(failures.items()):
-            key = f"{namespace}/{gang}"
-            said = f"gang {gang}: the scheduler's reservation {failure.phase}"
-            said += f" ({failure.bound} of {gang_size} bound)"
-            verdict = self.retries.decide(key, failure, time.monotonic())
-            if verdict is None:
-                notes[gang] = f"{said}; recreated ({self.retries.attempts(key)} retries so far)"
-                continue
-            if not verdict.retry:
-                notes[gang] = f"{said}; retry {verdict.attempt + 1} in {verdict.wait_s:.0f}s (backoff)"
-                continue
-            doomed = [n for n in members.get(gang, []) if n not in deleted]
-            gang_pods = {d.name for d in want if d.gang is not None and gang_name(name, d.gang) == gang}
-            actions[:] = [a for a in actions if not (a.verb == "create" and a.name in gang_pods)]
-            actions.extend(Action("delete", n, "GangRetry") for n in doomed)
-            notes[gang] = (
-                f"{said}; recreated (retry {verdict.attempt}, the next waits at least {verdict.wait_s:.0f}s)"
-            )
-            self._event(pool, "Warning", "GangRetry", f"{notes[gang]}; deleted pods {_names(sorted(doomed))}")
-        return notes
+        retry = plan_gang_retries(
+            self.retries,
+            meta["namespace"],
+            meta["name"],
+            gang_size,
+            want,
+            pods,
+            actions,
+            found.get("items") or [],
+            time.monotonic(),
+        )
+        actions[:] = retry.actions
+        for gang, doomed in retry.retried.items():
+            self._event(pool, "Warning", "GangRetry", f"{retry.notes[gang]}; deleted pods {_names(doomed)}")
+        return retry.notes
 
     def _nodes_of_type(self, gpu_type: str, nodes: Mapping[str, Mapping[str, Any]]) -> int | None:
         """Nodes labelled with the pool's GPU type (the pods' affinity: as written or upper-cased).
@@ -483,41 +480,3 @@ class PoolController:
 
     def _event(self, pool: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
         post_event(self.core, pool, etype, reason, message)
-
-    def reconcile_binding(self, namespace: str, name: str) -> None:
-        """A ToolBinding's status: its pool resolved (`toolbindings.binding_status`)."""
-        try:
-            obj = self.custom.get_namespaced_custom_object(
-                c.GROUP, c.VERSION, namespace, "toolbindings", name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return
-            raise
-        try:
-            with _CONVERT:
-                spec = decode(obj, ToolBinding).spec
-        except msgspec.ValidationError as exc:
-            patch_status(self.custom, "toolbindings", obj["metadata"], {"status": {"phase": "Error"}})
-            post_event(self.core, obj, "Warning", "InvalidSpec", f"the binding's spec cannot be used: {exc}")
-            return
-        exists = False
-        if spec.pool_ref is not None:
-            try:
-                self.custom.get_namespaced_custom_object(
-                    c.GROUP, c.VERSION, namespace, PLURAL, spec.pool_ref.name
-                )
-                exists = True
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-        status = binding_status(spec, exists, int(obj["metadata"].get("generation") or 0))
-        if (obj.get("status") or {}).get("phase") != status["phase"]:
-            post_event(
-                self.core,
-                obj,
-                "Normal",
-                status["conditions"][0]["reason"],
-                status["conditions"][0]["message"],
-            )
-        patch_status(self.custom, "toolbindings", obj["metadata"], {"status": status})

@@ -38,7 +38,7 @@ from neuronetes.costpolicy import (
 )
 from neuronetes.spot import is_spot_node, spot_allowance
 
-from .budget import BUDGET_REACHED, COST_BUDGET_EXCEEDED
+from .budget import BUDGET_REACHED, COST_BUDGET_EXCEEDED, PrimaryCost
 from .policy import ResolvedPool
 
 __all__ = [
@@ -98,8 +98,11 @@ def policy_inputs(
     *,
     now: float,
     autoscaler_on: bool = True,
+    primary: PrimaryCost | None = None,
 ) -> PolicyInputs:
-    """The decision tree's inputs from the pool's object (spec and status) and the node cache."""
+    """The decision tree's inputs from the pool's object (spec and status) and the node cache;
+    `primary`: while the fallback serves a pool with a budget, what ``spec.model`` would cost
+    (`budget.primary_cost`): the cost trigger holds while it does not fit."""
     status = pool.get("status") or {}
     cost = spec.scheduling.cost_optimization if spec.scheduling else None
     autoscaling = spec.autoscaling if spec.autoscaling is not None and spec.autoscaling.enabled else None
@@ -128,10 +131,12 @@ def policy_inputs(
     trigger = cost.fallback_trigger if cost is not None else None
     return PolicyInputs(
         slo=slo,
-        # Over budget, not merely unpriced (`budget.UNKNOWN_PRICES`).
+        # Over budget, not merely unpriced (`budget.UNKNOWN_PRICES`); on the fallback, also while
+        # the primary model would not fit.
         cost_exceeded=(
             budget is not None and budget.get("status") == "True" and budget.get("reason") == BUDGET_REACHED
-        ),
+        )
+        or (primary is not None and not primary.fits),
         spot_available=resolved.spot_allowed and spot_nodes and used < allowed,
         spot_replicas=spot_replicas,
         spot_fallback_requested=bool(spot.get("fallbackRequested")),
@@ -146,10 +151,16 @@ def policy_inputs(
 
 
 def choose_model(
-    pool: Mapping[str, Any], spec: AgentPoolSpec, inputs: PolicyInputs, *, now: float
+    pool: Mapping[str, Any],
+    spec: AgentPoolSpec,
+    inputs: PolicyInputs,
+    *,
+    now: float,
+    primary: PrimaryCost | None = None,
 ) -> ModelChoice | None:
-    """The model the pool serves after this reconcile, from the tree's `inputs` (`policy_inputs`),
-    for a pool with a fallback model (None: it has none, and serves ``spec.model``)."""
+    """The model the pool serves after this reconcile, from the tree's `inputs` (`policy_inputs`,
+    with the same `primary`), for a pool with a fallback model (None: it has none, and serves
+    ``spec.model``)."""
     fallback = inputs.fallback_model
     if fallback is None:
         return None
@@ -175,11 +186,13 @@ def choose_model(
         restore_since=None if held.restore_since is None else _iso(held.restore_since),
         last_switch_time=None if switched_at is None else _iso(switched_at),
     )
-    primary = spec.model or "spec.template"
+    primary_name = spec.model or "spec.template"
     budget = _condition(pool.get("status") or {}, COST_BUDGET_EXCEEDED)
     figures = decision.reason
     if TRIGGER_COST in decision.triggers and budget is not None and budget.get("message"):
         figures += f"; {COST_BUDGET_EXCEEDED}: {budget['message']}"
+    if primary is not None and (TRIGGER_COST in decision.triggers or held.model != fallback):
+        figures += f"; {primary.describe(primary_name)}"
     generation = int(pool["metadata"].get("generation") or 0)
     on_fallback = held.model == fallback
     if on_fallback:
@@ -189,12 +202,14 @@ def choose_model(
             reason = "SloAtRisk"
         else:
             reason = "SpotInterruptions" if TRIGGER_SPOT in decision.triggers else "FallbackHeld"
-        message = f"serving {fallback} instead of {primary}: {figures}"
+        message = f"serving {fallback} instead of {primary_name}: {figures}"
         if held.restore_since is not None:
             back = _iso(held.restore_since + hold_s).isoformat().replace("+00:00", "Z")
-            message += f"; back to {primary} at {back} unless a trigger holds again (holdSeconds {hold_s})"
+            message += (
+                f"; back to {primary_name} at {back} unless a trigger holds again (holdSeconds {hold_s})"
+            )
     else:
-        reason, message = "PrimaryModel", f"serving {primary}: {figures}"
+        reason, message = "PrimaryModel", f"serving {primary_name}: {figures}"
     condition = Condition(
         type=FALLBACK_CONDITION,
         status="True" if on_fallback else "False",
@@ -204,8 +219,8 @@ def choose_model(
     )
     event = None
     if held.switched:
-        came = fallback if not on_fallback else primary
-        went = fallback if on_fallback else primary
+        came = fallback if not on_fallback else primary_name
+        went = fallback if on_fallback else primary_name
         event = (
             "Normal",
             "FallbackModel" if on_fallback else "PrimaryModel",

@@ -11,18 +11,23 @@ over (docs/agentpool.md).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from neuronetes import contracts as c
+
+from .pods import DesiredPod, gang_name
+from .reconcile import Action, is_terminating
 
 __all__ = [
     "FAILED_PHASES",
     "GangFailure",
     "GangRetries",
+    "GangRetryPlan",
     "RetryVerdict",
     "failed_reservations",
+    "plan_gang_retries",
     "pool_of_gang",
 ]
 
@@ -124,3 +129,66 @@ class GangRetries:
 
     def __len__(self) -> int:
         return len(self._gangs)
+
+
+@dataclass(frozen=True, slots=True)
+class GangRetryPlan:
+    """What a reconcile does about its pool's failed gangs (`plan_gang_retries`)."""
+
+    actions: list[Action]
+    """The reconcile's actions with the retried gangs' deletions added and their creations removed
+    (a gang is created whole once its old members are gone)."""
+    notes: dict[str, str] = field(default_factory=dict)
+    """Per failed gang: what the ``GangScheduled`` condition says about it."""
+    retried: dict[str, list[str]] = field(default_factory=dict)
+    """Per gang recreated now: the pods deleted (a ``GangRetry`` Warning Event each)."""
+
+
+def plan_gang_retries(
+    retries: GangRetries,
+    namespace: str,
+    pool: str,
+    gang_size: int,
+    want: Sequence[DesiredPod],
+    pods: Sequence[Mapping[str, Any]],
+    actions: Sequence[Action],
+    reservations: Iterable[Mapping[str, Any]],
+    now: float,
+) -> GangRetryPlan:
+    """Recreate the gangs of `pool` whose reservation (among `reservations`) the extender reported
+    Failed or Expired, with `retries`' backoff: their pods are deleted. A gang bound whole settles
+    its record."""
+    gangs = {gang_name(pool, d.gang) for d in want if d.gang is not None}
+    failures = failed_reservations(reservations, gangs)
+    members: dict[str, list[str]] = {}
+    for pod in pods:
+        gang = (pod["metadata"].get("labels") or {}).get(c.LABEL_GANG)
+        if gang and not is_terminating(pod):
+            members.setdefault(gang, []).append(pod["metadata"]["name"])
+    for gang in gangs - set(failures):
+        bound = [p for p in pods if (p["metadata"].get("labels") or {}).get(c.LABEL_GANG) == gang]
+        if len(bound) == gang_size and all(p.get("spec", {}).get("nodeName") for p in bound):
+            retries.settled(f"{namespace}/{gang}")
+    out = GangRetryPlan(list(actions))
+    deleted = {a.name for a in actions if a.verb == "delete"}
+    for gang, failure in sorted(failures.items()):
+        key = f"{namespace}/{gang}"
+        said = (
+            f"gang {gang}: the scheduler's reservation {failure.phase} ({failure.bound} of {gang_size} bound)"
+        )
+        verdict = retries.decide(key, failure, now)
+        if verdict is None:
+            out.notes[gang] = f"{said}; recreated ({retries.attempts(key)} retries so far)"
+            continue
+        if not verdict.retry:
+            out.notes[gang] = f"{said}; retry {verdict.attempt + 1} in {verdict.wait_s:.0f}s (backoff)"
+            continue
+        doomed = [n for n in members.get(gang, []) if n not in deleted]
+        gang_pods = {d.name for d in want if d.gang is not None and gang_name(pool, d.gang) == gang}
+        out.actions[:] = [a for a in out.actions if not (a.verb == "create" and a.name in gang_pods)]
+        out.actions.extend(Action("delete", n, "GangRetry") for n in doomed)
+        out.notes[gang] = (
+            f"{said}; recreated (retry {verdict.attempt}, the next waits at least {verdict.wait_s:.0f}s)"
+        )
+        out.retried[gang] = sorted(doomed)
+    return out

@@ -32,6 +32,7 @@ from neuronetes.pricing import PriceTable
 
 from .admission import ANNOTATION_SLICE
 from .autoscaler import AutoscalerController, AutoscalerMetrics
+from .binding_controller import BindingController
 from .carbon_gate import CarbonGateController
 from .controller import PLURAL, PoolController
 from .gang_retry import pool_of_gang
@@ -251,7 +252,8 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
         ]
         # One slice worker: slices are bound one at a time (see slice_controller).
         state["tasks"].append(asyncio.create_task(_worker(slice_queue, slices.reconcile)))
-        state["tasks"].append(asyncio.create_task(_worker(binding_queue, controller.reconcile_binding)))
+        bindings = BindingController(api)
+        state["tasks"].append(asyncio.create_task(_worker(binding_queue, bindings.reconcile)))
         if cfg.metrics_port:
             state["metrics_server"] = start_http_server(cfg.metrics_port, registry=metrics_registry)[0]
         if cfg.autoscaler.enabled:

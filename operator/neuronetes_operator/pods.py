@@ -120,10 +120,21 @@ def gang_name(pool: str, index: int) -> str:
     return f"{pool}-{index}"
 
 
-def _resources(spec: AgentPoolSpec) -> dict[str, str]:
+def _resources(spec: AgentPoolSpec, resolved: ResolvedPool, model: str | None) -> dict[str, str]:
+    """The GPUs of a replica serving `model`: ``gpuRequirements.count``, or
+    ``costOptimization.fallbackGPUCount`` for the fallback model when set."""
     if spec.mig_profile is not None:
         return {c.mig_resource_name(spec.mig_profile): "1"}
-    return {c.RESOURCE_GPU: str(spec.gpu_requirements.count)}
+    count = spec.gpu_requirements.count
+    cost = spec.scheduling.cost_optimization if spec.scheduling else None
+    if (
+        cost is not None
+        and cost.fallback_gpu_count is not None
+        and resolved.fallback_model is not None
+        and model == resolved.fallback_model
+    ):
+        count = cost.fallback_gpu_count
+    return {c.RESOURCE_GPU: str(count)}
 
 
 def _node_requirements(spec: AgentPoolSpec, resolved: ResolvedPool) -> list[dict[str, Any]]:
@@ -222,7 +233,7 @@ def _pod_spec(
     first = containers[0]
     resources = first.setdefault("resources", {})
     limits = resources.setdefault("limits", {})
-    limits.update(_resources(spec))
+    limits.update(_resources(spec, resolved, model))
     pod["schedulerName"] = c.SCHEDULER_NAME
     if resolved.priority_class is not None:  # a tier's, chosen by the operator (tiers.pool_priority)
         pod["priorityClassName"] = resolved.priority_class

@@ -16,7 +16,15 @@ from neuronetes import contracts as c
 from neuronetes.api.models import AgentPoolStatus, Condition, CostStatus, Placement, SpotStatus
 from neuronetes.spot import is_spot_node
 
-from .budget import BUDGET_REACHED, COST_BUDGET_EXCEEDED, UNKNOWN_PRICES, BudgetPlan, PoolPrices, pod_gpus
+from .budget import (
+    BUDGET_REACHED,
+    COST_BUDGET_EXCEEDED,
+    UNKNOWN_PRICES,
+    BudgetPlan,
+    PoolPrices,
+    money,
+    pod_gpus,
+)
 from .fallback import ModelChoice
 from .pods import LABEL_POOL
 from .policy import ResolvedPool
@@ -107,10 +115,6 @@ def _fields(cd: Condition) -> dict[str, Any]:
 _SHOWN_NODES = 3
 
 
-def _money(x: float) -> str:
-    return f"{x:.2f}/h"
-
-
 def budget_condition(plan: BudgetPlan, cost: CostStatus, generation: int) -> Condition | None:
     """``CostBudgetExceeded``: True while the budget holds replicas back (reason ``BudgetReached``,
     or ``UnknownPrices`` when only prices nobody knows do), False (``WithinBudget``) otherwise;
@@ -118,12 +122,12 @@ def budget_condition(plan: BudgetPlan, cost: CostStatus, generation: int) -> Con
     if plan.budget is None:
         return None
     figures = (
-        f"running {_money(cost.current_per_hour)}, projected {_money(cost.projected_per_hour)} "
-        f"of a budget of {_money(plan.budget)}"
+        f"running {money(cost.current_per_hour)}, projected {money(cost.projected_per_hour)} "
+        f"of a budget of {money(plan.budget)}"
     )
     kept = len(plan.kept)
     if plan.held_for_cost:
-        next_cost = "" if plan.next_cost is None else f" (the next would cost {_money(plan.next_cost)})"
+        next_cost = "" if plan.next_cost is None else f" (the next would cost {money(plan.next_cost)})"
         message = f"{kept} of {plan.wanted} replicas fit the budget{next_cost}; {figures}"
         if plan.held_for_unknown:
             message += f"; {plan.held_for_unknown} more held back for unknown prices"

@@ -3,7 +3,8 @@ trigger holds, and back once it has been clear for ``holdSeconds``.
 
 The triggers are read from the pool's status, where the other steps put them: the condition
 ``CostBudgetExceeded``, which the operator's own budget step computes from the nodes' prices (the
-dgx-a100-80gb profile: 40.97/h for 8 GPUs, 5.12/h a one-GPU replica), and the autoscaling
+dgx-a100-80gb profile: 40.97/h for 8 GPUs: 10.24/h a replica of llama-70b on 2 GPUs, 5.12/h one of
+llama-8b on ``fallbackGPUCount`` 1), and the autoscaling
 controller's ``status.autoscaling`` (expected TTFT), which the test writes through the status
 subresource as that controller does; the operator runs with its autoscaling controller off so that
 it does not overwrite the decision the test wrote (kwok pods serve no metrics). Pods are kwok pods
@@ -13,6 +14,7 @@ on kwok nodes; the extender places them.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -66,17 +68,19 @@ def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 OWN_NODES = "neuronetes.test/fallback-e2e"
 ON_OWN_NODES = {"nodeSelector": {OWN_NODES: "true"}}
-BUDGET_FOR_TWO = 12  # two one-GPU replicas on dgx-a100-80gb nodes cost 10.24/h
-BUDGET_FOR_ONE = 6
+BUDGET_FOR_PRIMARY = 24  # two replicas of llama-70b (2 GPUs each) on dgx-a100-80gb nodes: 20.48/h
+BUDGET_FOR_FALLBACK = 12  # two of llama-8b (1 GPU each): 10.24/h; one of llama-70b fits, two do not
 
 
-def pool_manifest(name: str, trigger: str, budget: float = BUDGET_FOR_TWO, **spec: Any) -> str:
-    """A pool of 2 replicas serving llama-70b (template labelled size=large) with fallback llama-8b
-    (fallbackTemplate labelled size=small) on `trigger`, as JSON for ``kubectl apply``."""
+def pool_manifest(name: str, trigger: str, budget: float = BUDGET_FOR_PRIMARY, **spec: Any) -> str:
+    """A pool of 2 replicas serving llama-70b on 2 GPUs each (template labelled size=large) with
+    fallback llama-8b on 1 GPU each (fallbackTemplate labelled size=small) on `trigger`, as JSON for
+    ``kubectl apply``."""
     cost = {
         "maxCostPerHour": budget,
         "sloHeadroomMs": 200,
         "fallbackModel": "llama-8b",
+        "fallbackGPUCount": 1,
         "fallbackTemplate": {"metadata": {"labels": {"size": "small"}}, "spec": ON_OWN_NODES},
         "fallbackTrigger": {trigger: True, "holdSeconds": HOLD_S},
     }
@@ -85,6 +89,7 @@ def pool_manifest(name: str, trigger: str, budget: float = BUDGET_FOR_TWO, **spe
         "replicas": 2,
         "minReplicas": 1,
         "maxReplicas": 2,
+        "gpuRequirements": {"count": 2},
         "template": {"metadata": {"labels": {"size": "large"}}, "spec": ON_OWN_NODES},
         "scheduling": {"costOptimization": cost},
         **spec,
@@ -121,10 +126,14 @@ def set_expected_ttft(cluster: E2ECluster, name: str, seconds: float) -> None:
     patch_status(cluster, name, {"autoscaling": {**decided, "expectedTTFTSeconds": seconds}})
 
 
+GPUS = {"large": "2", "small": "1"}
+
+
 def serving(
     cluster: E2ECluster, name: str, model: str, size: str, replicas: int = 2
 ) -> dict[str, Any] | None:
-    """The pool's status once `replicas` Ready pods of `model` (its template: `size`) serve it."""
+    """The pool's status once `replicas` Ready pods of `model` (its template: `size`, and its GPUs)
+    serve it."""
     status = status_of(cluster, name)
     pods = get_json(cluster, "pods", "-n", NS, "-l", f"{LABEL_POOL}={name}")["items"]
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
@@ -135,6 +144,7 @@ def serving(
             p["metadata"]["annotations"].get(c.ANNOTATION_MODEL) == model
             and p["metadata"]["labels"].get("size") == size
             and {"name": ENV_MODEL, "value": model} in p["spec"]["containers"][0]["env"]
+            and p["spec"]["containers"][0]["resources"]["limits"].get(c.RESOURCE_GPU) == GPUS[size]
             and any(
                 cd["type"] == "Ready" and cd["status"] == "True" for cd in p["status"].get("conditions") or []
             )
@@ -161,23 +171,28 @@ def test_cost_exceeded_rolls_to_the_fallback_model_and_back(cluster: E2ECluster,
     budget = condition(status, "CostBudgetExceeded")
     assert budget is not None and budget["status"] == "False"
 
-    # The budget lowered under the running cost: the budget step keeps one replica and says so, and
-    # its condition is the fallback step's trigger.
-    set_budget(cluster, "cost", BUDGET_FOR_ONE)
+    # The budget lowered under the running cost: the budget step keeps one replica of llama-70b and
+    # says so, and its condition is the fallback step's trigger. llama-8b on one GPU a replica
+    # serves both replicas within the budget.
+    set_budget(cluster, "cost", BUDGET_FOR_FALLBACK)
     status = wait_until(
-        lambda: serving(cluster, "cost", "llama-8b", "small", replicas=1), timeout=120, what="8b rolled in"
+        lambda: serving(cluster, "cost", "llama-8b", "small"), timeout=120, what="8b rolled in"
     )
     active = condition(status, "FallbackActive")
     assert active is not None and (active["status"], active["reason"]) == ("True", "CostBudgetExceeded")
     assert "serving llama-8b instead of llama-70b" in active["message"]
-    assert "1 of 2 replicas fit the budget" in active["message"]
-    assert status["fallback"]["action"] in ("degrade-model", "keep")
+    assert "llama-70b would cost 20.48/h at 2 replicas, over maxCostPerHour 12.00/h" in active["message"]
     assert status["fallback"]["triggers"] == ["costExceeded"]
     budget = condition(status, "CostBudgetExceeded")
-    assert budget is not None and budget["status"] == "True"
+    assert budget is not None and (budget["status"], budget["reason"]) == ("False", "WithinBudget")
+    assert status["cost"]["currentPerHour"] == pytest.approx(10.24, abs=0.01)
     assert "FallbackModel" in reasons(cluster, "cost")
+    # The fallback fits, the primary still does not: past holdSeconds the pool stays (no round trip).
+    time.sleep(HOLD_S + 4)
+    assert serving(cluster, "cost", "llama-8b", "small") is not None
+    assert "PrimaryModel" not in reasons(cluster, "cost")
 
-    set_budget(cluster, "cost", BUDGET_FOR_TWO)
+    set_budget(cluster, "cost", BUDGET_FOR_PRIMARY)
     status = wait_until(lambda: serving(cluster, "cost", "llama-70b", "large"), timeout=120, what="70b back")
     active = condition(status, "FallbackActive")
     assert active is not None and (active["status"], active["reason"]) == ("False", "PrimaryModel")
@@ -186,6 +201,8 @@ def test_cost_exceeded_rolls_to_the_fallback_model_and_back(cluster: E2ECluster,
     switched = [e["reason"] for e in said if e["reason"] in ("FallbackModel", "PrimaryModel")]
     told = "\n".join(f"{e.get('firstTimestamp')} {e['reason']}: {e['message']}" for e in said)
     assert switched == ["FallbackModel", "PrimaryModel"], told  # one switch each way, no flapping
+    back = next(e["message"] for e in said if e["reason"] == "PrimaryModel")
+    assert "within maxCostPerHour 24.00/h" in back
 
 
 def test_slo_at_risk_rolls_to_the_faster_fallback_and_back(cluster: E2ECluster, stack: LocalStack) -> None:

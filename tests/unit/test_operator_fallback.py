@@ -11,8 +11,16 @@ from typing import Any
 import pytest
 import yaml
 
+from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, decode
-from neuronetes_operator.budget import BUDGET_REACHED, UNKNOWN_PRICES
+from neuronetes_operator.budget import (
+    BUDGET_REACHED,
+    UNKNOWN_PRICES,
+    PoolPrices,
+    PrimaryCost,
+    pod_gpus,
+    primary_cost,
+)
 from neuronetes_operator.fallback import SLO_SIGNAL_MAX_AGE_S, choose_model, policy_inputs
 from neuronetes_operator.pods import ANNOTATION_MODEL, ENV_MODEL, desired_pods
 from neuronetes_operator.policy import resolve
@@ -217,6 +225,64 @@ def test_the_fallback_template_is_used_for_the_fallback_model_only() -> None:
         small["spec"]["containers"][0]["name"] == "small" and small["metadata"]["labels"]["tier"] == "small"
     )
     assert big["spec"]["containers"][0]["name"] == "vllm" and "tier" not in big["metadata"]["labels"]
+
+
+def test_the_fallback_pods_hold_fallback_gpu_count_gpus() -> None:
+    """A smaller model on fewer GPUs is what makes the fallback cheaper: its pods ask for
+    fallbackGPUCount GPUs, the primary's for gpuRequirements.count, and the budget prices each by
+    what it asks."""
+    spec_text = SPEC + "    fallbackGPUCount: 1\ngpuRequirements: {count: 4}\n"
+    obj = pool(spec_text)
+    spec = decode(obj, AgentPool).spec
+    small = desired_pods(obj, spec, resolve(spec), model="llama-8b")[0].manifest
+    big = desired_pods(obj, spec, resolve(spec))[0].manifest
+    assert small["spec"]["containers"][0]["resources"]["limits"] == {"neuronetes.io/gpu": "1"}
+    assert big["spec"]["containers"][0]["resources"]["limits"] == {"neuronetes.io/gpu": "4"}
+    assert (pod_gpus(small), pod_gpus(big)) == (1, 4)
+
+
+def on_fallback(primary: PrimaryCost, now: float = NOW, **status: Any) -> Any:
+    """The pool serving llama-8b, its own budget condition clear, and what llama-70b would cost."""
+    obj = pool(
+        status={"activeModel": "llama-8b", "autoscaling": decided(0.3, at=now), "conditions": [budget(False)]}
+        | status
+    )
+    spec = decode(obj, AgentPool).spec
+    inputs = policy_inputs(obj, spec, resolve(spec), {}, now=now, primary=primary)
+    return choose_model(obj, spec, inputs, now=now, primary=primary)
+
+
+def test_on_the_fallback_the_cost_trigger_holds_while_the_primary_would_not_fit() -> None:
+    """The fallback fits the budget (its condition is clear); the pool goes back only once
+    spec.model would fit too, not round trip every holdSeconds."""
+    over = on_fallback(PrimaryCost(20.48, 2, 12.0))
+    assert over.model == "llama-8b" and over.decision.action == "keep"
+    assert over.status.triggers == ["costExceeded"] and over.status.restore_since is None
+    assert (over.condition.status, over.condition.reason) == ("True", "CostBudgetExceeded")
+    assert "llama-70b would cost 20.48/h at 2 replicas, over maxCostPerHour 12.00/h" in over.condition.message
+    assert over.event is None
+    unknown = on_fallback(PrimaryCost(None, 2, 12.0))
+    assert unknown.model == "llama-8b" and "would cost an unknown price" in unknown.condition.message
+    # The budget raised: the primary fits, and after the hold time the pool goes back.
+    fits = on_fallback(PrimaryCost(20.48, 2, 24.0))
+    assert fits.model == "llama-8b" and fits.decision.action == "restore-model"
+    assert fits.status.restore_since is not None
+    back = on_fallback(PrimaryCost(20.48, 2, 24.0), now=NOW + 60, fallback={"restoreSince": iso(NOW)})
+    assert back.model == "llama-70b" and back.event is not None and back.event[1] == "PrimaryModel"
+    assert "within maxCostPerHour 24.00/h" in back.event[2]
+
+
+def test_the_primary_cost_is_its_pods_projection() -> None:
+    obj = pool(SPEC + "gpuRequirements: {count: 2}\n")
+    spec = decode(obj, AgentPool).spec
+    want = desired_pods(obj, spec, resolve(spec))
+    node = {"metadata": {"labels": {c.LABEL_PRICE_PER_HOUR: "40.96", c.LABEL_GPU_COUNT: "8"}}}
+    priced = PoolPrices({"n1": node}, template_spec=want[0].template.spec)
+    assert primary_cost(want, priced, 12.0) == PrimaryCost(20.48, 2, 12.0)
+    assert not primary_cost(want, priced, 12.0).fits and primary_cost(want, priced, 20.48).fits
+    unpriced = PoolPrices({"n1": {"metadata": {"labels": {}}}}, template_spec=want[0].template.spec)
+    assert primary_cost(want, unpriced, 100.0) == PrimaryCost(None, 2, 100.0)
+    assert not PrimaryCost(None, 2, 100.0).fits
 
 
 def test_a_pool_without_a_fallback_model_is_as_before() -> None:

@@ -324,7 +324,6 @@ class PoolController:
         retry = plan_gang_retries(
             self.retries,
             meta["namespace"],
-            meta["name"],
             gang_size,
             want,
             pods,

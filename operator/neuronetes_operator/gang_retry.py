@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from neuronetes import contracts as c
 
-from .pods import DesiredPod, gang_name
+from .pods import DesiredPod
 from .reconcile import Action, is_terminating
 
 __all__ = [
@@ -147,7 +147,6 @@ class GangRetryPlan:
 def plan_gang_retries(
     retries: GangRetries,
     namespace: str,
-    pool: str,
     gang_size: int,
     want: Sequence[DesiredPod],
     pods: Sequence[Mapping[str, Any]],
@@ -155,10 +154,12 @@ def plan_gang_retries(
     reservations: Iterable[Mapping[str, Any]],
     now: float,
 ) -> GangRetryPlan:
-    """Recreate the gangs of `pool` whose reservation (among `reservations`) the extender reported
-    Failed or Expired, with `retries`' backoff: their pods are deleted. A gang bound whole settles
-    its record."""
-    gangs = {gang_name(pool, d.gang) for d in want if d.gang is not None}
+    """Recreate the gangs of `want` (either generation) whose reservation (among `reservations`)
+    the extender reported Failed or Expired, with `retries`' backoff: their pods are deleted. A
+    gang bound whole settles its record."""
+    # Both generations of each gang: a spot replacement is a gang of its own (``<gang>-r``), and
+    # its reservation can fail as the original's can.
+    gangs = {d.template.gang_label(d.gang, r) for d in want if d.gang is not None for r in (False, True)}
     failures = failed_reservations(reservations, gangs)
     members: dict[str, list[str]] = {}
     for pod in pods:
@@ -184,8 +185,7 @@ def plan_gang_retries(
             out.notes[gang] = f"{said}; retry {verdict.attempt + 1} in {verdict.wait_s:.0f}s (backoff)"
             continue
         doomed = [n for n in members.get(gang, []) if n not in deleted]
-        gang_pods = {d.name for d in want if d.gang is not None and gang_name(pool, d.gang) == gang}
-        out.actions[:] = [a for a in out.actions if not (a.verb == "create" and a.name in gang_pods)]
+        out.actions[:] = [a for a in out.actions if not (a.verb == "create" and a.unit == f"gang:{gang}")]
         out.actions.extend(Action("delete", n, "GangRetry") for n in doomed)
         out.notes[gang] = (
             f"{said}; recreated (retry {verdict.attempt}, the next waits at least {verdict.wait_s:.0f}s)"

@@ -10,9 +10,16 @@ import yaml
 
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, decode
-from neuronetes_operator.gang_retry import GangFailure, GangRetries, failed_reservations, pool_of_gang
+from neuronetes_operator.gang_retry import (
+    GangFailure,
+    GangRetries,
+    failed_reservations,
+    plan_gang_retries,
+    pool_of_gang,
+)
 from neuronetes_operator.pods import desired_pods, gang_name
 from neuronetes_operator.policy import resolve
+from neuronetes_operator.reconcile import Action
 from neuronetes_operator.status import pool_status
 
 pytestmark = pytest.mark.unit
@@ -76,7 +83,7 @@ def test_retries_back_off_and_each_report_is_handled_once() -> None:
     assert len(retries) == 1 and retries.attempts("ns/p-10-1") == 1
 
 
-def test_the_pool_says_its_gang_reservation_failed() -> None:
+def gang_pool() -> tuple[dict[str, Any], Any]:
     spec = "minReplicas: 2\ngpuRequirements: {count: 1}\nscheduling: {gangScheduling: {enabled: true}}"
     pool = {
         "apiVersion": c.API_VERSION,
@@ -84,8 +91,14 @@ def test_the_pool_says_its_gang_reservation_failed() -> None:
         "metadata": {"name": "p", "namespace": "ns", "uid": "u", "generation": 1},
         "spec": yaml.safe_load(spec),
     }
+    spec_obj = decode(pool, AgentPool).spec
+    return pool, desired_pods(pool, spec_obj, resolve(spec_obj))
+
+
+def test_the_pool_says_its_gang_reservation_failed() -> None:
+    pool, want = gang_pool()
     resolved = resolve(decode(pool, AgentPool).spec)
-    pods = [d.manifest for d in desired_pods(pool, decode(pool, AgentPool).spec, resolved)]
+    pods = [d.manifest for d in want]
     note = "gang p-0: the scheduler's reservation Expired (1 of 2 bound); recreated (retry 1)"
     st = pool_status(pool, resolved, pods, {}, gang_notes={"p-0": note})
     gang = next(cd for cd in st.conditions or [] if cd.type == "GangScheduled")
@@ -98,3 +111,29 @@ def test_a_replacement_gangs_label_names_its_pool() -> None:
     reservation's events still reach its pool."""
     assert pool_of_gang("my-pool-12-r") == "my-pool"
     assert pool_of_gang("x-3-r-0") == "x-3-r"
+
+
+def test_a_failed_gang_is_deleted_whole_and_its_creations_held_back() -> None:
+    _, want = gang_pool()
+    pods = [want[0].manifest]  # one member exists, the other is about to be created
+    creating = [Action("create", want[1].name, "Created", want[1], want[1].unit)]
+    retries = GangRetries(base_s=10.0)
+    got = plan_gang_retries(retries, "ns", 2, want, pods, creating, [reservation("p-0", "Expired")], 100.0)
+    assert [(a.verb, a.name, a.reason) for a in got.actions] == [("delete", want[0].name, "GangRetry")]
+    assert got.retried == {"p-0": [want[0].name]}
+    assert "recreated (retry 1, the next waits at least 10s)" in got.notes["p-0"]
+    # The same report again: handled already; nothing deleted twice.
+    again = plan_gang_retries(retries, "ns", 2, want, pods, [], [reservation("p-0", "Expired")], 101.0)
+    assert again.actions == [] and again.retried == {} and "1 retries so far" in again.notes["p-0"]
+
+
+def test_a_spot_replacement_gang_whose_reservation_failed_is_retried_too() -> None:
+    """The replacement of a gang on a spot interruption (``p-0-r``) is a gang of its own: its
+    failed reservation is retried like the original's, its members deleted, the original kept."""
+    _, want = gang_pool()
+    replacement = [d.swapped() for d in want]
+    pods = [d.manifest for d in want] + [d.manifest for d in replacement]
+    assert {p["metadata"]["labels"][c.LABEL_GANG] for p in pods} == {"p-0", "p-0-r"}
+    got = plan_gang_retries(GangRetries(), "ns", 2, want, pods, [], [reservation("p-0-r", "Failed")], 5.0)
+    assert sorted(a.name for a in got.actions) == sorted(d.name for d in replacement)
+    assert {a.reason for a in got.actions} == {"GangRetry"} and list(got.notes) == ["p-0-r"]

@@ -109,7 +109,7 @@ def _parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
     try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        when = datetime.fromisoformat(value)
     except ValueError:
         return None
     return when if when.tzinfo else when.replace(tzinfo=UTC)

@@ -30,7 +30,7 @@ def _age(timestamp: str) -> str:
     if not timestamp:
         return "-"
     try:
-        then = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+        then = datetime.fromisoformat(timestamp)
     except ValueError:
         return timestamp
     seconds = max(0, int((datetime.now(UTC) - then).total_seconds()))

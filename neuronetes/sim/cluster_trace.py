@@ -82,7 +82,7 @@ def _epoch(timestamp: str | None) -> str:
     if not timestamp:
         return ""
     try:
-        return str(int(datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()))
+        return str(int(datetime.fromisoformat(timestamp).timestamp()))
     except ValueError:
         return ""
 

@@ -107,12 +107,12 @@ def gated_pod(pod: Mapping[str, Any]) -> GatedPod:
     parse (an unparsable one is ignored: the pool's maxDelay still bounds the wait)."""
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
-    created = datetime.fromisoformat(str(meta["creationTimestamp"]).replace("Z", "+00:00"))
+    created = datetime.fromisoformat(str(meta["creationTimestamp"]))
     deadline = None
     raw = annotations.get(ANNOTATION_DEADLINE)
     if raw:
         try:
-            deadline = datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+            deadline = datetime.fromisoformat(str(raw))
             if deadline.tzinfo is None:
                 deadline = deadline.replace(tzinfo=UTC)
         except ValueError:

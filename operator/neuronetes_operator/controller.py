@@ -88,8 +88,8 @@ def _recorded_notices(spot: Mapping[str, Any], now: datetime) -> dict[str, datet
     out = {}
     for item in spot.get("interruptions") or []:
         try:
-            noticed = datetime.fromisoformat(str(item["noticed"]).replace("Z", "+00:00"))
-            deadline = datetime.fromisoformat(str(item["deadline"]).replace("Z", "+00:00"))
+            noticed = datetime.fromisoformat(str(item["noticed"]))
+            deadline = datetime.fromisoformat(str(item["deadline"]))
         except (KeyError, ValueError):
             continue
         if deadline > now:

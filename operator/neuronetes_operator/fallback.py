@@ -74,7 +74,7 @@ def _time(value: Any) -> float | None:
     if isinstance(value, datetime):
         return value.timestamp()
     try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(str(value)).timestamp()
     except ValueError:
         return None
 

@@ -119,7 +119,7 @@ def pod_counts(pod: Mapping[str, Any], now: datetime | None = None) -> bool:
     stamp, grace = meta.get("deletionTimestamp"), meta.get("deletionGracePeriodSeconds")
     if stamp and grace is not None:
         try:
-            when = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+            when = datetime.fromisoformat(str(stamp))
         except ValueError:
             return True
         return (now or datetime.now(UTC)) <= when + timedelta(seconds=int(grace))

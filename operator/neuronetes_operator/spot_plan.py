@@ -99,7 +99,7 @@ def _replaces(pod: Mapping[str, Any]) -> tuple[str, datetime | None] | None:
         return None
     name, _, when = str(raw).partition("@")
     try:
-        deadline = datetime.fromisoformat(when.replace("Z", "+00:00")) if when else None
+        deadline = datetime.fromisoformat(when) if when else None
     except ValueError:
         deadline = None
     return name, deadline
@@ -288,7 +288,7 @@ _KEEP_S = 3600.0
 
 def _when(text: Any) -> datetime | None:
     try:
-        return datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
+        return datetime.fromisoformat(str(text)) if text else None
     except ValueError:
         return None
 

@@ -102,7 +102,7 @@ def _merge_times(new: list[Condition], old: Sequence[Mapping[str, Any]], now: da
         prev = before.get(cd.type)
         since = now
         if prev is not None and prev.get("status") == cd.status and prev.get("lastTransitionTime"):
-            since = datetime.fromisoformat(str(prev["lastTransitionTime"]).replace("Z", "+00:00"))
+            since = datetime.fromisoformat(str(prev["lastTransitionTime"]))
         out.append(Condition(**{**_fields(cd), "last_transition_time": since}))
     return out
 
@@ -339,9 +339,7 @@ def _carried(old: Sequence[Mapping[str, Any]], computed: set[str]) -> list[Condi
                     type=str(cd["type"]),
                     status=cd.get("status", "Unknown"),
                     observed_generation=cd.get("observedGeneration"),
-                    last_transition_time=None
-                    if not since
-                    else datetime.fromisoformat(str(since).replace("Z", "+00:00")),
+                    last_transition_time=None if not since else datetime.fromisoformat(str(since)),
                     reason=cd.get("reason"),
                     message=cd.get("message"),
                 )

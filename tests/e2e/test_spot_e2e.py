@@ -190,7 +190,7 @@ def test_max_spot_percent_and_a_notice_moves_the_pod_to_on_demand_before_the_dea
     assert not spot.spot_node(new.spec.node_name) and new.spec.node_name != node
     (entry,) = [i for i in spot.pool("share")["status"]["spot"]["interruptions"] if i["node"] == node]
     assert entry["source"] == "aws-nth-spot-itn"
-    deadline = datetime.fromisoformat(entry["deadline"].replace("Z", "+00:00"))
+    deadline = datetime.fromisoformat(entry["deadline"])
     assert ready_since(new) <= deadline
     pods = wait_until(lambda: settled(spot, "share", 4), timeout=60, what="4 pods Ready again")
     assert sum(spot.spot_node(p.spec.node_name) for p in pods) <= 2

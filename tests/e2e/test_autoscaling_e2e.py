@@ -27,11 +27,9 @@ from typing import Any
 import pytest
 from e2e_cluster import E2ECluster, wait_until
 from e2e_prometheus import PrometheusServer, free_port, needs_prometheus
-from extender_harness import ExtenderProcess
 from observability import dashboard_queries
+from operator_stack import operator_stack
 
-from neuronetes.devcluster import ExtenderConfig
-from neuronetes.devcluster.localstack import LocalStack
 from neuronetes_operator.launch import dev_operator_settings
 from neuronetes_operator.pods import LABEL_POOL
 
@@ -134,41 +132,33 @@ class Engines:
 @pytest.fixture(scope="module")
 def env(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     work = Path(tmp_path_factory.mktemp("autoscaling"))
-    ext = ExtenderProcess(cluster.extender_kubeconfig, work)
-    ext.start()
-    cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
-    cluster.kubectl("create", "namespace", NS)
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(KEDA_CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s")
-    nodes = cluster.add_nodes("dgx-a100-80gb", 2, "as-dgx")
-    engines = Engines(cluster, work)
-    (work / "prom").mkdir()
     metrics_port = free_port()
-    # Prometheus scrapes the engines (their pods' labels from the file) and the operator itself.
-    prom = PrometheusServer(
-        work / "prom", {"operator": [f"127.0.0.1:{metrics_port}"]}, file_sd={"pods": engines.targets}
-    )
     settings = {
         **dev_operator_settings(),
         "metricsPort": metrics_port,
         "autoscaler": {"intervalSeconds": 1, "rateWindowSeconds": 4},
     }
-    local = LocalStack(cluster.kubeconfig, work / "stack", cluster.kubectl, settings=settings, replicas=1)
-    try:
-        with prom:
-            local.start()
-            yield {"engines": engines, "prom": prom, "metrics": f"http://127.0.0.1:{metrics_port}/metrics"}
-    finally:
-        cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
-        cluster.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=false", check=False)
-        # The cluster is shared: later tests place GPU pods on the nodes they made, not on these.
-        cluster.kubectl("delete", "node", *nodes, "--wait=false", check=False)
-        cluster.kubectl("delete", "gpunode", *nodes, "--wait=false", check=False)
-        local.stop()
-        engines.stop()
-        cluster.set_extender(ExtenderConfig.from_env())
-        ext.stop()
-        print(f"--- operator log ---\n{local.operator.tail(30)}")
+    with operator_stack(cluster, work, NS, settings=settings, replicas=1) as up:
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(KEDA_CRD))
+        cluster.kubectl("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=60s")
+        up.add_nodes("dgx-a100-80gb", 2, "as-dgx")
+        engines = Engines(cluster, work)
+        (work / "prom").mkdir()
+        # Prometheus scrapes the engines (their pods' labels from the file) and the operator itself.
+        prom = PrometheusServer(
+            work / "prom", {"operator": [f"127.0.0.1:{metrics_port}"]}, file_sd={"pods": engines.targets}
+        )
+        try:
+            with prom:
+                up.local.start()
+                yield {
+                    "engines": engines,
+                    "prom": prom,
+                    "metrics": f"http://127.0.0.1:{metrics_port}/metrics",
+                }
+        finally:
+            cluster.kubectl("delete", "crd", "scaledobjects.keda.sh", "--wait=false", check=False)
+            engines.stop()
 
 
 def pool_yaml(

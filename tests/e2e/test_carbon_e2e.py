@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 from e2e_cluster import E2ECluster, wait_until
-from extender_harness import ExtenderProcess
+from operator_stack import operator_stack
 
 from neuronetes.carbon.release import GATE
-from neuronetes.devcluster import ExtenderConfig
 from neuronetes.devcluster.localstack import LocalStack
 from neuronetes_operator.launch import dev_operator_settings
 from neuronetes_operator.pods import LABEL_POOL
@@ -51,9 +50,6 @@ def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     work = Path(tmp_path_factory.mktemp("carbon"))
     source = work / "intensity.json"
     write_intensity(source, 400)
-    ext = ExtenderProcess(cluster.extender_kubeconfig, work)
-    ext.start()
-    cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
     settings = {
         **dev_operator_settings(),
         "carbon": {
@@ -61,23 +57,10 @@ def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
             "source": {"type": "file", "path": str(source), "refreshSeconds": REFRESH_S},
         },
     }
-    local = LocalStack(cluster.kubeconfig, work, cluster.kubectl, settings=settings)
-    nodes: list[str] = []
-    try:
-        local.start()
-        cluster.kubectl("create", "namespace", NS)
-        nodes = cluster.add_nodes("t4x4-pcie", 4, "carbon-t4")  # 16 GPUs: 11 pods
-        yield local, source
-    finally:
-        cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
-        if nodes:
-            cluster.kubectl("delete", "node", *nodes, "--wait=false", check=False)
-            cluster.kubectl("delete", "gpunode", *nodes, "--wait=false", check=False)
-        local.stop()
-        cluster.set_extender(ExtenderConfig.from_env())
-        ext.stop()
-        for proc in (local.operator, *local.webhooks):
-            print(f"--- {proc.name} log ---\n{proc.tail(15)}")
+    with operator_stack(cluster, work, NS, settings=settings, log_lines=15) as up:
+        up.local.start()
+        up.add_nodes("t4x4-pcie", 4, "carbon-t4")  # 16 GPUs: 11 pods
+        yield up.local, source
 
 
 def get_json(cluster: E2ECluster, *args: str) -> Any:

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from e2e_cluster import E2ECluster, wait_until
 from extender_harness import ExtenderProcess
+from operator_stack import operator_stack
 
 from neuronetes import contracts as c
-from neuronetes.devcluster import ExtenderConfig
 from neuronetes.devcluster.access import EXTENDER_NAMESPACE, EXTENDER_SERVICE_ACCOUNT
 from neuronetes.devcluster.localstack import LocalStack
 from neuronetes.pricing import PRICE_TABLE_KEY
@@ -75,42 +75,36 @@ def extender_table_access() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     work = Path(tmp_path_factory.mktemp("cost"))
-    cluster.kubectl("create", "namespace", NS)
-    set_table(cluster, "{}")  # no entries yet: the table node's price is unknown
-    # What the chart grants the extender (files/rbac.yaml): this one ConfigMap, by name.
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(extender_table_access()))
-    ext = ExtenderProcess(cluster.extender_kubeconfig, work, extra_args=["--price-table", f"{NS}/{TABLE}"])
-    ext.start()
-    cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
+
+    def prepare() -> None:
+        set_table(cluster, "{}")  # no entries yet: the table node's price is unknown
+        # What the chart grants the extender (files/rbac.yaml): this one ConfigMap, by name.
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(extender_table_access()))
+
     settings = {**dev_operator_settings(), "priceTable": f"{NS}/{TABLE}", "resyncSeconds": 5}
-    local = LocalStack(cluster.kubeconfig, work / "stack", cluster.kubectl, settings=settings, replicas=1)
-    # Two nodes priced by their label (16/h for 8 GPUs: 2/h a GPU); one by the table alone.
-    nodes = cluster.add_nodes(
-        "dgx-a100-80gb", 2, "cost-labelled", labels={SELECT: "labelled", c.LABEL_PRICE_PER_HOUR: "16.00"}
-    )
-    by_table = profile("dgx-a100-80gb").node_spec(
-        "cost-table-0",
-        labels={
-            SELECT: "table",
-            "node.kubernetes.io/instance-type": INSTANCE,
-            "karpenter.sh/capacity-type": "on-demand",
-        },
-    )
-    nodes += cluster.dev.create_nodes([replace(by_table, price_per_hour=None)])
-    try:
-        local.start()
-        stack_extender.append(ext)
-        yield local
-    finally:
-        cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
-        # The cluster is shared: later tests place GPU pods on the nodes they made, not on these.
-        cluster.kubectl("delete", "node", *nodes, "--wait=false", check=False)
-        cluster.kubectl("delete", "gpunode", *nodes, "--wait=false", check=False)
-        local.stop()
-        cluster.set_extender(ExtenderConfig.from_env())
-        ext.stop()
-        print(f"--- operator log ---\n{local.operator.tail(30)}")
-        stack_extender.clear()
+    table = ["--price-table", f"{NS}/{TABLE}"]
+    with operator_stack(
+        cluster, work, NS, settings=settings, extender_args=table, prepare=prepare, replicas=1
+    ) as up:
+        # Two nodes priced by their label (16/h for 8 GPUs: 2/h a GPU); one by the table alone.
+        up.add_nodes(
+            "dgx-a100-80gb", 2, "cost-labelled", labels={SELECT: "labelled", c.LABEL_PRICE_PER_HOUR: "16.00"}
+        )
+        by_table = profile("dgx-a100-80gb").node_spec(
+            "cost-table-0",
+            labels={
+                SELECT: "table",
+                "node.kubernetes.io/instance-type": INSTANCE,
+                "karpenter.sh/capacity-type": "on-demand",
+            },
+        )
+        up.nodes += cluster.dev.create_nodes([replace(by_table, price_per_hour=None)])
+        up.local.start()
+        stack_extender.append(up.extender)
+        try:
+            yield up.local
+        finally:
+            stack_extender.clear()
 
 
 def apply_pool(

@@ -22,10 +22,9 @@ from typing import Any
 
 import pytest
 from e2e_cluster import E2ECluster, wait_until
-from extender_harness import ExtenderProcess
+from operator_stack import operator_stack
 
 from neuronetes import contracts as c
-from neuronetes.devcluster import ExtenderConfig
 from neuronetes.devcluster.localstack import LocalStack
 from neuronetes_operator.launch import dev_operator_settings
 from neuronetes_operator.pods import ENV_MODEL, LABEL_POOL
@@ -43,27 +42,15 @@ def get_json(cluster: E2ECluster, *args: str) -> Any:
 @pytest.fixture(scope="module")
 def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     work = Path(tmp_path_factory.mktemp("fallback"))
-    ext = ExtenderProcess(cluster.extender_kubeconfig, work)
-    ext.start()
-    cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
-    cluster.kubectl("create", "namespace", NS)
-    # The pools run on these nodes only: the budget prices a pod by every node it may land on, and
-    # nodes other tests left in the shared cluster may have no price (unknown: nothing is created).
-    nodes = cluster.add_nodes("dgx-a100-80gb", 2, "fb-dgx", labels={OWN_NODES: "true"})
     # Resync every 2 s: the roll back is due HOLD_S after the trigger cleared, with no event then.
     settings = {**dev_operator_settings(), "resyncSeconds": 2, "autoscaler": {"enabled": False}}
-    local = LocalStack(cluster.kubeconfig, work / "stack", cluster.kubectl, settings=settings, replicas=1)
-    try:
-        local.start()
-        yield local
-    finally:
-        cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
-        cluster.kubectl("delete", "node", *nodes, "--wait=false", check=False)
-        cluster.kubectl("delete", "gpunode", *nodes, "--wait=false", check=False)
-        local.stop()
-        cluster.set_extender(ExtenderConfig.from_env())
-        ext.stop()
-        print(f"--- operator log ---\n{local.operator.tail(30)}")
+    with operator_stack(cluster, work, NS, settings=settings, replicas=1) as up:
+        # The pools run on these nodes only: the budget prices a pod by every node it may land on,
+        # and nodes other tests left in the shared cluster may have no price (unknown: nothing is
+        # created).
+        up.add_nodes("dgx-a100-80gb", 2, "fb-dgx", labels={OWN_NODES: "true"})
+        up.local.start()
+        yield up.local
 
 
 OWN_NODES = "neuronetes.test/fallback-e2e"

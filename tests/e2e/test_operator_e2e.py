@@ -20,11 +20,10 @@ import msgspec
 import pytest
 from apitools import seed_examples
 from e2e_cluster import E2ECluster, wait_until
-from extender_harness import ExtenderProcess
+from operator_stack import operator_stack
 
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, decode
-from neuronetes.devcluster import ExtenderConfig
 from neuronetes.devcluster.localstack import LocalStack
 from neuronetes_operator.launch import dev_operator_settings
 from neuronetes_operator.pods import LABEL_POOL, LABEL_TEMPLATE_HASH
@@ -56,30 +55,13 @@ def apply(cluster: E2ECluster, text: str, *extra: str) -> subprocess.CompletedPr
 @pytest.fixture(scope="module")
 def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     work = Path(tmp_path_factory.mktemp("operator"))
-    ext = ExtenderProcess(cluster.extender_kubeconfig, work)
-    ext.start()
-    cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
     # Batches of 8 pod changes a reconcile: the larger pools here converge over several.
-    local = LocalStack(
-        cluster.kubeconfig,
-        work,
-        cluster.kubectl,
-        settings={**dev_operator_settings(), "batchSize": BATCH},
-        tiers=TIERS,
-    )
-    try:
-        local.start()
-        cluster.kubectl("create", "namespace", NS)
+    settings = {**dev_operator_settings(), "batchSize": BATCH}
+    with operator_stack(cluster, work, NS, settings=settings, tiers=TIERS, log_lines=15) as up:
+        up.local.start()
         for profile, count in NODES.items():
-            cluster.add_nodes(profile, count, f"op-{profile}")
-        yield local
-    finally:
-        cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
-        local.stop()
-        cluster.set_extender(ExtenderConfig.from_env())
-        ext.stop()
-        for proc in (local.operator, *local.webhooks):
-            print(f"--- {proc.name} log ---\n{proc.tail(15)}")
+            up.add_nodes(profile, count, f"op-{profile}")
+        yield up.local
 
 
 def wait_ready(cluster: E2ECluster, pool: str, timeout: float = 90) -> dict[str, Any]:

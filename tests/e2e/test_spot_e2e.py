@@ -28,11 +28,9 @@ from typing import Any
 
 import pytest
 from e2e_cluster import E2ECluster, wait_until
-from extender_harness import ExtenderProcess
 from kubernetes import client
+from operator_stack import OperatorStack, operator_stack
 
-from neuronetes.devcluster import ExtenderConfig
-from neuronetes.devcluster.localstack import LocalStack
 from neuronetes.spot import is_spot_node
 from neuronetes_operator.launch import dev_operator_settings
 from neuronetes_operator.pods import LABEL_POOL
@@ -73,19 +71,16 @@ def pool(name: str, replicas: int, cost: dict[str, Any], group: str) -> dict[str
 class Spot:
     """The cluster seen by one test: pools, pods, nodes and the operator's Events."""
 
-    def __init__(self, cluster: E2ECluster) -> None:
-        self.cluster = cluster
+    def __init__(self, cluster: E2ECluster, stack: OperatorStack) -> None:
+        self.cluster, self.stack = cluster, stack
         api = cluster.api_client()
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
-        self.nodes: list[str] = []
 
     def add(self, count: int, prefix: str, *, spot: bool, group: str) -> list[str]:
         capacity = "spot" if spot else "on-demand"
         labels = {"karpenter.sh/capacity-type": capacity, MARK: group}
-        names = self.cluster.add_nodes(PROFILE, count, prefix, spot=spot, labels=labels)
-        self.nodes += names
-        return names
+        return self.stack.add_nodes(PROFILE, count, prefix, spot=spot, labels=labels)
 
     def apply(self, obj: dict[str, Any]) -> None:
         self.cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
@@ -142,22 +137,10 @@ def settled(spot: Spot, name: str, want: int) -> list[Any] | None:
 @pytest.fixture(scope="module")
 def spot(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spot]:
     work = Path(tmp_path_factory.mktemp("spot"))
-    ext = ExtenderProcess(cluster.extender_kubeconfig, work)
-    ext.start()
-    cluster.set_extender(ExtenderConfig(url=ext.url, weight=20))
-    local = LocalStack(cluster.kubeconfig, work, cluster.kubectl, settings=dev_operator_settings())
-    view = Spot(cluster)
-    try:
-        local.start()
-        cluster.kubectl("create", "namespace", NS)
+    with operator_stack(cluster, work, NS, settings=dev_operator_settings()) as up:
+        view = Spot(cluster, up)
+        up.local.start()
         yield view
-    finally:
-        cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
-        if view.nodes:
-            cluster.kubectl("delete", "node", *view.nodes, "--wait=false", check=False)
-        local.stop()
-        cluster.set_extender(ExtenderConfig.from_env())
-        ext.stop()
 
 
 def test_max_spot_percent_and_a_notice_moves_the_pod_to_on_demand_before_the_deadline(spot: Spot) -> None:

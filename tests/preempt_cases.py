@@ -37,7 +37,9 @@ def _node(rng: random.Random, k: int) -> NodeSpec:
     mig = rng.random() < 0.2
     model, mem = ("A100-40GB", 40960) if mig or rng.random() < 0.5 else ("A100-80GB", 81920)
     gpus = tuple(
-        GpuSpec(j, f"n{k}-g{j}", model, mem, nvlink_group=j // 4, nvlink_bandwidth_gbps=300.0, mig_enabled=mig)
+        GpuSpec(
+            j, f"n{k}-g{j}", model, mem, nvlink_group=j // 4, nvlink_bandwidth_gbps=300.0, mig_enabled=mig
+        )
         for j in range(n)
     )
     cpu = rng.choice([64_000, 64_000, 64_000, 12_000])  # now and then CPU binds too
@@ -47,7 +49,9 @@ def _node(rng: random.Random, k: int) -> NodeSpec:
 def _request(rng: random.Random, name: str, mig: bool, priority: int) -> PodRequest:
     cpu = rng.choice([500, 1000, 4000])
     if mig:
-        return PodRequest(name, cpu_milli=cpu, gpus=1, mig_profile=rng.choice(MIG_PROFILES[:4]), priority=priority)
+        return PodRequest(
+            name, cpu_milli=cpu, gpus=1, mig_profile=rng.choice(MIG_PROFILES[:4]), priority=priority
+        )
     kind = rng.random()
     if kind < 0.35:
         return PodRequest(name, cpu_milli=cpu, gpus=rng.choice([1, 1, 2]), priority=priority)
@@ -108,7 +112,9 @@ def random_case(rng: random.Random) -> Case:
     victims: list[Victim] = []
     slices: set[str] = set()
     for k in range(rng.randint(2, 10)):
-        priority = rng.choice((*PRIORITIES, PREEMPTOR_PRIORITY)) if rng.random() < 0.1 else rng.choice(PRIORITIES)
+        priority = (
+            rng.choice((*PRIORITIES, PREEMPTOR_PRIORITY)) if rng.random() < 0.1 else rng.choice(PRIORITIES)
+        )
         group, size, in_slice = "", 1, False
         roll = rng.random()
         if roll < 0.12:
@@ -161,7 +167,9 @@ def brute_force(case: Case) -> tuple[int, tuple[Unit, ...]] | None:
     best: tuple[tuple[object, ...], int, tuple[Unit, ...]] | None = None
     for row in range(st.n_nodes):
         here = [
-            u for u in case.units if u.priority < req.priority and any(a in st.by_node[row] for a in u.allocations)
+            u
+            for u in case.units
+            if u.priority < req.priority and any(a in st.by_node[row] for a in u.allocations)
         ]
         if not fits_after(st, req, row, here):
             continue  # even all of them do not make room

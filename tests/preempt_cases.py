@@ -85,7 +85,9 @@ def _preemptor(rng: random.Random, state: ClusterState) -> PodRequest:
     )
 
 
-def _grants(rng: random.Random, state: ClusterState, row: int, req: PodRequest) -> list[GpuGrant] | None:
+def random_grants(
+    rng: random.Random, state: ClusterState, row: int, req: PodRequest
+) -> list[GpuGrant] | None:
     """Random GPUs on `row` that can take `req` now (None: none can)."""
     if state.cpu_free[row] < req.cpu_milli:
         return None
@@ -124,7 +126,7 @@ def random_case(rng: random.Random) -> Case:
         for m in range(size):
             node = rng.randrange(len(nodes))
             req = _request(rng, f"p{k}-{m}", bool(state.gpu_mig[node].any()), priority)
-            grants = _grants(rng, state, node, req)
+            grants = random_grants(rng, state, node, req)
             if grants is None:
                 continue
             alloc = group if in_slice else f"pod/p{k}-{m}"

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from neuronetes.engine.candidates import CandidateIndex
 from neuronetes.engine.core import PlacementEngine, Unschedulable
 from neuronetes.engine.filters import FILTERS
 from neuronetes.engine.victims import (
@@ -51,6 +52,7 @@ from neuronetes.inventory import ClusterState
 from neuronetes.model import PodRequest
 
 __all__ = [
+    "CandidateIndex",
     "NodeVictims",
     "PreemptionDecision",
     "SearchLimits",
@@ -152,19 +154,6 @@ def _passing(state: ClusterState, req: PodRequest, rows: npt.NDArray[np.int64], 
     return ok
 
 
-def _lower_bound(units: Sequence[Unit]) -> SetKey:
-    """No non-empty set of `units` has a key below this."""
-    return (
-        0,
-        min(u.priority for u in units),
-        min(u.priority_sum for u in units),
-        min(u.count for u in units),
-        -max(u.start_time for u in units),
-        min(u.gpu_seconds_lost for u in units),
-        (),
-    )
-
-
 def node_victims(
     state: ClusterState,
     req: PodRequest,
@@ -189,7 +178,12 @@ def _holds_on(state: ClusterState, unit: Unit, row: int) -> bool:
 
 
 def _choose_one(
-    ws: Workspace, req: PodRequest, units: Sequence[Unit], rows: npt.NDArray[np.int64], limits: SearchLimits
+    ws: Workspace,
+    req: PodRequest,
+    index: CandidateIndex,
+    eligible: BOOL,
+    rows: npt.NDArray[np.int64],
+    limits: SearchLimits,
 ) -> PreemptionDecision:
     st = ws.state
     rows = rows[_passing(st, req, rows, fixed_only=True)]
@@ -201,24 +195,18 @@ def _choose_one(
         return PreemptionDecision(
             (node,), (), f"fits on {fits_now.size} node(s) without preemption", needed=False
         )
-    allowed = set(rows.tolist())
-    by_row: dict[int, list[Unit]] = {}
-    for u in units:
-        if u.priority >= req.priority:
-            continue
-        for r in {st.allocations[a].node_index for a in u.allocations if a in st.allocations}:
-            if r in allowed:
-                by_row.setdefault(r, []).append(u)
-    order = sorted(by_row, key=lambda r: (_lower_bound(by_row[r]), r))
+    allowed = np.zeros(st.n_nodes, dtype=bool)
+    allowed[rows] = True
+    order, bounds = index.rows_and_bounds(st, req, allowed, eligible)
     best: NodeVictims | None = None
     searched = 0
-    for r in order:
+    for r, bound in zip(order.tolist(), bounds, strict=True):
         if searched >= limits.max_nodes:
             break
-        if best is not None and _lower_bound(by_row[r]) >= best.key:
+        if best is not None and bound >= best.key:
             break  # rows are in bound order: no later one can do better
         searched += 1
-        found = search_node(ws, req, r, by_row[r], limits)
+        found = search_node(ws, req, r, index.units_on(r, eligible), limits)
         if found is not None and (best is None or (found.key, found.row) < (best.key, best.row)):
             best = found
     if best is None:
@@ -236,15 +224,17 @@ def _choose_one(
 def choose_victims(
     state: ClusterState,
     preemptor: PodRequest | Sequence[PodRequest],
-    candidates: Sequence[Unit],
+    candidates: Sequence[Unit] | CandidateIndex,
     *,
     limits: SearchLimits | None = None,
     nodes: Collection[str] | None = None,
 ) -> PreemptionDecision:
     """The node and the victims for `preemptor` (a pod, or a gang's members), among `nodes`
     (None: all), by the module's order. `state` is not changed; it must not hold the
-    preemptor's own allocations (give them back first, as `ClusterState.without` does)."""
+    preemptor's own allocations (give them back first, as `ClusterState.without` does).
+    `candidates` may be a `CandidateIndex` built on `state` (kept for several decisions)."""
     limits = limits or SearchLimits()
+    index = candidates if isinstance(candidates, CandidateIndex) else CandidateIndex(state, candidates)
     members = [preemptor] if isinstance(preemptor, PodRequest) else list(preemptor)
     if nodes is None:
         rows = np.arange(state.n_nodes, dtype=np.int64)
@@ -252,14 +242,14 @@ def choose_victims(
         rows = np.array(sorted(state.index[n] for n in nodes if n in state.index), dtype=np.int64)
     ws = Workspace(state)
     if len(members) == 1:
-        return _choose_one(ws, members[0], candidates, rows, limits)
-    return _choose_gang(ws, members, candidates, rows, limits)
+        return _choose_one(ws, members[0], index, index.eligible(members[0]), rows, limits)
+    return _choose_gang(ws, members, index, rows, limits)
 
 
 def _choose_gang(
     ws: Workspace,
     members: list[PodRequest],
-    candidates: Sequence[Unit],
+    index: CandidateIndex,
     rows: npt.NDArray[np.int64],
     limits: SearchLimits,
 ) -> PreemptionDecision:
@@ -269,9 +259,10 @@ def _choose_gang(
     chosen: list[Unit] = []
     placed: list[str] = []
     searched = 0
-    left = list(candidates)
+    gone: set[str] = set()
     for req in members:
-        one = _choose_one(ws, req, left, rows, limits)
+        eligible = index.eligible(req) & np.array([u.id not in gone for u in index.units], dtype=bool)
+        one = _choose_one(ws, req, index, eligible, rows, limits)
         searched += one.nodes_searched
         if one.node is None:
             return PreemptionDecision(
@@ -281,8 +272,7 @@ def _choose_gang(
         for u in one.victims:
             for r in {st.allocations[a].node_index for a in u.allocations if a in st.allocations}:
                 ws.give(r, u.allocations, 1)
-        gone = {u.id for u in one.victims}
-        left = [u for u in left if u.id not in gone]
+        gone.update(u.id for u in one.victims)
         chosen.extend(one.victims)
         selection = engine.select_gpus(req, row)
         if isinstance(selection, Unschedulable):

@@ -158,8 +158,11 @@ class Workspace:
                 st.gpu_milli_free[key] -= g.milli
                 st.gpu_mem_free[key] -= g.memory_mib
 
-    def gpu_fits(self, req: PodRequest, row: int, j: int) -> bool:
-        """Whether one grant of `req` fits on GPU `j` of `row` now."""
+    def gpu_fits(
+        self, req: PodRequest, row: int, j: int, milli: int = 0, mem: int = 0, starts: Iterable[int] = ()
+    ) -> bool:
+        """Whether one grant of `req` fits on GPU `j` of `row` now, with `milli`, `mem` and the
+        MIG instances at `starts` freed on it besides."""
         st = self.state
         if not (st.gpu_exists[row, j] and st.gpu_healthy[row, j]):
             return False
@@ -167,13 +170,16 @@ class Workspace:
             layout = st.mig_layouts.get((row, j))
             if layout is None:
                 return False
+            for start in starts:
+                layout = layout.remove(start)
             try:
                 return layout.can_place(req.mig_profile) is not None
             except KeyError:  # the profile is not in this GPU's catalog
                 return False
         if st.gpu_mig[row, j]:
             return False
-        milli, mem = int(st.gpu_milli_free[row, j]), int(st.gpu_mem_free[row, j])
+        milli += int(st.gpu_milli_free[row, j])
+        mem += int(st.gpu_mem_free[row, j])
         if req.exclusive:
             return milli == int(st.gpu_milli_cap[row, j]) and mem == int(st.gpu_mem_cap[row, j])
         return milli >= req.gpu_milli and mem >= req.gpu_memory_mib
@@ -272,19 +278,26 @@ def _reprieved(units: Sequence[Unit], chosen: frozenset[int], fits: Fits) -> fro
     return chosen
 
 
-def _holders(st: ClusterState, row: int, units: Sequence[Unit]) -> dict[int, list[int]]:
-    """GPU index -> the indices of `units` holding a grant on it (on `row`), in `units`' order."""
-    out: dict[int, list[int]] = {}
-    for k, u in enumerate(units):
-        gpus = {g.gpu_index for a in u.allocations for g in _grants_on(st, a, row)}
-        for j in sorted(gpus):
-            out.setdefault(j, []).append(k)
+def _parts(
+    st: ClusterState, row: int, units: Sequence[Unit]
+) -> list[dict[int, tuple[int, int, tuple[int, ...]]]]:
+    """Per unit, what it holds on each GPU of `row`: (milli, memory, MIG instance starts)."""
+    out: list[dict[int, tuple[int, int, tuple[int, ...]]]] = []
+    for u in units:
+        held: dict[int, tuple[int, int, tuple[int, ...]]] = {}
+        for alloc_id in u.allocations:
+            a = st.allocations.get(alloc_id)
+            if a is None or a.node_index != row:
+                continue
+            for g in a.grants:
+                milli, mem, starts = held.get(g.gpu_index, (0, 0, ()))
+                if g.mig_profile is not None and g.mig_start is not None:
+                    starts = (*starts, g.mig_start)
+                elif g.mig_profile is None:
+                    milli, mem = milli + g.milli, mem + g.memory_mib
+                held[g.gpu_index] = (milli, mem, starts)
+        out.append(held)
     return out
-
-
-def _grants_on(st: ClusterState, alloc_id: str, row: int) -> tuple[GpuGrant, ...]:
-    a = st.allocations.get(alloc_id)
-    return a.grants if a is not None and a.node_index == row else ()
 
 
 def _unions(options: dict[int, list[frozenset[int]]], k: int, limits: SearchLimits) -> list[frozenset[int]]:
@@ -330,22 +343,26 @@ def search_node(
     options: dict[int, list[frozenset[int]]] = {}
     wanted = max(req.gpus, 1) if req.mig_profile is None else 1
     if req.gpus > 0:
-        holders = _holders(st, row, ordered)
+        parts = _parts(st, row, ordered)
         for j in range(int(st.gpu_count[row])):
-            index = holders.get(j, [])
-            on_gpu = [ordered[k] for k in index]
+            index = [k for k in range(len(ordered)) if j in parts[k]]
 
-            def gpu_fits(chosen: frozenset[int], j: int = j, on_gpu: list[Unit] = on_gpu) -> bool:
-                freed = [a for x in chosen for a in on_gpu[x].allocations]
-                ws.give(row, freed, 1)
-                try:
-                    return ws.gpu_fits(req, row, j)
-                finally:
-                    ws.give(row, reversed(freed), -1)
+            def gpu_fits(chosen: frozenset[int], j: int = j, index: list[int] = index) -> bool:
+                held = [parts[index[x]][j] for x in chosen]
+                return ws.gpu_fits(
+                    req,
+                    row,
+                    j,
+                    sum(h[0] for h in held),
+                    sum(h[1] for h in held),
+                    [s for h in held for s in h[2]],
+                )
 
-            sets = _gpu_sets(on_gpu, gpu_fits, req.exclusive, limits)
+            sets = _gpu_sets([ordered[k] for k in index], gpu_fits, req.exclusive, limits)
             if sets:
                 options[j] = [frozenset(index[x] for x in s) for s in sets]
+        if len(options) < wanted:
+            return None  # fewer GPUs than it needs can take a grant whatever is evicted
     unions = _unions(options, wanted, limits) if req.gpus > 0 else [frozenset()]
     unions.sort(key=lambda s: set_key(ordered[k] for k in s))
     best: frozenset[int] | None = None

@@ -14,12 +14,13 @@ whatever nodes they run) or a GPUSlice with the pods inside it (one victim). `gr
 them from per-pod `Victim`s. Only units whose every pod has a lower priority than the preemptor
 are candidates (a gang with one member at or above it is not).
 
-Bounds: nodes are searched least lower bound first (the bound of a node is the key no set of its
-units can go below: its least unit priority, priority sum, count, latest start, GPU-seconds),
-a node whose bound is not below the best set found is skipped, and at most
-`SearchLimits.max_nodes` nodes are searched (kube-scheduler itself tries at most 10 % of the
-nodes, and at least 100): a node past the cap is not looked at even when it holds a better set.
-The per-node bounds are `victims`'s. A gang preemptor's members are placed one after another,
+Bounds: `CandidateIndex` (the candidates as arrays) finds in a few NumPy passes the nodes where
+evicting every candidate could make room on enough GPUs, and a lower bound on the best key each
+could reach (for whole GPUs the k-th least of the GPUs' highest unit priorities). Nodes are
+searched least bound first; the search stops at the first node whose bound is not below the
+best set found, and after `SearchLimits.max_nodes` nodes (kube-scheduler itself tries at most
+10 % of the nodes, and at least 100): a node past the cap is not looked at even when it holds
+a better set. The per-node bounds are `victims`'s. A gang preemptor's members are placed one after another,
 each on the best node for it with the victims of the members before it gone (so a member may
 reuse their room); all members fit or no victim is chosen. That member-by-member order is not
 an exact joint search.

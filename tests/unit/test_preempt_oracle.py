@@ -9,7 +9,15 @@ import random
 import pytest
 from preempt_cases import brute_force, fits_after, judge, random_case
 
-from neuronetes.engine.preempt import SearchLimits, Unit, Victim, choose_victims, group_units, node_victims
+from neuronetes.engine.preempt import (
+    CandidateIndex,
+    SearchLimits,
+    Unit,
+    Victim,
+    choose_victims,
+    group_units,
+    node_victims,
+)
 from neuronetes.inventory import ClusterState
 from neuronetes.model import GpuGrant, GpuSpec, NodeSpec, PodRequest
 
@@ -191,6 +199,17 @@ def test_a_gang_preemptor_gets_room_for_every_member_or_no_victims() -> None:
     three = [*members, PodRequest("m2", gpus=1, priority=VIP)]
     refused = choose_victims(st, three, group_units([a, b]))
     assert refused.victims == () and refused.node is None and "gang member m2" in refused.reason
+
+
+def test_a_kept_candidate_index_decides_as_the_units_do() -> None:
+    """A caller deciding for several pending pods on one snapshot builds the index once."""
+    for seed in range(200):
+        case = random_case(random.Random(seed))
+        index = CandidateIndex(case.state, case.units)
+        for req in (case.preemptor, PodRequest("two", gpus=2, priority=VIP)):
+            kept = choose_victims(case.state, req, index)
+            fresh = choose_victims(case.state, req, case.units)
+            assert (kept.nodes, kept.victims, kept.reason) == (fresh.nodes, fresh.victims, fresh.reason)
 
 
 def test_the_state_is_never_changed() -> None:

@@ -267,13 +267,12 @@ class GpuCache:
         with self._lock:
             binding.bind_done(self._books, plan, ok=ok, ambiguous=ambiguous, pod=pod)
 
-    def refine_victims(self, pod: PodInfo, node: str, victims: Sequence[tuple[str, int]]) -> list[str] | None:
-        """The fewest of `victims` ((pod identity, priority)) whose removal lets `pod` onto `node`
-        (`decisions.fewest_victims`, on a scratch copy of the node: nothing here changes)."""
+    def refine_victims(self, pod: PodInfo, node: str) -> list[PodInfo] | None:
+        """The pods to evict on `node` so that `pod` fits there, per GPU, lowest priority first
+        (`decisions.gpu_victims`, a dry run: nothing here changes); None: no room even then."""
         with self._lock:
             self._ensure()
-            engine = d.scratch_engine(self._books, pod, node)
-        return None if engine is None else d.fewest_victims(engine, pod.request, victims)
+            return d.gpu_victims(self._books, pod, node)
 
     # ---- gang reservations ---------------------------------------------------------------------
     @property

@@ -1,5 +1,5 @@
 """The extender's decisions as functions over the cache's books: filter, prioritize and
-preemption refinement (kube-scheduler's framework, for one extender; the bind is `binding`'s).
+preemption's victims per GPU (kube-scheduler's framework, for one extender; the bind is `binding`'s).
 
 Each takes the `CacheBooks` with the cache's lock held and returns a typed result
 (`FilterDecision`, scores, victims); a refusal is an answer, never an exception.
@@ -8,7 +8,6 @@ Each takes the `CacheBooks` with the cache's lock held and returns a typed resul
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Final
 
@@ -19,7 +18,8 @@ from neuronetes import contracts as c
 from neuronetes.engine import PlacementEngine, Separation, scale_scores
 from neuronetes.engine.core import FEASIBLE
 from neuronetes.engine.filters import FILTERS
-from neuronetes.inventory import Allocation, ClusterState
+from neuronetes.engine.preempt import Victim, group_units, node_victims
+from neuronetes.inventory import ClusterState
 from neuronetes.model import Placement, PodRequest
 
 from .books import CacheBooks
@@ -34,10 +34,9 @@ __all__ = [
     "REASON_UNKNOWN_NODE",
     "TOP_TERMS",
     "explain",
-    "fewest_victims",
     "filter_pod",
+    "gpu_victims",
     "prioritize",
-    "scratch_engine",
     "short",
     "versus",
 ]
@@ -213,50 +212,44 @@ def prioritize(books: CacheBooks, pod: PodInfo, lookup: NodeLookup) -> list[int]
 
 
 # ---- preemption -----------------------------------------------------------------------------------
-def scratch_engine(books: CacheBooks, pod: PodInfo, node: str) -> PlacementEngine | None:
-    """A one-node copy of `node` with everything allocated there but `pod`'s own hold."""
+def gpu_victims(books: CacheBooks, pod: PodInfo, node: str) -> list[PodInfo] | None:
+    """The pods to evict on `node` so that `pod` fits there, chosen per GPU
+    (`neuronetes.engine.preempt`: a victim given back is checked on the GPU it holds; least by
+    kube-scheduler's order), lowest priority first; a dry run on a copy of the state.
+
+    Candidates are the lower-priority pods bound to `node`. A gang is one candidate, and only
+    when every bound member runs on `node` (kube-scheduler evicts one node's pods, and part of a
+    gang is never a victim); a pod inside a GPUSlice is none (the slice's reservation outlives
+    it, and kube-scheduler cannot release a slice). The cache knows neither start times nor
+    PodDisruptionBudgets: all candidates count as started together and violating none (the
+    operator's eviction path knows both). None: the node is unknown, or evicting every
+    candidate does not make room.
+    """
     st = books.snap.state
-    i = st.index.get(node)
-    if i is None or pod.gpu_error:
+    row = st.index.get(node)
+    if row is None or pod.gpu_error:
         return None
-    scratch = ClusterState([st.nodes[i]], max_gpus_per_node=st.max_gpus)
     own = books.holds.alloc_of(pod.id)
-    for alloc_id in sorted(st.by_node[i]):
-        if alloc_id == own:
-            continue
-        a = st.allocations[alloc_id]
-        scratch.allocate(alloc_id, 0, a.cpu_milli, a.memory_mib, a.grants)
-    return PlacementEngine(scratch, books.snap.engine.policy)
-
-
-def fewest_victims(
-    engine: PlacementEngine, req: PodRequest, victims: Sequence[tuple[str, int]]
-) -> list[str] | None:
-    """The fewest of `victims` ((pod identity, priority)) whose removal lets `req` onto the
-    scratch node: lowest priority first until it fits, then each given back (highest priority
-    first) if it still fits without evicting it. None: even all of them do not make room."""
-    scratch = engine.state
-
-    def fits() -> bool:
-        return engine.place(req, candidates=[0]) is not None
-
-    removed: list[tuple[str, int, Allocation]] = []
-    if not fits():
-        for pod_id, priority in sorted(victims, key=lambda v: (v[1], v[0])):
-            alloc = scratch.allocations.get("pod/" + pod_id)
-            if alloc is None:
-                continue  # holds nothing on this node
-            scratch.release(alloc.id)
-            removed.append((pod_id, priority, alloc))
-            if fits():
-                break
-        else:
-            return None
-    kept: set[str] = set()
-    for pod_id, _, alloc in sorted(removed, key=lambda r: (-r[1], r[0])):
-        scratch.allocate(alloc.id, 0, alloc.cpu_milli, alloc.memory_mib, alloc.grants)
-        if fits():
-            kept.add(pod_id)
-        else:
-            scratch.release(alloc.id)
-    return [pod_id for pod_id, _, _ in removed if pod_id not in kept]
+    if own is not None and own in st.allocations:
+        st = st.without(own)
+    pods = books.store.pods
+    here = [pods[a[4:]] for a in sorted(st.by_node[row]) if a.startswith("pod/") and a[4:] in pods]
+    gangs = {info.gang_id for info in here if info.gang_id is not None}
+    members: dict[str, list[PodInfo]] = {}
+    if gangs:
+        for info in pods.values():
+            if info.gang_id in gangs and info.node:
+                members.setdefault(info.gang_id, []).append(info)
+    victims = []
+    for info in here:
+        gang = info.gang_id
+        if gang is not None and any(m.node != node for m in members.get(gang, ())):
+            continue  # members elsewhere: not kube-scheduler's to evict from this node
+        victims.append(
+            Victim(info.id, info.priority, allocation="pod/" + info.id, group=f"gang/{gang}" if gang else "")
+        )
+    found = node_victims(st, pod.request, node, group_units(victims))
+    if isinstance(found, str):
+        return None
+    chosen = [pods[p] for u in found.victims for p in u.pods]
+    return sorted(chosen, key=lambda info: (info.priority, info.id))

@@ -245,7 +245,10 @@ class ExtenderService:
 
     # ---- preempt -----------------------------------------------------------------------------------
     def preempt(self, request: PreemptRequest) -> tuple[ExtenderPreemptionResult, str]:
-        """Refine kube-scheduler's victims per GPU (a dry run: nothing in the cache changes)."""
+        """Per node kube-scheduler proposes, the victims per GPU (`GpuCache.refine_victims`: the
+        lower-priority pods on the node whose eviction lets the pod's GPUs fit, chosen by
+        kube-scheduler's own order, a victim given back only on the GPU it holds); a node where
+        no eviction makes room is dropped. A dry run: nothing in the cache changes."""
         proposed: dict[str, tuple[list[tuple[str, str, int]], int]] = {}
         for node, (asked, pdb) in request.proposed.items():
             known = [
@@ -262,12 +265,13 @@ class ExtenderService:
             if self.cache.node_spec(node) is None:
                 out[node] = meta_victims(victims, pdb)  # not ours to judge
                 continue
-            refined = self.cache.refine_victims(pod, node, [(v[1], v[2]) for v in victims])
+            refined = self.cache.refine_victims(pod, node)
             if refined is None:
-                continue  # even all these victims would not make room for the pod's GPUs
-            by_id = {v[1]: v for v in victims}
-            chosen = [by_id[i] for i in refined]
-            out[node] = meta_victims(chosen, pdb if len(chosen) == len(victims) else min(pdb, len(chosen)))
+                continue  # even every lower-priority pod there would not make room for the GPUs
+            chosen = [(v.uid or v.id, v.id, v.priority) for v in refined]
+            # kube-scheduler counted PDB violations for its own set; ours cannot violate more
+            # of them than it has victims (the cache does not know PDBs).
+            out[node] = meta_victims(chosen, min(pdb, len(chosen)))
         return ExtenderPreemptionResult(node_name_to_meta_victims=out), "ok"
 
     def _priority(self, pod_id: str) -> int:

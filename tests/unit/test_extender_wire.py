@@ -365,6 +365,49 @@ def test_preempt_refines_victims_per_gpu_lowest_priority_first(env: Env, mode: s
     assert replace(env.cache.stats(), sync_age_seconds={}) == stats
 
 
+def test_preempt_answers_the_victims_on_one_gpu_not_the_lowest_on_the_node(env: Env) -> None:
+    """Eight half-GPU pods fill the four T4s two by two; a whole-GPU pod needs both pods of one
+    GPU gone. kube-scheduler's node totals see any two lowest-priority pods as room (here on two
+    GPUs: nothing freed); the answer is the pair sharing the GPU of least highest priority,
+    whichever pods kube-scheduler proposed."""
+    gpu_of: dict[str, int] = {}
+    priorities = [10, 80, 20, 70, 30, 60, 40, 50]
+    uids: dict[str, int] = {}
+    for k, priority in enumerate(priorities):
+        pod = shared_pod(f"h{k}", 7000, 50, priority=priority)
+        assert env.filter(pod, names=["nt4x4-pcie-0"])["NodeNames"] == ["nt4x4-pcie-0"]
+        hold = env.cache.hold_of(pod["metadata"]["uid"])
+        assert hold is not None
+        gpu_of[pod["metadata"]["uid"]] = hold.grants[0].gpu_index
+        uids[pod["metadata"]["uid"]] = priority
+        assert env.bind(pod, "nt4x4-pcie-0") == {"Error": ""}
+    by_gpu: dict[int, list[str]] = {}
+    for uid, gpu in gpu_of.items():
+        by_gpu.setdefault(gpu, []).append(uid)
+    assert sorted(len(v) for v in by_gpu.values()) == [2, 2, 2, 2]
+    best = min(by_gpu.values(), key=lambda pair: (max(uids[u] for u in pair), sum(uids[u] for u in pair)))
+    lowest_two = sorted(uids, key=uids.__getitem__)[:2]
+    assert gpu_of[lowest_two[0]] != gpu_of[lowest_two[1]]  # what node totals would evict
+    table = {"nt4x4-pcie-0": {"Pods": [{"UID": u} for u in lowest_two], "NumPDBViolations": 0}}
+    out = env.post("preempt", {"Pod": gpu_pod("vip", 1, priority=100), "NodeNameToMetaVictims": table})
+    chosen = [v["UID"] for v in out["NodeNameToMetaVictims"]["nt4x4-pcie-0"]["Pods"]]
+    assert sorted(chosen) == sorted(best)
+    assert [uids[u] for u in chosen] == sorted(uids[u] for u in best)  # lowest priority first
+
+
+def test_preempt_never_names_a_pod_at_or_above_the_preemptors_priority(env: Env) -> None:
+    victims = _fill_t4(env)  # priorities 40, 10, 30, 20
+    table = {
+        "nt4x4-pcie-0": {"Pods": [{"UID": p["metadata"]["uid"]} for p in victims], "NumPDBViolations": 0}
+    }
+    out = env.post("preempt", {"Pod": gpu_pod("mid", 3, priority=25), "NodeNameToMetaVictims": table})
+    # Only the pods of priority 10 and 20 are candidates: two GPUs freed, not three.
+    assert out == {"NodeNameToMetaVictims": {}}
+    out = env.post("preempt", {"Pod": gpu_pod("mid", 2, priority=25), "NodeNameToMetaVictims": table})
+    by_uid = {p["metadata"]["uid"]: p["spec"]["priority"] for p in victims}
+    assert [by_uid[v["UID"]] for v in out["NodeNameToMetaVictims"]["nt4x4-pcie-0"]["Pods"]] == [10, 20]
+
+
 def test_preempt_drops_nodes_where_victims_cannot_make_room(env: Env) -> None:
     victims = _fill_t4(env)
     preemptor = gpu_pod("giant", 8, priority=100)

@@ -28,9 +28,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 from neuronetes.api.models import GPUNode
 from neuronetes.engine.policy import Policy
+from neuronetes.engine.preempt import PreemptionDecision
 from neuronetes.model import Locality, NodeSpec, PodRequest
 from neuronetes.pricing import PriceTable
 
@@ -44,6 +46,8 @@ from .gang_manager import GangListener
 from .gang_restore import restore_gangs
 from .gangs import GangGroup, GangSpec, RestoredGang
 from .pods import PodInfo, pod_identity
+from .preemption import PreemptionBook, Reservation
+from .preemption import decide as decide_preemption
 from .results import (
     BarrierState,
     BindPlan,
@@ -91,6 +95,7 @@ class GpuCache:
         self._settings_version = self.settings.version
         self._books = CacheBooks(self.settings.get(), clock)
         self._reads = CacheReads(self._books)
+        self._preempt = PreemptionBook()
 
     def _ensure(self) -> None:
         """Bring the books up to date (lock held): settings, node changes, expired holds."""
@@ -218,16 +223,61 @@ class GpuCache:
         with self._lock:
             self._ensure()
             books = self._books
-            lookup = books.lookup(node_names)
+            # Nodes held for a preemptor of higher priority are not this pod's (`preemption`).
+            blocked = self._preempt.blocked(pod) if self._preempt.reservations else {}
+            names = [n for n in node_names if n not in blocked] if blocked else node_names
+            lookup = books.lookup(names)
             if pod.slice:
                 decision = filter_slice_pod(books, pod, lookup)
             else:
                 decision = d.filter_pod(books, pod, lookup, gang)
+            if blocked:
+                held = {n: why for n, why in blocked.items() if n in set(node_names)}
+                decision = replace(decision, failed={**decision.failed, **held})
             if decision.feasible:
                 books.holds.rejected.pop(pod.id, None)
+                self._preempt.placed(pod.id)
             elif pod.gpu is not None:
                 books.holds.rejected[pod.id] = (pod.namespace, pod.name)
+                self._preempt.rejected(pod.id, books.snap.now())
             return decision
+
+    # ---- preemption (`preemption.PreemptionController`) ------------------------------------------
+    def preemption_due(self, min_pending_s: float) -> list[PodInfo]:
+        """Pods the filter rejected at least `min_pending_s` ago that may preempt now."""
+        with self._lock:
+            self._ensure()
+            now = self._books.snap.now()
+            pods = self._books.store.pods
+            self._preempt.expire(pods, now)
+            return self._preempt.due(pods, now, min_pending_s)
+
+    def decide_preemption(self, pod: PodInfo) -> PreemptionDecision:
+        """Where `pod` goes and whom it evicts (`preemption.decide`; a dry run)."""
+        with self._lock:
+            self._ensure()
+            books = self._books
+            return decide_preemption(books.snap, books.store, pod, self._preempt.refused_until)
+
+    def hold_node_for(self, pod: PodInfo, node: str, seconds: float) -> None:
+        """Refuse `node` to pods of lower priority than `pod` for `seconds`, or until it binds."""
+        with self._lock:
+            until = self._books.snap.now() + seconds
+            self._preempt.reservations[pod.id] = Reservation(pod.id, pod.key, pod.priority, node, until)
+
+    def drop_hold_for(self, pod_id: str) -> None:
+        """The preemption attempt of `pod_id` ended without evictions enough: its node is free."""
+        with self._lock:
+            self._preempt.reservations.pop(pod_id, None)
+
+    def refuse_victim(self, pod_id: str, seconds: float) -> None:
+        """Leave `pod_id` out of preemption decisions for `seconds` (its eviction was refused)."""
+        with self._lock:
+            self._preempt.refused_until[pod_id] = self._books.snap.now() + seconds
+
+    def reservations(self) -> list[Reservation]:
+        with self._lock:
+            return list(self._preempt.reservations.values())
 
     def take_nudges(self) -> list[tuple[str, str]]:
         """Pending pods the filter rejected, once GPUs were released since (a hold expired or was

@@ -58,6 +58,29 @@ class ConfigError(ValueError):
     """A configuration file that cannot be used."""
 
 
+class PreemptionSettings(
+    msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True, rename="camel"
+):
+    """The preemption controller (`neuronetes_extender.preemption`, docs/preemption.md).
+
+    Attributes:
+        enabled: preempt for GPU pods the filter keeps rejecting (off: only kube-scheduler's own
+            preemption, which sees node totals, and the ``preempt`` verb).
+        min_pending_seconds: a pod rejected for less than this is not preempted for.
+        reservation_seconds: how long the chosen node is held for the preemptor (refused to pods
+            of lower priority) unless it binds first.
+        refused_backoff_seconds: a victim whose eviction was refused (a PodDisruptionBudget) is
+            left out of decisions this long.
+        max_per_tick: preemptors decided per tick (one tick a second): bounds the work.
+    """
+
+    enabled: bool = True
+    min_pending_seconds: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 10.0
+    reservation_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 60.0
+    refused_backoff_seconds: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 60.0
+    max_per_tick: Annotated[int, msgspec.Meta(ge=1, le=100)] = 4
+
+
 class ExtenderSettings(
     msgspec.Struct,
     kw_only=True,
@@ -95,6 +118,7 @@ class ExtenderSettings(
     """Longest reservation a pod's ``neuronetes.io/gang-timeout-seconds`` may ask for."""
     bind_scheduler_names: tuple[str, ...] = (SCHEDULER_NAME,)
     """``spec.schedulerName`` values whose pods the bind verb binds; any other is refused."""
+    preemption: PreemptionSettings = PreemptionSettings()
 
     def __post_init__(self) -> None:
         # Unknown policy or scorer names fail here, not at the first decision.

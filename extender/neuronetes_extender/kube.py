@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -24,6 +25,7 @@ from urllib.parse import quote, urlencode
 
 import msgspec
 
+from neuronetes import contracts as c
 from neuronetes.kube.client import (
     APPLY,
     JSON,
@@ -212,3 +214,22 @@ class AsyncKube:
         except msgspec.DecodeError as exc:
             raise KubeError(0, f"pod {namespace}/{name}: undecodable response: {exc}") from None
         return pod
+
+
+ANNOTATION_NUDGED_AT: Final = f"{c.GROUP}/nudged-at"
+"""Touched on a pending pod so that kube-scheduler, which parks pods it found unschedulable until
+they or the cluster change, retries it."""
+
+
+def nudge_pod(api: KubeApi, namespace: str, name: str) -> bool:
+    """Touch a pending pod (annotation `ANNOTATION_NUDGED_AT`): kube-scheduler retries a pod it
+    parked as unschedulable when the pod changes. Whether it was touched (gone: not)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+    try:
+        api.merge_patch(path, {"metadata": {"annotations": {ANNOTATION_NUDGED_AT: stamp}}})
+    except KubeError as exc:
+        if exc.status != 404:  # gone: nothing to retry
+            log.warning("nudging pod %s/%s failed: %s", namespace, name, exc)
+        return False
+    return True

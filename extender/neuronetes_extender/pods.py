@@ -166,6 +166,7 @@ class PodInfo:
     affinity: Affinity | None = None  # spec.affinity
     tolerations: tuple[Toleration, ...] = ()
     slice: str = ""  # the GPUSlice (same namespace) it runs inside: `neuronetes.io/slice`
+    preemption_policy: str = ""  # spec.preemptionPolicy ("Never": it never preempts)
     # What the derived fields above were read from (spec, labels, annotations): a later version
     # of the pod with the same sources needs none of them read again (`from_pod`).
     sources: tuple[PodSpec, dict[str, str] | None, dict[str, str] | None] | None = field(
@@ -236,6 +237,7 @@ class PodInfo:
             affinity=pod.spec.affinity,
             tolerations=tuple(pod.spec.tolerations or ()),
             slice=(meta.annotations or {}).get(c.ANNOTATION_SLICE, ""),
+            preemption_policy=pod.spec.preemption_policy or "",
             sources=(pod.spec, _read_labels(meta.labels), meta.annotations),
         )
 

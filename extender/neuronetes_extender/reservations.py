@@ -31,7 +31,7 @@ from .gangs import (
     decode_reservation,
     encode_reservation,
 )
-from .kube import KubeApi, KubeError
+from .kube import KubeApi, KubeError, nudge_pod
 from .pods import PodInfo
 from .watch import CustomObject, CustomObjectList, Reflector, WatchHealth
 
@@ -45,7 +45,6 @@ _BASE: Final = f"/apis/{c.API_VERSION}"
 _DELETE_PHASES: Final = frozenset({"Bound", "Released"})
 _LIVE_PHASES: Final = frozenset({"Reserved", "Binding"})
 NOT_FOUND: Final = 404
-ANNOTATION_NUDGED_AT: Final = f"{c.GROUP}/nudged-at"
 """Written on a pending pod so kube-scheduler retries it now (GPUs it may fit were released)."""
 
 
@@ -147,16 +146,7 @@ class ReservationStore:
     def nudge(self) -> int:
         """Touch pending pods the filter rejected once a reservation freed GPUs (kube-scheduler
         retries a parked pod when it changes); returns how many were touched."""
-        touched = 0
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        for namespace, name in self.cache.take_nudges():
-            path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
-            try:
-                self.api.merge_patch(path, {"metadata": {"annotations": {ANNOTATION_NUDGED_AT: stamp}}})
-                touched += 1
-            except KubeError as exc:
-                if exc.status != NOT_FOUND:
-                    log.warning("nudging pod %s/%s failed: %s", namespace, name, exc)
+        touched = sum(nudge_pod(self.api, namespace, name) for namespace, name in self.cache.take_nudges())
         if touched:
             log.info("nudged %d pending pod(s): gang reservations released GPUs", touched)
         return touched

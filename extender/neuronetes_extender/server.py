@@ -38,6 +38,7 @@ from .events import EventRecorder
 from .feeds import Reflectors, start_reflectors
 from .kube import AsyncKube, KubeApi, KubeError
 from .metrics import ExtenderMetrics
+from .preemption import PreemptionController
 from .reservations import GroupDirectory, ReservationStore
 from .service import ExtenderService
 from .watch import Reflector, WatchHealth
@@ -196,6 +197,9 @@ def build(
     events = EventRecorder(client)
     service = service_class(cache, client, metrics, groups, health=health, events=events)
     store = ReservationStore(cache, api, resync_period=resync_period, health=health) if watch else None
+    preemption = (
+        PreemptionController(cache, api, events, lambda: cache.settings.get().preemption) if watch else None
+    )
     prices = (
         PriceTableWatch(api, *table_ref, on_change=cache.set_price_table, resync_period=resync_period)
         if watch and table_ref is not None
@@ -212,6 +216,8 @@ def build(
                 reflector.start()
         if store is not None:
             store.start()
+        if preemption is not None:
+            preemption.start()
 
     def shutdown() -> None:
         service.barrier.fail_all(SHUTTING_DOWN)
@@ -220,6 +226,8 @@ def build(
             reflector.signal_stop()
         if extender.reflectors is not None:
             extender.reflectors.stop(STOP_SECONDS / 2)
+        if preemption is not None:
+            preemption.stop(max(0.5, deadline - time.monotonic()))
         if store is not None:
             store.stop(max(0.5, deadline - time.monotonic()))
         for reflector in group_watches:

@@ -133,6 +133,7 @@ class PodSpec(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
     node_name: str = ""
     scheduler_name: str = ""
     priority: Int32 | None = None
+    preemption_policy: str | None = None  # "Never": the pod never preempts
     overhead: ResourceList | None = None
     # Kubernetes' native gang scheduling (1.35+ Workload API): kube-scheduler's own Permit
     # plugin holds the group, so the extender does not run a barrier of its own.

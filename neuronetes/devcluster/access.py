@@ -64,6 +64,7 @@ def extender_rules() -> list[dict[str, Any]]:
     - pods: the informer (list+watch), the bind path's re-read of one pod (get), and the nudge
       that makes kube-scheduler retry a pod once GPUs were released (patch);
     - pods/binding create: the bind verb (the Binding carries the assignment annotation);
+    - pods/eviction create: the preemption controller evicts its victims (PDBs honoured);
     - events.k8s.io events create: placement and gang-barrier Events;
     - gangreservations: the informer (list+watch), server-side apply of the reservations it
       holds (patch; create: an apply that creates the object), deletion when a group ends, and
@@ -75,6 +76,7 @@ def extender_rules() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["nodes"], "verbs": watch},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", *watch, "patch"]},
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
         {
             "apiGroups": [GROUP],

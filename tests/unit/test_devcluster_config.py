@@ -129,6 +129,7 @@ def test_extender_role_holds_exactly_the_calls_its_code_makes() -> None:
         ("", "nodes"): watch,
         ("", "pods"): watch | {"get", "patch"},
         ("", "pods/binding"): {"create"},
+        ("", "pods/eviction"): {"create"},  # the preemption controller
         ("events.k8s.io", "events"): {"create"},
         (GROUP, "gangreservations"): watch | {"create", "patch", "delete"},
         (GROUP, "gangreservations/status"): {"patch"},

@@ -1,0 +1,167 @@
+"""The extender's preemption controller (`neuronetes_extender.preemption`) over a real cache: who
+preempts (rejected long enough, priority, ``preemptionPolicy``), whom (per GPU), the Eviction API
+with a PodDisruptionBudget's refusal, the node held against lower priorities, the nudge.
+
+The API server is an in-memory double at the HTTP-path level (evictions delete the pod and
+deliver the deletion to the cache, as the watch would; a refusal answers 429); the end-to-end
+path with the real kube-scheduler and API server is `tests/e2e/test_preemption_e2e.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import msgspec
+import pytest
+from extender_support import FakeApi, FakeClock, bound_with, node_objects, shared_pod, synced_cache
+
+from neuronetes.kube.client import KubeError
+from neuronetes_extender.cache import GpuCache
+from neuronetes_extender.config import ExtenderSettings, PreemptionSettings
+from neuronetes_extender.events import EventRecorder, PodRef
+from neuronetes_extender.pods import PodInfo
+from neuronetes_extender.preemption import PreemptionController
+from neuronetes_extender.wire import Pod
+
+pytestmark = pytest.mark.unit
+
+NODE = "nt4x4-pcie-0"
+NODES = node_objects({"t4x4-pcie": 1})
+
+
+class Api:
+    """Evictions and nudges by HTTP path, against `FakeApi`'s pods (which tell the cache)."""
+
+    def __init__(self, fake: FakeApi, refuse: set[str] | None = None) -> None:
+        self.fake, self.refuse = fake, refuse or set()
+        self.evicted: list[str] = []
+        self.nudged: list[str] = []
+
+    def post(self, path: str, body: Any, *, timeout: float | None = None) -> bytes:
+        assert path.endswith("/eviction") and body["kind"] == "Eviction"
+        name = body["metadata"]["name"]
+        if name in self.refuse:
+            raise KubeError(429, "Cannot evict pod as it would violate the pod's disruption budget.")
+        self.evicted.append(name)
+        self.fake.delete(body["metadata"]["namespace"], name)
+        return b"{}"
+
+    def merge_patch(self, path: str, body: Any, *, timeout: float | None = None) -> bytes:
+        self.nudged.append(path.rsplit("/", 1)[1])
+        return b"{}"
+
+
+class Recorder(EventRecorder):
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.said: list[tuple[str, str, str]] = []
+
+    def record(self, pod: PodRef, reason: str, note: str, **_: Any) -> None:
+        self.said.append((reason, pod.name, note))
+
+
+class World:
+    def __init__(self, *, refuse: set[str] | None = None, min_pending: float = 10.0) -> None:
+        self.clock = FakeClock()
+        settings = ExtenderSettings(preemption=PreemptionSettings(min_pending_seconds=min_pending))
+        self.cache: GpuCache = synced_cache(NODES, settings, clock=self.clock)
+        self.fake = FakeApi(cache=self.cache)
+        self.api = Api(self.fake, refuse)
+        self.events = Recorder()
+        self.ctl = PreemptionController(
+            self.cache, cast(Any, self.api), self.events, lambda: self.cache.settings.get().preemption
+        )
+
+    def run(self, pod: dict[str, Any]) -> None:
+        self.fake.add(pod)
+        self.cache.upsert_pod(msgspec.convert(pod, Pod))
+
+    def info(self, pod: dict[str, Any]) -> PodInfo:
+        return PodInfo.from_pod(msgspec.convert(pod, Pod))
+
+    def fill(self) -> dict[str, int]:
+        """Four pods of 8,000 MiB and 40 % compute, one per GPU, priorities 10..40: name -> GPU."""
+        out = {}
+        for j, priority in enumerate((30, 10, 40, 20)):
+            pod = shared_pod(f"low-{j}", 8000, 40, priority=priority)
+            self.run(bound_with(pod, NODE, {j: (8000, 40)}))
+            out[f"low-{j}"] = j
+        return out
+
+
+def preemptor(name: str = "high", priority: int = 1000, **spec: Any) -> dict[str, Any]:
+    pod = shared_pod(name, 12000, 50, priority=priority)
+    pod["spec"].update(spec)
+    return pod
+
+
+def test_a_rejected_pod_preempts_after_the_minimum_pending_time_one_victim_on_one_gpu() -> None:
+    w = World()
+    gpus = w.fill()
+    high = preemptor()
+    w.run(high)
+    decision = w.cache.filter(w.info(high), [NODE])
+    assert not decision.feasible  # 29,440 MiB free on the node, no GPU with 12,000
+    assert w.ctl.tick() == 0 and w.api.evicted == []  # rejected just now: transient Pending
+    w.clock.now += 10
+    assert w.ctl.tick() == 1
+    assert w.api.evicted == ["low-1"]  # the lowest priority, alone on its GPU: not two on two GPUs
+    reasons = [(r, n) for r, n, _ in w.events.said]
+    assert ("Preempted", "low-1") in reasons and ("Preempting", "high") in reasons
+    # The victim is gone: the preemptor is nudged and now fits on the victim's GPU.
+    w.ctl.tick()
+    assert w.api.nudged == ["high"]
+    again = w.cache.filter(w.info(high), [NODE])
+    assert again.feasible and again.hold is not None
+    assert [g.gpu_index for g in again.hold.grants] == [gpus["low-1"]]
+
+
+def test_the_held_node_is_refused_to_lower_priorities_until_the_preemptor_binds() -> None:
+    w = World(min_pending=0)
+    w.fill()
+    high = preemptor()
+    w.run(high)
+    w.cache.filter(w.info(high), [NODE])
+    assert w.ctl.tick() == 1
+    assert [(r.key, r.node) for r in w.cache.reservations()] == [("default/high", NODE)]
+    small = shared_pod("small", 1000, 10, priority=500)
+    refused = w.cache.filter(w.info(small), [NODE])
+    assert not refused.feasible
+    assert refused.failed[NODE] == "gpus held for preemptor default/high (priority 1000)"
+    # A pod of higher priority than the preemptor is not held off.
+    vip = shared_pod("vip", 1000, 10, priority=2000)
+    assert w.cache.filter(w.info(vip), [NODE]).feasible
+    # The preemptor bound (or gone): the node is no longer held.
+    w.fake.delete("default", "high")
+    assert w.cache.preemption_due(0) == [] and w.cache.reservations() == []
+
+
+def test_pods_that_may_not_preempt_do_not() -> None:
+    for high in (preemptor(preemptionPolicy="Never"), preemptor(priority=0)):
+        w = World(min_pending=0)
+        w.fill()
+        w.run(high)
+        w.cache.filter(w.info(high), [NODE])
+        assert w.ctl.tick() == 0 and w.api.evicted == []
+    # Nothing of lower priority to evict: no decision, nothing evicted.
+    w = World(min_pending=0)
+    w.fill()
+    low = preemptor(priority=5)
+    w.run(low)
+    w.cache.filter(w.info(low), [NODE])
+    assert w.ctl.tick() == 0 and w.api.evicted == []
+
+
+def test_a_refused_eviction_says_so_and_the_next_decision_tries_another_victim() -> None:
+    w = World(min_pending=0, refuse={"low-1"})
+    w.fill()
+    high = preemptor()
+    w.run(high)
+    w.cache.filter(w.info(high), [NODE])
+    assert w.ctl.tick() == 0
+    blocked = [(n, note) for r, n, note in w.events.said if r == "PreemptionBlocked"]
+    assert blocked and blocked[0][0] == "high" and "PodDisruptionBudget" in blocked[0][1]
+    assert w.cache.reservations() == []  # the attempt ended: the node is not held
+    w.cache.filter(w.info(high), [NODE])  # kube-scheduler tries again: still rejected
+    assert w.ctl.tick() == 1
+    assert w.api.evicted == ["low-3"]  # the next lowest on a GPU of its own (priority 20)

@@ -1,0 +1,559 @@
+"""The searches behind `neuronetes.migplan`: what one GPU can still hold, and the plans over many GPUs.
+
+Everything here works on *count vectors*: instances per profile name, in the order of the GPU's
+catalog (`MigCatalog.names`). A GPU's possible additions are the count vectors of the valid layouts
+that contain its kept instances, minus those instances; the set is closed downwards (removing an
+instance from a valid layout leaves a valid layout), so it is described by its maximal vectors, and
+"what this GPU can serve of the remaining demand" is ``min(v, available)`` over those maximal ``v``.
+
+Three planners over a `Board` (the GPUs and the demand classes), each returning one count vector per
+GPU (what it serves):
+
+* `greedy`: fill the GPUs already in use, then open idle GPUs one at a time, each time the one
+  whose best option serves the most, then `drain` opened GPUs whose work fits elsewhere;
+* `templates`: today's peers: a GPU with running instances serves only from its idle instances, an
+  idle GPU takes the one mig-parted template (``all-<profile>``, ``all-balanced``) serving the most;
+* `exact`: depth-first search over the GPUs with memoised remaining demand; exact in (demand
+  served, GPUs used) and bounded by a state budget (``None`` once the budget is spent).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from operator import add, lt, mul, sub
+
+from neuronetes.mig import MigCatalog, catalog_for
+from neuronetes.mig_profiles import COMPUTE_SLICES, MEMORY_SLICES, MigProfile, PlacedInstance
+
+__all__ = [
+    "Assignment",
+    "Board",
+    "GpuSlot",
+    "Vector",
+    "assign",
+    "exact",
+    "greedy",
+    "improve",
+    "key",
+    "maximal_additions",
+    "place",
+    "templates",
+    "vector_of",
+]
+
+Vector = tuple[int, ...]
+"""Instances per profile name, in the catalog's order."""
+
+
+@cache
+def _valid_layouts(model: str) -> tuple[tuple[frozenset[int], Vector], ...]:
+    """Every valid layout of an empty GPU of `model`, as (placement indices, count vector).
+
+    A placement index is ``profile_index * MEMORY_SLICES + start``. Validity is a property of the
+    set (start slots, no overlap, per-profile maximum, one ``+me``, compute), so a depth-first walk
+    adding placements in increasing index order visits each valid set once.
+    """
+    catalog = catalog_for(model)
+    placements = [
+        (pi * MEMORY_SLICES + start, pi, sum(1 << s for s in p.slots(start)), p)
+        for pi, p in enumerate(catalog.profiles)
+        for start in p.starts
+    ]
+    found: list[tuple[frozenset[int], Vector]] = []
+
+    def walk(first: int, chosen: list[int], mask: int, compute: int, counts: list[int], me: bool) -> None:
+        found.append((frozenset(chosen), tuple(counts)))
+        for i in range(first, len(placements)):
+            index, pi, slots, profile = placements[i]
+            if slots & mask or compute + profile.compute_slices > COMPUTE_SLICES:
+                continue
+            if counts[pi] >= profile.max_instances or (profile.media_extensions and me):
+                continue
+            counts[pi] += 1
+            chosen.append(index)
+            walk(
+                i + 1,
+                chosen,
+                mask | slots,
+                compute + profile.compute_slices,
+                counts,
+                me or profile.media_extensions,
+            )
+            chosen.pop()
+            counts[pi] -= 1
+
+    walk(0, [], 0, 0, [0] * len(catalog.profiles), False)
+    return tuple(found)
+
+
+def _maximal(vectors: set[Vector]) -> tuple[Vector, ...]:
+    """The vectors no other vector of the set dominates, largest total first."""
+    ordered = sorted(vectors, key=lambda v: -sum(v))
+    kept: list[Vector] = []
+    for v in ordered:
+        if not any(all(a >= b for a, b in zip(k, v, strict=True)) for k in kept):
+            kept.append(v)
+    return tuple(kept)
+
+
+@cache
+def maximal_additions(model: str, kept: frozenset[PlacedInstance]) -> tuple[Vector, ...]:
+    """The maximal count vectors a GPU of `model` can add beside the instances in `kept`."""
+    catalog = catalog_for(model)
+    index_of = {p.name: i for i, p in enumerate(catalog.profiles)}
+    need = frozenset(index_of[inst.profile.name] * MEMORY_SLICES + inst.start for inst in kept)
+    base = [0] * len(catalog.profiles)
+    for inst in kept:
+        base[index_of[inst.profile.name]] += 1
+    return _maximal(
+        {
+            tuple(c - b for c, b in zip(counts, base, strict=True))
+            for chosen, counts in _valid_layouts(model)
+            if need <= chosen
+        }
+    )
+
+
+@cache
+def _names(model: str) -> dict[str, int]:
+    """Profile index by name."""
+    return {p.name: i for i, p in enumerate(catalog_for(model).profiles)}
+
+
+@cache
+def _sizes(model: str) -> Vector:
+    return tuple(p.memory_slices for p in catalog_for(model).profiles)
+
+
+@lru_cache(maxsize=65_536)
+def _capped_options(maximal: tuple[Vector, ...], avail: Vector) -> tuple[Vector, ...]:
+    return _maximal({tuple(map(min, v, avail)) for v in maximal})
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSlot:
+    """One GPU as the searches see it.
+
+    Attributes:
+        catalog: its model's catalog.
+        maximal: the maximal count vectors it may serve (for a GPU within its hysteresis interval,
+            only its idle instances' counts).
+        idle: its instances without a client, as a count vector (served from these, nothing changes).
+        in_use: it has an instance with a client or an allocation (it is used whatever the plan).
+        frozen: re-laid out within the hysteresis interval: it serves only from its idle instances.
+        classes: per profile index, the demand classes it can serve with that profile, the class
+            with the fewest eligible GPUs first (serving the scarcest class first loses nothing
+            when the classes' eligible sets nest, as model restrictions by name prefix do).
+        shape: equal for GPUs the searches may treat as interchangeable: same model and same
+            options (idle GPUs free to be re-laid out differ only in the instances they would reuse).
+    """
+
+    catalog: MigCatalog
+    maximal: tuple[Vector, ...]
+    idle: Vector
+    in_use: bool
+    frozen: bool
+    classes: tuple[tuple[int, ...], ...]
+    shape: str
+
+    def available(self, remaining: Sequence[int]) -> Vector:
+        """Per profile index, the remaining demand this GPU could serve with that profile."""
+        return tuple(sum(remaining[k] for k in ks) for ks in self.classes)
+
+    def options(self, remaining: Sequence[int]) -> tuple[Vector, ...]:
+        """The maximal vectors it may serve of `remaining`, capped by what is asked (deduplicated)."""
+        return _capped_options(self.maximal, self.available(remaining))
+
+    @property
+    def sizes(self) -> Vector:
+        """Memory slices per profile index."""
+        return _sizes(self.catalog.gpu_model)
+
+    def created(self, served: Vector) -> int:
+        """Instances it must create to serve `served` (those its idle instances do not cover)."""
+        return sum(max(0, s - i) for s, i in zip(served, self.idle, strict=True))
+
+    def take(self, served: Vector, remaining: list[int]) -> None:
+        """Take `served` from `remaining`, scarcest class first."""
+        for pi, count in enumerate(served):
+            for k in self.classes[pi]:
+                n = min(count, remaining[k])
+                remaining[k] -= n
+                count -= n
+
+    def profile_of(self, k: int) -> int:
+        """The profile index serving class `k` here (-1: this GPU does not admit the class)."""
+        for pi, ks in enumerate(self.classes):
+            if k in ks:
+                return pi
+        return -1
+
+
+@dataclass(frozen=True, slots=True)
+class Board:
+    """The GPUs and the demand: `demand[k]` items of class k; `scarce` lists the classes, the one
+    with the fewest admitting GPUs first."""
+
+    gpus: tuple[GpuSlot, ...]
+    demand: Vector
+    scarce: tuple[int, ...]
+
+
+Assignment = list[list[int]]
+"""Items of each class (inner index) that each GPU (outer index) serves."""
+
+
+def assign(board: Board, plan: Sequence[Vector]) -> Assignment:
+    """Turn per-GPU count vectors into items per class: the scarcest class first, GPUs in order (the
+    classes' admitting sets nest, so a scarcer class never takes what only a broader one could use)."""
+    remaining = list(board.demand)
+    out = [[0] * len(board.demand) for _ in board.gpus]
+    room = [list(v) for v in plan]
+    for k in board.scarce:
+        for g, gpu in enumerate(board.gpus):
+            pi = gpu.profile_of(k)
+            if pi >= 0 and remaining[k] and room[g][pi]:
+                n = min(remaining[k], room[g][pi])
+                out[g][k] += n
+                room[g][pi] -= n
+                remaining[k] -= n
+    return out
+
+
+def vector_of(gpu: GpuSlot, row: Sequence[int]) -> Vector:
+    """The count vector of the classes a GPU serves."""
+    return tuple(sum(row[k] for k in ks) for ks in gpu.classes)
+
+
+def key(board: Board, assignment: Assignment) -> tuple[int, int, int]:
+    """(-served, GPUs used, instances created) of an assignment: the least is the best."""
+    served = sum(map(sum, assignment))
+    used = sum(1 for gpu, row in zip(board.gpus, assignment, strict=True) if gpu.in_use or any(row))
+    created = sum(gpu.created(vector_of(gpu, row)) for gpu, row in zip(board.gpus, assignment, strict=True))
+    return (-served, used, created)
+
+
+def improve(board: Board, assignment: Assignment, budget: int) -> None:
+    """Serve more: put each unserved item on a GPU where it fits, or where it fits once one or two
+    items of other classes move to other GPUs (GPUs already used tried first).
+
+    Bounded: at most `budget` feasibility checks in all, and a class that found no place is not
+    tried again (its other items would fail the same way).
+    """
+    gpus = board.gpus
+    remaining = [d - sum(row[k] for row in assignment) for k, d in enumerate(board.demand)]
+    vectors = [list(vector_of(g, row)) for g, row in zip(gpus, assignment, strict=True)]
+
+    def fits(g: int, change: Sequence[tuple[int, int]]) -> bool:
+        nonlocal budget
+        budget -= 1
+        trial = vectors[g][:]
+        for k, delta in change:
+            trial[gpus[g].profile_of(k)] += delta
+        return _fits(gpus[g], tuple(trial))
+
+    def move(g: int, k: int, delta: int) -> None:
+        vectors[g][gpus[g].profile_of(k)] += delta
+        assignment[g][k] += delta
+
+    def rehome(g: int, k: int) -> int | None:
+        """A GPU other than `g` with room for one more item of class `k` (used GPUs first)."""
+        for h in sorted(range(len(gpus)), key=lambda h: (not (gpus[h].in_use or any(vectors[h])), h)):
+            if h != g and gpus[h].profile_of(k) >= 0 and budget > 0 and fits(h, [(k, 1)]):
+                return h
+        return None
+
+    def place(k: int) -> bool:
+        hosts = sorted(
+            (g for g in range(len(gpus)) if gpus[g].profile_of(k) >= 0),
+            key=lambda g: (not (gpus[g].in_use or any(vectors[g])), g),
+        )
+        for g in hosts:
+            if fits(g, [(k, 1)]):
+                move(g, k, 1)
+                return True
+        for size in (1, 2):
+            for g in hosts:
+                present = [m for m, n in enumerate(assignment[g]) if n and m != k]
+                for out in itertools.combinations_with_replacement(present, size):
+                    if budget <= 0:
+                        return False
+                    if any(assignment[g][m] < out.count(m) for m in out):
+                        continue
+                    if not fits(g, [(k, 1), *((m, -1) for m in out)]):
+                        continue
+                    homes: list[tuple[int, int]] = []
+                    for m in out:
+                        h = rehome(g, m)
+                        if h is None:
+                            break
+                        move(h, m, 1)
+                        homes.append((h, m))
+                    if len(homes) == len(out):
+                        for m in out:
+                            move(g, m, -1)
+                        move(g, k, 1)
+                        return True
+                    for h, m in homes:
+                        move(h, m, -1)
+        return False
+
+    for k in board.scarce:
+        while remaining[k] > 0 and budget > 0 and place(k):
+            remaining[k] -= 1
+
+
+Plan = list[Vector]
+Score = Callable[[Vector, Vector], tuple[int, int]]
+"""How the greedy ranks what a GPU would serve: (memory slices per profile, served) -> key."""
+
+
+def _slots_first(sizes: Vector, v: Vector) -> tuple[int, int]:
+    return (sum(map(mul, v, sizes)), sum(v))
+
+
+def _count_first(sizes: Vector, v: Vector) -> tuple[int, int]:
+    return (sum(v), sum(map(mul, v, sizes)))
+
+
+SCORES: tuple[Score, ...] = (_slots_first, _count_first)
+
+
+def _best(
+    gpu: GpuSlot, remaining: Sequence[int], score: Score, base: Vector
+) -> tuple[tuple[int, int, int], Vector]:
+    """What `gpu`, already serving `base`, should serve with `remaining` as well, and its key (score,
+    then fewest instances created)."""
+    avail = tuple(map(add, gpu.available(remaining), base))
+    sizes = gpu.sizes
+    best: Vector = base
+    best_key = (*score(sizes, base), -gpu.created(base))
+    for v in gpu.maximal:
+        if any(map(lt, v, base)):
+            continue
+        capped = tuple(map(min, v, avail))
+        head = score(sizes, capped)
+        if head >= best_key[:2]:
+            key = (*head, -gpu.created(capped))
+            if key > best_key:
+                best, best_key = capped, key
+    return best_key, best
+
+
+def greedy(board: Board, score: Score, tiers: Sequence[frozenset[int]]) -> Plan:
+    """Per tier of demand classes (each tier adds classes to the last): fill the GPUs already used
+    (in use, or opened by an earlier tier; fullest first), then open idle GPUs best-first; at the
+    end, `drain`.
+
+    Each round evaluates one GPU per shape (the one of that shape that would create the fewest
+    instances for the chosen vector is opened), so a round costs at most (shapes x maximal vectors).
+    """
+    plan: Plan = [(0,) * len(g.catalog.profiles) for g in board.gpus]
+    left = list(board.demand)
+    closed: dict[str, list[int]] = {}
+    for i, g in enumerate(board.gpus):
+        if not g.in_use:
+            closed.setdefault(g.shape, []).append(i)
+    for tier in tiers:
+        remaining = [n if k in tier else 0 for k, n in enumerate(left)]
+        used = [i for i, g in enumerate(board.gpus) if g.in_use or any(plan[i])]
+        for i in sorted(used, key=lambda i: sum(board.gpus[i].maximal[0])):
+            served = _best(board.gpus[i], remaining, score, plan[i])[1]
+            board.gpus[i].take(tuple(map(sub, served, plan[i])), remaining)
+            plan[i] = served
+        while any(remaining) and closed:
+            _, served, shape = max(
+                (*_best(board.gpus[members[0]], remaining, score, plan[members[0]]), shape)
+                for shape, members in closed.items()
+            )
+            if not any(served):
+                break
+            members = closed[shape]
+            i = min(members, key=lambda j: (board.gpus[j].created(served), j))
+            members.remove(i)
+            if not members:
+                del closed[shape]
+            plan[i] = served
+            board.gpus[i].take(served, remaining)
+        left = [n if k in tier else left[k] for k, n in enumerate(remaining)]
+    drain(board, plan)
+    return plan
+
+
+def _fits(gpu: GpuSlot, v: Vector) -> bool:
+    return _dominated(gpu.maximal, v)
+
+
+@lru_cache(maxsize=65_536)
+def _dominated(maximal: tuple[Vector, ...], v: Vector) -> bool:
+    return any(all(a >= b for a, b in zip(m, v, strict=True)) for m in maximal)
+
+
+def place(fixed: Sequence[PlacedInstance], missing: Sequence[MigProfile]) -> list[PlacedInstance] | None:
+    """Start slots for `missing` beside `fixed` (all of one catalog), or ``None`` when they do not fit.
+
+    Depth first over the missing profiles, largest first, on bit masks of the memory slices.
+    """
+    todo = sorted(missing, key=lambda p: (-p.memory_slices, -p.compute_slices, p.name))
+    mask = sum(1 << s for inst in fixed for s in inst.slots)
+    compute = sum(inst.profile.compute_slices for inst in fixed)
+    counts = Counter(inst.profile.name for inst in fixed)
+    me = any(inst.profile.media_extensions for inst in fixed)
+    if compute + sum(p.compute_slices for p in todo) > COMPUTE_SLICES:
+        return None
+    if (me and any(p.media_extensions for p in todo)) or sum(p.media_extensions for p in todo) > 1:
+        return None
+    if any(counts[p.name] + n > p.max_instances for p, n in Counter(todo).items()):
+        return None
+    chosen: list[PlacedInstance] = []
+
+    def walk(i: int, mask: int) -> bool:
+        if i == len(todo):
+            return True
+        profile = todo[i]
+        # Equal profiles go in increasing start order: each set of starts is tried once.
+        low = chosen[-1].start + 1 if i and todo[i - 1] == profile else 0
+        for start in profile.starts:
+            bits = sum(1 << s for s in profile.slots(start))
+            if start < low or bits & mask:
+                continue
+            chosen.append(PlacedInstance(profile, start))
+            if walk(i + 1, mask | bits):
+                return True
+            chosen.pop()
+        return False
+
+    return chosen if walk(0, mask) else None
+
+
+def drain(board: Board, plan: Plan) -> None:
+    """Close opened idle GPUs whose served instances all fit on other used GPUs (fewest served first).
+
+    Bounded: each opened GPU is tried once, each of its instances against each used GPU once.
+    """
+    used = [i for i, g in enumerate(board.gpus) if g.in_use or any(plan[i])]
+    for i in sorted((i for i in used if not board.gpus[i].in_use), key=lambda i: sum(plan[i])):
+        gpu = board.gpus[i]
+        trial = {j: list(plan[j]) for j in used if j != i}
+        moved = True
+        for pi, count in enumerate(plan[i]):
+            name = gpu.catalog.profiles[pi].name
+            for _ in range(count):
+                moved = False
+                for j, vec in trial.items():
+                    other = board.gpus[j]
+                    pj = _names(other.catalog.gpu_model).get(name, -1)
+                    if pj < 0 or not set(gpu.classes[pi]) <= set(other.classes[pj]):
+                        continue
+                    vec[pj] += 1
+                    if _fits(other, tuple(vec)):
+                        moved = True
+                        break
+                    vec[pj] -= 1
+                if not moved:
+                    break
+            if not moved:
+                break
+        if moved:
+            for j, vec in trial.items():
+                plan[j] = tuple(vec)
+            plan[i] = (0,) * len(plan[i])
+            used.remove(i)
+
+
+def _template_vectors(catalog: MigCatalog) -> list[Vector]:
+    """mig-parted's stock configs for one GPU: ``all-<profile>`` per profile (as many as fit) and
+    ``all-balanced`` (two of the smallest, one 2g, one 3g)."""
+    size = len(catalog.profiles)
+    configs: list[Vector] = []
+    for pi, profile in enumerate(catalog.profiles):
+        if profile.media_extensions:
+            continue
+        n = min(
+            profile.max_instances,
+            MEMORY_SLICES // profile.memory_slices,
+            COMPUTE_SLICES // profile.compute_slices,
+        )
+        configs.append(tuple(n if i == pi else 0 for i in range(size)))
+    configs.append((0, 0, 1, 1, 0, 2, 0))
+    return configs
+
+
+def templates(board: Board) -> Plan:
+    """Today's peers: one whole-GPU template per idle GPU, first fit, GPUs in order."""
+    remaining = list(board.demand)
+    plan: Plan = []
+    for gpu in board.gpus:
+        avail = gpu.available(remaining)
+        if gpu.in_use or gpu.frozen:  # a whole-GPU config would remove the running instances
+            served = tuple(map(min, gpu.idle, avail))
+        else:
+            choices = [gpu.idle, *_template_vectors(gpu.catalog)]
+            served = max((tuple(map(min, v, avail)) for v in choices), key=sum)
+        plan.append(served)
+        gpu.take(served, remaining)
+    return plan
+
+
+def exact(board: Board, budget: int) -> Plan | None:
+    """The plan that serves the most demand, then uses the fewest GPUs; ``None`` past `budget` states.
+
+    Exact in those two keys: on a GPU that is used, serving a maximal option of the remaining demand
+    loses nothing (an instance served later or never can move onto it without using another GPU),
+    so only maximal options and "unused" are branched on; interchangeable idle GPUs are opened in
+    order. The third key, instances created, is only minimised among those branches.
+    """
+    order = sorted(range(len(board.gpus)), key=lambda i: (board.gpus[i].shape, i))
+    gpus = [board.gpus[i] for i in order]
+    # Keys are (-served, used, created): the least is the best.
+    memo: dict[tuple[int, Vector, bool], tuple[tuple[int, int, int], tuple[Vector, ...]]] = {}
+    spent = 0
+
+    def solve(
+        i: int, remaining: Vector, prev_unused: bool
+    ) -> tuple[tuple[int, int, int], tuple[Vector, ...]]:
+        nonlocal spent
+        if i == len(gpus) or not any(remaining):
+            return (0, 0, 0), ()
+        key = (i, remaining, prev_unused)
+        if key in memo:
+            return memo[key]
+        spent += 1
+        if spent > budget:
+            raise _BudgetSpent
+        gpu = gpus[i]
+        same_as_prev = i > 0 and gpus[i - 1].shape == gpu.shape
+        choices: list[tuple[tuple[int, int, int], tuple[Vector, ...]]] = []
+        zero = (0,) * len(gpu.catalog.profiles)
+        if not gpu.in_use:
+            total, rest = solve(i + 1, remaining, True)
+            choices.append((total, (zero, *rest)))
+        if not (prev_unused and same_as_prev and not gpu.in_use):
+            for option in gpu.options(remaining):
+                if not any(option) and not gpu.in_use:
+                    continue
+                after = list(remaining)
+                gpu.take(option, after)
+                (lost, used, created), rest = solve(i + 1, tuple(after), False)
+                total = (lost - sum(option), used + (0 if gpu.in_use else 1), created + gpu.created(option))
+                choices.append((total, (option, *rest)))
+        best = min(choices, key=lambda c: c[0]) if choices else ((0, 0, 0), (zero,))
+        memo[key] = best
+        return best
+
+    try:
+        _, vectors = solve(0, board.demand, False)
+    except _BudgetSpent:
+        return None
+    plan: Plan = [(0,) * len(g.catalog.profiles) for g in board.gpus]
+    for position, vector in enumerate(vectors):
+        plan[order[position]] = vector
+    return plan
+
+
+class _BudgetSpent(Exception):
+    """The exact search's state budget ran out (caught in `exact`)."""

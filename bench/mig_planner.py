@@ -84,11 +84,13 @@ def disturbed(plan: MigPlan) -> int:
 
 
 def run(cases: int, sizes: list[int], seed: int) -> dict[str, Any]:
+    # The planner's per-model tables are built once per process: build them before timing.
+    plan_mig_layouts(*random_case(random.Random(seed), 64), now_s=NOW_S)
     rows: dict[int, dict[str, Any]] = {}
     for n in sizes:
         stats: dict[str, Any] = {
             "cases": 0, "ours_gpus": 0, "ff_gpus": 0, "opt_gpus": 0, "opt_cases": 0, "opt_over_budget": 0,
-            "ours_gpus_on_opt": 0, "ours_served_on_opt": 0, "equal_to_opt": 0,
+            "ours_gpus_on_opt": 0, "ours_served_on_opt": 0, "equal_to_opt": 0, "served_less_than_opt": 0,
             "ours_served": 0, "ff_served": 0, "opt_served": 0, "demand": 0, "disturbed": 0,
             "worse_than_ff": 0, "gap_max_pct": 0.0, "ours_ms": [], "search": {},
         }  # fmt: skip
@@ -120,11 +122,11 @@ def run(cases: int, sizes: list[int], seed: int) -> dict[str, Any]:
                 stats["ours_gpus_on_opt"] += ours.gpus_used
                 stats["ours_served_on_opt"] += ours.served
                 stats["equal_to_opt"] += (ours.served, ours.gpus_used) == (opt.served, opt.gpus_used)
-                if ours.served == opt.served:
+                if ours.served < opt.served:
+                    stats["served_less_than_opt"] += 1
+                else:
                     gap = 100.0 * (ours.gpus_used - opt.gpus_used) / max(1, opt.gpus_used)
                     stats["gap_max_pct"] = max(stats["gap_max_pct"], gap)
-                else:
-                    stats["gap_max_pct"] = max(stats["gap_max_pct"], 100.0)
         ms = sorted(stats.pop("ours_ms"))
         stats["plan_ms_p50"] = round(statistics.median(ms), 2)
         stats["plan_ms_p99"] = round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 2)
@@ -136,9 +138,9 @@ def print_table(result: dict[str, Any]) -> None:
     print(
         "| GPUs | cases | demand | served ours / ff | GPUs used ours / ff | vs ff | worse than ff "
         "| exact solved | served ours / opt | GPUs ours / opt | vs opt (worst case) | equal to opt "
-        "| disturbed | plan ms p50 / p99 |"
+        "| served < opt | disturbed | plan ms p50 / p99 |"
     )
-    print("|" + "---:|" * 14)
+    print("|" + "---:|" * 15)
     for n, s in result["sizes"].items():
         vs_ff = 100.0 * (s["ours_gpus"] - s["ff_gpus"]) / max(1, s["ff_gpus"])
         if s["opt_cases"]:
@@ -146,10 +148,10 @@ def print_table(result: dict[str, Any]) -> None:
             opt = (
                 f"{s['opt_cases']}/{s['cases']} | {s['ours_served_on_opt']} / {s['opt_served']} "
                 f"| {s['ours_gpus_on_opt']} / {s['opt_gpus']} | {vs_opt:+.1f} % ({s['gap_max_pct']:+.1f} %) "
-                f"| {s['equal_to_opt']}"
+                f"| {s['equal_to_opt']} | {s['served_less_than_opt']}"
             )
         else:
-            opt = "– | – | – | – | –"
+            opt = "– | – | – | – | – | –"
         print(
             f"| {n} | {s['cases']} | {s['demand']} | {s['ours_served']} / {s['ff_served']} "
             f"| {s['ours_gpus']} / {s['ff_gpus']} | {vs_ff:+.1f} % | {s['worse_than_ff']} | {opt} "

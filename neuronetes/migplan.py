@@ -72,9 +72,9 @@ __all__ = [
 ]
 
 DEFAULT_MIN_RELAYOUT_INTERVAL_S = 600.0
-DEFAULT_EXACT_BUDGET = 2_000
+DEFAULT_EXACT_BUDGET = 500
 """Memoised states the exact search may visit inside `plan_mig_layouts` before it gives way."""
-IMPROVE_BUDGET = 20_000
+IMPROVE_BUDGET = 5_000
 """Feasibility checks the improvement pass may spend after each greedy plan."""
 
 Strategy = Literal["best", "greedy", "templates", "exact"]
@@ -210,8 +210,14 @@ def _checked_gpus(gpus: Sequence[GpuMigState]) -> tuple[list[tuple[GpuMigState, 
 
 
 def _slot(
-    state: GpuMigState, in_use: frozenset[int], classes: list[_Class], eligible: list[int], frozen: bool
+    state: GpuMigState,
+    in_use: frozenset[int],
+    classes: list[_Class],
+    by_profile: dict[str, list[int]],
+    frozen: bool,
 ) -> GpuSlot:
+    """The GPU as the searches see it; `by_profile` lists the classes of each profile name, the
+    scarcest first."""
     catalog = state.layout.catalog
     busy = frozenset(inst for inst in state.layout if inst.start in in_use)
     idle_instances = [inst for inst in state.layout if inst.start not in in_use]
@@ -219,13 +225,7 @@ def _slot(
     idle: Vector = tuple(idle_counts[name] for name in catalog.names)
     maximal = (idle,) if frozen else maximal_additions(catalog.gpu_model, busy)
     by_name = tuple(
-        tuple(
-            sorted(
-                (k for k, c in enumerate(classes) if c.profile == name and c.admits(catalog)),
-                key=lambda k: (eligible[k], k),
-            )
-        )
-        for name in catalog.names
+        tuple(k for k in by_profile.get(name, ()) if classes[k].admits(catalog)) for name in catalog.names
     )
     # Idle GPUs free to be re-laid out differ only in the instances they would reuse (a tie-break).
     layout_key = (
@@ -236,6 +236,12 @@ def _slot(
     return GpuSlot(
         catalog, maximal, idle, bool(busy), frozen, by_name, f"{catalog.gpu_model}|{layout_key}|{frozen}"
     )
+
+
+def _surely_best(board: Board, candidates: list[tuple[str, Assignment]]) -> bool:
+    """Whether a candidate serves everything without opening a GPU (no plan can do better)."""
+    floor = (-sum(board.demand), sum(1 for g in board.gpus if g.in_use))
+    return any(key(board, a)[:2] == floor for _, a in candidates)
 
 
 def _target(
@@ -306,7 +312,9 @@ def plan_mig_layouts(
 
     `strategy` picks the search: ``"best"`` (the product), or one alone for comparison:
     ``"greedy"``, ``"templates"`` (today's peers), ``"exact"`` (with `exact_budget` states; past it
-    the plan is the greedy one and `MigPlan.search` says ``"greedy"``).
+    the plan is the greedy one and `MigPlan.search` says ``"greedy"``). With ``"best"``, the exact
+    search runs on at most 16 GPUs, and only when the greedy plan leaves demand unserved or opens a
+    GPU.
     """
     checked, problems = _checked_gpus(gpus)
     classes: list[_Class] = []
@@ -324,23 +332,32 @@ def plan_mig_layouts(
         s.last_relayout_s is not None and now_s - s.last_relayout_s < min_relayout_interval_s
         for s, _ in checked
     ]
-    slots = [_slot(s, u, classes, eligible, f) for (s, u), f in zip(checked, frozen, strict=True)]
     scarce = tuple(sorted(range(len(classes)), key=lambda k: (eligible[k], k)))
+    by_profile: dict[str, list[int]] = {}
+    for k in scarce:
+        by_profile.setdefault(classes[k].profile, []).append(k)
+    slots = [_slot(s, u, classes, by_profile, f) for (s, u), f in zip(checked, frozen, strict=True)]
     board = Board(tuple(slots), tuple(counts[k] for k in range(len(classes))), scarce)
 
     candidates: list[tuple[str, Assignment]] = []
-    if strategy in ("best", "exact"):
-        found = exact(board, exact_budget if strategy == "exact" or len(slots) <= 16 else 0)
-        if found is not None:
-            candidates.append(("exact", assign(board, found)))
-    if strategy in ("best", "greedy") or (strategy == "exact" and not candidates):
+    if strategy in ("best", "greedy") or strategy == "exact":
         everything = frozenset(range(len(classes)))
         restricted = frozenset(k for k, c in enumerate(classes) if c.models is not None)
         tierings = [[everything]] + ([[restricted, everything]] if restricted else [])
-        for score, tiers in itertools.product(SCORES, tierings):
-            assignment = assign(board, greedy(board, score, tiers))
-            improve(board, assignment, IMPROVE_BUDGET)
-            candidates.append(("greedy", assignment))
+        # Two runs: memory slices first (the scarce classes first when some are restricted), items first.
+        greedy_plans = [
+            assign(board, greedy(board, score, tiers, {}))
+            for score, tiers in ((SCORES[0], tierings[-1]), (SCORES[1], tierings[0]))
+        ]
+        best_greedy = min(greedy_plans, key=lambda a: key(board, a))
+        improve(board, best_greedy, IMPROVE_BUDGET)
+        candidates.append(("greedy", best_greedy))
+    if strategy == "exact" or (
+        strategy == "best" and len(slots) <= 16 and not _surely_best(board, candidates)
+    ):
+        found = exact(board, exact_budget)
+        if found is not None:
+            candidates.insert(0, ("exact", assign(board, found)))
     if strategy in ("best", "templates"):
         candidates.append(("templates", assign(board, templates(board))))
     search, assignment = min(candidates, key=lambda c: key(board, c[1]))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from operator import add, lt, mul, sub
 
@@ -50,12 +50,14 @@ Vector = tuple[int, ...]
 
 
 @cache
-def _valid_layouts(model: str) -> tuple[tuple[frozenset[int], Vector], ...]:
-    """Every valid layout of an empty GPU of `model`, as (placement indices, count vector).
+def _full_layouts(model: str) -> tuple[tuple[int, Vector], ...]:
+    """Every full layout of a GPU of `model` (valid, and no instance can be added), as (placement
+    bits, count vector); a layout's possible additions are dominated by those of the full layouts
+    that contain it.
 
-    A placement index is ``profile_index * MEMORY_SLICES + start``. Validity is a property of the
-    set (start slots, no overlap, per-profile maximum, one ``+me``, compute), so a depth-first walk
-    adding placements in increasing index order visits each valid set once.
+    A placement's bit is ``1 << (profile_index * MEMORY_SLICES + start)``. Validity is a property of
+    the set (start slots, no overlap, per-profile maximum, one ``+me``, compute), so a depth-first
+    walk adding placements in increasing index order visits each valid set once.
     """
     catalog = catalog_for(model)
     placements = [
@@ -63,10 +65,18 @@ def _valid_layouts(model: str) -> tuple[tuple[frozenset[int], Vector], ...]:
         for pi, p in enumerate(catalog.profiles)
         for start in p.starts
     ]
-    found: list[tuple[frozenset[int], Vector]] = []
+    found: list[tuple[int, Vector]] = []
 
-    def walk(first: int, chosen: list[int], mask: int, compute: int, counts: list[int], me: bool) -> None:
-        found.append((frozenset(chosen), tuple(counts)))
+    def walk(first: int, chosen: int, mask: int, compute: int, counts: list[int], me: bool) -> None:
+        full = not any(
+            not slots & mask
+            and compute + profile.compute_slices <= COMPUTE_SLICES
+            and counts[pi] < profile.max_instances
+            and not (profile.media_extensions and me)
+            for _, pi, slots, profile in placements
+        )
+        if full:
+            found.append((chosen, tuple(counts)))
         for i in range(first, len(placements)):
             index, pi, slots, profile = placements[i]
             if slots & mask or compute + profile.compute_slices > COMPUTE_SLICES:
@@ -74,19 +84,17 @@ def _valid_layouts(model: str) -> tuple[tuple[frozenset[int], Vector], ...]:
             if counts[pi] >= profile.max_instances or (profile.media_extensions and me):
                 continue
             counts[pi] += 1
-            chosen.append(index)
             walk(
                 i + 1,
-                chosen,
+                chosen | 1 << index,
                 mask | slots,
                 compute + profile.compute_slices,
                 counts,
                 me or profile.media_extensions,
             )
-            chosen.pop()
             counts[pi] -= 1
 
-    walk(0, [], 0, 0, [0] * len(catalog.profiles), False)
+    walk(0, 0, 0, 0, [0] * len(catalog.profiles), False)
     return tuple(found)
 
 
@@ -105,15 +113,15 @@ def maximal_additions(model: str, kept: frozenset[PlacedInstance]) -> tuple[Vect
     """The maximal count vectors a GPU of `model` can add beside the instances in `kept`."""
     catalog = catalog_for(model)
     index_of = {p.name: i for i, p in enumerate(catalog.profiles)}
-    need = frozenset(index_of[inst.profile.name] * MEMORY_SLICES + inst.start for inst in kept)
+    need = sum(1 << (index_of[inst.profile.name] * MEMORY_SLICES + inst.start) for inst in kept)
     base = [0] * len(catalog.profiles)
     for inst in kept:
         base[index_of[inst.profile.name]] += 1
     return _maximal(
         {
             tuple(c - b for c, b in zip(counts, base, strict=True))
-            for chosen, counts in _valid_layouts(model)
-            if need <= chosen
+            for chosen, counts in _full_layouts(model)
+            if chosen & need == need
         }
     )
 
@@ -159,6 +167,11 @@ class GpuSlot:
     frozen: bool
     classes: tuple[tuple[int, ...], ...]
     shape: str
+    profile_index: dict[int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        index = {k: pi for pi, ks in enumerate(self.classes) for k in ks}
+        object.__setattr__(self, "profile_index", index)
 
     def available(self, remaining: Sequence[int]) -> Vector:
         """Per profile index, the remaining demand this GPU could serve with that profile."""
@@ -175,7 +188,9 @@ class GpuSlot:
 
     def created(self, served: Vector) -> int:
         """Instances it must create to serve `served` (those its idle instances do not cover)."""
-        return sum(max(0, s - i) for s, i in zip(served, self.idle, strict=True))
+        if not any(self.idle):
+            return sum(served)
+        return sum(s - i for s, i in zip(served, self.idle, strict=True) if s > i)
 
     def take(self, served: Vector, remaining: list[int]) -> None:
         """Take `served` from `remaining`, scarcest class first."""
@@ -187,10 +202,7 @@ class GpuSlot:
 
     def profile_of(self, k: int) -> int:
         """The profile index serving class `k` here (-1: this GPU does not admit the class)."""
-        for pi, ks in enumerate(self.classes):
-            if k in ks:
-                return pi
-        return -1
+        return self.profile_index.get(k, -1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,12 +272,14 @@ def improve(board: Board, assignment: Assignment, budget: int) -> None:
         vectors[g][gpus[g].profile_of(k)] += delta
         assignment[g][k] += delta
 
+    homes: dict[int, list[int]] = {}  # per class: GPUs with room for one more, as of the last change
+
     def rehome(g: int, k: int) -> int | None:
         """A GPU other than `g` with room for one more item of class `k` (used GPUs first)."""
-        for h in sorted(range(len(gpus)), key=lambda h: (not (gpus[h].in_use or any(vectors[h])), h)):
-            if h != g and gpus[h].profile_of(k) >= 0 and budget > 0 and fits(h, [(k, 1)]):
-                return h
-        return None
+        if k not in homes:
+            order = sorted(range(len(gpus)), key=lambda h: (not (gpus[h].in_use or any(vectors[h])), h))
+            homes[k] = [h for h in order if gpus[h].profile_of(k) >= 0 and fits(h, [(k, 1)])]
+        return next((h for h in homes[k] if h != g and fits(h, [(k, 1)])), None)
 
     def place(k: int) -> bool:
         hosts = sorted(
@@ -275,6 +289,7 @@ def improve(board: Board, assignment: Assignment, budget: int) -> None:
         for g in hosts:
             if fits(g, [(k, 1)]):
                 move(g, k, 1)
+                homes.clear()
                 return True
         for size in (1, 2):
             for g in hosts:
@@ -286,19 +301,20 @@ def improve(board: Board, assignment: Assignment, budget: int) -> None:
                         continue
                     if not fits(g, [(k, 1), *((m, -1) for m in out)]):
                         continue
-                    homes: list[tuple[int, int]] = []
+                    moved: list[tuple[int, int]] = []
                     for m in out:
                         h = rehome(g, m)
                         if h is None:
                             break
                         move(h, m, 1)
-                        homes.append((h, m))
-                    if len(homes) == len(out):
+                        moved.append((h, m))
+                    if len(moved) == len(out):
                         for m in out:
                             move(g, m, -1)
                         move(g, k, 1)
+                        homes.clear()
                         return True
-                    for h, m in homes:
+                    for h, m in moved:
                         move(h, m, -1)
         return False
 
@@ -323,31 +339,44 @@ def _count_first(sizes: Vector, v: Vector) -> tuple[int, int]:
 SCORES: tuple[Score, ...] = (_slots_first, _count_first)
 
 
+_Memo = dict[tuple[str, Vector, Vector], tuple[tuple[int, int, int], Vector]]
+
+
 def _best(
-    gpu: GpuSlot, remaining: Sequence[int], score: Score, base: Vector
+    gpu: GpuSlot, remaining: Sequence[int], score: Score, base: Vector, memo: _Memo
 ) -> tuple[tuple[int, int, int], Vector]:
     """What `gpu`, already serving `base`, should serve with `remaining` as well, and its key (score,
-    then fewest instances created)."""
+    then fewest instances created); `memo` (one per score) remembers it by shape and demand."""
     avail = tuple(map(add, gpu.available(remaining), base))
+    memo_key = (gpu.shape, avail, base)
+    if memo_key in memo:
+        return memo[memo_key]
     sizes = gpu.sizes
     best: Vector = base
     best_key = (*score(sizes, base), -gpu.created(base))
+    best_head = best_key[:2]
+    from_zero = not any(base)
+    seen: set[Vector] = set()
     for v in gpu.maximal:
-        if any(map(lt, v, base)):
+        if not from_zero and any(map(lt, v, base)):
             continue
         capped = tuple(map(min, v, avail))
+        if capped in seen:
+            continue
+        seen.add(capped)
         head = score(sizes, capped)
-        if head >= best_key[:2]:
+        if head >= best_head:
             key = (*head, -gpu.created(capped))
             if key > best_key:
-                best, best_key = capped, key
+                best, best_key, best_head = capped, key, head
+    memo[memo_key] = (best_key, best)
     return best_key, best
 
 
-def greedy(board: Board, score: Score, tiers: Sequence[frozenset[int]]) -> Plan:
+def greedy(board: Board, score: Score, tiers: Sequence[frozenset[int]], memo: _Memo) -> Plan:
     """Per tier of demand classes (each tier adds classes to the last): fill the GPUs already used
     (in use, or opened by an earlier tier; fullest first), then open idle GPUs best-first; at the
-    end, `drain`.
+    end, `drain`. `memo` may be shared by the calls with the same `score`.
 
     Each round evaluates one GPU per shape (the one of that shape that would create the fewest
     instances for the chosen vector is opened), so a round costs at most (shapes x maximal vectors).
@@ -362,12 +391,12 @@ def greedy(board: Board, score: Score, tiers: Sequence[frozenset[int]]) -> Plan:
         remaining = [n if k in tier else 0 for k, n in enumerate(left)]
         used = [i for i, g in enumerate(board.gpus) if g.in_use or any(plan[i])]
         for i in sorted(used, key=lambda i: sum(board.gpus[i].maximal[0])):
-            served = _best(board.gpus[i], remaining, score, plan[i])[1]
+            served = _best(board.gpus[i], remaining, score, plan[i], memo)[1]
             board.gpus[i].take(tuple(map(sub, served, plan[i])), remaining)
             plan[i] = served
         while any(remaining) and closed:
             _, served, shape = max(
-                (*_best(board.gpus[members[0]], remaining, score, plan[members[0]]), shape)
+                (*_best(board.gpus[members[0]], remaining, score, plan[members[0]], memo), shape)
                 for shape, members in closed.items()
             )
             if not any(served):

@@ -66,7 +66,9 @@ def random_case(rng: random.Random, n_gpus: int) -> tuple[list[MigDemand], list[
         gpus.append(GpuMigState(f"gpu-{i}", layout, in_use, last))
     weights = [8, 6, 4, 3, 2, 1, 0]  # small profiles are asked for more often; no +me
     demand: list[MigDemand] = []
-    budget = sum(8 - len([s for inst in g.layout if inst.start in g.in_use for s in inst.slots]) for g in gpus)
+    budget = sum(
+        8 - len([s for inst in g.layout if inst.start in g.in_use for s in inst.slots]) for g in gpus
+    )
     target = budget * rng.uniform(0.3, 0.75)
     asked = 0.0
     while asked < target:
@@ -80,7 +82,9 @@ def random_case(rng: random.Random, n_gpus: int) -> tuple[list[MigDemand], list[
 
 def disturbed(plan: MigPlan) -> int:
     """Running instances the plan destroys or moves (the planner's guarantee says 0)."""
-    return sum(1 for g in plan.gpus for inst in g.in_use if inst not in g.target.instances or inst in g.destroy)
+    return sum(
+        1 for g in plan.gpus for inst in g.in_use if inst not in g.target.instances or inst in g.destroy
+    )
 
 
 def run(cases: int, sizes: list[int], seed: int) -> dict[str, Any]:

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
-from operator import add, lt, mul, sub
+from functools import cache
+from operator import add, mul, sub
+
+import numpy as np
+import numpy.typing as npt
 
 from neuronetes.mig import MigCatalog, catalog_for
 from neuronetes.mig_profiles import COMPUTE_SLICES, MEMORY_SLICES, MigProfile, PlacedInstance
@@ -137,11 +140,6 @@ def _sizes(model: str) -> Vector:
     return tuple(p.memory_slices for p in catalog_for(model).profiles)
 
 
-@lru_cache(maxsize=65_536)
-def _capped_options(maximal: tuple[Vector, ...], avail: Vector) -> tuple[Vector, ...]:
-    return _maximal({tuple(map(min, v, avail)) for v in maximal})
-
-
 @dataclass(frozen=True, slots=True)
 class GpuSlot:
     """One GPU as the searches see it.
@@ -168,10 +166,26 @@ class GpuSlot:
     classes: tuple[tuple[int, ...], ...]
     shape: str
     profile_index: dict[int, int] = field(init=False, repr=False, compare=False)
+    fit_cache: dict[Vector, bool] = field(init=False, repr=False, compare=False)
+    option_cache: dict[Vector, tuple[Vector, ...]] = field(init=False, repr=False, compare=False)
+    array: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         index = {k: pi for pi, ks in enumerate(self.classes) for k in ks}
         object.__setattr__(self, "profile_index", index)
+        object.__setattr__(self, "fit_cache", {})
+        object.__setattr__(self, "option_cache", {})
+        object.__setattr__(
+            self, "array", np.array(self.maximal, dtype=np.int64).reshape(len(self.maximal), -1)
+        )
+
+    def fits(self, v: Vector) -> bool:
+        """Whether it can serve `v` (some maximal vector dominates it)."""
+        known = self.fit_cache.get(v)
+        if known is None:
+            known = bool((self.array >= np.array(v)).all(axis=1).any())
+            self.fit_cache[v] = known
+        return known
 
     def available(self, remaining: Sequence[int]) -> Vector:
         """Per profile index, the remaining demand this GPU could serve with that profile."""
@@ -179,7 +193,12 @@ class GpuSlot:
 
     def options(self, remaining: Sequence[int]) -> tuple[Vector, ...]:
         """The maximal vectors it may serve of `remaining`, capped by what is asked (deduplicated)."""
-        return _capped_options(self.maximal, self.available(remaining))
+        avail = self.available(remaining)
+        known = self.option_cache.get(avail)
+        if known is None:
+            known = _maximal({tuple(map(min, v, avail)) for v in self.maximal})
+            self.option_cache[avail] = known
+        return known
 
     @property
     def sizes(self) -> Vector:
@@ -249,128 +268,161 @@ def key(board: Board, assignment: Assignment) -> tuple[int, int, int]:
     return (-served, used, created)
 
 
+class _Mover:
+    """Moves items between GPUs for `improve`, counting feasibility checks against a budget.
+
+    `closing` is a GPU nothing may go to; with `may_open` false, nothing goes to an unused GPU.
+    """
+
+    def __init__(self, board: Board, assignment: Assignment, budget: int) -> None:
+        self.gpus = board.gpus
+        self.assignment = assignment
+        self.vectors = [list(vector_of(g, row)) for g, row in zip(self.gpus, assignment, strict=True)]
+        self.budget = budget
+        self.closing = -1
+        self.may_open = True
+        self.homes: dict[int, list[int]] = {}  # per class: GPUs with room for one more (a cache)
+
+    def used(self, g: int) -> bool:
+        return self.gpus[g].in_use or any(self.vectors[g])
+
+    def hosts(self, k: int) -> list[int]:
+        """GPUs that may take an item of class `k`, used ones first."""
+        return sorted(
+            (
+                g
+                for g in range(len(self.gpus))
+                if self.gpus[g].profile_of(k) >= 0 and g != self.closing and (self.may_open or self.used(g))
+            ),
+            key=lambda g: (not self.used(g), g),
+        )
+
+    def fits(self, g: int, change: Sequence[tuple[int, int]]) -> bool:
+        self.budget -= 1
+        trial = self.vectors[g][:]
+        for k, delta in change:
+            trial[self.gpus[g].profile_of(k)] += delta
+        return self.gpus[g].fits(tuple(trial))
+
+    def move(self, g: int, k: int, delta: int) -> None:
+        self.vectors[g][self.gpus[g].profile_of(k)] += delta
+        self.assignment[g][k] += delta
+
+    def rehome(self, g: int, k: int) -> int | None:
+        """A GPU other than `g` with room for one more item of class `k`."""
+        if k not in self.homes:
+            self.homes[k] = [h for h in self.hosts(k) if self.fits(h, [(k, 1)])]
+        return next((h for h in self.homes[k] if h != g and self.fits(h, [(k, 1)])), None)
+
+    def place(self, k: int) -> bool:
+        """Put one more item of class `k` somewhere, moving one or two others if need be."""
+        hosts = self.hosts(k)
+        for g in hosts:
+            if self.fits(g, [(k, 1)]):
+                self.move(g, k, 1)
+                self.homes.clear()
+                return True
+        for size in (1, 2):
+            for g in hosts:
+                present = [m for m, n in enumerate(self.assignment[g]) if n and m != k]
+                for out in itertools.combinations_with_replacement(present, size):
+                    if self.budget <= 0:
+                        return False
+                    if any(self.assignment[g][m] < out.count(m) for m in out):
+                        continue
+                    if not self.fits(g, [(k, 1), *((m, -1) for m in out)]):
+                        continue
+                    moved: list[tuple[int, int]] = []
+                    for m in out:
+                        h = self.rehome(g, m)
+                        if h is None:
+                            break
+                        self.move(h, m, 1)
+                        moved.append((h, m))
+                    if len(moved) == len(out):
+                        for m in out:
+                            self.move(g, m, -1)
+                        self.move(g, k, 1)
+                        self.homes.clear()
+                        return True
+                    for h, m in moved:
+                        self.move(h, m, -1)
+        return False
+
+
 def improve(board: Board, assignment: Assignment, budget: int) -> None:
-    """Serve more: put each unserved item on a GPU where it fits, or where it fits once one or two
-    items of other classes move to other GPUs (GPUs already used tried first).
+    """Serve more, then use fewer GPUs.
+
+    Serve more: put each unserved item on a GPU where it fits, or where it fits once one or two
+    items of other classes move to other GPUs (used GPUs tried first). Use fewer: empty each opened
+    idle GPU (fewest items first) by placing its items on the other used GPUs the same way, and
+    keep the result only when all of them found a place.
 
     Bounded: at most `budget` feasibility checks in all, and a class that found no place is not
     tried again (its other items would fail the same way).
     """
-    gpus = board.gpus
+    mover = _Mover(board, assignment, budget)
     remaining = [d - sum(row[k] for row in assignment) for k, d in enumerate(board.demand)]
-    vectors = [list(vector_of(g, row)) for g, row in zip(gpus, assignment, strict=True)]
-
-    def fits(g: int, change: Sequence[tuple[int, int]]) -> bool:
-        nonlocal budget
-        budget -= 1
-        trial = vectors[g][:]
-        for k, delta in change:
-            trial[gpus[g].profile_of(k)] += delta
-        return _fits(gpus[g], tuple(trial))
-
-    def move(g: int, k: int, delta: int) -> None:
-        vectors[g][gpus[g].profile_of(k)] += delta
-        assignment[g][k] += delta
-
-    homes: dict[int, list[int]] = {}  # per class: GPUs with room for one more, as of the last change
-
-    def rehome(g: int, k: int) -> int | None:
-        """A GPU other than `g` with room for one more item of class `k` (used GPUs first)."""
-        if k not in homes:
-            order = sorted(range(len(gpus)), key=lambda h: (not (gpus[h].in_use or any(vectors[h])), h))
-            homes[k] = [h for h in order if gpus[h].profile_of(k) >= 0 and fits(h, [(k, 1)])]
-        return next((h for h in homes[k] if h != g and fits(h, [(k, 1)])), None)
-
-    def place(k: int) -> bool:
-        hosts = sorted(
-            (g for g in range(len(gpus)) if gpus[g].profile_of(k) >= 0),
-            key=lambda g: (not (gpus[g].in_use or any(vectors[g])), g),
-        )
-        for g in hosts:
-            if fits(g, [(k, 1)]):
-                move(g, k, 1)
-                homes.clear()
-                return True
-        for size in (1, 2):
-            for g in hosts:
-                present = [m for m, n in enumerate(assignment[g]) if n and m != k]
-                for out in itertools.combinations_with_replacement(present, size):
-                    if budget <= 0:
-                        return False
-                    if any(assignment[g][m] < out.count(m) for m in out):
-                        continue
-                    if not fits(g, [(k, 1), *((m, -1) for m in out)]):
-                        continue
-                    moved: list[tuple[int, int]] = []
-                    for m in out:
-                        h = rehome(g, m)
-                        if h is None:
-                            break
-                        move(h, m, 1)
-                        moved.append((h, m))
-                    if len(moved) == len(out):
-                        for m in out:
-                            move(g, m, -1)
-                        move(g, k, 1)
-                        homes.clear()
-                        return True
-                    for h, m in moved:
-                        move(h, m, -1)
-        return False
-
     for k in board.scarce:
-        while remaining[k] > 0 and budget > 0 and place(k):
+        while remaining[k] > 0 and mover.budget > 0 and mover.place(k):
             remaining[k] -= 1
+    mover.may_open = False
+    opened = [g for g, gpu in enumerate(board.gpus) if not gpu.in_use and any(assignment[g])]
+    for g in sorted(opened, key=lambda g: (sum(assignment[g]), g)):
+        if mover.budget <= 0:
+            break
+        saved = [row[:] for row in assignment], [v[:] for v in mover.vectors]
+        items = [k for k, n in enumerate(assignment[g]) for _ in range(n)]
+        for k in items:
+            mover.move(g, k, -1)
+        mover.closing, mover.homes = g, {}
+        emptied = all(mover.place(k) for k in items)
+        mover.closing, mover.homes = -1, {}
+        if not emptied:
+            for row, old in zip(assignment, saved[0], strict=True):
+                row[:] = old
+            mover.vectors = saved[1]
 
 
 Plan = list[Vector]
-Score = Callable[[Vector, Vector], tuple[int, int]]
-"""How the greedy ranks what a GPU would serve: (memory slices per profile, served) -> key."""
+Score = bool
+"""How the greedy ranks what a GPU would serve: ``True`` memory slices filled first, then items;
+``False`` items first, then memory slices. Ties go to the vector creating the fewest instances."""
 
-
-def _slots_first(sizes: Vector, v: Vector) -> tuple[int, int]:
-    return (sum(map(mul, v, sizes)), sum(v))
-
-
-def _count_first(sizes: Vector, v: Vector) -> tuple[int, int]:
-    return (sum(v), sum(map(mul, v, sizes)))
-
-
-SCORES: tuple[Score, ...] = (_slots_first, _count_first)
-
+SCORES: tuple[Score, ...] = (True, False)
 
 _Memo = dict[tuple[str, Vector, Vector], tuple[tuple[int, int, int], Vector]]
 
 
 def _best(
-    gpu: GpuSlot, remaining: Sequence[int], score: Score, base: Vector, memo: _Memo
+    gpu: GpuSlot, remaining: Sequence[int], slots_first: Score, base: Vector, memo: _Memo
 ) -> tuple[tuple[int, int, int], Vector]:
-    """What `gpu`, already serving `base`, should serve with `remaining` as well, and its key (score,
-    then fewest instances created); `memo` (one per score) remembers it by shape and demand."""
+    """What `gpu`, already serving `base`, should serve with `remaining` as well, and its key (the
+    score, then fewest instances created); `memo` (one per score) remembers it by shape and demand.
+    Ties go to the first of `gpu.maximal`, as a loop over them would."""
     avail = tuple(map(add, gpu.available(remaining), base))
     memo_key = (gpu.shape, avail, base)
     if memo_key in memo:
         return memo[memo_key]
-    sizes = gpu.sizes
-    best: Vector = base
-    best_key = (*score(sizes, base), -gpu.created(base))
-    best_head = best_key[:2]
-    from_zero = not any(base)
-    seen: set[Vector] = set()
-    for v in gpu.maximal:
-        if not from_zero and any(map(lt, v, base)):
-            continue
-        capped = tuple(map(min, v, avail))
-        if capped in seen:
-            continue
-        seen.add(capped)
-        head = score(sizes, capped)
-        if head >= best_head:
-            key = (*head, -gpu.created(capped))
-            if key > best_key:
-                best, best_key, best_head = capped, key, head
-    memo[memo_key] = (best_key, best)
-    return best_key, best
+    sizes = np.array(gpu.sizes, dtype=np.int64)
+    vectors = gpu.array
+    if any(base):
+        vectors = vectors[(vectors >= np.array(base)).all(axis=1)]
+    capped = np.minimum(vectors, np.array(avail))
+    slots, count = capped @ sizes, capped.sum(axis=1)
+    created = np.maximum(capped - np.array(gpu.idle), 0).sum(axis=1)
+    first, second = (slots, count) if slots_first else (count, slots)
+    keys = first * 1_000_000 + second * 1_000 - created
+    base_slots, base_count = sum(map(mul, base, gpu.sizes)), sum(base)
+    head = (base_slots, base_count) if slots_first else (base_count, base_slots)
+    best: tuple[tuple[int, int, int], Vector] = ((*head, -gpu.created(base)), base)
+    if len(keys):
+        i = int(np.argmax(keys))
+        if int(keys[i]) > best[0][0] * 1_000_000 + best[0][1] * 1_000 + best[0][2]:
+            key = (int(first[i]), int(second[i]), -int(created[i]))
+            best = (key, tuple(int(x) for x in capped[i]))
+    memo[memo_key] = best
+    return best
 
 
 def greedy(board: Board, score: Score, tiers: Sequence[frozenset[int]], memo: _Memo) -> Plan:
@@ -411,15 +463,6 @@ def greedy(board: Board, score: Score, tiers: Sequence[frozenset[int]], memo: _M
         left = [n if k in tier else left[k] for k, n in enumerate(remaining)]
     drain(board, plan)
     return plan
-
-
-def _fits(gpu: GpuSlot, v: Vector) -> bool:
-    return _dominated(gpu.maximal, v)
-
-
-@lru_cache(maxsize=65_536)
-def _dominated(maximal: tuple[Vector, ...], v: Vector) -> bool:
-    return any(all(a >= b for a, b in zip(m, v, strict=True)) for m in maximal)
 
 
 def place(fixed: Sequence[PlacedInstance], missing: Sequence[MigProfile]) -> list[PlacedInstance] | None:
@@ -479,7 +522,7 @@ def drain(board: Board, plan: Plan) -> None:
                     if pj < 0 or not set(gpu.classes[pi]) <= set(other.classes[pj]):
                         continue
                     vec[pj] += 1
-                    if _fits(other, tuple(vec)):
+                    if other.fits(tuple(vec)):
                         moved = True
                         break
                     vec[pj] -= 1

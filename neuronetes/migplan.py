@@ -21,13 +21,18 @@ Guarantees:
   (`strategy="templates"`: a whole-GPU mig-parted template per idle GPU, first fit), which is one
   of the candidates.
 
-Search (`strategy="best"`): the exact search of `neuronetes.migplan_search` (exact in demand served
-and GPUs used) while it stays within ``exact_budget`` memoised states; the greedy planner with two
-scores (memory slices first, items first) and its drain pass; the template planner; the best of
-them wins. Cost is bounded whatever the input: the exact search stops at its budget, the greedy
-opens at most one GPU per round (at most G rounds of G GPU evaluations over at most 128 count
-vectors each), the drain tries each opened GPU once, and choosing a target layout tries at most 2^7
-subsets of a GPU's idle instances.
+Search (`strategy="best"`): the greedy planner of `neuronetes.migplan_greedy` with two scores
+(memory slices first with model-restricted demand first, items first), its drain pass, and on the
+better of the two the improvement pass (serve more by moving one or two items, then close opened
+GPUs whose items fit elsewhere); on at most 16 GPUs, when that plan may not be optimal, the exact
+search (exact in demand served and GPUs used) while it stays within ``exact_budget`` memoised
+states; the template planner (`neuronetes.migplan_search`); the best of them wins.
+
+Cost is bounded whatever the input (G GPUs, C demand classes): the exact search stops at its state
+budget; the greedy opens at most one GPU per round, so at most G rounds of at most G evaluations
+over at most 44 count vectors; the drain tries each opened GPU once against each used GPU; the
+improvement pass stops after ``IMPROVE_BUDGET`` feasibility checks; choosing a target layout tries
+at most 2^7 subsets of a GPU's idle instances.
 
 The planner only plans. Applying a target layout (the node agent through NVML, or NVIDIA's
 mig-manager through its ``mig-configs`` ConfigMap) is the caller's (docs/mig.md).
@@ -44,16 +49,14 @@ from typing import Literal
 
 from neuronetes.mig import MigCatalog, MigLayout, catalog_for, catalogs, normalize_profile_name
 from neuronetes.mig_profiles import PlacedInstance, UnsupportedGpuError
+from neuronetes.migplan_greedy import SCORES, greedy, improve
 from neuronetes.migplan_search import (
-    SCORES,
     Assignment,
     Board,
     GpuSlot,
     Vector,
     assign,
     exact,
-    greedy,
-    improve,
     key,
     maximal_additions,
     place,

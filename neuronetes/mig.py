@@ -5,19 +5,19 @@ The model follows NVIDIA's (``nvidia-smi mig -lgip`` / ``-lgipp``, NVML
 :data:`MEMORY_SLICES` (8) memory slices and :data:`COMPUTE_SLICES` (7) compute slices.
 A GPU instance of a profile occupies ``size`` consecutive memory slices starting at one
 of the profile's allowed start slots, and may not overlap another instance. Placements
-(start slots : size, in memory slices) on A100-40GB, A100-80GB and H100-80GB:
+(start slots : size, in memory slices) on A100-40GB, A100-80GB, H100-80GB and H200 (141 GB):
 
-=========================  ==============  ====
-profile (40GB / 80GB)      starts          size
-=========================  ==============  ====
-7g.40gb / 7g.80gb          0               8
-4g.20gb / 4g.40gb          0               4
-3g.20gb / 3g.40gb          0, 4            4
-2g.10gb / 2g.20gb          0, 2, 4         2
-1g.10gb / 1g.20gb          0, 2, 4, 6      2
-1g.5gb  / 1g.10gb          0 .. 6          1
-1g.5gb+me / 1g.10gb+me     0 .. 6          1   (at most one per GPU)
-=========================  ==============  ====
+=======================================  ==============  ====
+profile (40GB / 80GB / H200)             starts          size
+=======================================  ==============  ====
+7g.40gb / 7g.80gb / 7g.141gb             0               8
+4g.20gb / 4g.40gb / 4g.71gb              0               4
+3g.20gb / 3g.40gb / 3g.71gb              0, 4            4
+2g.10gb / 2g.20gb / 2g.35gb              0, 2, 4         2
+1g.10gb / 1g.20gb / 1g.35gb              0, 2, 4, 6      2
+1g.5gb  / 1g.10gb / 1g.18gb              0 .. 6          1
+1g.5gb+me / 1g.10gb+me / 1g.18gb+me      0 .. 6          1   (at most one per GPU)
+=======================================  ==============  ====
 
 Slot 7 is usable only by instances of size >= 2 that cover it, which is why seven
 ``1g.5gb`` fill an A100-40GB while ``4g.20gb`` needs slots 0-3 free.
@@ -82,7 +82,8 @@ class MigCatalog:
     """The MIG profiles one GPU model offers.
 
     Attributes:
-        gpu_model: canonical model name (``"A100-40GB"``, ``"A100-80GB"``, ``"H100-80GB"``).
+        gpu_model: canonical model name (``"A100-40GB"``, ``"A100-80GB"``, ``"H100-80GB"``,
+            ``"H200"``).
         profiles: the profiles, largest first.
     """
 
@@ -168,23 +169,23 @@ _STARTS_2 = (0, 2, 4)
 _STARTS_4 = (0, 4)
 
 
-def _catalog(model: str, mem: Mapping[str, int], unit: int) -> MigCatalog:
-    """Build the A100/H100 catalog; ``unit`` is the memory (GB, in names) of one memory slice."""
-    u = unit
-
-    def p(name: str, compute: int, size: int, max_n: int, starts: tuple[int, ...]) -> MigProfile:
-        return MigProfile(name, compute, size, mem[name], max_n, starts, name.endswith("+me"))
-
+def _catalog(model: str, mem: Mapping[str, int]) -> MigCatalog:
+    """Build an A100/H100/H200 catalog from its seven profile names (in the order of the table in
+    this module's docstring: 7g, 4g, 3g, 2g, 1g of two slices, 1g, 1g+me) and their usable MiB."""
+    shapes = (  # compute slices, memory slices, most per GPU, start slots
+        (7, 8, 1, (0,)),
+        (4, 4, 1, (0,)),
+        (3, 4, 2, _STARTS_4),
+        (2, 2, 3, _STARTS_2),
+        (1, 2, 4, _STARTS_2_HALF),
+        (1, 1, 7, _STARTS_1),
+        (1, 1, 1, _STARTS_1),
+    )
     return MigCatalog(
         model,
-        (
-            p(f"7g.{8 * u}gb", 7, 8, 1, (0,)),
-            p(f"4g.{4 * u}gb", 4, 4, 1, (0,)),
-            p(f"3g.{4 * u}gb", 3, 4, 2, _STARTS_4),
-            p(f"2g.{2 * u}gb", 2, 2, 3, _STARTS_2),
-            p(f"1g.{2 * u}gb", 1, 2, 4, _STARTS_2_HALF),
-            p(f"1g.{u}gb", 1, 1, 7, _STARTS_1),
-            p(f"1g.{u}gb+me", 1, 1, 1, _STARTS_1),
+        tuple(
+            MigProfile(name, compute, size, mib, max_n, starts, name.endswith("+me"))
+            for (name, mib), (compute, size, max_n, starts) in zip(mem.items(), shapes, strict=True)
         ),
     )
 
@@ -201,7 +202,6 @@ _A100_40GB: Final = _catalog(
         "1g.5gb": 4864,
         "1g.5gb+me": 4864,
     },
-    5,
 )
 _A100_80GB: Final = _catalog(
     "A100-80GB",
@@ -214,7 +214,6 @@ _A100_80GB: Final = _catalog(
         "1g.10gb": 9728,
         "1g.10gb+me": 9728,
     },
-    10,
 )
 _H100_80GB: Final = _catalog(
     "H100-80GB",
@@ -227,10 +226,24 @@ _H100_80GB: Final = _catalog(
         "1g.10gb": 9856,
         "1g.10gb+me": 9856,
     },
-    10,
+)
+# H200 (141 GB; SXM and NVL): the profile names do not scale from one slice's size as the others do.
+_H200: Final = _catalog(
+    "H200",
+    {
+        "7g.141gb": 143360,
+        "4g.71gb": 67072,
+        "3g.71gb": 67072,
+        "2g.35gb": 33280,
+        "1g.35gb": 33280,
+        "1g.18gb": 16384,
+        "1g.18gb+me": 16384,
+    },
 )
 
-_CATALOGS: Final[dict[str, MigCatalog]] = {c.gpu_model: c for c in (_A100_40GB, _A100_80GB, _H100_80GB)}
+_CATALOGS: Final[dict[str, MigCatalog]] = {
+    c.gpu_model: c for c in (_A100_40GB, _A100_80GB, _H100_80GB, _H200)
+}
 
 
 def catalogs() -> tuple[MigCatalog, ...]:
@@ -242,16 +255,23 @@ def _canonical_model(gpu_model: str) -> str:
     """Map an NVML / label / trace spelling of a GPU model onto a catalog key.
 
     Raises:
-        UnsupportedGpuError: not an A100 40/80 GB or H100 80 GB.
+        UnsupportedGpuError: not an A100 40/80 GB, H100 80 GB or H200 141 GB.
     """
     text = gpu_model.upper().replace("_", "-")
-    family_match = re.search(r"(?<![A-Z0-9])(A100|H100)(?![0-9])", text)
+    family_match = re.search(r"(?<![A-Z0-9])(A100|H100|H200)(?![0-9])", text)
     if family_match is None:
         raise UnsupportedGpuError(
-            f"no MIG catalog for GPU model {gpu_model!r}: supported are A100-40GB, A100-80GB and H100-80GB"
+            f"no MIG catalog for GPU model {gpu_model!r}: "
+            "supported are A100-40GB, A100-80GB, H100-80GB and H200"
         )
     family = family_match.group(1)
     sizes = {int(m) for m in re.findall(r"(?<![0-9])([0-9]+)\s*GI?B?(?![A-Z])", text)}
+    if family == "H200":
+        if sizes - {141}:
+            raise UnsupportedGpuError(
+                f"no MIG catalog for GPU model {gpu_model!r}: only the 141 GB H200 is modelled"
+            )
+        return "H200"  # SXM and NVL alike: 141 GB, the same seven profiles
     if family == "H100":
         if "NVL" in text or sizes - {80}:
             raise UnsupportedGpuError(
@@ -272,11 +292,11 @@ def catalog_for(gpu_model: str) -> MigCatalog:
 
     Accepts the usual spellings: ``"A100-SXM4-40GB"``, ``"A100-PCIE-40GB"``,
     ``"A100-80GB"``, ``"NVIDIA A100 80GB PCIe"``, ``"H100-80GB"``, ``"NVIDIA H100 80GB HBM3"``,
-    ``"NVIDIA H100 PCIe"``.
+    ``"NVIDIA H100 PCIe"``, ``"NVIDIA H200"``, ``"NVIDIA H200 NVL"``.
 
     Raises:
         UnsupportedGpuError: (a ``KeyError`` and a ``ValueError``) the model is not
-            MIG-capable or not modelled (e.g. ``"V100"``, ``"H100 NVL"``), or an A100
+            MIG-capable or not modelled (e.g. ``"V100"``, ``"H100 NVL"``, ``"GH200"``), or an A100
             without its memory size.
     """
     return _CATALOGS[_canonical_model(gpu_model)]

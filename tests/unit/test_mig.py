@@ -147,6 +147,10 @@ def test_unknown_profile_lists_valid_ones(a100_40: MigCatalog) -> None:
         ("NVIDIA H100 80GB HBM3", "H100-80GB"),
         ("NVIDIA H100 PCIe", "H100-80GB"),
         ("H100-SXM5-80GB", "H100-80GB"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA-H200", "H200"),
+        ("NVIDIA H200 NVL", "H200"),
+        ("H200-141GB", "H200"),
     ],
 )
 def test_catalog_for_spellings(model: str, canonical: str) -> None:
@@ -165,7 +169,8 @@ def test_catalog_for_spellings(model: str, canonical: str) -> None:
         "A30",
         "NVIDIA H100 NVL",
         "H100-94GB",
-        "H200",
+        "GH200",
+        "H200-96GB",
         "A100",
         "",
         "A1000",
@@ -199,6 +204,26 @@ def test_h100_mirrors_a100_80gb() -> None:
         )
     assert fill(h100, *["1g.10gb"] * 7).can_place("1g.10gb") is None
     assert fill(h100, "4g.40gb", "3g.40gb").to_config() == "4g.40gb:1,3g.40gb:1"
+
+
+def test_h200_has_the_a100_placements_under_its_own_names() -> None:
+    h200, a100 = catalog_for("H200"), catalog_for("A100-40GB")
+    assert h200.names == ("7g.141gb", "4g.71gb", "3g.71gb", "2g.35gb", "1g.35gb", "1g.18gb", "1g.18gb+me")
+    for hp, ap in zip(h200, a100, strict=True):
+        assert (hp.compute_slices, hp.memory_slices, hp.max_instances, hp.starts) == (
+            ap.compute_slices,
+            ap.memory_slices,
+            ap.max_instances,
+            ap.starts,
+        )
+    assert h200.profile("1g.18gb").memory_mib == 16 * 1024  # nvidia-smi mig -lgip: 16.00 GiB
+    balanced = h200.layout_from_counts({"3g.71gb": 1, "2g.35gb": 1, "1g.18gb": 2})
+    assert [(inst.profile.name, inst.start) for inst in balanced] == [
+        ("2g.35gb", 0),
+        ("1g.18gb", 2),
+        ("1g.18gb", 3),
+        ("3g.71gb", 4),
+    ]
 
 
 def test_a100_80gb_names_scale_with_memory(a100_80: MigCatalog) -> None:
@@ -367,7 +392,7 @@ def _all_layouts(catalog: MigCatalog) -> set[MigLayout]:
     return seen
 
 
-@pytest.mark.parametrize("model", ["A100-40GB", "A100-80GB", "H100-80GB"])
+@pytest.mark.parametrize("model", ["A100-40GB", "A100-80GB", "H100-80GB", "H200"])
 def test_every_reachable_layout_is_consistent(model: str) -> None:
     catalog = catalog_for(model)
     layouts = _all_layouts(catalog)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any, Final
 
 import msgspec
@@ -141,6 +142,14 @@ def _gang_ref(pod: Pod, mapping: dict[str, Any]) -> GangRef | None:
     return GangRef(key, name, size, timeout)
 
 
+def _started(pod: Pod) -> float:
+    """``status.startTime`` in Unix seconds (0.0: none, or not a time)."""
+    try:
+        return datetime.fromisoformat(pod.status.start_time).timestamp() if pod.status.start_time else 0.0
+    except ValueError:
+        return 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class PodInfo:
     """The cache's record of one pod."""
@@ -167,6 +176,7 @@ class PodInfo:
     tolerations: tuple[Toleration, ...] = ()
     slice: str = ""  # the GPUSlice (same namespace) it runs inside: `neuronetes.io/slice`
     preemption_policy: str = ""  # spec.preemptionPolicy ("Never": it never preempts)
+    started: float = 0.0  # status.startTime, Unix seconds (0: not started or unknown)
     # What the derived fields above were read from (spec, labels, annotations): a later version
     # of the pod with the same sources needs none of them read again (`from_pod`).
     sources: tuple[PodSpec, dict[str, str] | None, dict[str, str] | None] | None = field(
@@ -190,6 +200,7 @@ class PodInfo:
                 return replace(
                     previous,
                     phase=pod.status.phase,
+                    started=_started(pod),
                     deleting=meta.deletion_timestamp is not None,
                     resource_version=meta.resource_version,
                 )
@@ -238,6 +249,7 @@ class PodInfo:
             tolerations=tuple(pod.spec.tolerations or ()),
             slice=(meta.annotations or {}).get(c.ANNOTATION_SLICE, ""),
             preemption_policy=pod.spec.preemption_policy or "",
+            started=_started(pod),
             sources=(pod.spec, _read_labels(meta.labels), meta.annotations),
         )
 

@@ -131,6 +131,7 @@ def decide(snap: Snapshot, store: ClusterStore, pod: PodInfo, left_out: Iterable
     priority not in a GPUSlice and not `left_out`; a gang's members together."""
     state = snap.state
     skip = set(left_out)
+    now = time.time()
     victims = []
     for info in store.pods.values():
         if (
@@ -143,8 +144,19 @@ def decide(snap: Snapshot, store: ClusterStore, pod: PodInfo, left_out: Iterable
         ):
             continue
         gang = info.gang_id
+        alloc = "pod/" + info.id
+        # GPU-seconds lost: the GPU share it holds (whole GPUs 1 each) times the seconds it ran.
+        share = sum(g.milli for g in state.allocations[alloc].grants) / 1000
+        ran = max(0.0, now - info.started) if info.started else 0.0
         victims.append(
-            Victim(info.id, info.priority, allocation="pod/" + info.id, group=f"gang/{gang}" if gang else "")
+            Victim(
+                info.id,
+                info.priority,
+                start_time=info.started,
+                allocation=alloc,
+                group=f"gang/{gang}" if gang else "",
+                gpu_seconds_lost=share * ran,
+            )
         )
     units = [u for u in group_units(victims) if not skip.intersection(u.pods)]
     return choose_victims(state, pod.request, units)

@@ -151,6 +151,7 @@ class PodSpec(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
 
 class PodStatus(msgspec.Struct, kw_only=True, omit_defaults=True):
     phase: str = ""
+    start_time: str | None = msgspec.field(default=None, name="startTime")
 
 
 class Pod(msgspec.Struct, kw_only=True, omit_defaults=True):

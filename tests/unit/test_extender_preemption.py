@@ -165,3 +165,19 @@ def test_a_refused_eviction_says_so_and_the_next_decision_tries_another_victim()
     w.cache.filter(w.info(high), [NODE])  # kube-scheduler tries again: still rejected
     assert w.ctl.tick() == 1
     assert w.api.evicted == ["low-3"]  # the next lowest on a GPU of its own (priority 20)
+
+
+def test_between_equal_priorities_the_pod_started_last_goes() -> None:
+    """kube-scheduler's key after priorities and count: the latest start (it has lost the least
+    work), from the pods' ``status.startTime``."""
+    w = World(min_pending=0)
+    for j, started in enumerate(("2026-11-27T09:00:00Z", "2026-11-27T08:00:00Z", "2026-11-27T11:00:00Z")):
+        pod = bound_with(shared_pod(f"same-{j}", 8000, 40, priority=10), NODE, {j: (8000, 40)})
+        pod["status"]["startTime"] = started
+        w.run(pod)
+    w.run(bound_with(shared_pod("other", 8000, 40, priority=50), NODE, {3: (8000, 40)}))
+    high = preemptor()
+    w.run(high)
+    w.cache.filter(w.info(high), [NODE])
+    assert w.ctl.tick() == 1
+    assert w.api.evicted == ["same-2"]

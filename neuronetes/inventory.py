@@ -273,6 +273,19 @@ class ClusterState:
         alloc = self.allocations.get(alloc_id)
         if alloc is None:
             raise UnknownAllocationError(alloc_id)
+        scratch = self._scratch(sets=(alloc.node_index,))
+        scratch.release(alloc_id)
+        return scratch
+
+    def read_copy(self) -> ClusterState:
+        """A copy to read while this state goes on changing (e.g. outside the lock that guards
+        it): nothing `allocate`, `release` or `expire` later does here shows in the copy."""
+        return self._scratch(sets=range(self.n_nodes))
+
+    def _scratch(self, *, sets: Iterable[int]) -> ClusterState:
+        """A copy sharing the read-only parts (node specs, capacities): what an allocation or a
+        release writes is copied (the free-capacity arrays, the generations, the MIG layouts, the
+        allocation book), and the allocation sets of the nodes `sets`."""
         scratch = copy.copy(self)
         scratch.cpu_free, scratch.mem_free = self.cpu_free.copy(), self.mem_free.copy()
         scratch.gpu_milli_free, scratch.gpu_mem_free = self.gpu_milli_free.copy(), self.gpu_mem_free.copy()
@@ -280,8 +293,8 @@ class ClusterState:
         scratch.mig_layouts = dict(self.mig_layouts)
         scratch.allocations = dict(self.allocations)
         scratch.by_node = list(self.by_node)
-        scratch.by_node[alloc.node_index] = set(self.by_node[alloc.node_index])
-        scratch.release(alloc_id)
+        for i in sets:
+            scratch.by_node[i] = set(self.by_node[i])
         return scratch
 
     def confirm(self, alloc_id: str) -> Allocation:

@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from neuronetes.api.models import GPUNode
 from neuronetes.engine.policy import Policy
-from neuronetes.engine.preempt import PreemptionDecision
+from neuronetes.engine.preempt import PreemptionDecision, choose_victims
 from neuronetes.model import Locality, NodeSpec, PodRequest
 from neuronetes.pricing import PriceTable
 
@@ -47,7 +47,7 @@ from .gang_restore import restore_gangs
 from .gangs import GangGroup, GangSpec, RestoredGang
 from .pods import PodInfo, pod_identity
 from .preemption import PreemptionBook, Reservation
-from .preemption import decide as decide_preemption
+from .preemption import candidates as preemption_candidates
 from .results import (
     BarrierState,
     BindPlan,
@@ -253,11 +253,15 @@ class GpuCache:
             return self._preempt.due(pods, now, min_pending_s)
 
     def decide_preemption(self, pod: PodInfo) -> PreemptionDecision:
-        """Where `pod` goes and whom it evicts (`preemption.decide`; a dry run)."""
+        """Where `pod` goes and whom it evicts (`choose_victims` over `preemption.candidates`; a
+        dry run on a copy of the state)."""
         with self._lock:
             self._ensure()
             books = self._books
-            return decide_preemption(books.snap, books.store, pod, self._preempt.refused_until)
+            state = books.snap.state.read_copy()
+            units = preemption_candidates(state, books.store, pod, self._preempt.refused_until)
+        # Outside the lock: at thousands of nodes a decision takes long enough to stall filters.
+        return choose_victims(state, pod.request, units)
 
     def hold_node_for(self, pod: PodInfo, node: str, seconds: float) -> None:
         """Refuse `node` to pods of lower priority than `pod` for `seconds`, or until it binds."""

@@ -11,7 +11,8 @@ victim needed" and nobody is evicted, while the extender's filter keeps rejectin
    ``preemption.minPendingSeconds`` (default 10 s: transient Pending evicts nobody). Only the
    extender whose kube-scheduler leads sees filter calls, so with two pairs (HA) only the active
    one preempts.
-2. **Whom.** `neuronetes.engine.preempt.choose_victims` over the whole cluster, among bound pods
+2. **Whom.** `neuronetes.engine.preempt.choose_victims` over the whole cluster (on a copy of the
+   cache's state, outside its lock: a decision at 5,000 nodes must not stall the filter), among bound pods
    of lower priority: per GPU, kube-scheduler's order plus GPU-seconds lost; a gang whole. Pods
    inside a GPUSlice are not candidates (their slice's reservation outlives them; deleting a
    tenant's GPUSlice is not the scheduler's to do).
@@ -41,16 +42,16 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import quote
 
-from neuronetes.engine.preempt import PreemptionDecision, Victim, choose_victims, group_units
+from neuronetes.engine.preempt import PreemptionDecision, Unit, Victim, group_units
+from neuronetes.inventory import ClusterState
 
 from .config import PreemptionSettings
 from .events import EventRecorder, PodRef
 from .kube import KubeApi, KubeError, nudge_pod
 from .pods import PodInfo
-from .snapshot import Snapshot
 from .store import ClusterStore
 
-__all__ = ["PreemptionBook", "PreemptionController", "Reservation", "decide"]
+__all__ = ["PreemptionBook", "PreemptionController", "Reservation", "candidates"]
 
 log = logging.getLogger(__name__)
 TOO_MANY_REQUESTS = 429
@@ -126,25 +127,24 @@ def _pending(info: PodInfo | None) -> bool:
     return info is not None and info.pending_gpu
 
 
-def decide(snap: Snapshot, store: ClusterStore, pod: PodInfo, left_out: Iterable[str]) -> PreemptionDecision:
-    """Where `pod` goes and whom it evicts (`choose_victims`), among the bound pods of lower
-    priority not in a GPUSlice and not `left_out`; a gang's members together."""
-    state = snap.state
+def candidates(state: ClusterState, store: ClusterStore, pod: PodInfo, left_out: Iterable[str]) -> list[Unit]:
+    """The units `pod` may evict: bound pods of lower priority in `state`, not in a GPUSlice and
+    not `left_out`, a gang's members together, with their start times and GPU-seconds lost."""
     skip = set(left_out)
     now = time.time()
     victims = []
     for info in store.pods.values():
+        alloc = "pod/" + info.id
         if (
             not info.node
             or info.priority >= pod.priority
             or info.slice
             or info.deleting
             or info.terminal
-            or ("pod/" + info.id) not in state.allocations
+            or alloc not in state.allocations
         ):
             continue
         gang = info.gang_id
-        alloc = "pod/" + info.id
         # GPU-seconds lost: the GPU share it holds (whole GPUs 1 each) times the seconds it ran.
         share = sum(g.milli for g in state.allocations[alloc].grants) / 1000
         ran = max(0.0, now - info.started) if info.started else 0.0
@@ -158,8 +158,7 @@ def decide(snap: Snapshot, store: ClusterStore, pod: PodInfo, left_out: Iterable
                 gpu_seconds_lost=share * ran,
             )
         )
-    units = [u for u in group_units(victims) if not skip.intersection(u.pods)]
-    return choose_victims(state, pod.request, units)
+    return [u for u in group_units(victims) if not skip.intersection(u.pods)]
 
 
 class PreemptionCache(Protocol):

@@ -119,6 +119,18 @@ def test_without_gives_a_scratch_copy_and_leaves_the_state_alone(cluster: Cluste
         cluster.without("nobody")
 
 
+def test_a_read_copy_does_not_see_later_changes(cluster: ClusterState) -> None:
+    """The extender decides preemption on a copy outside its lock while filters go on."""
+    cluster.allocate("pod-a", 0, 4000, 16_000, [GpuGrant(0, 1000, 81920)])
+    copy = cluster.read_copy()
+    before = snapshot(copy)
+    cluster.allocate("pod-b", 0, 1000, 1000, [GpuGrant(1, 500, 1000)])
+    cluster.release("pod-a")
+    assert_same(copy, before)
+    assert set(copy.allocations) == {"pod-a"} and copy.by_node[0] == {"pod-a"}
+    assert_sound(copy)
+
+
 @pytest.mark.parametrize(
     ("cpu", "mem", "grants", "message"),
     [

@@ -21,6 +21,9 @@ Pods are identified by UID (``namespace/name`` for hand-made requests without on
 oversubscribed (`ClusterState` refuses it) and nothing is leaked (allocations are derived from
 the pods and holds the cache keeps, never patched in place): `check_invariants` checks both and
 raises `CacheInvariantError`, the one exception (a bug); refusals are answers (`BindRefused`).
+
+Past 400 lines for one reason: it is the facade, a few lines per call around the one lock (the
+preemption controller's calls included: `preemption`), and every part it calls is its own module.
 """
 
 from __future__ import annotations

@@ -3,6 +3,11 @@
 The decisions are made by pure functions (`policy.resolve`, `pods.desired_pods`,
 `reconcile.plan`, `status.pool_status`); this module only does the API calls around them, with
 the synchronous Kubernetes client (the kopf handlers run it in worker threads).
+
+Why one module past 400 lines: it is where the steps of a pool reconcile meet, in their order
+(the node view and clock, the fallback step, the spot split, the budget, gang retries, the
+batch, the status): each step's logic is a pure module of its own (`fallback`, `spot_plan`,
+`budget`, `gang_retry`, `reconcile`, `status`), and splitting the order itself would hide it.
 """
 
 from __future__ import annotations

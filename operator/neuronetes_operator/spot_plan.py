@@ -16,6 +16,10 @@ Rules (docs/spot.md, "What the operator does"):
 * Pods created while nodes are under notice carry a required ``kubernetes.io/hostname NotIn``
   those nodes (the notice taints are not relied on: a pool may tolerate every taint, and a label or
   annotation notice has none).
+
+Past 400 lines because the replacements and the share are one plan over the same pods (a move
+off spot is a replacement without a deadline) and the spot state written to status is that plan's
+outcome; the pure rules it uses (notices, the share, preferences, the threshold) are `neuronetes.spot`.
 """
 
 from __future__ import annotations

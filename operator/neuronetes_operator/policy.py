@@ -174,8 +174,9 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
         )
     if s.preemption is not None:
         effect = (
-            "kube-scheduler may preempt lower-priority pods (PriorityClass); GPU-aware victim choice: "
-            + POLICY_CONTROLLER
+            "lower-priority pods are preempted for these pods (PriorityClass PreemptLowerPriority), "
+            "the victims chosen per GPU by the extender's preemption controller (docs/preemption.md); "
+            f"policy {s.preemption.policy}: not acted on yet"
             if s.preemption.enabled
             else "pods never preempt others (PriorityClass preemptionPolicy: Never)"
         )

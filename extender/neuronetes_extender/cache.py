@@ -242,7 +242,7 @@ class GpuCache:
                 self._preempt.placed(pod.id)
             elif pod.gpu is not None:
                 books.holds.rejected[pod.id] = (pod.namespace, pod.name)
-                self._preempt.rejected(pod.id, books.snap.now())
+                self._preempt.rejected(pod.id, books.snap.now(), node_names)
             return decision
 
     # ---- preemption (`preemption.PreemptionController`) ------------------------------------------
@@ -263,8 +263,9 @@ class GpuCache:
             books = self._books
             state = books.snap.state.read_copy()
             units = preemption_candidates(state, books.store, pod, self._preempt.refused_until)
+            offered = self._preempt.offered.get(pod.id, ())
         # Outside the lock: at thousands of nodes a decision takes long enough to stall filters.
-        return choose_victims(state, pod.request, units)
+        return choose_victims(state, pod.request, units, nodes=offered)
 
     def hold_node_for(self, pod: PodInfo, node: str, seconds: float) -> None:
         """Refuse `node` to pods of lower priority than `pod` for `seconds`, or until it binds."""

@@ -11,8 +11,9 @@ victim needed" and nobody is evicted, while the extender's filter keeps rejectin
    ``preemption.minPendingSeconds`` (default 10 s: transient Pending evicts nobody). Only the
    extender whose kube-scheduler leads sees filter calls, so with two pairs (HA) only the active
    one preempts.
-2. **Whom.** `neuronetes.engine.preempt.choose_victims` over the whole cluster (on a copy of the
-   cache's state, outside its lock: a decision at 5,000 nodes must not stall the filter), among bound pods
+2. **Whom.** `neuronetes.engine.preempt.choose_victims` over the nodes kube-scheduler last offered
+   the pod (those its own filters pass: node selector, affinity, taints), on a copy of the cache's
+   state outside its lock (a decision at 5,000 nodes must not stall the filter), among bound pods
    of lower priority: per GPU, kube-scheduler's order plus GPU-seconds lost; a gang whole. Pods
    inside a GPUSlice are not candidates (their slice's reservation outlives them; deleting a
    tenant's GPUSlice is not the scheduler's to do).
@@ -37,7 +38,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import quote
@@ -75,20 +76,26 @@ class PreemptionBook:
 
     def __init__(self) -> None:
         self.rejected_since: dict[str, float] = {}
+        # Per rejected pod, the nodes kube-scheduler last offered it (its own filters passed there:
+        # node selector, affinity, taints): the only nodes a preemption may free for it.
+        self.offered: dict[str, Sequence[str]] = {}
         self.reservations: dict[str, Reservation] = {}  # preemptor pod id -> its reservation
         self.refused_until: dict[str, float] = {}  # victim pod id -> left out until
 
-    def rejected(self, pod_id: str, now: float) -> None:
+    def rejected(self, pod_id: str, now: float, offered: Sequence[str]) -> None:
         self.rejected_since.setdefault(pod_id, now)
+        self.offered[pod_id] = offered
 
     def placed(self, pod_id: str) -> None:
         self.rejected_since.pop(pod_id, None)
+        self.offered.pop(pod_id, None)
 
     def expire(self, pods: Mapping[str, PodInfo], now: float) -> None:
         """Drop what no longer applies: pods gone or no longer pending, reservations whose
         preemptor bound, went, or ran out of time, refusals past their backoff."""
         for pod_id in [p for p in self.rejected_since if not _pending(pods.get(p))]:
             del self.rejected_since[pod_id]
+            self.offered.pop(pod_id, None)
         for pod_id, held in list(self.reservations.items()):
             if held.until <= now or not _pending(pods.get(pod_id)):
                 del self.reservations[pod_id]

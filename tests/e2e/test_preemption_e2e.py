@@ -65,12 +65,15 @@ def node(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     for name, value in ((LOW, 100), (HIGH, 1000)):
         cluster.kubectl("apply", "-f", "-", input=json.dumps(priority_class(name, value)))
     (name,) = cluster.add_nodes("t4x4-pcie", 1, "preempt-t4", labels=dict([SUITE]))
+    # An empty node the pods' selector excludes: room the preemptor may not take (the controller
+    # must free a node kube-scheduler offers, not find "room" here).
+    decoy = cluster.add_nodes("t4x4-pcie", 1, "preempt-decoy")
     try:
         yield name
     finally:
         cluster.kubectl("delete", "namespace", NS, "--wait=false", check=False)
-        cluster.kubectl("delete", "node", name, "--wait=false", check=False)
-        cluster.kubectl("delete", "gpunode", name, "--wait=false", check=False)
+        cluster.kubectl("delete", "node", name, *decoy, "--wait=false", check=False)
+        cluster.kubectl("delete", "gpunode", name, *decoy, "--wait=false", check=False)
         cluster.kubectl("delete", "priorityclass", LOW, HIGH, "--wait=false", check=False)
         cluster.set_extender(ExtenderConfig.from_env())
         ext.stop()

@@ -26,7 +26,7 @@ from neuronetes_extender.wire import Pod
 pytestmark = pytest.mark.unit
 
 NODE = "nt4x4-pcie-0"
-NODES = node_objects({"t4x4-pcie": 1})
+NODES = node_objects({"t4x4-pcie": 2})  # the second stays empty: kube-scheduler never offers it
 
 
 class Api:
@@ -114,6 +114,19 @@ def test_a_rejected_pod_preempts_after_the_minimum_pending_time_one_victim_on_on
     again = w.cache.filter(w.info(high), [NODE])
     assert again.feasible and again.hold is not None
     assert [g.gpu_index for g in again.hold.grants] == [gpus["low-1"]]
+
+
+def test_only_the_nodes_kube_scheduler_offered_are_freed() -> None:
+    """The pod's node selector, affinity and taints are kube-scheduler's filters: an empty node it
+    was never offered is no place for it, so the controller preempts on the offered one instead
+    of deciding that no victim is needed."""
+    w = World(min_pending=0)
+    w.fill()
+    high = preemptor()
+    w.run(high)
+    assert w.cache.filter(w.info(high), ["nt4x4-pcie-1"]).feasible  # room there, had it been offered
+    w.cache.filter(w.info(high), [NODE])
+    assert w.ctl.tick() == 1 and w.api.evicted == ["low-1"]
 
 
 def test_the_held_node_is_refused_to_lower_priorities_until_the_preemptor_binds() -> None:

@@ -235,7 +235,7 @@ class GpuCache:
             else:
                 decision = d.filter_pod(books, pod, lookup, gang)
             if blocked:
-                held = {n: why for n, why in blocked.items() if n in set(node_names)}
+                held = {n: blocked[n] for n in node_names if n in blocked}
                 decision = replace(decision, failed={**decision.failed, **held})
             if decision.feasible:
                 books.holds.rejected.pop(pod.id, None)

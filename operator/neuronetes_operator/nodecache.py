@@ -9,7 +9,8 @@ again every ``nodeResyncSeconds``. The list is what makes the cache *whole*:
   ``CostBudgetExceeded`` turns True for unknown prices and new replicas are held back), the spot
   step sees no spot node, ``NoMatchingNodes`` says the pool's GPU type is missing. A restarted
   operator must not roll a pool to its fallback model, or hold its replicas back, for that.
-  `NodeCache.synced` is set by the first list; the pool workers wait for it.
+  `NodeCache.synced` is set by the first list; the operator's pool workers start only after it
+  (`handlers._list_nodes` signals them once `PoolController.list_nodes` returns).
 * A watch that restarts lists again and never reports a node deleted while it was down; the
   periodic list drops such nodes (a node that is gone must not price a pod or count as spot).
 

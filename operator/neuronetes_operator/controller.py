@@ -44,7 +44,7 @@ from .nodecache import NodeCache, node_view
 from .objects import api_message, patch_status, post_event
 from .pods import LABEL_POOL, DesiredPod, alternate_name, desired_pods, served_template
 from .policy import ResolvedPool, cost_optimization_enabled, resolve
-from .preload import cached_on, plan_preload, preload_job, read_job
+from .preload import plan_preload, preload_job, read_gpunode_page, read_job
 from .reconcile import LIST_PAGE, Action, batch, plan, read_pod_page
 from .settings import OperatorSettings
 from .spot_plan import SpotPlan, SpotState, plan_spot, spot_state, with_capacity
@@ -329,12 +329,11 @@ class PoolController:
         if cache is None or cache.preload_strategy is None:
             plan = plan_preload(CacheAware(), None, nodes, {}, jobs, at)
         else:
-            listed = self.custom.list_cluster_custom_object(c.GROUP, c.VERSION, "gpunodes")
             plan = plan_preload(
                 cache,
                 model,
                 nodes,
-                cached_on(listed.get("items") or []),
+                self._cached_models(),
                 jobs,
                 at,
                 previously_failed=(old or {}).get("failed") or (),
@@ -385,6 +384,20 @@ class PoolController:
             return None
         want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations, model=spec.model)
         return primary_cost(want, PoolPrices.of(nodes, table, want), budget)
+
+    def _cached_models(self) -> dict[str, frozenset[str]]:
+        """Per node with a GPUNode, the models its agent reports cached: the GPUNodes read in pages
+        of `LIST_PAGE` as raw JSON, decoded into names and model lists only
+        (`preload.read_gpunode_page`)."""
+        out: dict[str, frozenset[str]] = {}
+        token: str | None = None
+        while True:
+            found = self.custom.list_cluster_custom_object(
+                c.GROUP, c.VERSION, "gpunodes", limit=LIST_PAGE, _continue=token, _preload_content=False
+            )
+            token = read_gpunode_page(found.data, out)
+            if token is None:
+                return out
 
     def _retry_failed_gangs(
         self,

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+import msgspec
+
 from neuronetes import contracts as c
 from neuronetes.api.models import CacheAware, ModelCacheStatus, PodTemplate
 from neuronetes.modelcache import MARKER, choose_preload_nodes, directory_name, selector_matches
@@ -31,9 +33,9 @@ __all__ = [
     "UNREPORTED_S",
     "PreloadJob",
     "PreloadPlan",
-    "cached_on",
     "plan_preload",
     "preload_job",
+    "read_gpunode_page",
     "read_job",
 ]
 
@@ -101,13 +103,45 @@ def read_job(job: Mapping[str, Any]) -> PreloadJob:
     )
 
 
-def cached_on(gpunodes: Iterable[Mapping[str, Any]]) -> dict[str, frozenset[str]]:
-    """Per node with a GPUNode: the models its agent reports cached (any GPU's list)."""
-    out: dict[str, frozenset[str]] = {}
-    for gn in gpunodes:
-        gpus = (gn.get("status") or {}).get("gpus") or []
-        out[str(gn["metadata"]["name"])] = frozenset(m for g in gpus for m in g.get("cachedModels") or [])
-    return out
+class _Name(msgspec.Struct):
+    name: str = ""
+
+
+class _Gpu(msgspec.Struct, rename="camel"):
+    cached_models: list[str] | None = None
+
+
+class _Status(msgspec.Struct):
+    gpus: list[_Gpu] | None = None
+
+
+class _GpuNode(msgspec.Struct):
+    metadata: _Name = msgspec.field(default_factory=_Name)
+    status: _Status | None = None
+
+
+class _ListMeta(msgspec.Struct):
+    continue_: str | None = msgspec.field(default=None, name="continue")
+
+
+class _GpuNodePage(msgspec.Struct):
+    items: list[_GpuNode] | None = None
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+
+
+_PAGE = msgspec.json.Decoder(_GpuNodePage)
+
+
+def read_gpunode_page(data: bytes, out: dict[str, frozenset[str]]) -> str | None:
+    """One page of a GPUNode list (raw JSON) into `out`: per node whose agent has reported its GPUs,
+    the models it reports cached (any GPU's list; everything else in the objects is skipped, not
+    built). Returns the list's continue token (None: the last page)."""
+    page = _PAGE.decode(data)
+    for gn in page.items or []:
+        gpus = gn.status.gpus if gn.status is not None else None
+        if gpus:
+            out[gn.metadata.name] = frozenset(m for g in gpus for m in g.cached_models or [])
+    return page.metadata.continue_ or None
 
 
 @dataclass(slots=True)

@@ -4,6 +4,7 @@ preload plan and Job, and how a pod's annotations become the request's model-cac
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,9 +26,9 @@ from neuronetes_operator.preload import (
     FAILED_BACKOFF_S,
     UNREPORTED_S,
     PreloadJob,
-    cached_on,
     plan_preload,
     preload_job,
+    read_gpunode_page,
     read_job,
 )
 
@@ -242,10 +243,15 @@ def test_preload_job_manifest_and_reading_it_back() -> None:
         "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
     }
     assert read_job(body) == PreloadJob(body["metadata"]["name"], "node-1", "org/m", "succeeded", NOW)
-    gpunodes = [
-        {"metadata": {"name": "n"}, "status": {"gpus": [{"cachedModels": ["x"]}, {"cachedModels": []}]}}
-    ]
-    assert cached_on(gpunodes) == {"n": frozenset({"x"})}
+    gpus = [{"uuid": "GPU-1", "cachedModels": ["x"], "allocations": []}, {"cachedModels": []}]
+    page = {
+        "items": [{"metadata": {"name": "n"}, "status": {"gpus": gpus}}, {"metadata": {"name": "new"}}],
+        "metadata": {"continue": "next"},
+    }
+    cached: dict[str, frozenset[str]] = {}
+    assert read_gpunode_page(json.dumps(page).encode(), cached) == "next"
+    assert cached == {"n": frozenset({"x"})}  # "new": no agent has reported it, no candidate
+    assert read_gpunode_page(b'{"items": [], "metadata": {}}', cached) is None
 
 
 # ---- a pod's annotations -------------------------------------------------------------------------

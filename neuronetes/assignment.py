@@ -131,6 +131,32 @@ def _topology(pod: Mapping[str, Any]) -> tuple[Locality, float]:
     return locality, bandwidth
 
 
+def _model_cache(pod: Mapping[str, Any]) -> tuple[str | None, float | None]:
+    """The model and the model-cache weight a Pod object's annotations ask cache-aware scoring
+    for (docs/model-cache.md): both None unless `contracts.ANNOTATION_CACHE_HIT_WEIGHT` is set."""
+    if "spec" not in pod or "containers" in pod:
+        return None, None
+    meta = as_mapping(pod.get("metadata"), "metadata")
+    annotations = as_mapping(meta.get("annotations"), "metadata.annotations")
+    raw = annotations.get(c.ANNOTATION_CACHE_HIT_WEIGHT)
+    if raw is None:
+        return None, None
+    try:
+        weight = float(raw)
+    except (TypeError, ValueError):
+        weight = -1.0
+    if not 0.0 <= weight <= 1.0:
+        raise ResourceRequestError(
+            f"annotation {c.ANNOTATION_CACHE_HIT_WEIGHT}: {raw!r} is not a number from 0 to 1"
+        )
+    model = annotations.get(c.ANNOTATION_MODEL)
+    if not isinstance(model, str) or not model:
+        raise ResourceRequestError(
+            f"annotation {c.ANNOTATION_CACHE_HIT_WEIGHT} needs the model in annotation {c.ANNOTATION_MODEL}"
+        )
+    return model, weight
+
+
 def _pod_parts(pod: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
     if "spec" in pod and "containers" not in pod:
         spec = as_mapping(pod["spec"], "spec")
@@ -207,6 +233,7 @@ def pod_gpu_request(pod: Mapping[str, Any], *, name: str | None = None) -> PodGp
     cpu = _effective(asks, lambda a: a.cpu_milli)
     memory = _effective(asks, lambda a: a.memory_mib)
     locality, bandwidth = _topology(pod)
+    model, cache_weight = _model_cache(pod)
     base: dict[str, Any] = {
         "name": request_name,
         "cpu_milli": cpu,
@@ -214,6 +241,8 @@ def pod_gpu_request(pod: Mapping[str, Any], *, name: str | None = None) -> PodGp
         "priority": priority,
         "locality": locality,
         "min_bandwidth_gbps": bandwidth,
+        "model_name": model,
+        "model_cache_weight": cache_weight,
     }
     if kind is GpuKind.WHOLE:
         effective = PodRequest(**base, gpus=_effective(asks, lambda a: a.gpu))

@@ -88,7 +88,17 @@ ANNOTATION_LOCALITY: Final = f"{GROUP}/locality"  # any | same-node | same-socke
 ANNOTATION_MIN_BANDWIDTH: Final = f"{GROUP}/min-bandwidth-gbps"  # NVLink GB/s between the GPUs
 ANNOTATION_GANG_TIMEOUT: Final = f"{GROUP}/gang-timeout-seconds"  # how long a gang reservation holds
 ANNOTATION_MODEL: Final = f"{GROUP}/model"
-"""On the pods of a pool with a fallback model: the model they serve (spec.model or fallbackModel)."""
+"""On the pods of a pool with a fallback model or cache-aware scoring: the model they serve
+(spec.model or fallbackModel)."""
+ANNOTATION_CACHE_HIT_WEIGHT: Final = f"{GROUP}/cache-hit-weight"
+"""On the pods of a pool with ``cacheAware.enabled``: the weight (0..1) of the extender's model-cache
+term for this pod, in place of the policy's (docs/model-cache.md)."""
+# Model preloading (docs/model-cache.md): the operator's preload Jobs and their pods carry the pool in
+# this label and the model in this annotation (a model name need not be a valid label value).
+LABEL_PRELOAD_POOL: Final = f"{GROUP}/preload-pool"
+ANNOTATION_PRELOAD_MODEL: Final = f"{GROUP}/preload-model"
+ANNOTATION_SIMULATED_CACHED_MODELS: Final = f"{GROUP}/simulated-cached-models"
+"""On a simulated (kwok) node only: comma-separated models its simulated cache holds from the start."""
 # The GPUSlice (same namespace) a pod runs inside: the pod gets exactly the slice's share of the
 # slice's GPU and is not charged again (docs/gpuslice.md).
 ANNOTATION_SLICE: Final = f"{GROUP}/slice"
@@ -116,6 +126,9 @@ SHIM_PRELOAD_FILE: Final = "/etc/ld.so.preload"  # injected read-only, lists SHI
 NODE_STATE_DIR: Final = "/run/neuronetes"  # inventory, node ledger, every container's region
 NODE_SHIM_DIR: Final = "/var/lib/neuronetes/shim"  # the CUDA shim and its preload file
 NODE_NRI_SOCKET_DIR: Final = "/var/run/nri"  # the runtime's NRI socket (nri.sock)
+NODE_MODEL_CACHE_DIR: Final = "/var/cache/neuronetes/models"
+"""The host model cache (docs/model-cache.md): outside /var/lib/neuronetes, so that serving pods may
+mount it read-only; the agent's ``--model-cache-dir`` and the chart's ``agent.modelCache.hostPath``."""
 
 # Host paths a tenant's pod may not mount (hostPath volume), and why. The webhook refuses a hostPath
 # that is, contains or lies inside one of them, compared after textual normalisation (`//`, `.`,

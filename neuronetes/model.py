@@ -119,6 +119,9 @@ class PodRequest:
     locality: Locality = Locality.ANY
     min_bandwidth_gbps: float = 0.0
     model_name: str | None = None
+    model_cache_weight: float | None = None
+    """The weight of the `model_cache` term for this request, in place of the policy's (None: the
+    policy's). A pool's ``cacheAware.cacheHitWeight``, through its pods' annotation."""
     preferred_zones: tuple[str, ...] = ()
     max_price_per_hour: float | None = None
     spot_allowed: bool = True

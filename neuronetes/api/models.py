@@ -427,6 +427,17 @@ class CostStatus(_Object):
     unknown_price_replicas: NonNegative | None = None
 
 
+class ModelCacheStatus(_Object):
+    """Model preloading (``cacheAware.preloadStrategy``, docs/model-cache.md)."""
+
+    model: Str253 | None = None
+    wanted: NonNegative | None = None
+    cached_nodes: Annotated[list[Str253], Meta(max_length=256)] | None = None
+    preloading: Annotated[list[Str253], Meta(max_length=256)] | None = None
+    failed: Annotated[list[Str253], Meta(max_length=256)] | None = None
+    message: Annotated[str, Meta(max_length=1024)] | None = None
+
+
 class AgentPoolStatus(_Object):
     phase: Literal["Pending", "Scheduling", "Ready", "Scaling", "Degraded", "Failed"] | None = None
     replicas: NonNegative | None = None
@@ -446,6 +457,7 @@ class AgentPoolStatus(_Object):
     autoscaling: AutoscalingStatus | None = None
     spot: SpotStatus | None = None
     carbon: CarbonStatus | None = None
+    cache: ModelCacheStatus | None = None
     conditions: Conditions | None = None
 
 

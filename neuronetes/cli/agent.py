@@ -105,6 +105,13 @@ def agent() -> None:
     help="--node: the host's cgroup mount, where the containers' processes are found",
 )
 @click.option(
+    "--model-cache-dir",
+    default="/var/cache/neuronetes/models",
+    show_default=True,
+    help="--node: the host model cache whose complete models are reported in GPUNode cachedModels "
+    "(docs/model-cache.md; '' for none)",
+)
+@click.option(
     "--reconcile",
     type=click.Choice(["enforce", "report", "off"]),
     default="enforce",

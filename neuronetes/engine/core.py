@@ -55,6 +55,7 @@ Selection = tuple[list[GpuGrant], str]
 
 
 _MODEL_FILTER = next(k for k, f in enumerate(FILTERS) if f.name == "GpuModel")
+_MODEL_CACHE = SCORERS["model_cache"]
 
 
 @dataclass
@@ -62,6 +63,19 @@ class _ShapeCache:
     gen: I64  # node generation each row was computed at (-1: never)
     reason: npt.NDArray[np.int16]  # index into FILTERS of the first rejecting filter, or FEASIBLE
     score: F64  # [N] or [N, G]; -inf where a GPU cannot take the request
+
+
+def _request_weights(
+    req: PodRequest, terms: Sequence[tuple[Scorer, float]]
+) -> Sequence[tuple[Scorer, float]]:
+    """`terms` with the request's own `model_cache` weight in place of the policy's (added when the
+    policy has none, dropped at 0). The weight is part of the request's shape, so cached scores
+    are never shared between requests of different weights."""
+    weight = req.model_cache_weight
+    if weight is None:
+        return terms
+    out = [(s, w) for s, w in terms if s.name != _MODEL_CACHE.name]
+    return [*out, (_MODEL_CACHE, weight)] if weight > 0 else out
 
 
 class PlacementEngine:
@@ -110,6 +124,7 @@ class PlacementEngine:
         return ScoreContext(st, req, rows, fit, self._profile, self._large, self.rng)
 
     def _combine(self, ctx: ScoreContext, terms: Sequence[tuple[Scorer, float]]) -> F64:
+        terms = _request_weights(ctx.req, terms)
         return self._total(ctx, [weight * scorer.fn(ctx) for scorer, weight in terms])
 
     @staticmethod
@@ -260,7 +275,7 @@ class PlacementEngine:
         """The terms' names and their weighted values on `rows` ([rows, terms]); for a one-GPU
         share each row's values are taken at the GPU its total scores best."""
         ctx = self._context(req, rows)
-        scorers = (*self._cached_terms, *self._volatile_terms)
+        scorers = (*_request_weights(req, self._cached_terms), *self._volatile_terms)
         values = [np.asarray(weight * scorer.fn(ctx), dtype=np.float64) for scorer, weight in scorers]
         total = self._total(ctx, values)
         column = np.argmax(total, axis=1) if total.ndim == 2 else np.zeros(rows.size, dtype=np.int64)

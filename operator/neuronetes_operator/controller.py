@@ -25,7 +25,14 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from neuronetes import contracts as c
-from neuronetes.api.models import AgentPool, AgentPoolSpec, AgentPoolStatus, decode
+from neuronetes.api.models import (
+    AgentPool,
+    AgentPoolSpec,
+    AgentPoolStatus,
+    CacheAware,
+    ModelCacheStatus,
+    decode,
+)
 from neuronetes.pricing import PriceTable
 from neuronetes.spot import Notice
 
@@ -35,8 +42,9 @@ from .fallback import choose_model, policy_inputs
 from .gang_retry import GangRetries, plan_gang_retries
 from .nodecache import NodeCache, node_view
 from .objects import api_message, patch_status, post_event
-from .pods import LABEL_POOL, DesiredPod, alternate_name, desired_pods
+from .pods import LABEL_POOL, DesiredPod, alternate_name, desired_pods, served_template
 from .policy import ResolvedPool, cost_optimization_enabled, resolve
+from .preload import plan_preload, preload_job, read_gpunode_page, read_job
 from .reconcile import LIST_PAGE, Action, batch, plan, read_pod_page
 from .settings import OperatorSettings
 from .spot_plan import SpotPlan, SpotState, plan_spot, spot_state, with_capacity
@@ -63,6 +71,8 @@ _REASON_TEXT = {
 _NORMAL = ("Created", "ScaledDown", "SpotReplacement", "SpotReplaced", "SpotRebalanced")
 REPLACEMENT_POLL_S = 2.0
 """While a replacement is under way its pool is reconciled at least this often (the deadline)."""
+PRELOAD_POLL_S = 2.0
+"""While a preload is under way its pool is reconciled at least this often (the Job's outcome)."""
 
 
 def _budget(spec: AgentPoolSpec) -> float | None:
@@ -113,6 +123,7 @@ class PoolController:
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.batch = client.BatchV1Api(api)
         self.policy = client.PolicyV1Api(api)
         self.api = api
         self.settings = settings
@@ -283,9 +294,79 @@ class PoolController:
             cost=cost,
             budget=budget,
         )
+        served = spec.model if model is None else model.model
+        status = msgspec.structs.replace(status, cache=self._preload(pool, spec, served, nodes, at))
         self._event_on_transition(pool, status)
         self._write_status(pool, status)
         return bool(later)
+
+    def _preload(
+        self,
+        pool: Mapping[str, Any],
+        spec: AgentPoolSpec,
+        model: str | None,
+        nodes: Mapping[str, Mapping[str, Any]],
+        at: datetime,
+    ) -> ModelCacheStatus | None:
+        """The preload step (`preload.plan_preload`): delete the Jobs that are done, start those
+        still needed (at most `preload.MAX_STARTS`); ``status.cache``. Nothing is read for a pool
+        that neither preloads nor did."""
+        cache = spec.scheduling.cache_aware if spec.scheduling else None
+        old = (pool.get("status") or {}).get("cache")
+        if (cache is None or cache.preload_strategy is None) and not old:
+            return None
+        meta = pool["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        found = self.batch.list_namespaced_job(
+            ns, label_selector=f"{c.LABEL_PRELOAD_POOL}={name}", _preload_content=False
+        )
+        items = msgspec.json.decode(found.data).get("items") or []
+        jobs = [
+            read_job(j)
+            for j in items
+            if any(o.get("uid") == meta["uid"] for o in j["metadata"].get("ownerReferences") or [])
+        ]
+        if cache is None or cache.preload_strategy is None:
+            plan = plan_preload(CacheAware(), None, nodes, {}, jobs, at)
+        else:
+            plan = plan_preload(
+                cache,
+                model,
+                nodes,
+                self._cached_models(),
+                jobs,
+                at,
+                previously_failed=(old or {}).get("failed") or (),
+            )
+        for job in plan.delete:
+            try:
+                self.batch.delete_namespaced_job(job, ns, propagation_policy="Background")
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        template = served_template(spec, resolve(spec), model)
+        started = []
+        for node in plan.create:
+            assert model is not None
+            body = preload_job(
+                pool, node, model, template, self.settings.pod_tolerations, self.settings.model_cache_dir
+            )
+            try:
+                self.batch.create_namespaced_job(ns, body)
+                started.append(node)
+            except ApiException as exc:
+                if exc.status == 409:
+                    continue  # a racing reconcile created it
+                self._event(
+                    pool, "Warning", "PreloadRefused", f"preload Job on {node} refused: {api_message(exc)}"
+                )
+        if started:
+            self._event(pool, "Normal", "PreloadStarted", f"preloading {model} on nodes {_names(started)}")
+        for etype, reason, message in plan.events:
+            self._event(pool, etype, reason, message)
+        if plan.status is not None and (plan.create or plan.status.preloading):
+            self.wake[(ns, name)] = PRELOAD_POLL_S  # Jobs finish without an event the pool sees
+        return plan.status
 
     def _primary_cost(
         self,
@@ -303,6 +384,20 @@ class PoolController:
             return None
         want = desired_pods(pool, spec, resolved, tolerations=self.settings.pod_tolerations, model=spec.model)
         return primary_cost(want, PoolPrices.of(nodes, table, want), budget)
+
+    def _cached_models(self) -> dict[str, frozenset[str]]:
+        """Per node with a GPUNode, the models its agent reports cached: the GPUNodes read in pages
+        of `LIST_PAGE` as raw JSON, decoded into names and model lists only
+        (`preload.read_gpunode_page`)."""
+        out: dict[str, frozenset[str]] = {}
+        token: str | None = None
+        while True:
+            found = self.custom.list_cluster_custom_object(
+                c.GROUP, c.VERSION, "gpunodes", limit=LIST_PAGE, _continue=token, _preload_content=False
+            )
+            token = read_gpunode_page(found.data, out)
+            if token is None:
+                return out
 
     def _retry_failed_gangs(
         self,
@@ -440,7 +535,7 @@ class PoolController:
         with _CONVERT:
             body = {"status": msgspec.to_builtins(status)}
         old = pool.get("status") or {}
-        for key in ("placements", "conditions", "policies", "spot", "fallback"):
+        for key in ("placements", "conditions", "policies", "spot", "fallback", "cache"):
             if key in old and key not in body["status"]:
                 body["status"][key] = None
         if isinstance(old.get("fallback"), dict) and body["status"].get("fallback"):

@@ -222,6 +222,8 @@ def operator_rbac(namespace: str, service_account: str = "neuronetes-operator") 
         {"apiGroups": [c.GROUP], "resources": ["gangreservations"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch"]},
+        # Model preloading (docs/model-cache.md): one Job per node, deleted once done.
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["list", "create", "delete"]},
         {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["list"]},
         {
             "apiGroups": ["apiextensions.k8s.io"],

@@ -305,6 +305,11 @@ class PoolTemplate:
         self.annotations = {**(template_meta.get("annotations") or {}), **_annotations(spec, resolved)}
         if resolved.fallback_model is not None and model is not None:
             self.annotations[ANNOTATION_MODEL] = model
+        cache = spec.scheduling.cache_aware if spec.scheduling else None
+        if cache is not None and cache.enabled and model is not None:
+            # The extender's model-cache term for this pod (docs/model-cache.md "Scoring").
+            self.annotations[ANNOTATION_MODEL] = model
+            self.annotations[c.ANNOTATION_CACHE_HIT_WEIGHT] = f"{cache.cache_hit_weight:g}"
         self.labels: dict[str, str] = dict(template_meta.get("labels") or {})
         self.gang_size = resolved.gang_size
         # The hash leaves out whether a pod may use spot: that is decided per pod, at creation

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from neuronetes.api.models import (
     AgentPoolSpec,
+    CacheAware,
     CarbonAware,
     CostOptimization,
     InterruptionThreshold,
@@ -23,6 +24,7 @@ __all__ = [
     "POLICY_CONTROLLER",
     "ResolvedPool",
     "SpotPolicy",
+    "cache_effect",
     "carbon_effect",
     "cost_optimization_enabled",
     "interruption_threshold",
@@ -123,6 +125,22 @@ def carbon_effect(carbon: CarbonAware) -> str:
     return "; ".join(parts) or "nothing to do (no preferredRegions, no timeShifting)"
 
 
+def cache_effect(cache: CacheAware, model: str | None) -> str:
+    """What ``cacheAware`` does (docs/model-cache.md): the pods' model-cache weight, preloading."""
+    if not cache.enabled:
+        return "off (cacheAware.enabled is false)"
+    if model is None:
+        return "nothing to do (the pool names no spec.model)"
+    said = (
+        f"the extender scores nodes caching {model} with weight {cache.cache_hit_weight:g} "
+        "(pod annotation neuronetes.io/cache-hit-weight)"
+    )
+    strategy = cache.preload_strategy
+    if strategy is not None and strategy.min_cached_replicas:
+        said += f"; preload Jobs keep {strategy.min_cached_replicas} selected nodes caching it (status.cache)"
+    return said
+
+
 def _desired(spec: AgentPoolSpec, gang_size: int) -> int:
     base = spec.min_replicas if spec.replicas is None else spec.replicas
     base = max(base, spec.min_replicas)
@@ -187,9 +205,16 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
                 name="carbonAware", enabled=s.carbon_aware.enabled, effect=carbon_effect(s.carbon_aware)
             )
         )
+    if s.cache_aware is not None:
+        out.append(
+            PolicyState(
+                name="cacheAware",
+                enabled=s.cache_aware.enabled,
+                effect=cache_effect(s.cache_aware, spec.model),
+            )
+        )
     for name, block in (
         ("dataLocality", s.data_locality),
-        ("cacheAware", s.cache_aware),
         ("fastScheduling", s.fast_scheduling),
     ):
         if block is not None:

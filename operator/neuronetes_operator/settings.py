@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 import msgspec.yaml
 
+from neuronetes import contracts as c
+
 __all__ = [
     "AutoscalerSettings",
     "CarbonSettings",
@@ -130,6 +132,8 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
         carbon: the carbon gate-release controller's settings (`CarbonSettings`).
         spot_rebalance_notices: treat the AWS Node Termination Handler's rebalance-recommendation
             taint as an interruption notice (docs/spot.md; off: it is only a hint).
+        model_cache_dir: the nodes' model cache directory, which preload Jobs write into
+            (docs/model-cache.md; the chart sets the agent's ``agent.hostPaths.modelCacheDir``).
     """
 
     namespaces: list[str] = msgspec.field(default_factory=list)
@@ -154,6 +158,9 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
     autoscaler: AutoscalerSettings = msgspec.field(default_factory=AutoscalerSettings)
     carbon: CarbonSettings = msgspec.field(default_factory=CarbonSettings)
     spot_rebalance_notices: bool = False
+    model_cache_dir: Annotated[str, msgspec.Meta(max_length=1024, pattern=r"^/[^\s]*$")] = (
+        c.NODE_MODEL_CACHE_DIR
+    )
 
 
 def load_settings(path: str | Path | None) -> OperatorSettings:

@@ -20,9 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from region_fakes import state_file
 
 from neuronetes import contracts as c
+from neuronetes.modelcache import MARKER
 from neuronetes.profiles import PROFILES
 from neuronetes_agent import region
 from neuronetes_agent.daemon.exporter import AgentCollector
+from neuronetes_agent.daemon.modelcache import HostModelCache
 from neuronetes_agent.daemon.node import ANNOTATION_OFFLINE_GPUS, REQUEST_PREFIX, NodeAgent
 from neuronetes_agent.daemon.pods import pod_use
 from neuronetes_agent.daemon.regions import RegionKeeper
@@ -454,3 +456,33 @@ def test_impossible_layout_fails_once_and_mig_manager_nodes_are_left_alone() -> 
     owned.set_gpunode(layout(2, {"gpuIndex": 0, "instances": [{"profile": "1g.5gb", "count": 7}]}))
     owned.tick()
     assert owned.mig_state == "None" and len(owned.inventory.gpus[0].mig_devices) == 4  # type: ignore[union-attr]
+
+
+def test_model_cache_reported_on_every_gpu_once_complete(tmp_path: Path) -> None:
+    """The host cache directory (`HostModelCache`, rescanned every round here): a model is
+    reported once its marker is written, on every GPU, and a change republishes the status."""
+    cache = tmp_path / "models"
+    kube = RecordingKube()
+    resets = ThreadPoolExecutor(1)
+    sim = SimulatedGpus(PROFILES["dgx-a100-80gb"], "n0")
+    a = NodeAgent(
+        "n0", "uid-n0", sim, kube, resets, agent_version="test", model_cache=HostModelCache(cache, every_s=0)
+    )  # type: ignore[arg-type]
+    try:
+        a.start()
+        assert {tuple(g["cachedModels"]) for g in kube.last("status")["gpus"]} == {()}
+        (cache / "org--llama-8b").mkdir(parents=True)
+        (cache / "org--llama-8b" / "weights.safetensors").write_bytes(b"x")
+        a.tick()  # downloading: no marker yet
+        assert {tuple(g["cachedModels"]) for g in kube.last("status")["gpus"]} == {()}
+        (cache / "org--llama-8b" / MARKER).write_text("org/llama-8b")
+        a.tick()
+        status = kube.last("status")
+        assert len(status["gpus"]) == 8
+        assert all(g["cachedModels"] == ["org/llama-8b"] for g in status["gpus"])
+        shutil.rmtree(cache / "org--llama-8b")
+        a.tick()
+        assert all(g["cachedModels"] == [] for g in kube.last("status")["gpus"])
+    finally:
+        sim.close()
+        resets.shutdown()

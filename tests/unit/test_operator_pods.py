@@ -329,3 +329,16 @@ def test_a_gang_the_scheduler_cannot_place_says_so() -> None:
     gang = next(cd for cd in st.conditions or [] if cd.type == "GangScheduled")
     assert (gang.status, gang.reason) == ("False", "GangUnplaceable")
     assert "no node holds 8 GPUs" in (gang.message or "")
+
+
+def test_cache_aware_pool_pods_carry_model_and_weight() -> None:
+    on = "model: org/llama-8b\nscheduling: {cacheAware: {enabled: true, cacheHitWeight: 0.35}}"
+    _, _, resolved, pods = build(on)
+    annotations = pods[0].manifest["metadata"]["annotations"]
+    assert annotations[c.ANNOTATION_MODEL] == "org/llama-8b"
+    assert annotations[c.ANNOTATION_CACHE_HIT_WEIGHT] == "0.35"
+    (state,) = [p for p in resolved.policies if p.name == "cacheAware"]
+    assert state.enabled and "weight 0.35" in (state.effect or "")
+    _, _, resolved, pods = build("model: org/llama-8b\nscheduling: {cacheAware: {enabled: false}}")
+    assert c.ANNOTATION_CACHE_HIT_WEIGHT not in pods[0].manifest["metadata"]["annotations"]
+    assert c.ANNOTATION_MODEL not in pods[0].manifest["metadata"]["annotations"]

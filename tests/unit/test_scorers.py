@@ -369,6 +369,29 @@ def test_model_cache(nodes) -> None:
     assert placement is not None and placement.node in {"warm", "other"}
 
 
+def test_model_cache_weight_of_the_request_replaces_the_policys(nodes) -> None:
+    """A pod's own weight (a pool's cacheHitWeight) replaces the policy's model_cache weight in
+    the default policy, adds the term to a policy without it, and 0 removes it."""
+    specs = [nodes.dgx("cold-a"), nodes.dgx("warm", cached_models=frozenset({"llama"})), nodes.dgx("cold-b")]
+    default = PlacementEngine(ClusterState(specs), "default")
+    plain = PodRequest("p", gpus=1, model_name="llama")
+    heavy = PodRequest("p", gpus=1, model_name="llama", model_cache_weight=0.9)
+    off = PodRequest("p", gpus=1, model_name="llama", model_cache_weight=0.0)
+    warm = 1
+    assert default.explain(plain, warm)["model_cache"] == pytest.approx(0.2)
+    assert default.explain(heavy, warm)["model_cache"] == pytest.approx(0.9)
+    assert default.explain(heavy, 0)["model_cache"] == 0.0
+    assert "model_cache" not in default.explain(off, warm)
+    placed = default.place(heavy)
+    assert placed is not None and placed.node == "warm"
+    # A policy without the term: the request's weight brings it.
+    packing = engine_for(specs, "packing")
+    assert "model_cache" not in packing.explain(plain, warm)
+    assert packing.explain(heavy, warm)["model_cache"] == pytest.approx(0.9)
+    placed = packing.place(heavy)
+    assert placed is not None and placed.node == "warm"
+
+
 def test_cost_prefers_cheaper_nodes_and_never_reads_an_unknown_price_as_free(nodes) -> None:
     engine = engine_for(
         [

@@ -64,6 +64,7 @@ def cmd_agent_run(ns: argparse.Namespace) -> int:
             shim_library=Path(ns.shim_library) if ns.shim_library else None,
             shim_dir=Path(ns.shim_dir),
             cgroup_root=Path(ns.cgroup_root),
+            model_cache_dir=Path(ns.model_cache_dir) if ns.model_cache_dir else None,
             reconcile=Policy(
                 mode=Mode(ns.reconcile),
                 grace_s=ns.reconcile_grace,

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from kubernetes.client import ApiClient
 
+from neuronetes import contracts as c
 from neuronetes.profiles import LABEL_PROFILE, PROFILES
 
 from .backstop import Backstop
@@ -39,6 +40,7 @@ from .inventory import (
 )
 from .kube import GPUNODES_PATH, Informer, Kube, KubeError
 from .ledger import LedgerWriter
+from .modelcache import HostModelCache, ModelCache, SimulatedModelCache, parse_model_list
 from .node import NodeAgent
 from .pods import pod_use
 from .reconcile import Policy
@@ -76,6 +78,8 @@ class AgentSettings:
         shim_dir: Path = DEFAULT_SHIM_DIR,
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         reconcile: Policy | None = None,
+        model_cache_dir: Path | None = Path(c.NODE_MODEL_CACHE_DIR),
+        model_cache_every_s: float = 10.0,
     ) -> None:
         if (node is None) == (simulate_nodes is None):
             raise ValueError("give exactly one of --node (real GPUs) and --simulate-nodes (a fleet)")
@@ -95,6 +99,10 @@ class AgentSettings:
         self.shim_dir = shim_dir
         self.cgroup_root = cgroup_root  # --node: the host's cgroup mount (containers' processes)
         self.reconcile = reconcile if reconcile is not None else Policy()  # --node: NVML reconciliation
+        # --node: the host model cache (None: none reported). Simulated nodes have their own
+        # (`modelcache.SimulatedModelCache`).
+        self.model_cache_dir = model_cache_dir
+        self.model_cache_every_s = model_cache_every_s
 
 
 class AgentProcess:
@@ -201,6 +209,7 @@ class AgentProcess:
 
     def _on_node(self, kind: str, node: dict[str, Any]) -> None:
         name = node["metadata"]["name"]
+        agent: NodeAgent | None = None
         with self.lock:
             if kind == "DELETED":
                 self._pending.pop(name, None)
@@ -209,6 +218,11 @@ class AgentProcess:
                     agent.backend.close()
             elif name not in self.agents and name not in self._starting:
                 self._pending[name] = node
+            else:
+                agent = self.agents.get(name)
+        if kind != "DELETED" and agent is not None and isinstance(agent.model_cache, SimulatedModelCache):
+            with agent.lock:
+                agent.model_cache.declare(_declared_models(node))
 
     def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         uid = pod["metadata"].get("uid", "")
@@ -222,8 +236,14 @@ class AgentProcess:
             else:
                 self._pods[uid] = pod
             agent = self.agents.get(node)
-        if agent is not None:
-            agent.set_pod(uid, use)
+        if agent is None:
+            return
+        agent.set_pod(uid, use)
+        preloaded = (pod["metadata"].get("annotations") or {}).get(c.ANNOTATION_PRELOAD_MODEL)
+        succeeded = (pod.get("status") or {}).get("phase") == "Succeeded"
+        if preloaded and succeeded and isinstance(agent.model_cache, SimulatedModelCache):
+            with agent.lock:
+                agent.model_cache.preloaded(preloaded)
 
     def _on_gpunode(self, kind: str, obj: dict[str, Any]) -> None:
         with self.lock:
@@ -253,6 +273,14 @@ class AgentProcess:
             return None  # a CPU node or an unknown profile: nothing to serve
         return SimulatedGpus(profile, name, reset_seconds=self.settings.reset_seconds)
 
+    def _model_cache(self, node: dict[str, Any]) -> ModelCache | None:
+        s = self.settings
+        if s.node is None:
+            return SimulatedModelCache(_declared_models(node))
+        if s.model_cache_dir is None:
+            return None
+        return HostModelCache(s.model_cache_dir, s.model_cache_every_s)
+
     def _start_node(self, name: str, node: dict[str, Any]) -> None:
         try:
             backend = self._backend(name, node)
@@ -268,6 +296,7 @@ class AgentProcess:
                 self._resets,
                 agent_version=AGENT_VERSION,
                 heartbeat_s=s.heartbeat_s,
+                model_cache=self._model_cache(node),
                 regions=regions,
                 inventory_file=self._inventory_file,
                 # --node: the NRI plugin's other inputs and outputs (docs/node-injection.md)
@@ -303,6 +332,12 @@ class AgentProcess:
             for agent in list(self.agents.values()):
                 if agent.watchdog(self.settings.watchdog_s):
                     log.error("node %s: NVML has hung for over %.0f s", agent.node, self.settings.watchdog_s)
+
+
+def _declared_models(node: dict[str, Any]) -> set[str]:
+    """The models a simulated Node's annotation says its cache holds."""
+    annotations = node["metadata"].get("annotations") or {}
+    return parse_model_list(annotations.get(c.ANNOTATION_SIMULATED_CACHED_MODELS))
 
 
 def fleet_agent_argv(

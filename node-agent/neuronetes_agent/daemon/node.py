@@ -27,6 +27,7 @@ from .eviction import Evictor
 from .handoff import HandOff, HandOffParts
 from .kube import NodeWrites
 from .miglayout import MIG_MANAGER_LABEL, MigLayouts, MigTarget, targets_from_spec
+from .modelcache import ModelCache
 from .monitor import HealthMonitor, Transition
 from .nodestate import NodeCounters, NodeState
 from .orders import ANNOTATION_OFFLINE_GPUS, REQUEST_PREFIX, Orders
@@ -56,15 +57,18 @@ class NodeAgent:
         *,
         agent_version: str,
         heartbeat_s: float = 60.0,
+        model_cache: ModelCache | None = None,
         **handoff: Unpack[HandOffParts],
     ) -> None:
-        """`handoff`: with ``--node``, the regions, files, container records and reconciliation
-        the round hands off to (`handoff.HandOffParts`)."""
+        """`model_cache`: where the node's cached models are read (`modelcache`; None: none are
+        reported). `handoff`: with ``--node``, the regions, files, container records and
+        reconciliation the round hands off to (`handoff.HandOffParts`)."""
         self.node = node
         self.node_uid = node_uid
         self.backend = backend
         self.kube = kube
         self.state = NodeState(node, node_uid)
+        self.model_cache = model_cache
         # The state's lock, states and counters are made once and never replaced: aliases.
         self.lock = self.state.lock
         self.states: dict[str, tuple[GpuHealth, str]] = self.state.states
@@ -123,6 +127,7 @@ class NodeAgent:
             self.publisher.inventory_changed(inventory)
             self.monitor.start(inventory)
             self._apply_spec(self.kube.ensure_gpunode(self.node, self.node_uid))
+            self._read_model_cache()
             self.monitor.derive_states(record=False, reconfiguring=self.mig.pending)
             self.publisher.publish(force=True, mig_state=self.mig.state)
             self.publisher.spread_heartbeat()
@@ -168,6 +173,7 @@ class NodeAgent:
         readings = self.monitor.read(inventory)
         self.poll_started = 0.0
         with self.lock:
+            self._read_model_cache()
             self.monitor.apply(readings)
             self.evictor.finish_resets()
             self.mig.plan()
@@ -179,6 +185,11 @@ class NodeAgent:
             self.handoff.sync_regions()
         self.handoff.write_inventory()
         self.handoff.run()
+
+    def _read_model_cache(self) -> None:
+        """The cached models into the state (published with the GPUNode status when they change)."""
+        if self.model_cache is not None:
+            self.state.cached_models = self.model_cache.models()
 
     def watchdog(self, limit_s: float) -> bool:
         """Called from another thread: when the backend reads of this node have hung for more than

@@ -48,6 +48,7 @@ class NodeState:
     cordoned: frozenset[str] = frozenset()
     generation: int = 0
     nvml_ok: bool = True
+    cached_models: tuple[str, ...] = ()  # the node's model cache (`modelcache`), as last read
     counters: NodeCounters = field(default_factory=NodeCounters)
 
     def usage(self) -> dict[str, Usage]:

@@ -99,7 +99,14 @@ class Publisher:
                 pub.capacity = capacity
             allocations = state.allocations()
             key = json.dumps(
-                [sorted(state.states.items()), allocations, state.generation, state.nvml_ok, mig_state],
+                [
+                    sorted(state.states.items()),
+                    allocations,
+                    state.generation,
+                    state.nvml_ok,
+                    mig_state,
+                    state.cached_models,
+                ],
                 default=str,
             )
             if not force and key == pub.status_key and now - pub.heartbeat >= self.heartbeat_s:
@@ -117,6 +124,7 @@ class Publisher:
                     heartbeat=datetime.now(UTC),
                     nvml_ok=state.nvml_ok,
                     mig_state=mig_state,
+                    cached_models=state.cached_models,
                 )
                 self._stamp_conditions(status)
                 self.kube.patch_gpunode_status(node, status)

@@ -80,7 +80,9 @@ def gpu_capacity(node: str, inventory: Inventory, usable: set[str]) -> dict[str,
     return {k: offered.get(k, "0") for k in everything if k.startswith(c.RESOURCE_PREFIX)}
 
 
-def _gpu_status(g: GpuDevice, state: GpuHealth, reason: str, allocations: list[Allocation]) -> dict[str, Any]:
+def _gpu_status(
+    g: GpuDevice, state: GpuHealth, reason: str, allocations: list[Allocation], cached_models: list[str]
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "uuid": g.uuid,
         "index": g.index,
@@ -95,7 +97,7 @@ def _gpu_status(g: GpuDevice, state: GpuHealth, reason: str, allocations: list[A
         "nvlinkBandwidthGBps": g.nvlink_bandwidth_gbps,
         "health": state.value,
         "healthReason": reason[:1024],
-        "cachedModels": [],
+        "cachedModels": cached_models,
         "allocations": allocations[:64],
     }
     if g.mig_enabled:
@@ -124,10 +126,15 @@ def gpunode_status(
     heartbeat: datetime,
     nvml_ok: bool,
     mig_state: str = "None",
+    cached_models: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """The GPUNode ``status`` (every field of the CRD; timestamps RFC 3339 UTC)."""
+    """The GPUNode ``status`` (every field of the CRD; timestamps RFC 3339 UTC). The node's cached
+    models (`modelcache`) are listed on every GPU: the cache is the node's, any GPU may load them."""
+    models = list(cached_models)
     gpus = [
-        _gpu_status(g, *states.get(g.uuid, (GpuHealth.AVAILABLE, "")), list(allocations.get(g.uuid, ())))
+        _gpu_status(
+            g, *states.get(g.uuid, (GpuHealth.AVAILABLE, "")), list(allocations.get(g.uuid, ())), list(models)
+        )
         for g in inventory.gpus
     ]
     healthy = sum(1 for g in inventory.gpus if states.get(g.uuid, (GpuHealth.AVAILABLE, ""))[0].schedulable)

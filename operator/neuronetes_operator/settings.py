@@ -12,6 +12,7 @@ __all__ = [
     "AutoscalerSettings",
     "CarbonSettings",
     "IntensitySourceSettings",
+    "MigLayoutSettings",
     "OperatorSettings",
     "load_settings",
 ]
@@ -105,6 +106,44 @@ class CarbonSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unknow
     )
 
 
+class MigLayoutSettings(
+    msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True, frozen=True
+):
+    """The MIG layout controller (docs/mig.md, "Applying a plan").
+
+    Attributes:
+        enabled: run the controller (off: MIG demand no current layout serves stays Pending).
+        interval_seconds: one tick (read pending pods and GPUNodes, plan, write) every this many seconds.
+        min_relayout_interval_seconds: a GPU is re-laid out at most once in this many seconds.
+        max_demand_per_tick: MIG instances of pending pods planned for in one tick at most (oldest
+            pods first; the rest wait for the next tick).
+        max_gpus_per_tick: MIG GPUs the planner sees in one tick at most (nodes in name order).
+        max_nodes_per_tick: nodes whose layout one tick writes at most.
+        apply_timeout_seconds: a relayout not applied after this long is Failed (a node the operator
+            cordoned for it is uncordoned).
+        mig_manager_config_map: ``NAMESPACE/NAME`` of the ConfigMap whose ``config.yaml`` NVIDIA's
+            mig-manager reads (the GPU operator's ``migManager.config.name``).
+        allow_mode_change: on mig-manager nodes, also offer MIG-capable GPUs with MIG off and no
+            work as empty MIG GPUs (switching a GPU's mode needs it idle: the node is cordoned while
+            mig-manager applies such a config).
+    """
+
+    enabled: bool = True
+    interval_seconds: Annotated[float, msgspec.Meta(ge=0.5, le=3600)] = 30.0
+    min_relayout_interval_seconds: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 600.0
+    max_demand_per_tick: Annotated[int, msgspec.Meta(ge=1, le=10000)] = 512
+    max_gpus_per_tick: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 256
+    max_nodes_per_tick: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 16
+    apply_timeout_seconds: Annotated[float, msgspec.Meta(ge=10, le=86400)] = 900.0
+    mig_manager_config_map: Annotated[
+        str,
+        msgspec.Meta(
+            max_length=317, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+        ),
+    ] = "gpu-operator/neuronetes-mig-parted-config"
+    allow_mode_change: bool = False
+
+
 class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True, frozen=True):
     """What the operator does beyond the objects' specs.
 
@@ -128,6 +167,7 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
             its ``neuronetes-price-table``); unset or empty: prices come from node labels alone.
         autoscaler: the autoscaling controller's settings (`AutoscalerSettings`).
         carbon: the carbon gate-release controller's settings (`CarbonSettings`).
+        mig_layouts: the MIG layout controller's settings (`MigLayoutSettings`).
         spot_rebalance_notices: treat the AWS Node Termination Handler's rebalance-recommendation
             taint as an interruption notice (docs/spot.md; off: it is only a hint).
     """
@@ -153,6 +193,7 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
     ) = None
     autoscaler: AutoscalerSettings = msgspec.field(default_factory=AutoscalerSettings)
     carbon: CarbonSettings = msgspec.field(default_factory=CarbonSettings)
+    mig_layouts: MigLayoutSettings = msgspec.field(default_factory=MigLayoutSettings)
     spot_rebalance_notices: bool = False
 
 

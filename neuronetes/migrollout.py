@@ -54,6 +54,7 @@ __all__ = [
     "node_relayouts",
     "pending_mig_demand",
     "pod_mig_demand",
+    "unserved_by_pod",
 ]
 
 LABEL_MIG_APPLY: Final = f"{c.GROUP}/mig-apply"
@@ -272,6 +273,18 @@ def node_relayouts(
         )
         for node, gpus in sorted(by_node.items())
     ]
+
+
+def unserved_by_pod(plan: MigPlan) -> dict[str, list[str]]:
+    """The pods (``namespace/name``, in demand order) with demand the plan leaves unserved, each
+    with the planner's distinct reasons."""
+    out: dict[str, list[str]] = {}
+    for p in plan.placements:
+        if p.gpu is None:
+            reasons = out.setdefault(p.demand.key.partition("#")[0], [])
+            if p.reason not in reasons:
+                reasons.append(p.reason)
+    return out
 
 
 def _counts(layout: MigLayout) -> list[dict[str, Any]]:

@@ -11,7 +11,9 @@ node still being re-laid out, of a mig-manager GPU in use, of an unhealthy GPU a
 writes at most ``maxNodesPerTick`` relayouts: ``spec.migLayout`` with exact placements for the
 agent, or a mig-parted config entry and ``nvidia.com/mig.config`` for mig-manager. The time of each
 GPU's relayout is kept in ``status.migPlan.gpus`` (the hysteresis' clock, ``minRelayoutIntervalSeconds``).
-Events ``MIGRelayoutPlanned`` (GPUNode, each pod served), ``MIGRelayoutApplied``/``MIGRelayoutFailed``.
+Events ``MIGRelayoutPlanned`` (GPUNode, each pod served), ``MIGRelayoutApplied``/``MIGRelayoutFailed``,
+and ``MIGDemandUnserved`` (Warning, on a pending pod the planner could not serve, with its reasons; at
+most once per pod every `UNSERVED_EVENT_INTERVAL_S` while its reasons stay the same).
 docs/mig.md, "Applying a plan".
 """
 
@@ -45,12 +47,13 @@ from neuronetes.migrollout import (
     mig_parted_entry,
     node_relayouts,
     pending_mig_demand,
+    unserved_by_pod,
 )
 
 from .objects import api_message
 from .settings import MigLayoutSettings
 
-__all__ = ["ANNOTATION_CORDONED", "MigLayoutController", "relayout_times"]
+__all__ = ["ANNOTATION_CORDONED", "UNSERVED_EVENT_INTERVAL_S", "MigLayoutController", "relayout_times"]
 
 log = logging.getLogger("neuronetes_operator.mig_layouts")
 
@@ -59,6 +62,9 @@ ANNOTATION_CORDONED: Final = f"{c.GROUP}/mig-cordoned"
 """On a node the controller cordoned for a MIG mode change: the mig-parted config it waits for."""
 CONFIG_KEY: Final = "config.yaml"
 EVENT_NAMESPACE: Final = "default"  # Events about cluster-scoped objects (GPUNode) live here
+UNSERVED_EVENT_INTERVAL_S: Final = 300.0
+"""A pod's ``MIGDemandUnserved`` Event is posted again after this long at the earliest (sooner when
+the reasons change): a pod waiting for capacity is told why without an Event every tick."""
 
 
 def _stamp(t: float) -> str:
@@ -92,6 +98,10 @@ class MigLayoutController:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.namespaces = list(namespaces or [])
+        # pod (namespace/name) -> (when its MIGDemandUnserved Event was posted, the message)
+        self._unserved_told: dict[str, tuple[float, str]] = {}
+        # pod (namespace/name) -> the node whose relayout, written for it, is being applied
+        self._awaiting: dict[str, str] = {}
 
     # ---- reads -----------------------------------------------------------------------------------
 
@@ -131,6 +141,7 @@ class MigLayoutController:
                     log.warning("following the MIG relayout of %s: %s", name, api_message(exc))
         demand, left_out = pending_mig_demand(self._pending_pods(), self.settings.max_demand_per_tick)
         if not demand:
+            self._unserved_told.clear()
             return
         if left_out:
             log.info("MIG layouts: %d pending instances wait for a later tick", left_out)
@@ -165,11 +176,13 @@ class MigLayoutController:
                 if x.get("migMode") == "Disabled"
             }
             paths[name], by_name[name] = path, g
-        if not states:
-            return
         plan = plan_mig_layouts(
             demand, states, now_s=now, min_relayout_interval_s=self.settings.min_relayout_interval_seconds
         )
+        # A pod a relayout under way was written for is not unserved: its node is frozen meanwhile.
+        self._awaiting = {k: n for k, n in self._awaiting.items() if n in busy}
+        unserved = {k: v for k, v in unserved_by_pod(plan).items() if k not in self._awaiting}
+        self._tell_unserved(unserved, now)
         for relayout in node_relayouts(plan, paths, mig_off)[: self.settings.max_nodes_per_tick]:
             try:
                 self._write(by_name[relayout.node], nodes[relayout.node], relayout, now)
@@ -177,6 +190,20 @@ class MigLayoutController:
                 message = api_message(exc) if isinstance(exc, ApiException) else str(exc)
                 log.warning("writing the MIG relayout of %s: %s", relayout.node, message)
                 self._event(by_name[relayout.node], "Warning", "MIGRelayoutFailed", message)
+
+    def _tell_unserved(self, unserved: Mapping[str, list[str]], now: float) -> None:
+        """A Warning Event on each pod with demand the plan leaves unserved, rate-limited per pod;
+        pods served or gone are forgotten."""
+        self._unserved_told = {k: v for k, v in self._unserved_told.items() if k in unserved}
+        for key, reasons in unserved.items():
+            message = "no MIG layout can serve this pod: " + "; ".join(reasons)
+            told = self._unserved_told.get(key)
+            if told is not None and told[1] == message and now - told[0] < UNSERVED_EVENT_INTERVAL_S:
+                continue
+            self._unserved_told[key] = (now, message)
+            namespace, _, pod = key.partition("/")
+            log.info("MIG layouts: %s: %s", key, message)
+            self._pod_event(namespace, pod, message, "Warning", "MIGDemandUnserved")
 
     # ---- following a relayout -----------------------------------------------------------------------
 
@@ -248,8 +275,15 @@ class MigLayoutController:
         self._status(gpunode, status)
         self._event(gpunode, "Normal", "MIGRelayoutPlanned", message)
         for key in relayout.serves:
+            self._awaiting[key.partition("#")[0]] = name
             namespace, _, pod = key.partition("#")[0].partition("/")
-            self._pod_event(namespace, pod, f"MIG relayout of node {name} planned for this pod: {summary}")
+            self._pod_event(
+                namespace,
+                pod,
+                f"MIG relayout of node {name} planned for this pod: {summary}",
+                "Normal",
+                "MIGRelayoutPlanned",
+            )
         log.info("MIG relayout of %s (%s): %s", name, relayout.path, message)
 
     def _write_mig_manager(
@@ -332,13 +366,13 @@ class MigLayoutController:
             message,
         )
 
-    def _pod_event(self, namespace: str, pod: str, message: str) -> None:
+    def _pod_event(self, namespace: str, pod: str, message: str, etype: str, reason: str) -> None:
         self._post(
             {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace},
             namespace,
             pod,
-            "Normal",
-            "MIGRelayoutPlanned",
+            etype,
+            reason,
             message,
         )
 

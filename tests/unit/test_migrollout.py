@@ -22,6 +22,7 @@ from neuronetes.migrollout import (
     mig_parted_entry,
     node_relayouts,
     pending_mig_demand,
+    unserved_by_pod,
 )
 
 pytestmark = pytest.mark.unit
@@ -146,6 +147,21 @@ def test_hysteresis_frozen_nodes_unhealthy_gpus_and_busy_mig_manager_gpus_stay_a
     used = gpunode("n3", [FULL], busy={0: {4}})
     assert plan_mig_layouts(demand, gpu_states(used, "agent", {}, NOW)[0], now_s=NOW).served == 1
     assert plan_mig_layouts(demand, gpu_states(used, "mig-manager", {}, NOW)[0], now_s=NOW).served == 0
+
+
+def test_unserved_demand_is_named_per_pod_with_the_planners_distinct_reasons() -> None:
+    pods = [
+        pod("two", {c.mig_resource_name("3g.20gb"): "2"}),
+        pod("alien", {c.mig_resource_name("7g.80gb"): "1"}),
+        pod("fits", {c.mig_resource_name("1g.5gb"): "1"}),
+    ]
+    demand, _ = pending_mig_demand(pods, 10)
+    node = gpunode("n1", [FULL], busy={0: {4}})  # the one 3g.20gb is in use
+    plan = plan_mig_layouts(demand, gpu_states(node, "agent", {}, NOW)[0], now_s=NOW)
+    unserved = unserved_by_pod(plan)
+    assert list(unserved) == ["ml/alien", "ml/two"]  # demand order: oldest, then by name
+    assert len(unserved["ml/two"]) == 1 and "3g.20gb" in unserved["ml/two"][0]
+    assert unserved["ml/alien"] == ["no GPU here offers MIG profile 7g.80gb"]
 
 
 def test_mode_change_offers_idle_mig_off_gpus_on_mig_manager_nodes_only() -> None:

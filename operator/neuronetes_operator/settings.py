@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 import msgspec.yaml
 
 __all__ = [
+    "MIG_PARTED_CONFIG_MAP",
     "AutoscalerSettings",
     "CarbonSettings",
     "IntensitySourceSettings",
@@ -106,6 +107,10 @@ class CarbonSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unknow
     )
 
 
+MIG_PARTED_CONFIG_MAP: Final = "neuronetes-mig-parted-config"
+"""The name of mig-manager's ConfigMap the MIG layout controller writes (its RBAC names it)."""
+
+
 class MigLayoutSettings(
     msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True, frozen=True
 ):
@@ -122,7 +127,8 @@ class MigLayoutSettings(
         apply_timeout_seconds: a relayout not applied after this long is Failed (a node the operator
             cordoned for it is uncordoned).
         mig_manager_config_map: ``NAMESPACE/NAME`` of the ConfigMap whose ``config.yaml`` NVIDIA's
-            mig-manager reads (the GPU operator's ``migManager.config.name``).
+            mig-manager reads (the GPU operator's ``migManager.config.name``); the name is
+            `MIG_PARTED_CONFIG_MAP`, the one the operator's RBAC lets it read and patch.
         allow_mode_change: on mig-manager nodes, also offer MIG-capable GPUs with MIG off and no
             work as empty MIG GPUs (switching a GPU's mode needs it idle: the node is cordoned while
             mig-manager applies such a config).
@@ -137,10 +143,8 @@ class MigLayoutSettings(
     apply_timeout_seconds: Annotated[float, msgspec.Meta(ge=10, le=86400)] = 900.0
     mig_manager_config_map: Annotated[
         str,
-        msgspec.Meta(
-            max_length=317, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
-        ),
-    ] = "gpu-operator/neuronetes-mig-parted-config"
+        msgspec.Meta(max_length=92, pattern=rf"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/{MIG_PARTED_CONFIG_MAP}$"),
+    ] = f"gpu-operator/{MIG_PARTED_CONFIG_MAP}"
     allow_mode_change: bool = False
 
 

@@ -497,10 +497,16 @@ class MigLayoutInstances(_Object):
     count: Annotated[int, Meta(ge=1, le=7)]
 
 
+class MigPlacement(_Object):
+    profile: MigProfile
+    start: Annotated[int, Meta(ge=0, le=7)]
+
+
 class MigLayoutEntry(_Object):
     gpu_index: GpuIndex
     mig_enabled: bool = True
     instances: Annotated[list[MigLayoutInstances], Meta(max_length=8)] | None = None
+    placements: Annotated[list[MigPlacement], Meta(max_length=8)] | None = None
 
 
 class GPUNodeSpec(_Object):
@@ -553,7 +559,23 @@ class GpuInfo(_Object):
     allocations: Annotated[list[GpuAllocation], Meta(max_length=64)] | None = None
 
 
+class MigRelayoutTime(_Object):
+    index: GpuIndex
+    last_relayout_time: datetime
+
+
+class MigPlanStatus(_Object):
+    state: Literal["Applying", "Applied", "Failed"] | None = None
+    path: Literal["agent", "mig-manager", "none"] | None = None
+    message: Annotated[str, Meta(max_length=4096)] | None = None
+    planned_time: datetime | None = None
+    mig_config: Annotated[str, Meta(max_length=63)] | None = None
+    cordoned: bool | None = None
+    gpus: Annotated[list[MigRelayoutTime], Meta(max_length=16)] | None = None
+
+
 class GPUNodeStatus(_Object):
+    mig_plan: MigPlanStatus | None = None
     model: str | None = None
     gpu_count: NonNegative | None = None
     healthy_gpus: NonNegative | None = field(default=None, name="healthyGPUs")

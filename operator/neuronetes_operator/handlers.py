@@ -36,6 +36,7 @@ from .binding_controller import BindingController
 from .carbon_gate import CarbonGateController
 from .controller import PLURAL, PoolController
 from .gang_retry import pool_of_gang
+from .mig_layouts import MigLayoutController
 from .objects import post_event
 from .pods import LABEL_POOL
 from .settings import OperatorSettings
@@ -108,7 +109,8 @@ async def _worker(
 async def _ticks(what: str, tick: Callable[[], object], every: float) -> None:
     """A timer-driven controller's ticks, one at a time, every `every` seconds: the autoscaling
     controller (docs/autoscaling.md, "The controller"; a tick's work is bounded by its settings,
-    poolsPerTick and bindingsPerTick) and the carbon gate-release controller (docs/carbon.md)."""
+    poolsPerTick and bindingsPerTick), the carbon gate-release controller (docs/carbon.md) and the
+    MIG layout controller (docs/mig.md; maxDemandPerTick, maxGpusPerTick, maxNodesPerTick)."""
     while True:
         started = asyncio.get_running_loop().time()
         try:
@@ -266,6 +268,11 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
             gates = CarbonGateController(api, cfg.carbon, cfg.namespaces)
             state["tasks"].append(
                 asyncio.create_task(_ticks("carbon gate", gates.tick, cfg.carbon.interval_seconds))
+            )
+        if cfg.mig_layouts.enabled:
+            relayouts = MigLayoutController(api, cfg.mig_layouts, cfg.namespaces)
+            state["tasks"].append(
+                asyncio.create_task(_ticks("MIG layout", relayouts.tick, cfg.mig_layouts.interval_seconds))
             )
         state["tasks"].append(
             asyncio.create_task(

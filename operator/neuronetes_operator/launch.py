@@ -19,6 +19,7 @@ from neuronetes import contracts as c
 from neuronetes.profiles import KWOK_TAINT
 
 from .admission import ANNOTATION_SLICE
+from .settings import MIG_PARTED_CONFIG_MAP
 from .tiers import CLASS_PREFIX, PriorityTier, priority_classes
 
 __all__ = [
@@ -219,6 +220,18 @@ def operator_rbac(namespace: str, service_account: str = "neuronetes-operator") 
             "verbs": ["get", "list", "watch", "create", "delete", "patch"],
         },
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        # The MIG layout controller (docs/mig.md, "Applying a plan"): GPUNode status.migPlan, the
+        # nvidia.com/mig.config label and cordon of mig-manager nodes, mig-manager's ConfigMap
+        # (get and patch by name; create cannot be limited to a name).
+        {"apiGroups": [c.GROUP], "resources": ["gpunodes/status"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": [MIG_PARTED_CONFIG_MAP],
+            "verbs": ["get", "patch"],
+        },
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
         {"apiGroups": [c.GROUP], "resources": ["gangreservations"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch"]},

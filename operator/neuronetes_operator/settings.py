@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 import msgspec.yaml
@@ -11,9 +11,11 @@ import msgspec.yaml
 from neuronetes import contracts as c
 
 __all__ = [
+    "MIG_PARTED_CONFIG_MAP",
     "AutoscalerSettings",
     "CarbonSettings",
     "IntensitySourceSettings",
+    "MigLayoutSettings",
     "OperatorSettings",
     "load_settings",
 ]
@@ -107,6 +109,47 @@ class CarbonSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unknow
     )
 
 
+MIG_PARTED_CONFIG_MAP: Final = "neuronetes-mig-parted-config"
+"""The name of mig-manager's ConfigMap the MIG layout controller writes (its RBAC names it)."""
+
+
+class MigLayoutSettings(
+    msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True, frozen=True
+):
+    """The MIG layout controller (docs/mig.md, "Applying a plan").
+
+    Attributes:
+        enabled: run the controller (off: MIG demand no current layout serves stays Pending).
+        interval_seconds: one tick (read pending pods and GPUNodes, plan, write) every this many seconds.
+        min_relayout_interval_seconds: a GPU is re-laid out at most once in this many seconds.
+        max_demand_per_tick: MIG instances of pending pods planned for in one tick at most (oldest
+            pods first; the rest wait for the next tick).
+        max_gpus_per_tick: MIG GPUs the planner sees in one tick at most (nodes in name order).
+        max_nodes_per_tick: nodes whose layout one tick writes at most.
+        apply_timeout_seconds: a relayout not applied after this long is Failed (a node the operator
+            cordoned for it is uncordoned).
+        mig_manager_config_map: ``NAMESPACE/NAME`` of the ConfigMap whose ``config.yaml`` NVIDIA's
+            mig-manager reads (the GPU operator's ``migManager.config.name``); the name is
+            `MIG_PARTED_CONFIG_MAP`, the one the operator's RBAC lets it read and patch.
+        allow_mode_change: on mig-manager nodes, also offer MIG-capable GPUs with MIG off and no
+            work as empty MIG GPUs (switching a GPU's mode needs it idle: the node is cordoned while
+            mig-manager applies such a config).
+    """
+
+    enabled: bool = True
+    interval_seconds: Annotated[float, msgspec.Meta(ge=0.5, le=3600)] = 30.0
+    min_relayout_interval_seconds: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 600.0
+    max_demand_per_tick: Annotated[int, msgspec.Meta(ge=1, le=10000)] = 512
+    max_gpus_per_tick: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 256
+    max_nodes_per_tick: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 16
+    apply_timeout_seconds: Annotated[float, msgspec.Meta(ge=10, le=86400)] = 900.0
+    mig_manager_config_map: Annotated[
+        str,
+        msgspec.Meta(max_length=92, pattern=rf"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/{MIG_PARTED_CONFIG_MAP}$"),
+    ] = f"gpu-operator/{MIG_PARTED_CONFIG_MAP}"
+    allow_mode_change: bool = False
+
+
 class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unknown_fields=True, frozen=True):
     """What the operator does beyond the objects' specs.
 
@@ -130,6 +173,7 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
             its ``neuronetes-price-table``); unset or empty: prices come from node labels alone.
         autoscaler: the autoscaling controller's settings (`AutoscalerSettings`).
         carbon: the carbon gate-release controller's settings (`CarbonSettings`).
+        mig_layouts: the MIG layout controller's settings (`MigLayoutSettings`).
         spot_rebalance_notices: treat the AWS Node Termination Handler's rebalance-recommendation
             taint as an interruption notice (docs/spot.md; off: it is only a hint).
         model_cache_dir: the nodes' model cache directory, which preload Jobs write into
@@ -157,6 +201,7 @@ class OperatorSettings(msgspec.Struct, kw_only=True, rename="camel", forbid_unkn
     ) = None
     autoscaler: AutoscalerSettings = msgspec.field(default_factory=AutoscalerSettings)
     carbon: CarbonSettings = msgspec.field(default_factory=CarbonSettings)
+    mig_layouts: MigLayoutSettings = msgspec.field(default_factory=MigLayoutSettings)
     spot_rebalance_notices: bool = False
     model_cache_dir: Annotated[str, msgspec.Meta(max_length=1024, pattern=r"^/[^\s]*$")] = (
         c.NODE_MODEL_CACHE_DIR

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from neuronetes.contracts import SCHEDULER_NAME
 from neuronetes.devcluster import POLICIES_DIR, BuildError, DevCluster, ExtenderConfig, Toolchain, build
 from neuronetes.devcluster.policyprobe import (
     PoliciesNotEnforced,
@@ -25,6 +26,7 @@ from neuronetes.devcluster.policyprobe import (
 )
 from neuronetes.devcluster.procs import ProcessRecord
 from neuronetes.devcluster.tools import REPO_ROOT, cache_root
+from neuronetes.profiles import KWOK_TAINT
 
 T = TypeVar("T")
 
@@ -108,6 +110,35 @@ def ensure_real_node_toolchain() -> Toolchain:
     if why:
         pytest.skip("real nodes cannot run here: " + "; ".join(why))
     return tools
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> int:
+    """SIGTERM, then SIGKILL after `grace_s`; the exit status."""
+    proc.terminate()
+    try:
+        return proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def pinned_pod(name: str, namespace: str, node: str, limits: dict[str, str]) -> dict[str, Any]:
+    """A pod for NeuroNetes' scheduler pinned to the simulated node `node` (it tolerates the kwok
+    taint), one container ``main`` with `limits`, gone at once when deleted."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "schedulerName": SCHEDULER_NAME,
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [dict(KWOK_TAINT, operator="Equal")],
+            "containers": [
+                {"name": "main", "image": "registry.example/worker:1", "resources": {"limits": limits}}
+            ],
+        },
+    }
 
 
 def wait_until(

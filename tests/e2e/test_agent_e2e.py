@@ -9,14 +9,13 @@ Prometheus server scrapes the agent.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_cluster import E2ECluster, wait_until
+from e2e_cluster import E2ECluster, stop_process, wait_until
 from e2e_prometheus import PrometheusServer, free_port, needs_prometheus
 from extender_harness import ExtenderThread
 
@@ -74,12 +73,7 @@ def fleet(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
             cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
             cluster.set_extender(ExtenderConfig.from_env())
     finally:
-        agent.terminate()
-        try:
-            agent.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            agent.kill()
-            agent.wait()
+        stop_process(agent)
         # The session's other tests share this cluster: take this suite's nodes (and the GPUNodes the
         # agent published for them) away again, so no later test finds its pods placed on them.
         everything = [n for names in nodes.values() for n in names]

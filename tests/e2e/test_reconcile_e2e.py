@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_cluster import E2ECluster, wait_until
+from e2e_cluster import E2ECluster, pinned_pod, wait_until
 from extender_harness import ExtenderThread
 from handoff_support import cgroup_tree, write_record
 from region_fakes import fake_process
 
 from neuronetes import contracts as c
 from neuronetes.devcluster import ExtenderConfig
-from neuronetes.profiles import KWOK_TAINT, PROFILES
+from neuronetes.profiles import PROFILES
 from neuronetes_agent.daemon.backstop import Backstop
 from neuronetes_agent.daemon.containers import ContainerTender
 from neuronetes_agent.daemon.kube import Kube
@@ -129,20 +129,7 @@ def served(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def gpu_pod(name: str, node: str, limits: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "schedulerName": c.SCHEDULER_NAME,
-            "terminationGracePeriodSeconds": 0,
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "tolerations": [dict(KWOK_TAINT, operator="Equal")],
-            "containers": [
-                {"name": "main", "image": "registry.example/worker:1", "resources": {"limits": limits}}
-            ],
-        },
-    }
+    return pinned_pod(name, NAMESPACE, node, limits)
 
 
 def running(cluster: E2ECluster, name: str) -> dict[str, Any] | None:

@@ -384,6 +384,19 @@ def mig_agent(profile: str = "a100-40gb-mig") -> tuple[NodeAgent, SimulatedGpus,
     return a, sim, kube
 
 
+def mig_user(gpu: Any, inst: Any) -> dict[str, Any]:
+    """A pod of the node assigned MIG instance `inst` of `gpu`."""
+    grant = {
+        "uuid": gpu.uuid,
+        "index": gpu.index,
+        "memoryMiB": inst.memory_mib,
+        "computePercent": 100,
+        "migProfile": inst.profile,
+        "migStart": inst.start,
+    }
+    return assigned_pod("m0", {"main": {"gpus": [grant], "priority": 0, "qos": "Guaranteed"}})
+
+
 def layout(generation: int, *entries: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": {"generation": generation}, "spec": {"migLayout": list(entries)}}
 
@@ -392,25 +405,7 @@ def test_mig_layout_applied_after_the_users_leave() -> None:
     a, _, kube = mig_agent()
     gpu0 = a.inventory.gpus[0]  # type: ignore[union-attr]
     inst = gpu0.mig_devices[0]
-    user = assigned_pod(
-        "m0",
-        {
-            "main": {
-                "gpus": [
-                    {
-                        "uuid": gpu0.uuid,
-                        "index": 0,
-                        "memoryMiB": inst.memory_mib,
-                        "computePercent": 100,
-                        "migProfile": inst.profile,
-                        "migStart": inst.start,
-                    }
-                ],
-                "priority": 0,
-                "qos": "Guaranteed",
-            }
-        },
-    )
+    user = mig_user(gpu0, inst)
     a.set_pod(POD_UID, pod_use(user))
     a.set_gpunode(layout(2, {"gpuIndex": 0, "instances": [{"profile": "1g.5gb", "count": 7}]}))
     a.tick()
@@ -486,3 +481,46 @@ def test_model_cache_reported_on_every_gpu_once_complete(tmp_path: Path) -> None
     finally:
         sim.close()
         resets.shutdown()
+
+
+def test_placements_layout_is_applied_instance_by_instance_and_never_destroys_one_in_use() -> None:
+    """A placements layout (the operator's MIG layout controller): the GPU stays in service, nobody
+    is evicted, an instance with an allocation waits, and kept instances keep their UUIDs."""
+    a, sim, kube = mig_agent()
+    gpu0 = a.inventory.gpus[0]  # type: ignore[union-attr]
+    by_start = {d.start: d for d in gpu0.mig_devices}  # 2g.10gb@0, 1g.5gb@2, 1g.5gb@3, 3g.20gb@4
+    assert sorted((d.profile, s) for s, d in by_start.items()) == [
+        ("1g.5gb", 2),
+        ("1g.5gb", 3),
+        ("2g.10gb", 0),
+        ("3g.20gb", 4),
+    ]
+    held = by_start[2]
+    user = mig_user(gpu0, held)
+    a.set_pod(POD_UID, pod_use(user))
+    # 2g.10gb@0 becomes 1g.10gb@0 (free), 1g.5gb@2 (held) would go for nothing: the layout waits.
+    wanted = [("1g.10gb", 0), ("1g.5gb", 3), ("3g.20gb", 4)]
+    entry = {"gpuIndex": 0, "placements": [{"profile": p, "start": s} for p, s in wanted]}
+    a.set_gpunode(layout(2, entry))
+    a.tick()
+    assert a.mig_state == "Pending" and not kube.all("evict")
+    assert a.states[gpu0.uuid][0].value != "Degraded"  # in service throughout
+    assert [r for r, _ in kube.all("event")].count("MIGInstanceBusy") == 1
+    assert held.uuid in {d.uuid for d in a.inventory.gpus[0].mig_devices}  # type: ignore[union-attr]
+    # Keeping the held instance: applied at once, the others untouched.
+    kept = [("1g.10gb", 0), ("1g.5gb", 2), ("1g.5gb", 3), ("3g.20gb", 4)]
+    a.set_gpunode(layout(3, {"gpuIndex": 0, "placements": [{"profile": p, "start": s} for p, s in kept]}))
+    a.tick()
+    a.tick()
+    now = {(d.profile, d.start): d.uuid for d in a.inventory.gpus[0].mig_devices}  # type: ignore[union-attr]
+    assert sorted(now) == sorted(kept) and a.mig_state == "Applied"
+    assert now[("1g.5gb", 2)] == held.uuid and now[("3g.20gb", 4)] == by_start[4].uuid
+    assert kube.last("capacity")[c.mig_resource_name("1g.10gb")] == "1"
+    assert not kube.all("evict")
+    # A process in an instance to destroy: the backend refuses, the layout fails with its reason.
+    sim.set_mig_process(now[("1g.5gb", 3)], True)
+    a.set_pod(POD_UID, None)
+    gone = [("1g.10gb", 0), ("1g.10gb", 2), ("3g.20gb", 4)]
+    a.set_gpunode(layout(4, {"gpuIndex": 0, "placements": [{"profile": p, "start": s} for p, s in gone]}))
+    a.tick()
+    assert a.mig_state == "Failed" and "running processes" in kube.all("event")[-1][1]

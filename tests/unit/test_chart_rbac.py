@@ -201,9 +201,26 @@ def test_the_lease_role_names_the_scheduler_configurations_lease() -> None:
     assert lease is not None and rule["resourceNames"] == [lease[1]]
 
 
-def test_the_price_table_is_the_only_configmap_the_operator_and_the_extender_may_read() -> None:
+def test_the_configmaps_the_operator_and_the_extender_may_read_are_named() -> None:
+    """The price table, and for the operator mig-manager's config (docs/rbac.md): every read names
+    its ConfigMap; the operator's create of the mig-parted config cannot be limited to a name."""
     objects = default_objects()
     (table,) = find(objects, "ConfigMap", "neuronetes-price-table")
+    price_table = {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "resourceNames": [table["metadata"]["name"]],
+        "verbs": ["get", "list", "watch"],
+    }
+    mig_parted = [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["neuronetes-mig-parted-config"],
+            "verbs": ["get", "patch"],
+        },
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+    ]
     for component in ("operator", "scheduler"):
         roles = [
             o
@@ -211,14 +228,8 @@ def test_the_price_table_is_the_only_configmap_the_operator_and_the_extender_may
             if o["kind"] in ("Role", "ClusterRole") and o["metadata"]["name"] == f"neuronetes:{component}"
         ]
         configmaps = [r for role in roles for r in role["rules"] if "configmaps" in r["resources"]]
-        assert configmaps == [
-            {
-                "apiGroups": [""],
-                "resources": ["configmaps"],
-                "resourceNames": [table["metadata"]["name"]],
-                "verbs": ["get", "list", "watch"],
-            }
-        ], component
+        expected = [*mig_parted, price_table] if component == "operator" else [price_table]
+        assert configmaps == expected, component
         assert all(
             r["metadata"]["namespace"] == table["metadata"]["namespace"] for r in roles if r["kind"] == "Role"
         )

@@ -91,15 +91,19 @@ def test_webhook_configurations_fail_closed_and_are_scoped() -> None:
 
 def test_operator_rbac_is_least_privilege() -> None:
     account, role, binding = operator_rbac("neuronetes-system")
-    rules = {
-        (g, r): set(rule["verbs"])
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-    }
+    rules: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for g in rule["apiGroups"]:
+            for r in rule["resources"]:
+                rules.setdefault((g, r), set()).update(rule["verbs"])
     # patch: only to remove the carbon scheduling gate (carbon_gate).
     assert rules[("", "pods")] == {"get", "list", "watch", "create", "delete", "patch"}
-    assert rules[("", "nodes")] == {"get", "list", "watch"}
+    # patch: the MIG layout controller's nvidia.com/mig.config label and cordon (mig_layouts).
+    assert rules[("", "nodes")] == {"get", "list", "watch", "patch"}
+    # get and patch of mig-manager's ConfigMap by name; create cannot be limited to a name.
+    (named,) = [r for r in role["rules"] if r["resources"] == ["configmaps"] and r.get("resourceNames")]
+    assert named["resourceNames"] == ["neuronetes-mig-parted-config"] and named["verbs"] == ["get", "patch"]
+    assert rules[("", "configmaps")] == {"get", "patch", "create"}
     assert "delete" not in rules[("neuronetes.io", "agentpools")]
     assert all("*" not in verbs for verbs in rules.values())
     assert binding["subjects"][0]["name"] == account["metadata"]["name"]

@@ -7,7 +7,7 @@ injection). Everything above it — health, publication, metrics — sees only t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -181,6 +181,15 @@ class Discovery(Protocol):
     def apply_mig(self, uuid: str, enabled: bool, counts: Mapping[str, int]) -> str | None:
         """Set the GPU's MIG mode and instances (the GPU has no users); None when done, else why
         not. `scan` shows the new layout afterwards."""
+        ...
+
+    def relayout_mig(
+        self, uuid: str, destroy: Sequence[tuple[str, int]], create: Sequence[tuple[str, int]]
+    ) -> str | None:
+        """On a GPU in MIG mode, destroy the (profile, start) instances `destroy` and create those
+        of `create` at their start slots, never changing the MIG mode and never destroying an
+        instance that runs a process; None when done, else why not (what was done stays done).
+        `scan` shows the new layout afterwards."""
         ...
 
     def close(self) -> None: ...

@@ -18,7 +18,7 @@ the GPU is a NUMA node, such as Grace Hopper; elsewhere it is not supported.)
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -165,6 +165,56 @@ class NvmlGpus:
         # NVIDIA's mig-manager on real nodes for now; the agent reports the layout it finds.
         return "MIG reconfiguration on real GPUs is not supported by this agent; use NVIDIA's mig-manager"
 
+    def relayout_mig(
+        self, uuid: str, destroy: Sequence[tuple[str, int]], create: Sequence[tuple[str, int]]
+    ) -> str | None:
+        """Destroy and create GPU instances (each with one compute instance over all its compute
+        slices) at their placements through NVML. Guards: the GPU must already be in MIG mode (the
+        mode is never changed: that needs an idle GPU and often a reset, which is mig-manager's job
+        with the node cordoned); an instance with a running process is never destroyed. Not yet run
+        on a real MIG GPU: the simulated backend is what the tests drive (docs/gpu-health.md)."""
+        n = self.nvml
+        try:
+            h = self._handle(uuid)
+            current, _pending = n.nvmlDeviceGetMigMode(h)
+            if current != n.NVML_DEVICE_MIG_ENABLE:
+                return "the GPU is not in MIG mode; the agent never changes the mode"
+            model = _text(n.nvmlDeviceGetName(h))
+            catalog = mig.catalog_for(model)
+            by_start = {d.start: d for d in self._mig_devices(h, model)}
+            for profile, start in destroy:
+                device = by_start.get(start)
+                if device is None or device.profile != profile:
+                    return f"no MIG instance {profile}@{start} to destroy"
+                handle = n.nvmlDeviceGetHandleByUUID(device.uuid)
+                if n.nvmlDeviceGetComputeRunningProcesses(handle):
+                    return f"MIG instance {profile}@{start} has running processes"
+                gpu_instance = n.nvmlDeviceGetGpuInstanceById(h, device.gpu_instance_id)
+                n.nvmlComputeInstanceDestroy(
+                    n.nvmlGpuInstanceGetComputeInstanceById(gpu_instance, device.compute_instance_id)
+                )
+                n.nvmlGpuInstanceDestroy(gpu_instance)
+            for profile, start in create:
+                prof = catalog.profile(profile)
+                constant = _GPU_INSTANCE_PROFILES.get(
+                    (prof.compute_slices, prof.memory_slices, prof.media_extensions)
+                )
+                if constant is None:
+                    return f"no NVML GPU instance profile for {profile}"
+                info = n.nvmlDeviceGetGpuInstanceProfileInfo(h, getattr(n, constant))
+                placement = n.c_nvmlGpuInstancePlacement_t()
+                placement.start, placement.size = start, prof.memory_slices
+                gpu_instance = n.nvmlDeviceCreateGpuInstanceWithPlacement(h, info.id, placement)
+                ci_info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gpu_instance,
+                    getattr(n, f"NVML_COMPUTE_INSTANCE_PROFILE_{prof.compute_slices}_SLICE"),
+                    n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                )
+                n.nvmlGpuInstanceCreateComputeInstance(gpu_instance, ci_info.id)
+        except (n.NVMLError, KeyError, ValueError) as exc:
+            return f"NVML: {exc}"
+        return None
+
     def close(self) -> None:
         n = self.nvml
         try:
@@ -291,6 +341,18 @@ class NvmlGpus:
                 )
             )
         return tuple(sorted(out, key=lambda d: d.start))
+
+
+_GPU_INSTANCE_PROFILES: Final = {
+    # (compute slices, memory slices, media extensions) -> NVML's GPU instance profile
+    (7, 8, False): "NVML_GPU_INSTANCE_PROFILE_7_SLICE",
+    (4, 4, False): "NVML_GPU_INSTANCE_PROFILE_4_SLICE",
+    (3, 4, False): "NVML_GPU_INSTANCE_PROFILE_3_SLICE",
+    (2, 2, False): "NVML_GPU_INSTANCE_PROFILE_2_SLICE",
+    (1, 2, False): "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2",
+    (1, 1, False): "NVML_GPU_INSTANCE_PROFILE_1_SLICE",
+    (1, 1, True): "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1",
+}
 
 
 def _profile_name(model: str, attrs: Any, size: int) -> str:

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid as _uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -69,6 +69,7 @@ class SimulatedGpus:
         self._inventory = self._build_inventory()
         self._by_uuid = {g.uuid: g for g in self._inventory.gpus}
         self._idle: dict[str, GpuSample] = {}
+        self._busy_mig: set[str] = set()  # MIG instance UUIDs with a running process
 
     # ---- Discovery -----------------------------------------------------------------------------
 
@@ -145,6 +146,50 @@ class SimulatedGpus:
         self._by_uuid[uuid] = updated
         self._idle.pop(uuid, None)
         return None
+
+    def relayout_mig(
+        self, uuid: str, destroy: Sequence[tuple[str, int]], create: Sequence[tuple[str, int]]
+    ) -> str | None:
+        """Destroy and create MIG instances at their start slots (the MIG mode stays as it is): each
+        step checked as NVML would refuse it (a busy instance, a placement that does not fit); the
+        steps before a refusal stay done. Kept instances keep their UUIDs."""
+        gpu = self._gpu(uuid)
+        if not gpu.mig_enabled:
+            return f"GPU {gpu.index} is not in MIG mode"
+        catalog = mig.catalog_for(gpu.model)
+        layout = catalog.empty_layout()
+        for d in gpu.mig_devices:
+            layout = layout.place_at(d.profile, d.start)
+        error: str | None = None
+        for profile, start in destroy:
+            device = next((d for d in gpu.mig_devices if (d.profile, d.start) == (profile, start)), None)
+            if device is None:
+                error = f"no MIG instance {profile}@{start} to destroy"
+                break
+            if device.uuid in self._busy_mig:
+                error = f"MIG instance {profile}@{start} has running processes"
+                break
+            layout = layout.remove(start)
+        if error is None:
+            for profile, start in create:
+                try:
+                    layout = layout.place_at(profile, start)
+                except (KeyError, ValueError) as exc:
+                    error = str(exc).strip("'\"")
+                    break
+        updated = replace(gpu, mig_devices=_mig_devices(uuid, layout))
+        self._inventory = replace(
+            self._inventory, gpus=tuple(updated if g.uuid == uuid else g for g in self._inventory.gpus)
+        )
+        self._by_uuid[uuid] = updated
+        return error
+
+    def set_mig_process(self, mig_uuid: str, running: bool) -> None:
+        """A process runs (or no longer runs) in the MIG instance `mig_uuid`."""
+        if running:
+            self._busy_mig.add(mig_uuid)
+        else:
+            self._busy_mig.discard(mig_uuid)
 
     def close(self) -> None:
         with self._wake:

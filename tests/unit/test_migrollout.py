@@ -1,0 +1,201 @@
+"""The MIG layout controller's pure part (`neuronetes.migrollout`): pending demand from pods, the
+planner's input from GPUNodes (running instances, hysteresis, frozen nodes), the plan per node, the
+agent's spec entries and mig-parted's config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec.yaml
+import pytest
+
+from neuronetes import contracts as c
+from neuronetes.mig import catalog_for
+from neuronetes.migplan import plan_mig_layouts
+from neuronetes.migrollout import (
+    LABEL_MIG_APPLY,
+    agent_layout_entries,
+    apply_path,
+    gpu_states,
+    merge_mig_parted_configs,
+    mig_parted_config_name,
+    mig_parted_entry,
+    node_relayouts,
+    pending_mig_demand,
+    unserved_by_pod,
+)
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_000_000.0
+FULL = [("2g.10gb", 0), ("1g.5gb", 2), ("1g.5gb", 3), ("3g.20gb", 4)]  # the a100-40gb-mig profile's GPU
+
+
+def pod(
+    name: str,
+    resources: dict[str, str],
+    *,
+    node: str = "",
+    created: str = "2024-01-01T00:00:00Z",
+    **spec: Any,
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ml", "creationTimestamp": created},
+        "spec": {"nodeName": node, "containers": [{"name": "m", "resources": {"limits": resources}}], **spec},
+        "status": {"phase": "Pending"},
+    }
+
+
+def gpunode(
+    name: str, gpus: list[list[tuple[str, int]]], busy: dict[int, set[int]] | None = None, **extra: Any
+) -> dict[str, Any]:
+    out = []
+    for index, instances in enumerate(gpus):
+        uuids = {s: f"MIG-{name}-{index}-{s}" for _, s in instances}
+        out.append(
+            {
+                "index": index,
+                "model": "A100-SXM4-40GB",
+                "migMode": "Enabled",
+                "health": "Available",
+                "migInstances": [{"profile": p, "start": s, "uuid": uuids[s]} for p, s in instances],
+                "allocations": [
+                    {"namespace": "ml", "pod": f"user-{s}", "migInstance": uuids[s]}
+                    for s in (busy or {}).get(index, ())
+                ],
+                **extra,
+            }
+        )
+    return {"metadata": {"name": name, "generation": 1}, "spec": {}, "status": {"gpus": out}}
+
+
+def test_pending_demand_reads_mig_requests_of_unbound_pods_oldest_first() -> None:
+    pods = [
+        pod("late", {c.mig_resource_name("1g.10gb"): "2"}, created="2024-01-02T00:00:00Z"),
+        pod("early", {c.mig_resource_name("1g.5gb+me"): "1", "cpu": "1"}),
+        pod("bound", {c.mig_resource_name("1g.10gb"): "1"}, node="n1"),
+        pod("whole", {c.RESOURCE_GPU: "1"}),
+        pod(
+            "typed",
+            {c.mig_resource_name("3g.40gb"): "1"},
+            created="2024-01-03T00:00:00Z",
+            affinity={
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": c.LABEL_GPU_TYPE, "operator": "In", "values": ["H100"]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+        ),
+    ]
+    items, left = pending_mig_demand(pods, 10)
+    assert [(d.key, d.profile, d.gpu_model) for d in items] == [
+        ("ml/early", "1g.5gb+me", None),
+        ("ml/late#0", "1g.10gb", None),
+        ("ml/late#1", "1g.10gb", None),
+        ("ml/typed", "3g.40gb", "H100"),
+    ]
+    assert left == 0
+    assert pending_mig_demand(pods, 2) == (items[:2], 2)
+
+
+def test_apply_path_follows_the_label_then_mig_managers_own_label() -> None:
+    assert apply_path({}) == "agent"
+    assert apply_path({"nvidia.com/mig.config": "all-balanced"}) == "mig-manager"
+    assert apply_path({"nvidia.com/mig.config": "x", LABEL_MIG_APPLY: "agent"}) == "agent"
+    assert apply_path({LABEL_MIG_APPLY: "none"}) == "none"
+    assert apply_path({LABEL_MIG_APPLY: "bogus"}) == "agent"
+
+
+def test_running_instances_are_kept_and_the_plan_serves_the_pod_on_the_agent_path() -> None:
+    node = gpunode("n1", [FULL, FULL], busy={0: {0, 2, 3, 4}, 1: {4}})
+    states, skipped = gpu_states(node, "agent", {}, NOW)
+    assert not skipped and [s.in_use for s in states] == [frozenset({0, 2, 3, 4}), frozenset({4})]
+    demand, _ = pending_mig_demand([pod("p", {c.mig_resource_name("1g.10gb"): "1"})], 10)
+    plan = plan_mig_layouts(demand, states, now_s=NOW)
+    assert plan.served == 1 and plan.placements[0].gpu == "n1/1"
+    (relayout,) = node_relayouts(plan, {"n1": "agent"})
+    assert relayout.node == "n1" and list(relayout.gpus) == [1] and relayout.serves == ("ml/p",)
+    target = relayout.gpus[1].target
+    assert (catalog_for("A100-40GB").profile("3g.20gb"), 4) in [(i.profile, i.start) for i in target]
+    entries = agent_layout_entries(
+        [{"gpuIndex": 0, "instances": [{"profile": "1g.5gb", "count": 7}]}], relayout
+    )
+    assert entries[0] == {"gpuIndex": 0, "instances": [{"profile": "1g.5gb", "count": 7}]}
+    assert entries[1]["gpuIndex"] == 1 and {"profile": "3g.20gb", "start": 4} in entries[1]["placements"]
+    assert sum(1 for p in entries[1]["placements"] if p["profile"] == "1g.10gb") == 1
+
+
+def test_hysteresis_frozen_nodes_unhealthy_gpus_and_busy_mig_manager_gpus_stay_as_they_are() -> None:
+    demand, _ = pending_mig_demand([pod("p", {c.mig_resource_name("1g.10gb"): "1"})], 10)
+    node = gpunode("n1", [FULL])
+    recent = {0: NOW - 300}
+    assert plan_mig_layouts(demand, gpu_states(node, "agent", recent, NOW)[0], now_s=NOW).served == 0
+    older = {0: NOW - 601}
+    assert plan_mig_layouts(demand, gpu_states(node, "agent", older, NOW)[0], now_s=NOW).served == 1
+    assert plan_mig_layouts(demand, gpu_states(node, "agent", {}, NOW, frozen=True)[0], now_s=NOW).served == 0
+    assert plan_mig_layouts(demand, gpu_states(node, "none", {}, NOW)[0], now_s=NOW).served == 0
+    sick = gpunode("n2", [FULL], health="Degraded")
+    assert plan_mig_layouts(demand, gpu_states(sick, "agent", {}, NOW)[0], now_s=NOW).served == 0
+    # mig-parted re-creates a whole GPU: one instance in use keeps the GPU out on that path only.
+    used = gpunode("n3", [FULL], busy={0: {4}})
+    assert plan_mig_layouts(demand, gpu_states(used, "agent", {}, NOW)[0], now_s=NOW).served == 1
+    assert plan_mig_layouts(demand, gpu_states(used, "mig-manager", {}, NOW)[0], now_s=NOW).served == 0
+
+
+def test_unserved_demand_is_named_per_pod_with_the_planners_distinct_reasons() -> None:
+    pods = [
+        pod("two", {c.mig_resource_name("3g.20gb"): "2"}),
+        pod("alien", {c.mig_resource_name("7g.80gb"): "1"}),
+        pod("fits", {c.mig_resource_name("1g.5gb"): "1"}),
+    ]
+    demand, _ = pending_mig_demand(pods, 10)
+    node = gpunode("n1", [FULL], busy={0: {4}})  # the one 3g.20gb is in use
+    plan = plan_mig_layouts(demand, gpu_states(node, "agent", {}, NOW)[0], now_s=NOW)
+    unserved = unserved_by_pod(plan)
+    assert list(unserved) == ["ml/alien", "ml/two"]  # demand order: oldest, then by name
+    assert len(unserved["ml/two"]) == 1 and "3g.20gb" in unserved["ml/two"][0]
+    assert unserved["ml/alien"] == ["no GPU here offers MIG profile 7g.80gb"]
+
+
+def test_mode_change_offers_idle_mig_off_gpus_on_mig_manager_nodes_only() -> None:
+    node = gpunode("n1", [[]], migMode="Disabled")
+    demand, _ = pending_mig_demand([pod("p", {c.mig_resource_name("1g.10gb"): "1"})], 10)
+    assert gpu_states(node, "mig-manager", {}, NOW)[0] == []
+    assert gpu_states(node, "agent", {}, NOW, mode_change=True)[0] == []
+    states, _ = gpu_states(node, "mig-manager", {}, NOW, mode_change=True)
+    plan = plan_mig_layouts(demand, states, now_s=NOW)
+    (relayout,) = node_relayouts(plan, {"n1": "mig-manager"}, ["n1/0"])
+    assert relayout.mode_change == frozenset({0})
+
+
+def test_mig_parted_config_groups_devices_and_keeps_other_configs() -> None:
+    catalog = catalog_for("A100-40GB")
+    balanced = catalog.layout_from_counts({"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 2})
+    sevens = catalog.layout_from_counts({"1g.5gb": 7})
+    entry = mig_parted_entry({0: balanced, 1: sevens, 2: balanced})
+    assert entry == [
+        {"devices": [0, 2], "mig-enabled": True, "mig-devices": {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}},
+        {"devices": [1], "mig-enabled": True, "mig-devices": {"1g.5gb": 7}},
+    ]
+    name = mig_parted_config_name(entry)
+    assert name.startswith("neuronetes-") and len(name) == 23 and name == mig_parted_config_name(list(entry))
+    assert mig_parted_config_name(entry[:1]) != name
+    existing = (
+        "version: v1\nmig-configs:\n  all-disabled:\n    - devices: all\n      mig-enabled: false\n"
+        "  neuronetes-000000000000: []\n  neuronetes-111111111111: []\n"
+    )
+    doc = msgspec.yaml.decode(merge_mig_parted_configs(existing, name, entry, {"neuronetes-111111111111"}))
+    assert doc["version"] == "v1"
+    assert set(doc["mig-configs"]) == {"all-disabled", "neuronetes-111111111111", name}
+    assert doc["mig-configs"][name] == entry
+    fresh = msgspec.yaml.decode(merge_mig_parted_configs(None, name, entry, ()))
+    assert fresh == {"version": "v1", "mig-configs": {name: entry}}
+    with pytest.raises(ValueError, match="not a mapping"):
+        merge_mig_parted_configs("- a list\n", name, entry, ())

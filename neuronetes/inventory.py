@@ -125,10 +125,15 @@ class ClusterState:
         self.gpu_health: list[list[GpuHealth]] = [[gpu.health for gpu in node.gpus] for node in nodes]
 
         self.mig_layouts: dict[tuple[int, int], mig.MigLayout] = {}
+        self.mig_instances: dict[tuple[int, int], frozenset[tuple[str, int]]] = {}
+        """The instances a MIG GPU has (profile, start), where its agent reported them: grants go
+        only there. A GPU absent here places instances anywhere its catalog allows."""
         for i, node in enumerate(nodes):
             for j, gpu in enumerate(node.gpus):
                 if gpu.mig_enabled:
                     self.mig_layouts[(i, j)] = mig.MigLayout(mig.catalog_for(gpu.model))
+                    if gpu.mig_instances is not None:
+                        self.mig_instances[(i, j)] = frozenset(gpu.mig_instances)
 
         self.gen: I64 = np.zeros(n, dtype=np.int64)
         self._generation = 0
@@ -214,12 +219,20 @@ class ClusterState:
                 if layout is None:
                     raise OversubscriptionError(f"{alloc_id}: GPU {j} on {name} is not in MIG mode")
                 try:
-                    placed = layout.place(grant.mig_profile, grant.mig_start)
+                    start = grant.mig_start
+                    if start is None:
+                        start = self.mig_start(node_index, j, grant.mig_profile, layout)
+                        if start is None:
+                            raise mig.MigPlacementError(f"no {grant.mig_profile} free on GPU {j} of {name}")
+                    elif not self._mig_instance_exists(node_index, j, grant.mig_profile, start):
+                        raise mig.MigPlacementError(
+                            f"GPU {j} of {name} has no {grant.mig_profile} instance at slot {start}"
+                        )
+                    placed = layout.place(grant.mig_profile, start)
                 except (mig.MigPlacementError, KeyError) as exc:  # KeyError: unknown profile
                     raise OversubscriptionError(f"{alloc_id}: {exc}") from exc
                 new_layouts[(node_index, j)] = placed
                 if grant.mig_start is None:  # placed at the first fitting slot: remember which
-                    start = next(i.start for i in placed if i not in layout.instances)
                     grant = replace(grant, mig_start=start)
                 recorded.append(grant)
                 continue
@@ -281,6 +294,28 @@ class ClusterState:
         """A copy to read while this state goes on changing (e.g. outside the lock that guards
         it): nothing `allocate`, `release` or `expire` later does here shows in the copy."""
         return self._scratch(sets=range(self.n_nodes))
+
+    def mig_start(
+        self, node_index: int, j: int, profile: str, layout: mig.MigLayout | None = None
+    ) -> int | None:
+        """The first start slot where a grant of `profile` fits on GPU `j` of the node now (in
+        `layout`, else the GPU's current one): on a GPU whose instances were reported, the start of
+        an idle instance of that profile; else any start the catalog allows. None: none.
+
+        Raises:
+            KeyError: `profile` is not in the GPU's catalog.
+        """
+        if layout is None:
+            layout = self.mig_layouts[(node_index, j)]
+        starts = layout.valid_starts(profile)
+        reported = self.mig_instances.get((node_index, j))
+        if reported is not None:
+            starts = tuple(s for s in starts if (profile, s) in reported)
+        return starts[0] if starts else None
+
+    def _mig_instance_exists(self, node_index: int, j: int, profile: str, start: int) -> bool:
+        reported = self.mig_instances.get((node_index, j))
+        return reported is None or (profile, start) in reported
 
     def _scratch(self, *, sets: Iterable[int]) -> ClusterState:
         """A copy sharing the read-only parts (node specs, capacities): what an allocation or a

@@ -75,6 +75,11 @@ class GpuSpec:
     nvlink_peers: tuple[int, ...] = ()
     mig_enabled: bool = False
     health: GpuHealth = GpuHealth.AVAILABLE
+    mig_instances: tuple[tuple[str, int], ...] | None = None
+    """The MIG instances the GPU has, as (profile, start slot), when its agent reported them: a
+    MIG pod then gets one of these, idle. None: not reported (label-only nodes, the simulator's
+    clusters), and any placement the catalog allows is offered, as if instances were made on
+    demand."""
 
 
 @dataclass(frozen=True, slots=True)

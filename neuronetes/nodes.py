@@ -307,7 +307,17 @@ def apply_gpunode(spec: NodeSpec, gpunode: m.GPUNode) -> NodeSpec:
                 nvlink_peers=tuple(info.nvlink_peers or ()),
                 mig_enabled=info.mig_mode == "Enabled",
                 health=health,
+                mig_instances=_reported_instances(info),
             )
         )
         cached.update(info.cached_models or ())
     return replace(spec, gpus=tuple(gpus), cached_models=frozenset(cached))
+
+
+def _reported_instances(info: m.GpuInfo) -> tuple[tuple[str, int], ...] | None:
+    """The MIG instances a GPU's agent reported, as (profile, start slot); None when the GPU is not
+    in MIG mode or the agent reported no list. An instance without a start slot cannot be matched
+    to a grant and is left out (never offered)."""
+    if info.mig_mode != "Enabled" or info.mig_instances is None:
+        return None
+    return tuple(sorted((m.profile, m.start) for m in info.mig_instances if m.start is not None))

@@ -142,9 +142,8 @@ def mig_slot(state: ClusterState, node_index: int, profile: str) -> tuple[int, i
     for j in range(state.max_gpus):
         if not (state.gpu_mig[node_index, j] and state.gpu_healthy[node_index, j]):
             continue
-        layout = state.mig_layouts[(node_index, j)]
         try:
-            start = layout.can_place(profile)
+            start = state.mig_start(node_index, j, profile)
         except KeyError:
             continue  # profile unknown for this GPU's model; another GPU may offer it
         if start is not None:

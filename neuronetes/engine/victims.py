@@ -173,7 +173,7 @@ class Workspace:
             for start in starts:
                 layout = layout.remove(start)
             try:
-                return layout.can_place(req.mig_profile) is not None
+                return st.mig_start(row, j, req.mig_profile, layout) is not None
             except KeyError:  # the profile is not in this GPU's catalog
                 return False
         if st.gpu_mig[row, j]:

@@ -20,7 +20,7 @@ from neuronetes.engine import (
     separate,
 )
 from neuronetes.engine.select import select_bestfit, select_first, select_random, select_topology
-from neuronetes.inventory import ClusterState
+from neuronetes.inventory import ClusterState, OversubscriptionError
 from neuronetes.model import GpuGrant, GpuHealth, Locality, NodeSpec, PodRequest
 
 pytestmark = pytest.mark.unit
@@ -257,6 +257,37 @@ def test_one_gpu_share_takes_the_gpu_with_the_best_score(nodes) -> None:
         and placement.gpu_indices == (0,)
         and placement.reason == "gpu with the best score"
     )
+
+
+def test_a_mig_request_gets_only_an_idle_instance_the_gpu_has_when_its_agent_reported_them(nodes) -> None:
+    """A GPU whose instances the agent reported (GPUNode status): a MIG pod gets one of those, idle,
+    at its own start slot, never a placement the catalog allows but the GPU does not have; a GPU
+    without a report (no list) still places anywhere."""
+    node = nodes.mig("mig", n_gpus=2)
+    reported = (("1g.5gb", 2), ("1g.5gb", 3), ("2g.10gb", 0), ("3g.20gb", 4))
+    node = replace(node, gpus=(replace(node.gpus[0], mig_instances=reported), node.gpus[1]))
+    state = ClusterState([node])
+    engine = PlacementEngine(state, "default")
+
+    def grant(profile: str) -> tuple[int, int | None] | None:
+        placement = engine.place(PodRequest(profile, cpu_milli=100, gpus=1, mig_profile=profile))
+        if placement is None:
+            return None
+        engine.commit(placement, f"{profile}-{len(state.allocations)}")
+        (g,) = placement.grants
+        return g.gpu_index, g.mig_start
+
+    assert grant("3g.20gb") == (0, 4)  # the GPU's one 3g.20gb; GPU 1 (no report) would offer slot 0
+    assert grant("2g.10gb") == (0, 0)
+    assert grant("1g.5gb") == (0, 2) and grant("1g.5gb") == (0, 3)
+    # GPU 0 has no more idle instance of these: GPU 1 (placed on demand) takes the next ones.
+    assert grant("3g.20gb") == (1, 0)
+    assert grant("1g.10gb") == (1, 4)  # GPU 0 has no 1g.10gb at all
+    state.check_invariants()
+    # A grant naming an instance GPU 0 does not have is refused, and changes nothing.
+    with pytest.raises(OversubscriptionError, match=r"no 1g\.10gb instance at slot 6"):
+        state.allocate("bad", 0, 0, 0, [GpuGrant(0, 0, 0, "1g.10gb", 6)])
+    state.check_invariants()
 
 
 def test_mig_request_gets_a_grant_with_profile_and_slot(nodes) -> None:

@@ -10,6 +10,7 @@ from extender_support import gpu_pod, node_objects, synced_cache
 from neuronetes import contracts as c
 from neuronetes.api import models as m
 from neuronetes.model import GpuHealth
+from neuronetes.nodes import apply_gpunode
 from neuronetes_extender.pods import PodInfo
 from neuronetes_extender.wire import Pod
 
@@ -79,3 +80,35 @@ def test_a_gpunode_without_reported_gpus_changes_nothing() -> None:
     before = cache.node_spec(NODE)
     cache.replace_gpunodes([gpunode(NODE, [])])
     assert cache.node_spec(NODE) == before
+
+
+def test_a_gpunode_s_mig_instances_are_the_ones_mig_pods_get() -> None:
+    """The agent's reported instances (profile and start) reach the inventory; one without a start
+    slot cannot be matched and is left out; a GPU not in MIG mode has no instance list."""
+    cache = synced_cache(node_objects({"t4x4-pcie": 1}))
+    base = cache.node_spec(NODE)
+    assert base is not None
+    a100 = {"model": "A100-SXM4-40GB", "memoryMiB": 40960}
+    spec = apply_gpunode(
+        base,
+        gpunode(
+            NODE,
+            [
+                t4(
+                    0,
+                    **a100,
+                    migMode="Enabled",
+                    migInstances=[
+                        {"profile": "3g.20gb", "start": 4},
+                        {"profile": "2g.10gb", "start": 0},
+                        {"profile": "1g.5gb"},
+                    ],
+                ),
+                t4(1, **a100, migMode="Enabled"),
+                t4(2),
+            ],
+        ),
+    )
+    assert spec.gpus[0].mig_instances == (("2g.10gb", 0), ("3g.20gb", 4))
+    assert spec.gpus[1].mig_enabled and spec.gpus[1].mig_instances is None
+    assert spec.gpus[2].mig_instances is None

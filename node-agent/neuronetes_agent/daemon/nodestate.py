@@ -76,7 +76,11 @@ class NodeState:
                     entry = dict(entry)
                     profile, start = entry.pop("migProfile", None), entry.pop("migStart", None)
                     if gpu is not None and profile is not None:
-                        inst = next((d for d in gpu.mig_devices if d.start == start), None)
+                        # The instance at the grant's start of the grant's profile: an instance of
+                        # another profile there is not the one granted (a layout changed under it).
+                        inst = next(
+                            (d for d in gpu.mig_devices if d.start == start and d.profile == profile), None
+                        )
                         if inst is not None:
                             entry["migInstance"] = inst.uuid
                     out.setdefault(uuid, []).append(entry)

@@ -38,6 +38,7 @@ from neuronetes.container_request import (
     as_mapping,
     read_container,
 )
+from neuronetes.locality import LocalityError, request_fields
 from neuronetes.model import MILLI_PER_GPU, Locality, PodRequest
 
 __all__ = [
@@ -131,6 +132,18 @@ def _topology(pod: Mapping[str, Any]) -> tuple[Locality, float]:
     return locality, bandwidth
 
 
+def _locality(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The data-locality and candidate-limit fields a Pod object's annotations ask for
+    (`neuronetes.locality.request_fields`); none for a bare spec."""
+    if "spec" not in pod or "containers" in pod:
+        return {}
+    meta = as_mapping(pod.get("metadata"), "metadata")
+    try:
+        return request_fields(as_mapping(meta.get("annotations"), "metadata.annotations"))
+    except LocalityError as exc:
+        raise ResourceRequestError(str(exc)) from None
+
+
 def _pod_parts(pod: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
     if "spec" in pod and "containers" not in pod:
         spec = as_mapping(pod["spec"], "spec")
@@ -214,6 +227,7 @@ def pod_gpu_request(pod: Mapping[str, Any], *, name: str | None = None) -> PodGp
         "priority": priority,
         "locality": locality,
         "min_bandwidth_gbps": bandwidth,
+        **_locality(pod),
     }
     if kind is GpuKind.WHOLE:
         effective = PodRequest(**base, gpus=_effective(asks, lambda a: a.gpu))

@@ -223,6 +223,9 @@ def operator_rbac(namespace: str, service_account: str = "neuronetes-operator") 
         {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch"]},
         {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["list"]},
+        # dataLocality: the Services / StatefulSets a pool runs near (`locality`).
+        {"apiGroups": [""], "resources": ["services"], "verbs": ["get"]},
+        {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get"]},
         {
             "apiGroups": ["apiextensions.k8s.io"],
             "resources": ["customresourcedefinitions"],

@@ -471,3 +471,25 @@ def test_the_candidate_limit_annotation_bounds_the_nodes_scored() -> None:
         gpu_pod("fast2"), {"neuronetes.io/data-nodes": env.names[3], "neuronetes.io/max-nodes-to-score": "2"}
     )
     assert env.filter(nxt).node_names == [env.names[3]]  # the next window: nodes 2 and 3
+
+
+def test_prioritize_scores_the_filter_s_answer_without_moving_the_candidate_window() -> None:
+    env = Env({"t4x4-pcie": 6}, filter_top_k=2)
+    first, second, third, fourth, _, _ = env.names
+
+    def limited(name: str) -> dict[str, Any]:
+        return _with_annotations(
+            gpu_pod(name), {"neuronetes.io/data-nodes": second, "neuronetes.io/max-nodes-to-score": "2"}
+        )
+
+    pod = limited("fast")
+    answer = env.filter(pod).node_names
+    assert answer == [second, first]  # the first window, the data's node first
+    # kube-scheduler asks about the nodes that passed the filter: they are scored (the held one
+    # 10), and the next pod's filter still takes the next window.
+    ranked, _ = env.service.prioritize(names_request(pod, answer))
+    assert [p.score for p in ranked] == [10, 0]
+    assert env.filter(limited("next")).node_names == [third, fourth]
+    # Asked about every node, a pod with a limit scores one window of them: the rest get 0.
+    spread, _ = env.service.prioritize(names_request(limited("wide"), env.names))
+    assert sorted(p.score for p in spread) == [0, 0, 0, 0, 10, 10]

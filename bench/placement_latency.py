@@ -9,7 +9,10 @@ profile change), which bounds the worst case.
         [--json OUT.json]
 
 `--pods` replays another pod list (a pinned variant from `bench/openb_variants.py`, say);
-`--synthetic 0` skips the 5,000-node cluster.
+`--synthetic 0` skips the 5,000-node cluster. `--max-nodes-to-score N` gives every pod the
+candidate limit N (an AgentPool's ``fastScheduling.maxNodesToScore``; docs/locality.md): the
+engine scores at most N feasible nodes per decision, and the unallocated share at 100 % arrival
+says what that costs in placement quality.
 """
 
 from __future__ import annotations
@@ -74,23 +77,31 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--pods", type=Path, default=DATA / "openb_pod_list_default.csv")
     ap.add_argument("--synthetic", type=int, default=5000, help="nodes of the synthetic cluster (0: none)")
+    ap.add_argument("--max-nodes-to-score", type=int, default=0, help="candidate limit per pod (0: none)")
     ap.add_argument("--json")
     ns = ap.parse_args()
     real = load_nodes(DATA / "openb_node_list_gpu_node.csv")
-    pods = load_pods(ns.pods)
+    pods = [replace(p, max_nodes_to_score=ns.max_nodes_to_score) for p in load_pods(ns.pods)]
     results = [measure(real, pods, ns.policy, ns.seed)]
     if ns.synthetic > 0:
         results.append(measure(synthetic(real, ns.synthetic), pods, ns.policy, ns.seed))
-    print(f"policy {ns.policy}, pods {ns.pods.name}, seed {ns.seed}, one process")
-    head = ("nodes", "decisions", "seed s", "p50 ms", "p99 ms", "cold p50", "cold p99")
+    limit = ns.max_nodes_to_score or "none"
+    print(f"policy {ns.policy}, pods {ns.pods.name}, seed {ns.seed}, candidate limit {limit}, one process")
+    head = ("nodes", "decisions", "seed s", "p50 ms", "p99 ms", "cold p50", "cold p99", "unalloc%")
     print(" ".join(f"{h:>9}" for h in head))
     for r in results:
         print(
             f"{r['nodes']:>6} {r['decisions']:>9} {r['seed_seconds']:>7} {r['decision_ms_p50']:>8} "
             f"{r['decision_ms_p99']:>8} {r['cold_decision_ms_p50']:>9} {r['cold_decision_ms_p99']:>9}"
+            f" {r['unallocated_gpu_pct_at_100']:>9}"
         )
     if ns.json:
-        out = {"policy": ns.policy, "pods": ns.pods.name, "results": results}
+        out = {
+            "policy": ns.policy,
+            "pods": ns.pods.name,
+            "max_nodes_to_score": ns.max_nodes_to_score,
+            "results": results,
+        }
         Path(ns.json).write_text(json.dumps(out, indent=2) + "\n")
 
 

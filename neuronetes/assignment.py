@@ -38,6 +38,7 @@ from neuronetes.container_request import (
     as_mapping,
     read_container,
 )
+from neuronetes.locality import LocalityError, request_fields
 from neuronetes.model import MILLI_PER_GPU, Locality, PodRequest
 
 __all__ = [
@@ -157,6 +158,18 @@ def _model_cache(pod: Mapping[str, Any]) -> tuple[str | None, float | None]:
     return model, weight
 
 
+def _locality(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The data-locality and candidate-limit fields a Pod object's annotations ask for
+    (`neuronetes.locality.request_fields`); none for a bare spec."""
+    if "spec" not in pod or "containers" in pod:
+        return {}
+    meta = as_mapping(pod.get("metadata"), "metadata")
+    try:
+        return request_fields(as_mapping(meta.get("annotations"), "metadata.annotations"))
+    except LocalityError as exc:
+        raise ResourceRequestError(str(exc)) from None
+
+
 def _pod_parts(pod: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
     if "spec" in pod and "containers" not in pod:
         spec = as_mapping(pod["spec"], "spec")
@@ -243,6 +256,7 @@ def pod_gpu_request(pod: Mapping[str, Any], *, name: str | None = None) -> PodGp
         "min_bandwidth_gbps": bandwidth,
         "model_name": model,
         "model_cache_weight": cache_weight,
+        **_locality(pod),
     }
     if kind is GpuKind.WHOLE:
         effective = PodRequest(**base, gpus=_effective(asks, lambda a: a.gpu))

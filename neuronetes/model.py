@@ -128,6 +128,16 @@ class PodRequest:
     """The weight of the `model_cache` term for this request, in place of the policy's (None: the
     policy's). A pool's ``cacheAware.cacheHitWeight``, through its pods' annotation."""
     preferred_zones: tuple[str, ...] = ()
+    preferred_nodes: tuple[str, ...] = ()
+    """Nodes the pod's data lives on (`neuronetes.locality`): the data-locality term's best nodes."""
+    avoid_nodes: tuple[str, ...] = ()
+    """Nodes running workloads the pod avoids: the data-locality term scores them 0."""
+    weight_scale: tuple[tuple[str, float], ...] = ()
+    """Multipliers of the policy's term weights for this request, by scorer name (e.g.
+    ``(("data_locality", 2.0),)``; a term not named keeps its weight)."""
+    max_nodes_to_score: int = 0
+    """Feasible nodes scored per decision (0: all): the engine's candidate limit
+    (`neuronetes.engine.core.PlacementEngine.evaluate`). Not part of the request's shape."""
     max_price_per_hour: float | None = None
     spot_allowed: bool = True
     priority: int = 0
@@ -139,6 +149,8 @@ class PodRequest:
             raise ValueError(f"request {self.name!r}: gpu_milli must be in 1..1000, got {self.gpu_milli}")
         if self.mig_profile is not None and self.gpus != 1:
             raise ValueError(f"request {self.name!r}: a MIG request asks for exactly one instance")
+        if self.max_nodes_to_score < 0 or any(w < 0 for _, w in self.weight_scale):
+            raise ValueError(f"request {self.name!r}: max_nodes_to_score and weight multipliers must be >= 0")
 
     @property
     def exclusive(self) -> bool:
@@ -159,8 +171,16 @@ class PodRequest:
         return self.gpus * self.gpu_milli
 
     def shape(self) -> PodRequest:
-        """The request without identity: equal shapes get equal placement scores."""
-        return replace(self, name="", priority=0)
+        """The request without identity: equal shapes get equal placement scores (the candidate
+        limit changes which nodes are scored, not their scores)."""
+        return replace(self, name="", priority=0, max_nodes_to_score=0)
+
+    def weight_multiplier(self, term: str) -> float:
+        """This request's multiplier of the policy's weight of scorer `term` (1: as the policy says)."""
+        for name, scale in self.weight_scale:
+            if name == term:
+                return scale
+        return 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -199,11 +199,17 @@ def filter_pod(books: CacheBooks, pod: PodInfo, lookup: NodeLookup, gang: GangSp
 def prioritize(books: CacheBooks, pod: PodInfo, lookup: NodeLookup) -> list[int]:
     """0..10 per node: the engine's scores (`scale_scores`); the node holding the pod's GPUs alone
     gets 10 (the hold was made with the pod's GPUs taken, so the engine's view of that node is
-    skewed; and kube-scheduler should bind where the GPUs are held)."""
+    skewed; and kube-scheduler should bind where the GPUs are held).
+
+    A pod with a candidate limit (``max_nodes_to_score``) is scored among the nodes asked about
+    alone: they passed the filter, whose answer lists nodes of the window it scored, so they are
+    scored without taking (and moving the rotation to) another window; asked about more nodes
+    than its limit, a window of them is scored and the rest get 0."""
     snap = books.snap
     if pod.gpu_error:
         return [0] * len(lookup.names)
-    scores = scale_scores(snap.engine.evaluate(pod.request), lookup.rows)
+    asked = lookup.candidates if pod.request.max_nodes_to_score > 0 else None
+    scores = scale_scores(snap.engine.evaluate(pod.request, asked), lookup.rows)
     hold = books.holds.of(pod.id)
     if hold is not None:
         held = snap.state.index.get(hold.node, -2)

@@ -26,6 +26,7 @@ import msgspec
 from msgspec import Meta, field
 
 from neuronetes.contracts import API_VERSION, GROUP, VERSION
+from neuronetes.locality import LABEL_SET_PATTERN, STORE_REF_PATTERN
 
 __all__ = [
     "API_VERSION",
@@ -258,9 +259,15 @@ class CarbonAware(_Object):
 
 
 class DataLocality(_Object):
-    vector_store_affinity: Annotated[list[Str253], Meta(max_length=64)] | None = None
+    vector_store_affinity: (
+        Annotated[list[Annotated[str, Meta(max_length=265, pattern=STORE_REF_PATTERN)]], Meta(max_length=64)]
+        | None
+    ) = None
     locality_weight: Literal["low", "medium", "high"] = "medium"
-    anti_affinity: Annotated[list[Str253], Meta(max_length=64)] | None = None
+    anti_affinity: (
+        Annotated[list[Annotated[str, Meta(max_length=1024, pattern=LABEL_SET_PATTERN)]], Meta(max_length=64)]
+        | None
+    ) = None
 
 
 class LabelSelectorRequirement(_Object):

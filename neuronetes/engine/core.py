@@ -60,22 +60,28 @@ _MODEL_CACHE = SCORERS["model_cache"]
 
 @dataclass
 class _ShapeCache:
-    gen: I64  # node generation each row was computed at (-1: never)
+    gen: I64  # node generation each row's filters were run at (-1: never)
     reason: npt.NDArray[np.int16]  # index into FILTERS of the first rejecting filter, or FEASIBLE
     score: F64  # [N] or [N, G]; -inf where a GPU cannot take the request
+    scored: I64  # node generation each row's cached score was computed at (-1: never)
 
 
 def _request_weights(
     req: PodRequest, terms: Sequence[tuple[Scorer, float]]
 ) -> Sequence[tuple[Scorer, float]]:
-    """`terms` with the request's own `model_cache` weight in place of the policy's (added when the
-    policy has none, dropped at 0). The weight is part of the request's shape, so cached scores
-    are never shared between requests of different weights."""
+    """`terms` as this request weighs them: its own `model_cache` weight in place of the policy's
+    (added when the policy has none, dropped at 0; `cacheAware.cacheHitWeight`), then each term
+    times the request's multiplier of it (`PodRequest.weight_scale`; `dataLocality.localityWeight`).
+    Both are part of the request's shape, so cached scores are never shared between requests of
+    different weights."""
     weight = req.model_cache_weight
-    if weight is None:
+    if weight is not None:
+        terms = [(s, w) for s, w in terms if s.name != _MODEL_CACHE.name]
+        if weight > 0:
+            terms = [*terms, (_MODEL_CACHE, weight)]
+    if not req.weight_scale:
         return terms
-    out = [(s, w) for s, w in terms if s.name != _MODEL_CACHE.name]
-    return [*out, (_MODEL_CACHE, weight)] if weight > 0 else out
+    return [(s, w * req.weight_multiplier(s.name)) for s, w in terms]
 
 
 class PlacementEngine:
@@ -90,6 +96,7 @@ class PlacementEngine:
         self.state = state
         self.rng = np.random.default_rng(seed)
         self._cache: OrderedDict[PodRequest, _ShapeCache] = OrderedDict()
+        self._next_start = 0  # where the next limited evaluation starts looking (`_sample`)
         self._use_policy(get_policy(policy) if isinstance(policy, str) else policy, weights or {})
         self.set_profile(profile or WorkloadProfile.empty())
 
@@ -149,12 +156,14 @@ class PlacementEngine:
             total = np.where(ctx.gpu_fit, total, -np.inf)
         return total
 
-    def _refresh(self, req: PodRequest) -> _ShapeCache:
+    def _refresh(self, req: PodRequest, score_all: bool = True) -> _ShapeCache:
         """Filter reasons and cached scores of `req`'s shape, without its GPU model list.
 
         No cached scorer reads the model list, and the model filter is a per-model mask that
         `_with_model_filter` applies per evaluation; so pods pinned to different models share
         one cache entry (openb with 20 % pinned: 2,764 → 644 cold evaluations per seed).
+        `score_all`: score every changed row that passes the filters (else only the filters are
+        brought up to date, and `_score_rows` scores the rows a limited evaluation picks).
         """
         st = self.state
         req = key = replace(req.shape(), gpu_models=())
@@ -163,7 +172,12 @@ class PlacementEngine:
         if cache is None:
             n = st.n_nodes
             shape = (n, st.max_gpus) if per_gpu else (n,)
-            cache = _ShapeCache(np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int16), np.zeros(shape))
+            cache = _ShapeCache(
+                np.full(n, -1, dtype=np.int64),
+                np.zeros(n, dtype=np.int16),
+                np.zeros(shape),
+                np.full(n, -1, dtype=np.int64),
+            )
             self._cache[key] = cache
             if len(self._cache) > _CACHE_SHAPES:
                 self._cache.popitem(last=False)
@@ -180,11 +194,30 @@ class PlacementEngine:
                 reason[alive[~ok]] = code
                 alive = alive[ok]
             cache.reason[stale] = reason
-            if alive.size:
-                rows = stale[alive]
-                cache.score[rows] = self._combine(self._context(req, rows), self._cached_terms)
             cache.gen[stale] = st.gen[stale]
+            if alive.size and score_all:
+                self._score_rows(req, cache, stale[alive])
         return cache
+
+    def _score_rows(self, req: PodRequest, cache: _ShapeCache, rows: I64) -> None:
+        """Bring the cached scores of `rows` (feasible for `req`'s shape) up to date."""
+        rows = rows[cache.scored[rows] != self.state.gen[rows]]
+        if rows.size:
+            cache.score[rows] = self._combine(self._context(req, rows), self._cached_terms)
+            cache.scored[rows] = self.state.gen[rows]
+
+    def _sample(self, rows: I64, limit: int) -> I64:
+        """At most `limit` of the feasible `rows` (ascending), kube-scheduler's way
+        (``percentageOfNodesToScore``): the first `limit` in node order from a start that moves
+        past the last node taken at each limited decision, wrapping round, so successive decisions
+        look at successive parts of the cluster. Deterministic: the same decisions on the same
+        state take the same nodes."""
+        if limit <= 0 or rows.size <= limit:
+            return rows
+        first = int(np.searchsorted(rows, self._next_start))
+        taken = np.concatenate((rows[first:], rows[:first]))[:limit]
+        self._next_start = (int(taken[-1]) + 1) % self.state.n_nodes
+        return np.sort(taken)
 
     def _with_model_filter(self, req: PodRequest, reasons: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
         """`reasons` with the GpuModel filter applied where it is the first to reject."""
@@ -195,7 +228,14 @@ class PlacementEngine:
         return np.where(first, np.int16(_MODEL_FILTER), reasons)
 
     def evaluate(self, req: PodRequest, candidates: Iterable[int] | None = None) -> Evaluation:
-        cache = self._refresh(req)
+        """The feasible nodes among `candidates` (None: all) and their scores for `req`.
+
+        With ``req.max_nodes_to_score`` set (the candidate limit, fastScheduling) at most that many
+        feasible nodes are scored and returned (`_sample`); every node's filter reason is still
+        given. Only the nodes taken are scored, which is where the time goes on a large cluster.
+        """
+        limited = req.max_nodes_to_score > 0
+        cache = self._refresh(req, score_all=not limited)
         reasons = self._with_model_filter(req, cache.reason)
         feasible = reasons == FEASIBLE
         if candidates is not None:
@@ -207,7 +247,8 @@ class PlacementEngine:
             else:
                 mask[np.fromiter(candidates, dtype=np.int64)] = True
             feasible &= mask
-        rows = np.nonzero(feasible)[0]
+        rows = self._sample(np.nonzero(feasible)[0], req.max_nodes_to_score)
+        self._score_rows(req, cache, rows)  # rows a limited evaluation left unscored, if any
         scores = cache.score[rows]
         if self._volatile_terms and rows.size:
             extra = self._combine(self._context(req, rows), self._volatile_terms)

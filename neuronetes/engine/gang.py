@@ -19,7 +19,7 @@ Every member must pass its own filters on the chosen node.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -55,10 +55,14 @@ def plan_gang(
 ) -> GangPlan | None:
     """A placement for every one of `members`, or None; the engine's state is left as it was.
 
-    `candidates` (node rows) limits where members may go (default: every node).
+    `candidates` (node rows) limits where members may go (default: every node). A member's
+    candidate limit (`PodRequest.max_nodes_to_score`) is not applied: a gang's search needs every
+    node that could hold it.
     """
     if not members:
         raise ValueError("a gang needs at least one member")
+    if any(m.max_nodes_to_score for m in members):
+        members = [replace(m, max_nodes_to_score=0) for m in members]
     if locality is Locality.ANY:
         for rows in _one_model_candidates(engine, members, candidates):
             plan = _place_all(engine, members, node=None, candidates=rows)
@@ -152,6 +156,9 @@ def _combined(members: Sequence[PodRequest], locality: Locality) -> PodRequest:
         model_name=first.model_name,
         model_cache_weight=first.model_cache_weight,
         preferred_zones=first.preferred_zones,
+        preferred_nodes=first.preferred_nodes,
+        avoid_nodes=first.avoid_nodes,
+        weight_scale=first.weight_scale,
         max_price_per_hour=first.max_price_per_hour,
         spot_allowed=all(m.spot_allowed for m in members),
     )

@@ -364,13 +364,37 @@ def score_cost(ctx: ScoreContext) -> F64:
     return np.where(known, 1.0 - np.where(known, price, 0.0) / top, 0.0)
 
 
+ZONE_OF_DATA: float = 0.5
+"""Data-locality score of a node in a preferred zone when nodes are named too (the data's own
+nodes score 1): a zone neighbour is better than elsewhere, not as good as the data's node."""
+
+
+def _named_rows(state: ClusterState, names: tuple[str, ...], rows: I64) -> BOOL:
+    """Whether each of `rows` is one of the nodes `names` (names the state lacks are ignored)."""
+    named = np.zeros(state.n_nodes, dtype=bool)
+    named[[state.index[n] for n in names if n in state.index]] = True
+    return named[rows]
+
+
 def score_data_locality(ctx: ScoreContext) -> F64:
-    zones = ctx.req.preferred_zones
-    if not zones:
-        return np.ones(ctx.rows.size)
-    st = ctx.state
-    wanted = np.array([z in zones for z in st.zones], dtype=bool)
-    return wanted[st.zone_id[ctx.rows]].astype(np.float64)
+    """Nearness to the pod's data, away from the workloads it avoids (`neuronetes.locality`).
+
+    Attraction: a node in `preferred_nodes` (where the data's pods run) scores 1, a node in one
+    of `preferred_zones` `ZONE_OF_DATA` (1 when no node is named: the zone is then the finest
+    level asked for), any other node 0; without either list every node scores 1. Repulsion: a
+    node in `avoid_nodes` scores 0 whatever its attraction. A score, never a filter: with the
+    data's nodes full the pod still lands elsewhere.
+    """
+    req, st, rows = ctx.req, ctx.state, ctx.rows
+    score = np.ones(rows.size)
+    if req.preferred_nodes or req.preferred_zones:
+        in_zone = np.array([z in req.preferred_zones for z in st.zones], dtype=bool)[st.zone_id[rows]]
+        score = np.where(in_zone, ZONE_OF_DATA if req.preferred_nodes else 1.0, 0.0)
+        if req.preferred_nodes:
+            score = np.where(_named_rows(st, req.preferred_nodes, rows), 1.0, score)
+    if req.avoid_nodes:
+        score = np.where(_named_rows(st, req.avoid_nodes, rows), 0.0, score)
+    return score
 
 
 SCORERS: dict[str, Scorer] = {

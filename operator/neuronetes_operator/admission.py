@@ -17,6 +17,7 @@ from typing import Any, Final
 from neuronetes import contracts as c
 from neuronetes.assignment import ResourceRequestError, pod_gpu_request
 from neuronetes.carbon.release import ANNOTATION_DEADLINE, ANNOTATION_EXPECTED_RUNTIME
+from neuronetes.locality import LOCALITY_ANNOTATIONS
 
 __all__ = [
     "ANNOTATION_SLICE",
@@ -43,6 +44,7 @@ TENANT_ANNOTATIONS: Final = frozenset(
         ANNOTATION_SLICE,
         ANNOTATION_DEADLINE,
         ANNOTATION_EXPECTED_RUNTIME,
+        *LOCALITY_ANNOTATIONS,
     }
 )
 """The ``neuronetes.io/*`` annotations a tenant (or the operator) may set: requests, not decisions."""

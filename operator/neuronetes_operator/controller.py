@@ -40,6 +40,7 @@ from . import CONVERT_LOCK
 from .budget import BudgetPlan, PoolPrices, PrimaryCost, cost_status, plan_budget, primary_cost
 from .fallback import choose_model, policy_inputs
 from .gang_retry import GangRetries, plan_gang_retries
+from .locality import scheduling_annotations
 from .nodecache import NodeCache, node_view
 from .objects import api_message, patch_status, post_event
 from .pods import LABEL_POOL, DesiredPod, alternate_name, desired_pods, served_template
@@ -125,6 +126,7 @@ class PoolController:
         self.custom = client.CustomObjectsApi(api)
         self.batch = client.BatchV1Api(api)
         self.policy = client.PolicyV1Api(api)
+        self.apps = client.AppsV1Api(api)
         self.api = api
         self.settings = settings
         self.tiers = tiers
@@ -262,6 +264,7 @@ class PoolController:
         if moves.in_flight:  # old and new pods both exist: the deadline must not wait for an event
             self.wake[(namespace, name)] = REPLACEMENT_POLL_S
         gang_notes = self._retry_failed_gangs(pool, resolved.gang_size, want, pods, actions)
+        self._scheduling_annotations(namespace, spec, nodes, actions)
         # Concurrently: a gang's members are created together, and a batch is not created one
         # round trip (through the webhook) at a time. One event per reason, naming the pods.
         applied = list(self._calls.map(lambda a: self._apply(pool, a), actions))
@@ -367,6 +370,25 @@ class PoolController:
         if plan.status is not None and (plan.create or plan.status.preloading):
             self.wake[(ns, name)] = PRELOAD_POLL_S  # Jobs finish without an event the pool sees
         return plan.status
+
+    def _scheduling_annotations(
+        self,
+        namespace: str,
+        spec: AgentPoolSpec,
+        nodes: Mapping[str, Mapping[str, Any]],
+        actions: list[Action],
+    ) -> None:
+        """Give the pods this batch creates the pool's current data-locality hints and candidate
+        limit (`locality.scheduling_annotations`), read only when there is a pod to create."""
+        scheduling = spec.scheduling
+        if scheduling is None or (scheduling.data_locality is None and scheduling.fast_scheduling is None):
+            return
+        templates = {id(a.pod.template): a.pod.template for a in actions if a.verb == "create" and a.pod}
+        if not templates:
+            return
+        found = scheduling_annotations(self.core, self.apps, namespace, spec, nodes)
+        for template in templates.values():
+            template.scheduling_annotations = found
 
     def _primary_cost(
         self,

@@ -238,6 +238,9 @@ def operator_rbac(namespace: str, service_account: str = "neuronetes-operator") 
         # Model preloading (docs/model-cache.md): one Job per node, deleted once done.
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["list", "create", "delete"]},
         {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["list"]},
+        # dataLocality: the Services / StatefulSets a pool runs near (`locality`).
+        {"apiGroups": [""], "resources": ["services"], "verbs": ["get"]},
+        {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get"]},
         {
             "apiGroups": ["apiextensions.k8s.io"],
             "resources": ["customresourcedefinitions"],

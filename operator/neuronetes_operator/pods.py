@@ -280,6 +280,7 @@ class PoolTemplate:
         "on_demand_spec",
         "owner",
         "pool",
+        "scheduling_annotations",
         "spec",
         "spot_spec",
     )
@@ -316,6 +317,10 @@ class PoolTemplate:
         # (docs/spot.md), and a change of spot share moves pods by replacement, not by rollout.
         self.digest = _template_hash(self.spec, self.annotations, self.labels, resolved.gang_size)
         self.on_demand_spec, self.spot_spec = _capacity_variants(self.spec, resolved)
+        self.scheduling_annotations: dict[str, str] = {}
+        """Added to the pods created from now on and left out of the hash: data-locality hints and
+        the candidate limit (`neuronetes.locality`), which change as the data's pods move and
+        matter only while a pod is scheduled, so a change never replaces running pods."""
         self.owner = {
             "apiVersion": pool.get("apiVersion", c.API_VERSION),
             "kind": "AgentPool",
@@ -353,7 +358,7 @@ class PoolTemplate:
         if gang is not None:
             labels[c.LABEL_GANG] = self.gang_label(gang, replacement)
             labels[c.LABEL_GANG_SIZE] = str(self.gang_size)
-        annotations = dict(self.annotations)
+        annotations = {**self.scheduling_annotations, **self.annotations}
         if replaces is not None:
             annotations[ANNOTATION_REPLACES] = replaces
         spec = copy.deepcopy(self.spot_spec if spot else self.on_demand_spec)

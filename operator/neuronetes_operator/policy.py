@@ -15,9 +15,11 @@ from neuronetes.api.models import (
     CacheAware,
     CarbonAware,
     CostOptimization,
+    DataLocality,
     InterruptionThreshold,
     PolicyState,
 )
+from neuronetes.locality import ANNOTATION_MAX_NODES_TO_SCORE, LOCALITY_WEIGHT_MULTIPLIERS
 from neuronetes.spot import duration_seconds
 
 __all__ = [
@@ -27,8 +29,10 @@ __all__ = [
     "cache_effect",
     "carbon_effect",
     "cost_optimization_enabled",
+    "data_locality_effect",
     "interruption_threshold",
     "resolve",
+    "scheduling_request",
 ]
 
 POLICY_CONTROLLER = "validated; takes effect in the policy controller"
@@ -205,6 +209,10 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
                 name="carbonAware", enabled=s.carbon_aware.enabled, effect=carbon_effect(s.carbon_aware)
             )
         )
+    if s.data_locality is not None:
+        out.append(
+            PolicyState(name="dataLocality", enabled=True, effect=data_locality_effect(s.data_locality))
+        )
     if s.cache_aware is not None:
         out.append(
             PolicyState(
@@ -213,14 +221,47 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
                 effect=cache_effect(s.cache_aware, spec.model),
             )
         )
-    for name, block in (
-        ("dataLocality", s.data_locality),
-        ("fastScheduling", s.fast_scheduling),
-    ):
-        if block is not None:
-            enabled = getattr(block, "enabled", True)
-            out.append(PolicyState(name=name, enabled=bool(enabled), effect=POLICY_CONTROLLER))
+    if s.fast_scheduling is not None:
+        fast = s.fast_scheduling
+        effect = (
+            f"the extender scores at most {fast.max_nodes_to_score} feasible nodes per pod "
+            f"(annotation {ANNOTATION_MAX_NODES_TO_SCORE}; docs/locality.md)"
+            if fast.enabled
+            else "off (fastScheduling.enabled is false): every feasible node is scored"
+        )
+        out.append(PolicyState(name="fastScheduling", enabled=fast.enabled, effect=effect))
     return tuple(out)
+
+
+def data_locality_effect(block: DataLocality) -> str:
+    """What ``dataLocality`` does (docs/locality.md): scores, never hard affinity."""
+    stores, avoid = block.vector_store_affinity or [], block.anti_affinity or []
+    if not stores and not avoid:
+        return "nothing to do (no vectorStoreAffinity, no antiAffinity)"
+    parts = []
+    if stores:
+        more = " ..." if len(stores) > 4 else ""
+        parts.append(f"nodes (then zones) running {', '.join(stores[:4])}{more} score higher")
+    if avoid:
+        more = " ..." if len(avoid) > 4 else ""
+        parts.append(f"nodes running pods of {'; '.join(avoid[:4])}{more} score 0")
+    weight = LOCALITY_WEIGHT_MULTIPLIERS[block.locality_weight]
+    return (
+        "; ".join(parts) + f" in the extender's data-locality term (localityWeight {block.locality_weight}:"
+        f" x{weight:g} its weight); "
+        "written on new pods, running pods stay where they are"
+    )
+
+
+def scheduling_request(spec: AgentPoolSpec) -> tuple[str | None, int | None]:
+    """The ``localityWeight`` level (None: no dataLocality) and the candidate limit (None:
+    fastScheduling off) that new pods of the pool carry (`neuronetes.locality.locality_annotations`)."""
+    s = spec.scheduling
+    if s is None:
+        return None, None
+    weight = s.data_locality.locality_weight if s.data_locality is not None else None
+    fast = s.fast_scheduling
+    return weight, fast.max_nodes_to_score if fast is not None and fast.enabled else None
 
 
 def interruption_threshold(cost: CostOptimization) -> InterruptionThreshold | None:
@@ -276,7 +317,10 @@ def resolve(spec: AgentPoolSpec) -> ResolvedPool:
         mig = PolicyState(
             name="migPlanner",
             enabled=True,
-            effect=f"pods ask for one {spec.mig_profile} instance; repartitioning GPUs: {POLICY_CONTROLLER}",
+            effect=(
+                f"pods ask for one {spec.mig_profile} instance; demand no layout serves is planned onto "
+                "idle GPUs and free slots by the MIG layout controller (docs/mig.md)"
+            ),
         )
         extra: tuple[PolicyState, ...] = (mig,)
     else:

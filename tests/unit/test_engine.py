@@ -575,3 +575,41 @@ def test_scale_scores_maps_to_0_10_and_zeroes_unknown_and_infeasible_rows(nodes)
     out = scale_scores(ev, np.array([0, 1, 2, -1]))
     assert out.max() == 10 and out[2] == 0 and out[3] == 0
     assert engine.prioritize(PodRequest("p", gpus=1), [0, 1, 2]) == out[:3].tolist()
+
+
+# ---- the candidate limit (fastScheduling.maxNodesToScore) -------------------------------------------
+def test_the_candidate_limit_scores_successive_windows_of_feasible_nodes_deterministically(nodes) -> None:
+    specs = [nodes.t4(f"n{k:02d}") for k in range(10)]
+    full = PlacementEngine(ClusterState(specs))
+    req = PodRequest("p", gpus=1)
+    everyone = full.evaluate(req)
+    assert everyone.rows.tolist() == list(range(10))
+
+    def windows(engine: PlacementEngine) -> list[list[int]]:
+        return [engine.evaluate(replace(req, max_nodes_to_score=4)).rows.tolist() for _ in range(4)]
+
+    limited = PlacementEngine(ClusterState(specs))
+    seen = windows(limited)
+    # kube-scheduler's rotation: each decision starts past the last node the previous one took.
+    assert seen == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 8, 9], [2, 3, 4, 5]]
+    assert windows(PlacementEngine(ClusterState(specs))) == seen  # deterministic
+    # The nodes taken score what they score without the limit; every node's reason is kept.
+    last = limited.evaluate(replace(req, max_nodes_to_score=4))
+    np.testing.assert_array_equal(last.node_scores, everyone.node_scores[last.rows])
+    assert last.reasons.size == 10
+    # A limit at or above the feasible count changes nothing; infeasible nodes are never taken.
+    assert limited.evaluate(replace(req, max_nodes_to_score=10)).rows.tolist() == list(range(10))
+    for k in range(0, 10, 2):
+        limited.state.allocate(f"busy{k}", k, 0, 0, [GpuGrant(j, 1000, 0) for j in range(4)])
+    assert set(limited.evaluate(replace(req, max_nodes_to_score=3)).rows.tolist()) <= {1, 3, 5, 7, 9}
+
+
+def test_an_unlimited_decision_after_a_limited_one_scores_every_node(nodes) -> None:
+    specs = [nodes.t4(f"n{k}") for k in range(6)]
+    engine = PlacementEngine(ClusterState(specs))
+    req = PodRequest("p", gpus=1)
+    engine.evaluate(replace(req, max_nodes_to_score=2))  # filters refreshed, only 2 rows scored
+    after = engine.evaluate(req)
+    fresh = PlacementEngine(ClusterState(specs)).evaluate(req)
+    np.testing.assert_array_equal(after.rows, fresh.rows)
+    np.testing.assert_array_equal(after.node_scores, fresh.node_scores)

@@ -438,3 +438,58 @@ def test_a_pod_bound_before_the_watch_showed_it_keeps_its_gpus_past_the_hold_ttl
     env.clock.now += 60
     assert len(whole_free(env.cache, node)) == 2 and env.cache.holds() == []
     env.cache.check_invariants()
+
+
+# ---- data locality and the candidate limit (docs/locality.md) ---------------------------------------
+def _with_annotations(pod: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
+    pod["metadata"]["annotations"] = {**(pod["metadata"].get("annotations") or {}), **annotations}
+    return pod
+
+
+def test_the_locality_annotations_move_the_extender_s_choice_and_scores() -> None:
+    env = Env({"t4x4-pcie": 4})
+    first, second, third, _ = env.names  # four equal, empty nodes
+    store_side = _with_annotations(gpu_pod("near"), {"neuronetes.io/data-nodes": third})
+    plain, _ = env.service.prioritize(names_request(gpu_pod("plain"), env.names))
+    assert {p.score for p in plain} == {10}
+    ranked, _ = env.service.prioritize(names_request(store_side, env.names))
+    assert [p.score for p in ranked] == [0, 0, 10, 0]
+    assert env.filter(gpu_pod("plain")).node_names == [first]  # no annotation: the first wins
+    assert env.filter(store_side).node_names == [third]
+    avoiding = _with_annotations(gpu_pod("away"), {"neuronetes.io/avoid-nodes": f"{first},{second}"})
+    assert env.filter(avoiding).node_names == [third]
+
+
+def test_the_candidate_limit_annotation_bounds_the_nodes_scored() -> None:
+    env = Env({"t4x4-pcie": 4})
+    # The data's node is outside the first window of 2: the limit wins over the preference.
+    pod = _with_annotations(
+        gpu_pod("fast"), {"neuronetes.io/data-nodes": env.names[3], "neuronetes.io/max-nodes-to-score": "2"}
+    )
+    assert env.filter(pod).node_names == [env.names[0]]
+    nxt = _with_annotations(
+        gpu_pod("fast2"), {"neuronetes.io/data-nodes": env.names[3], "neuronetes.io/max-nodes-to-score": "2"}
+    )
+    assert env.filter(nxt).node_names == [env.names[3]]  # the next window: nodes 2 and 3
+
+
+def test_prioritize_scores_the_filter_s_answer_without_moving_the_candidate_window() -> None:
+    env = Env({"t4x4-pcie": 6}, filter_top_k=2)
+    first, second, third, fourth, _, _ = env.names
+
+    def limited(name: str) -> dict[str, Any]:
+        return _with_annotations(
+            gpu_pod(name), {"neuronetes.io/data-nodes": second, "neuronetes.io/max-nodes-to-score": "2"}
+        )
+
+    pod = limited("fast")
+    answer = env.filter(pod).node_names
+    assert answer == [second, first]  # the first window, the data's node first
+    # kube-scheduler asks about the nodes that passed the filter: they are scored (the held one
+    # 10), and the next pod's filter still takes the next window.
+    ranked, _ = env.service.prioritize(names_request(pod, answer))
+    assert [p.score for p in ranked] == [10, 0]
+    assert env.filter(limited("next")).node_names == [third, fourth]
+    # Asked about every node, a pod with a limit scores one window of them: the rest get 0.
+    spread, _ = env.service.prioritize(names_request(limited("wide"), env.names))
+    assert sorted(p.score for p in spread) == [0, 0, 0, 0, 10, 10]

@@ -11,9 +11,18 @@ from apitools import seed_examples
 
 from neuronetes import contracts as c
 from neuronetes.api.models import AgentPool, AgentPoolSpec, decode
+from neuronetes.locality import (
+    ANNOTATION_AVOID_NODES,
+    ANNOTATION_DATA_LOCALITY_WEIGHT,
+    ANNOTATION_DATA_NODES,
+    ANNOTATION_DATA_ZONES,
+    ANNOTATION_MAX_NODES_TO_SCORE,
+    locality_annotations,
+    locality_hints,
+)
 from neuronetes.spot import SPOT_LABELS
 from neuronetes_operator.pods import LABEL_CAPACITY, LABEL_POOL, LABEL_TEMPLATE_HASH, desired_pods
-from neuronetes_operator.policy import AUTOSCALING_CONTROLLER, resolve
+from neuronetes_operator.policy import AUTOSCALING_CONTROLLER, resolve, scheduling_request
 from neuronetes_operator.reconcile import plan
 from neuronetes_operator.status import pool_status
 
@@ -178,6 +187,46 @@ def test_template_hash_changes_with_the_spec_only() -> None:
     ]
     d = build("gpuRequirements: {count: 2}")[3][0].manifest["metadata"]["labels"][LABEL_TEMPLATE_HASH]
     assert a == b != d
+
+
+def store_pods(node: str) -> list[dict[str, Any]]:
+    return [{"metadata": {}, "spec": {"nodeName": node}, "status": {"phase": "Running"}}]
+
+
+LOCAL = "minReplicas: 2\ngpuRequirements: {count: 1}\nscheduling: {%s}"
+
+
+def test_scheduling_annotations_reach_created_pods_and_leave_the_template_hash_alone() -> None:
+    # What the controller does before creating pods: the pool's current hints on its template.
+    _, spec, _, pods = build(LOCAL % "dataLocality: {vectorStoreAffinity: [service/qdrant]}")
+    weight, limit = scheduling_request(spec)
+    hints = locality_hints(store_pods("gpu-3"), [], {"gpu-3": "zone-b"})
+    pods[0].template.scheduling_annotations = locality_annotations(hints, weight, limit)
+    created = [a.pod.manifest for a in plan(pods, []) if a.verb == "create" and a.pod]
+    assert len(created) == 2
+    for pod in created:
+        notes = pod["metadata"]["annotations"]
+        assert (notes[ANNOTATION_DATA_NODES], notes[ANNOTATION_DATA_ZONES]) == ("gpu-3", "zone-b")
+        assert notes[ANNOTATION_DATA_LOCALITY_WEIGHT] == "medium"
+    hashes = {p["metadata"]["labels"][LABEL_TEMPLATE_HASH] for p in created}
+
+    # The store moved, the pool's dataLocality block changed and it turned fastScheduling on: the
+    # hash is the one of a pool without any of it, and the running pods are not replaced.
+    changed = (
+        "dataLocality: {vectorStoreAffinity: [statefulset/milvus], localityWeight: high,"
+        " antiAffinity: [redis]}, fastScheduling: {enabled: true, maxNodesToScore: 50}"
+    )
+    _, spec, _, now = build(LOCAL % changed)
+    hints = locality_hints(store_pods("gpu-7"), store_pods("gpu-1"), {})
+    now[0].template.scheduling_annotations = locality_annotations(hints, *scheduling_request(spec))
+    _, _, _, bare = build("minReplicas: 2\ngpuRequirements: {count: 1}")
+    assert {p.manifest["metadata"]["labels"][LABEL_TEMPLATE_HASH] for p in now + bare} == hashes
+    assert plan(now, [running(p) for p in created]) == []
+    # A pod created now (a scale-up) carries the hints current at its creation.
+    fresh = now[0].manifest["metadata"]["annotations"]
+    assert fresh[ANNOTATION_DATA_NODES] == "gpu-7" and fresh[ANNOTATION_AVOID_NODES] == "gpu-1"
+    assert (fresh[ANNOTATION_DATA_LOCALITY_WEIGHT], fresh[ANNOTATION_MAX_NODES_TO_SCORE]) == ("high", "50")
+    assert ANNOTATION_DATA_ZONES not in fresh  # the new store's node has no zone label
 
 
 # ---- the plan -----------------------------------------------------------------------------------

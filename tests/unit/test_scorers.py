@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -420,6 +421,39 @@ def test_data_locality_prefers_the_requested_zones(nodes) -> None:
     both = scores(engine, PodRequest("p", preferred_zones=("us-west-2b", "us-east-1a")))
     assert both == {"east": 1.0, "west": 1.0, "none": 0.0}
     assert set(scores(engine, PodRequest("p", gpus=1)).values()) == {1.0}
+
+
+def test_data_locality_prefers_the_data_s_nodes_then_their_zones_and_avoids_named_nodes(nodes) -> None:
+    engine = engine_for(
+        [
+            nodes.t4("store", zone="a"),
+            nodes.t4("beside", zone="a"),
+            nodes.t4("far", zone="b"),
+            nodes.t4("noisy", zone="a"),
+        ],
+        "data_locality",
+    )
+    near = PodRequest("p", gpus=1, preferred_nodes=("store",), preferred_zones=("a",))
+    assert scores(engine, near) == {"store": 1.0, "beside": 0.5, "far": 0.0, "noisy": 0.5}
+    avoiding = PodRequest(
+        "p", gpus=1, preferred_nodes=("store",), preferred_zones=("a",), avoid_nodes=("noisy",)
+    )
+    assert scores(engine, avoiding) == {"store": 1.0, "beside": 0.5, "far": 0.0, "noisy": 0.0}
+    only_avoid = PodRequest("p", gpus=1, avoid_nodes=("noisy", "gone"))  # an unknown name is ignored
+    assert scores(engine, only_avoid) == {"store": 1.0, "beside": 1.0, "far": 1.0, "noisy": 0.0}
+
+
+def test_a_request_s_weight_multiplier_scales_its_term(nodes) -> None:
+    engine = PlacementEngine(
+        ClusterState([nodes.t4("store", zone="a"), nodes.t4("far", zone="b")]),
+        Policy("split", {"data_locality": 0.1, "cost": 0.15}, "bestfit"),
+    )
+    base = PodRequest("p", gpus=1, preferred_nodes=("store",))
+    for scale in (0.5, 1.0, 2.0):
+        req = replace(base, weight_scale=(("data_locality", scale),))
+        s = scores(engine, req)
+        assert s["store"] - s["far"] == pytest.approx(0.1 * scale)
+        assert engine.explain(req, engine.state.index["store"])["data_locality"] == pytest.approx(0.1 * scale)
 
 
 def test_random_is_volatile_and_within_unit_interval(nodes) -> None:

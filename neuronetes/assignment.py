@@ -40,6 +40,7 @@ from neuronetes.container_request import (
 )
 from neuronetes.locality import LocalityError, request_fields
 from neuronetes.model import MILLI_PER_GPU, Locality, PodRequest
+from neuronetes.modelcache import hit_entries
 
 __all__ = [
     "ContainerGpuRequest",
@@ -132,16 +133,18 @@ def _topology(pod: Mapping[str, Any]) -> tuple[Locality, float]:
     return locality, bandwidth
 
 
-def _model_cache(pod: Mapping[str, Any]) -> tuple[str | None, float | None]:
-    """The model and the model-cache weight a Pod object's annotations ask cache-aware scoring
-    for (docs/model-cache.md): both None unless `contracts.ANNOTATION_CACHE_HIT_WEIGHT` is set."""
+def _model_cache(pod: Mapping[str, Any]) -> tuple[str | None, tuple[str, ...], float | None]:
+    """The model, the ``cachedModels`` entries that hold it for the pod (shared or of the pod's
+    namespace: `modelcache.hit_entries`) and the model-cache weight a Pod object's annotations ask
+    cache-aware scoring for (docs/model-cache.md): None, (), None unless
+    `contracts.ANNOTATION_CACHE_HIT_WEIGHT` is set."""
     if "spec" not in pod or "containers" in pod:
-        return None, None
+        return None, (), None
     meta = as_mapping(pod.get("metadata"), "metadata")
     annotations = as_mapping(meta.get("annotations"), "metadata.annotations")
     raw = annotations.get(c.ANNOTATION_CACHE_HIT_WEIGHT)
     if raw is None:
-        return None, None
+        return None, (), None
     try:
         weight = float(raw)
     except (TypeError, ValueError):
@@ -155,7 +158,8 @@ def _model_cache(pod: Mapping[str, Any]) -> tuple[str | None, float | None]:
         raise ResourceRequestError(
             f"annotation {c.ANNOTATION_CACHE_HIT_WEIGHT} needs the model in annotation {c.ANNOTATION_MODEL}"
         )
-    return model, weight
+    namespace = meta.get("namespace")
+    return model, hit_entries(model, namespace if isinstance(namespace, str) else None), weight
 
 
 def _locality(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -246,7 +250,7 @@ def pod_gpu_request(pod: Mapping[str, Any], *, name: str | None = None) -> PodGp
     cpu = _effective(asks, lambda a: a.cpu_milli)
     memory = _effective(asks, lambda a: a.memory_mib)
     locality, bandwidth = _topology(pod)
-    model, cache_weight = _model_cache(pod)
+    model, cache_names, cache_weight = _model_cache(pod)
     base: dict[str, Any] = {
         "name": request_name,
         "cpu_milli": cpu,
@@ -255,6 +259,7 @@ def pod_gpu_request(pod: Mapping[str, Any], *, name: str | None = None) -> PodGp
         "locality": locality,
         "min_bandwidth_gbps": bandwidth,
         "model_name": model,
+        "model_cache_names": cache_names,
         "model_cache_weight": cache_weight,
         **_locality(pod),
     }

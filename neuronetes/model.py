@@ -124,6 +124,10 @@ class PodRequest:
     locality: Locality = Locality.ANY
     min_bandwidth_gbps: float = 0.0
     model_name: str | None = None
+    model_cache_names: tuple[str, ...] = ()
+    """The ``cachedModels`` entries that hold `model_name` for this request: the shared entry and
+    its namespace's (`neuronetes.modelcache.hit_entries`), never another namespace's; empty: the
+    shared entry alone."""
     model_cache_weight: float | None = None
     """The weight of the `model_cache` term for this request, in place of the policy's (None: the
     policy's). A pool's ``cacheAware.cacheHitWeight``, through its pods' annotation."""

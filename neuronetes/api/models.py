@@ -92,6 +92,8 @@ GpuIndex = Annotated[int, Meta(ge=0, le=15)]
 Str63 = Annotated[str, Meta(max_length=63)]
 Str128 = Annotated[str, Meta(max_length=128)]
 Str253 = Annotated[str, Meta(max_length=253)]
+CachedModelEntry = Annotated[str, Meta(max_length=317)]
+"""A GPUNode ``cachedModels`` entry: ``<model>`` or ``<namespace>:<model>`` (63 + 1 + 253)."""
 
 
 class _Object(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel", forbid_unknown_fields=True):
@@ -562,7 +564,7 @@ class GpuInfo(_Object):
     )
     health: Literal["Available", "Allocated", "InUse", "Degraded", "Resetting", "Offline"] | None = None
     health_reason: Annotated[str, Meta(max_length=1024)] | None = None
-    cached_models: Annotated[list[Str253], Meta(max_length=256)] | None = None
+    cached_models: Annotated[list[CachedModelEntry], Meta(max_length=256)] | None = None
     allocations: Annotated[list[GpuAllocation], Meta(max_length=64)] | None = None
 
 

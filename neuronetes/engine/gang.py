@@ -154,6 +154,7 @@ def _combined(members: Sequence[PodRequest], locality: Locality) -> PodRequest:
         locality=locality,
         min_bandwidth_gbps=max(m.min_bandwidth_gbps for m in members),
         model_name=first.model_name,
+        model_cache_names=first.model_cache_names,
         model_cache_weight=first.model_cache_weight,
         preferred_zones=first.preferred_zones,
         preferred_nodes=first.preferred_nodes,

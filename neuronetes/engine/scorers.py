@@ -27,6 +27,7 @@ from neuronetes.engine.filters import group_free_counts
 from neuronetes.engine.profile import LargeShapes, ProfileArrays
 from neuronetes.inventory import ClusterState
 from neuronetes.model import MILLI_PER_GPU, PodRequest
+from neuronetes.modelcache import hit_entries
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -342,11 +343,14 @@ def score_topology(ctx: ScoreContext) -> F64:
 
 
 def score_model_cache(ctx: ScoreContext) -> F64:
+    """1 on a node caching the request's model where the request may use it (shared, or in the
+    pod's namespace: `PodRequest.model_cache_names`), 0 elsewhere; 1 everywhere without a model."""
     name = ctx.req.model_name
     if not name:
         return np.ones(ctx.rows.size)
+    hits = ctx.req.model_cache_names or hit_entries(name, None)
     nodes = ctx.state.nodes
-    return np.array([1.0 if name in nodes[int(i)].cached_models else 0.0 for i in ctx.rows])
+    return np.array([0.0 if nodes[int(i)].cached_models.isdisjoint(hits) else 1.0 for i in ctx.rows])
 
 
 def score_cost(ctx: ScoreContext) -> F64:

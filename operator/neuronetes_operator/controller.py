@@ -330,11 +330,12 @@ class PoolController:
             if any(o.get("uid") == meta["uid"] for o in j["metadata"].get("ownerReferences") or [])
         ]
         if cache is None or cache.preload_strategy is None:
-            plan = plan_preload(CacheAware(), None, nodes, {}, jobs, at)
+            plan = plan_preload(CacheAware(), None, ns, nodes, {}, jobs, at)
         else:
             plan = plan_preload(
                 cache,
                 model,
+                ns,
                 nodes,
                 self._cached_models(),
                 jobs,

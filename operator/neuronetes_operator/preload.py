@@ -4,8 +4,10 @@ runs, and what the pool's ``status.cache`` says. Pure; the controller makes the 
 
 One Job per chosen node, pinned to it (``spec.nodeName``: it asks for no GPU, so there is nothing
 to schedule), running the pool's image with `FETCH_SCRIPT`, which downloads the model into the
-node's cache directory and writes the completion marker last. The node's agent then reports the
-model in its GPUNode, and the finished Job is deleted. A failed Job stays `FAILED_BACKOFF_S` (its
+pool's namespace's folder of the node's cache directory (the only host folder it mounts:
+`neuronetes.modelcache.namespace_folder`) and writes the completion marker last. The node's agent
+then reports ``<namespace>:<model>`` in its GPUNode, and the finished Job is deleted. A failed Job
+(or one whose pod was never created: an admission policy refused it) stays `FAILED_BACKOFF_S` (its
 node is not tried again meanwhile), then is deleted and its node becomes a candidate again.
 """
 
@@ -22,7 +24,14 @@ import msgspec
 
 from neuronetes import contracts as c
 from neuronetes.api.models import CacheAware, ModelCacheStatus, PodTemplate
-from neuronetes.modelcache import MARKER, choose_preload_nodes, directory_name, selector_matches
+from neuronetes.modelcache import (
+    MARKER,
+    choose_preload_nodes,
+    directory_name,
+    hit_entries,
+    namespace_folder,
+    selector_matches,
+)
 
 from .pods import DEFAULT_CONTAINER
 
@@ -30,6 +39,7 @@ __all__ = [
     "FAILED_BACKOFF_S",
     "FETCH_SCRIPT",
     "MAX_STARTS",
+    "NO_POD_S",
     "UNREPORTED_S",
     "PreloadJob",
     "PreloadPlan",
@@ -46,8 +56,12 @@ FAILED_BACKOFF_S: Final = 300.0
 UNREPORTED_S: Final = 120.0
 """A Job that succeeded but whose node still does not report the model after this long failed
 (the image wrote elsewhere, or no agent reads the directory)."""
+NO_POD_S: Final = 30.0
+"""A Job still without any pod this long after its creation failed: its pod was refused (Pod
+Security ``baseline`` or ``restricted`` refuses the hostPath volume, another admission policy, a
+quota). The Job controller says why only in the Job's ``FailedCreate`` Events."""
 CACHE_MOUNT: Final = "/neuronetes-model-cache"
-"""Where the preload container sees the node's cache directory."""
+"""Where the preload container sees its namespace's folder of the node's cache directory."""
 ENV_PRELOAD_MODEL: Final = "NEURONETES_PRELOAD_MODEL"
 ENV_PRELOAD_DIR: Final = "NEURONETES_PRELOAD_DIR"
 ENV_PRELOAD_MARKER: Final = "NEURONETES_PRELOAD_MARKER"
@@ -80,26 +94,35 @@ class PreloadJob:
     state: str
     """``running``, ``succeeded`` or ``failed``."""
     finished_at: datetime | None = None
+    created_at: datetime | None = None
+    has_pods: bool = True
+    """Whether the Job controller has created a pod of it (one active, succeeded or failed)."""
+
+
+def _time(stamp: Any) -> datetime | None:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if isinstance(stamp, str) else None
 
 
 def read_job(job: Mapping[str, Any]) -> PreloadJob:
-    """A preload Job's node, model and state (from its conditions: Complete or Failed)."""
+    """A preload Job's node, model and state (from its conditions: Complete or Failed), when it was
+    created and whether any pod of it was."""
     meta = job.get("metadata") or {}
     spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    status = job.get("status") or {}
     state, finished = "running", None
-    for cond in (job.get("status") or {}).get("conditions") or []:
+    for cond in status.get("conditions") or []:
         if cond.get("status") != "True" or cond.get("type") not in ("Complete", "Failed"):
             continue
         state = "succeeded" if cond["type"] == "Complete" else "failed"
-        stamp = cond.get("lastTransitionTime")
-        if isinstance(stamp, str):
-            finished = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        finished = _time(cond.get("lastTransitionTime"))
     return PreloadJob(
         name=str(meta.get("name", "")),
         node=str(spec.get("nodeName", "")),
         model=str((meta.get("annotations") or {}).get(c.ANNOTATION_PRELOAD_MODEL, "")),
         state=state,
         finished_at=finished,
+        created_at=_time(meta.get("creationTimestamp")),
+        has_pods=state != "running" or any(status.get(k) for k in ("active", "succeeded", "failed")),
     )
 
 
@@ -156,24 +179,45 @@ class PreloadPlan:
     status: ModelCacheStatus | None = None
 
 
-def _age(job: PreloadJob, now: datetime) -> float:
-    return (now - job.finished_at).total_seconds() if job.finished_at is not None else 0.0
+def _outcome(job: PreloadJob, now: datetime) -> tuple[str, float]:
+    """The Job's state for the plan (``running``, ``succeeded``, ``failed`` or ``no-pod``: its pod
+    was never created within `NO_POD_S`) and the seconds since it reached it."""
+    if job.state != "running":
+        return job.state, (now - job.finished_at).total_seconds() if job.finished_at is not None else 0.0
+    if job.has_pods or job.created_at is None:
+        return "running", 0.0
+    waited = (now - job.created_at).total_seconds()
+    return ("no-pod", waited - NO_POD_S) if waited >= NO_POD_S else ("running", 0.0)
+
+
+def _failure(job: PreloadJob, state: str) -> str:
+    if state == "succeeded":
+        return f"its Job {job.name} succeeded but the node's agent does not report the model"
+    if state == "no-pod":
+        return (
+            f"no pod of its Job {job.name} was created in {NO_POD_S:.0f} s: an admission policy refused it "
+            "(Pod Security baseline and restricted refuse its hostPath volume; the Job's FailedCreate "
+            "events say which, docs/model-cache.md)"
+        )
+    return f"its Job {job.name} failed"
 
 
 def plan_preload(
     cache: CacheAware,
     model: str | None,
+    namespace: str,
     nodes: Mapping[str, Mapping[str, Any]],
     cached: Mapping[str, frozenset[str]],
     jobs: Iterable[PreloadJob],
     now: datetime,
     previously_failed: Collection[str] = (),
 ) -> PreloadPlan:
-    """The preload step of one reconcile (`neuronetes.modelcache.choose_preload_nodes` picks the
-        nodes): candidates are the nodes matching ``nodes.labelSelector`` that have a GPUNode (an agent
-        that can report the model). Events are said once per outcome: a node cached when its Job is
-    deleted, a failure when its node first appears among the failed (`previously_failed`: the last
-    status's)."""
+    """The preload step of one reconcile of a pool of `namespace` (`neuronetes.modelcache.
+    choose_preload_nodes` picks the nodes): candidates are the nodes matching ``nodes.labelSelector``
+    that have a GPUNode (an agent that can report the model); a node caches the model for the pool
+    when it reports it shared or in `namespace` (`neuronetes.modelcache.hit_entries`), never in
+    another namespace. Events are said once per outcome: a node cached when its Job is deleted, a
+    failure when its node first appears among the failed (`previously_failed`: the last status's)."""
     strategy = cache.preload_strategy
     out = PreloadPlan()
     jobs = list(jobs)
@@ -188,37 +232,44 @@ def plan_preload(
         for name, node in nodes.items()
         if name in cached and selector_matches(chosen, (node.get("metadata") or {}).get("labels") or {})
     ]
-    have = {n for n in candidates if model in cached[n]}
+    hits = hit_entries(model, namespace)
+    have = {n for n in candidates if not cached[n].isdisjoint(hits)}
     preloading: set[str] = set()
     failed: set[str] = set()
+    refused = False
     for job in jobs:
+        state, age = _outcome(job, now)
         if job.model != model or job.node not in nodes:
             out.delete.append(job.name)  # the served model changed, or the node went away
         elif job.node in have:
             out.delete.append(job.name)
             out.events.append(("Normal", "ModelPreloaded", f"node {job.node} caches {model}"))
-        elif job.state == "running" or (job.state == "succeeded" and _age(job, now) < UNREPORTED_S):
+        elif state == "running" or (state == "succeeded" and age < UNREPORTED_S):
             preloading.add(job.node)
-        elif _age(job, now) >= FAILED_BACKOFF_S:
+        elif age >= FAILED_BACKOFF_S:
             out.delete.append(job.name)  # its node may be tried again
         else:
             failed.add(job.node)
+            refused = refused or state == "no-pod"
             if job.node in previously_failed:
                 continue
-            if job.state == "succeeded":
-                why = f"its Job {job.name} succeeded but the node's agent does not report the model"
-            else:
-                why = f"its Job {job.name} failed"
+            why = _failure(job, state)
             out.events.append(("Warning", "PreloadFailed", f"preloading {model} on node {job.node}: {why}"))
     choice = choose_preload_nodes(candidates, have, preloading, failed, want, max_start=MAX_STARTS)
     out.create = list(choice.start)
-    message = None
+    said = []
     if choice.missing:
-        message = (
+        said.append(
             f"{len(choice.cached)} of {want} nodes cache {model}: {choice.missing} more selected node(s) "
             "with a node agent are needed (nodes whose preload failed are tried again after "
             f"{FAILED_BACKOFF_S:.0f} s)"
         )
+    if refused:
+        said.append(
+            f"preload pods were refused in namespace {namespace}: its Pod Security level (baseline or "
+            "restricted) or another admission policy refuses their hostPath volume (docs/model-cache.md)"
+        )
+    message = "; ".join(said) or None
     out.status = ModelCacheStatus(
         model=model,
         wanted=want,
@@ -257,7 +308,10 @@ def preload_job(
     tolerations: list[dict[str, Any]],
     cache_dir: str,
 ) -> dict[str, Any]:
-    """The preload Job of `model` on `node` for `pool` (owned by the pool, so it goes with it)."""
+    """The preload Job of `model` on `node` for `pool` (owned by the pool, so it goes with it). Its
+    one host volume is the pool's namespace's folder of the cache directory `cache_dir`
+    (`neuronetes.modelcache.namespace_folder`): neither the shared models nor another namespace's
+    are reachable from the pool's image."""
     meta = pool["metadata"]
     folder = directory_name(model)
     assert folder is not None, "plan_preload plans no preload of a model without a folder"
@@ -285,7 +339,15 @@ def preload_job(
         "nodeName": node,
         "restartPolicy": "Never",
         "containers": [container],
-        "volumes": [{"name": "model-cache", "hostPath": {"path": cache_dir, "type": "DirectoryOrCreate"}}],
+        "volumes": [
+            {
+                "name": "model-cache",
+                "hostPath": {
+                    "path": namespace_folder(cache_dir, meta["namespace"]),
+                    "type": "DirectoryOrCreate",
+                },
+            }
+        ],
         "tolerations": [*copy.deepcopy(tpl.get("tolerations") or []), *copy.deepcopy(tolerations)],
     }
     for key in ("serviceAccountName", "imagePullSecrets"):

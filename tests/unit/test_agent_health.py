@@ -146,8 +146,9 @@ def test_gpunode_status_has_every_field_and_decodes() -> None:
     )
     decoded = msgspec.convert(status, m.GPUNodeStatus)
     assert decoded.gpu_count == 8 and decoded.healthy_gpus == 7
-    crd_fields = set(m.GPUNodeStatus.__struct_encode_fields__)
-    assert crd_fields <= set(status)
+    # Every field the agent owns; migPlan is the operator's (its MIG layout controller).
+    crd_fields = set(m.GPUNodeStatus.__struct_encode_fields__) - {"migPlan"}
+    assert crd_fields <= set(status) and "migPlan" not in status
     gpu_fields = set(m.GpuInfo.__struct_encode_fields__)
     assert gpu_fields <= set(status["gpus"][0])
     assert status["gpus"][1]["health"] == "Offline"

@@ -455,7 +455,8 @@ def test_impossible_layout_fails_once_and_mig_manager_nodes_are_left_alone() -> 
 
 def test_model_cache_reported_on_every_gpu_once_complete(tmp_path: Path) -> None:
     """The host cache directory (`HostModelCache`, rescanned every round here): a model is
-    reported once its marker is written, on every GPU, and a change republishes the status."""
+    reported once its marker is written, on every GPU, the platform's (``shared/``) as the model and
+    a namespace's as ``<namespace>:<model>``, and a change republishes the status."""
     cache = tmp_path / "models"
     kube = RecordingKube()
     resets = ThreadPoolExecutor(1)
@@ -466,18 +467,21 @@ def test_model_cache_reported_on_every_gpu_once_complete(tmp_path: Path) -> None
     try:
         a.start()
         assert {tuple(g["cachedModels"]) for g in kube.last("status")["gpus"]} == {()}
-        (cache / "org--llama-8b").mkdir(parents=True)
-        (cache / "org--llama-8b" / "weights.safetensors").write_bytes(b"x")
+        fetched = cache / "namespaces" / "team-a" / "org--llama-8b"
+        fetched.mkdir(parents=True)
+        (fetched / "weights.safetensors").write_bytes(b"x")
         a.tick()  # downloading: no marker yet
         assert {tuple(g["cachedModels"]) for g in kube.last("status")["gpus"]} == {()}
-        (cache / "org--llama-8b" / MARKER).write_text("org/llama-8b")
+        (fetched / MARKER).write_text("org/llama-8b")
+        (cache / "shared" / "bert").mkdir(parents=True)
+        (cache / "shared" / "bert" / MARKER).write_text("bert")
         a.tick()
         status = kube.last("status")
         assert len(status["gpus"]) == 8
-        assert all(g["cachedModels"] == ["org/llama-8b"] for g in status["gpus"])
-        shutil.rmtree(cache / "org--llama-8b")
+        assert all(g["cachedModels"] == ["bert", "team-a:org/llama-8b"] for g in status["gpus"])
+        shutil.rmtree(fetched)
         a.tick()
-        assert all(g["cachedModels"] == [] for g in kube.last("status")["gpus"])
+        assert all(g["cachedModels"] == ["bert"] for g in kube.last("status")["gpus"])
     finally:
         sim.close()
         resets.shutdown()

@@ -242,8 +242,8 @@ class AgentProcess:
         preloaded = (pod["metadata"].get("annotations") or {}).get(c.ANNOTATION_PRELOAD_MODEL)
         succeeded = (pod.get("status") or {}).get("phase") == "Succeeded"
         if preloaded and succeeded and isinstance(agent.model_cache, SimulatedModelCache):
-            with agent.lock:
-                agent.model_cache.preloaded(preloaded)
+            with agent.lock:  # the pod wrote its own namespace's folder, the only one it mounts
+                agent.model_cache.preloaded(str(pod["metadata"].get("namespace", "")), preloaded)
 
     def _on_gpunode(self, kind: str, obj: dict[str, Any]) -> None:
         with self.lock:

@@ -144,7 +144,10 @@ class GpuCache:
 
     def upsert_gpunode(self, obj: GPUNode) -> None:
         with self._lock:
-            self._books.store.upsert_gpunode(obj)
+            if self._books.store.upsert_gpunode(obj):
+                # The node's GPUs changed (a MIG relayout made instances, a GPU came back): pods
+                # the filter rejected may fit now.
+                self._books.holds.freed = True
         self.touch(GPUNODES)
 
     def delete_gpunode(self, name: str) -> None:

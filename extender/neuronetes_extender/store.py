@@ -69,15 +69,18 @@ class ClusterStore:
             return spec
         return apply_gpunode(spec, gpunode)
 
-    def _set_spec(self, name: str) -> None:
+    def _set_spec(self, name: str) -> bool:
+        """Recompute node `name`'s spec; whether it changed."""
         base = self._node_specs.get(name)
         spec = None if base is None else self._merged(base)
-        if self.specs.get(name) != spec:
-            if spec is None:
-                del self.specs[name]
-            else:
-                self.specs[name] = spec
-            self.dirty = True
+        if self.specs.get(name) == spec:
+            return False
+        if spec is None:
+            del self.specs[name]
+        else:
+            self.specs[name] = spec
+        self.dirty = True
+        return True
 
     def set_node_specs(self, specs: Iterable[NodeSpec]) -> None:
         """Replace the node set with ready-made specs (a relist, tests, benchmarks)."""
@@ -120,11 +123,14 @@ class ClusterStore:
         for name in names:
             self._set_spec(name)
 
-    def upsert_gpunode(self, obj: GPUNode) -> None:
+    def upsert_gpunode(self, obj: GPUNode) -> bool:
+        """Record an agent's GPUNode; whether its node's spec changed (GPUs, their health, MIG
+        instances, cached models)."""
         name = str(obj.metadata.get("name") or "")
-        if name:
-            self._gpunodes[name] = obj
-            self._set_spec(name)
+        if not name:
+            return False
+        self._gpunodes[name] = obj
+        return self._set_spec(name)
 
     def delete_gpunode(self, name: str) -> None:
         if self._gpunodes.pop(name, None) is not None:

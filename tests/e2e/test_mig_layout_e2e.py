@@ -134,12 +134,12 @@ def test_the_agent_re_lays_out_a_gpu_around_a_running_instance_and_the_pod_binds
     create(cluster, mig_pod("holder", node, "3g.20gb"))
     held = grant(wait_until(lambda: bound(cluster, "holder"), timeout=60, what="holder bound"))
     assert held.mig_profile == "3g.20gb" and held.mig_start is not None
-    # The instance the agent gives the holder: the one at the grant's start slot (the extender
-    # places MIG grants on its own model of the GPU, which need not match the profile there).
+    # The extender granted an instance the GPU has (the agent reported its layout): the holder's
+    # profile at the grant's start slot.
     busy = next(
         i
         for i in gpu_of(gpunode(cluster, node)["status"], held.uuid)["migInstances"]
-        if i["start"] == held.mig_start
+        if (i["profile"], i["start"]) == (held.mig_profile, held.mig_start)
     )
     instance = busy["uuid"]
     # The controller sees the instance in use once the agent reports its allocation.

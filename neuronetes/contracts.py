@@ -88,6 +88,9 @@ ANNOTATION_LOCALITY: Final = f"{GROUP}/locality"  # any | same-node | same-socke
 ANNOTATION_MIN_BANDWIDTH: Final = f"{GROUP}/min-bandwidth-gbps"  # NVLink GB/s between the GPUs
 ANNOTATION_GANG_TIMEOUT: Final = f"{GROUP}/gang-timeout-seconds"  # how long a gang reservation holds
 ANNOTATION_MODEL: Final = f"{GROUP}/model"
+# How a pod orders victims when it preempts: lowest-priority-first (the default, kube-scheduler's
+# order) or fewest-victims (an AgentPool's spec.scheduling.preemption.policy; docs/preemption.md).
+ANNOTATION_PREEMPTION_POLICY: Final = f"{GROUP}/preemption-policy"
 """On the pods of a pool with a fallback model: the model they serve (spec.model or fallbackModel)."""
 # The GPUSlice (same namespace) a pod runs inside: the pod gets exactly the slice's share of the
 # slice's GPU and is not charged again (docs/gpuslice.md).

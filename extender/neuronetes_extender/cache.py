@@ -42,6 +42,7 @@ from neuronetes.pricing import PriceTable
 from . import binding
 from . import decisions as d
 from .books import CacheBooks
+from .budgets import Budget
 from .cache_reads import CacheReads
 from .config import ExtenderSettings, SettingsSource
 from .demand import Demand, measure
@@ -167,6 +168,16 @@ class GpuCache:
                 self._books.holds.freed = True
         self.touch(GPUSLICES)
 
+    def replace_budgets(self, budgets: Iterable[Budget]) -> None:
+        """Every PodDisruptionBudget after a (re)list (`budgets.budget_of` of each object)."""
+        with self._lock:
+            self._preempt.budgets.replace(budgets)
+
+    def put_budget(self, key: str, budget: Budget | None) -> None:
+        """PodDisruptionBudget `key` (``namespace/name``) changed (None: it is gone)."""
+        with self._lock:
+            self._preempt.budgets.put(key, budget)
+
     def upsert_pod(self, pod: Pod) -> None:
         meta = pod.metadata  # `ClusterStore.previous` needs no lock
         previous = self._books.store.previous(pod_identity(meta.uid, meta.namespace, meta.name))
@@ -262,10 +273,11 @@ class GpuCache:
             self._ensure()
             books = self._books
             state = books.snap.state.read_copy()
-            units = preemption_candidates(state, books.store, pod, self._preempt.refused_until)
-            offered = self._preempt.offered.get(pod.id, ())
+            book = self._preempt
+            units = preemption_candidates(state, books.store, pod, book.refused_until, book.budgets)
+            offered = book.offered.get(pod.id, ())
         # Outside the lock: at thousands of nodes a decision takes long enough to stall filters.
-        return choose_victims(state, pod.request, units, nodes=offered)
+        return choose_victims(state, pod.request, units, nodes=offered, order=pod.victim_order)
 
     def hold_node_for(self, pod: PodInfo, node: str, seconds: float) -> None:
         """Refuse `node` to pods of lower priority than `pod` for `seconds`, or until it binds."""

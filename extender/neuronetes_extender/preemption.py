@@ -17,10 +17,12 @@ victim needed" and nobody is evicted, while the extender's filter keeps rejectin
    of lower priority: per GPU, kube-scheduler's order plus GPU-seconds lost; a gang whole. Pods
    inside a GPUSlice are not candidates (their slice's reservation outlives them; deleting a
    tenant's GPUSlice is not the scheduler's to do).
-3. **How.** Each victim pod gets an Eviction (``pods/eviction``: PodDisruptionBudgets honoured).
-   A refusal (429: a PDB; anything else) ends the attempt with a Warning Event on the preemptor;
-   the refused pod is left out of the next decisions for ``preemption.refusedBackoffSeconds``, so
-   the next decision tries other victims.
+3. **How.** Each victim pod gets an Eviction (``pods/eviction``: PodDisruptionBudgets honoured),
+   those a PDB covers first. The decision already prefers victims whose PDBs allow their
+   disruption (`budgets`); a refusal all the same (429: a PDB changed since; anything else)
+   ends the attempt with a Warning Event on the preemptor; the refused pod is left out of the
+   next decisions for ``preemption.refusedBackoffSeconds``, so the next decision (the next
+   tick) tries other victims.
 4. **The hold.** The chosen node is reserved for the preemptor for
    ``preemption.reservationSeconds`` (default 60) or until it binds or goes: the filter refuses
    that node to pods of lower priority meanwhile (kube-scheduler's nominated-node rule, per
@@ -46,6 +48,7 @@ from urllib.parse import quote
 from neuronetes.engine.preempt import PreemptionDecision, Unit, Victim, group_units
 from neuronetes.inventory import ClusterState
 
+from .budgets import BudgetBook
 from .config import PreemptionSettings
 from .events import EventRecorder, PodRef
 from .kube import KubeApi, KubeError, nudge_pod
@@ -81,6 +84,7 @@ class PreemptionBook:
         self.offered: dict[str, Sequence[str]] = {}
         self.reservations: dict[str, Reservation] = {}  # preemptor pod id -> its reservation
         self.refused_until: dict[str, float] = {}  # victim pod id -> left out until
+        self.budgets = BudgetBook()  # the PodDisruptionBudgets (`feeds.pdb_reflector`)
 
     def rejected(self, pod_id: str, now: float, offered: Sequence[str]) -> None:
         self.rejected_since.setdefault(pod_id, now)
@@ -134,9 +138,16 @@ def _pending(info: PodInfo | None) -> bool:
     return info is not None and info.pending_gpu
 
 
-def candidates(state: ClusterState, store: ClusterStore, pod: PodInfo, left_out: Iterable[str]) -> list[Unit]:
+def candidates(
+    state: ClusterState,
+    store: ClusterStore,
+    pod: PodInfo,
+    left_out: Iterable[str],
+    budgets: BudgetBook | None = None,
+) -> list[Unit]:
     """The units `pod` may evict: bound pods of lower priority in `state`, not in a GPUSlice and
-    not `left_out`, a gang's members together, with their start times and GPU-seconds lost."""
+    not `left_out`, a gang's members together, with their start times, GPU-seconds lost and
+    the PodDisruptionBudget covering each (from `budgets`) with the disruptions it allows."""
     skip = set(left_out)
     now = time.time()
     victims = []
@@ -155,6 +166,7 @@ def candidates(state: ClusterState, store: ClusterStore, pod: PodInfo, left_out:
         # GPU-seconds lost: the GPU share it holds (whole GPUs 1 each) times the seconds it ran.
         share = sum(g.milli for g in state.allocations[alloc].grants) / 1000
         ran = max(0.0, now - info.started) if info.started else 0.0
+        budget = budgets.covering(info.namespace, info.labels) if budgets is not None else None
         victims.append(
             Victim(
                 info.id,
@@ -163,6 +175,8 @@ def candidates(state: ClusterState, store: ClusterStore, pod: PodInfo, left_out:
                 allocation=alloc,
                 group=f"gang/{gang}" if gang else "",
                 gpu_seconds_lost=share * ran,
+                pdb=budget.key if budget is not None else "",
+                pdb_allowed=budget.allowed if budget is not None else 0,
             )
         )
     return [u for u in group_units(victims) if not skip.intersection(u.pods)]
@@ -239,7 +253,11 @@ class PreemptionController:
     def _act(self, pod: PodInfo, decision: PreemptionDecision, settings: PreemptionSettings) -> bool:
         node = decision.node
         assert node is not None
-        victims = [v for v in (self.cache.pod(p) for p in decision.pods) if v is not None]
+        # Victims a PodDisruptionBudget covers are evicted first: were one refused, no other
+        # victim would have been evicted in vain.
+        guarded = {p for u in decision.victims if u.pdbs for p in u.pods}
+        pods = sorted(decision.pods, key=lambda p: p not in guarded)
+        victims = [v for v in (self.cache.pod(p) for p in pods) if v is not None]
         names = ", ".join(sorted(v.key for v in victims))
         # The node is held before the first eviction: the GPUs it frees are the preemptor's.
         self.cache.hold_node_for(pod, node, settings.reservation_seconds)

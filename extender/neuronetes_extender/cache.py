@@ -275,7 +275,10 @@ class GpuCache:
             state = books.snap.state.read_copy()
             book = self._preempt
             units = preemption_candidates(state, books.store, pod, book.refused_until, book.budgets)
-            offered = book.offered.get(pod.id, ())
+            # A node held for another preemptor of this priority or higher is that one's: two
+            # preemptors freeing the same GPUs would each evict, and one would find them taken.
+            blocked = book.blocked(pod)
+            offered = [n for n in book.offered.get(pod.id, ()) if n not in blocked]
         # Outside the lock: at thousands of nodes a decision takes long enough to stall filters.
         return choose_victims(state, pod.request, units, nodes=offered, order=pod.victim_order)
 

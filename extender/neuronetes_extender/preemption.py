@@ -107,10 +107,11 @@ class PreemptionBook:
             del self.refused_until[pod_id]
 
     def blocked(self, pod: PodInfo) -> dict[str, str]:
-        """Nodes held for a preemptor of higher priority than `pod`: node -> why."""
+        """Nodes held for another preemptor of `pod`'s priority or higher: node -> why
+        (kube-scheduler's rule for nominated pods: equal priorities do not take their room)."""
         out: dict[str, str] = {}
         for held in self.reservations.values():
-            if held.pod != pod.id and held.priority > pod.priority:
+            if held.pod != pod.id and held.priority >= pod.priority:
                 out.setdefault(held.node, f"gpus held for preemptor {held.key} (priority {held.priority})")
         return out
 

@@ -21,6 +21,7 @@ from neuronetes_extender.budgets import budget_of
 from neuronetes_extender.cache import GpuCache
 from neuronetes_extender.config import ExtenderSettings, PreemptionSettings
 from neuronetes_extender.events import EventRecorder, PodRef
+from neuronetes_extender.gangs import GangSpec
 from neuronetes_extender.pods import PodInfo
 from neuronetes_extender.preemption import PreemptionController
 from neuronetes_extender.watch import CustomObject
@@ -267,3 +268,55 @@ def test_a_pool_asking_for_fewest_victims_evicts_one_pod_not_two_of_lower_priori
         w.cache.filter(w.info(high), [NODE])
         assert w.ctl.tick() == 1
         assert sorted(w.api.evicted) == evicted
+
+
+def gang_member(name: str, size: int, priority: int = 1000) -> dict[str, Any]:
+    pod = shared_pod(name, 12000, 50, priority=priority)
+    pod["metadata"].setdefault("labels", {}).update({c.LABEL_GANG: "train", c.LABEL_GANG_SIZE: str(size)})
+    return pod
+
+
+def fill_both(w: World, priorities: tuple[int, ...]) -> None:
+    """One 8,000 MiB pod per GPU on both nodes (GPU j of node k gets priorities[4k + j])."""
+    for k, node in enumerate(("nt4x4-pcie-0", "nt4x4-pcie-1")):
+        for j in range(4):
+            pod = shared_pod(f"low-{k}{j}", 8000, 40, priority=priorities[4 * k + j])
+            w.run(bound_with(pod, node, {j: (8000, 40)}))
+
+
+def test_a_pending_gang_preempts_for_all_its_members_at_once() -> None:
+    """Two members of 12,000 MiB: one victim per member, the two lowest-priority pods (one on
+    each node here), both evicted in one decision, every node freed held for the gang (its own
+    members pass, a lower-priority pod does not), and the gang's reservation made once they are
+    gone; every member is nudged."""
+    w = World(min_pending=0)
+    fill_both(w, (30, 10, 40, 50, 60, 70, 5, 80))
+    both = ["nt4x4-pcie-0", "nt4x4-pcie-1"]
+    spec = GangSpec(size=2, ttl_seconds=60)
+    members = [gang_member(f"train-{m}", 2) for m in range(2)]
+    for pod in members:
+        w.run(pod)
+        assert not w.cache.filter(w.info(pod), both, spec).feasible
+    assert w.ctl.tick() == 1
+    assert sorted(w.api.evicted) == ["low-01", "low-12"]  # priorities 10 and 5
+    assert sorted(r.node for r in w.cache.reservations()) == both
+    small = shared_pod("small", 1000, 10, priority=500)
+    assert not w.cache.filter(w.info(small), both).feasible
+    w.ctl.tick()
+    assert sorted(w.api.nudged) == ["train-0", "train-1"]
+    placed = [w.cache.filter(w.info(pod), both, spec) for pod in members]
+    assert all(d.feasible for d in placed)
+    assert w.cache.preemption_due(0) == [] and w.cache.reservations() == []  # the gang holds its own
+
+
+def test_a_gang_evicts_nobody_unless_every_member_gets_room() -> None:
+    """Three members, but only two GPUs hold pods below the gang's priority: no victim at all."""
+    w = World(min_pending=0)
+    fill_both(w, (30, 2000, 2000, 2000, 2000, 2000, 5, 2000))
+    spec = GangSpec(size=3, ttl_seconds=60)
+    for m in range(3):
+        pod = gang_member(f"train-{m}", 3)
+        w.run(pod)
+        w.cache.filter(w.info(pod), ["nt4x4-pcie-0", "nt4x4-pcie-1"], spec)
+    assert w.ctl.tick() == 0 and w.api.evicted == []
+    assert w.cache.reservations() == []

@@ -1,7 +1,8 @@
 """The preemption churn soak: the extender's cache and preemption controller on a simulated
 cluster and clock for 30 simulated minutes (tests/preemption_churn.py says what is real and what
 is simulated), with mixed priorities (0, 100, 500, 1000), Poisson arrivals, departures, evicted
-pods re-queued, three workloads in ten asking for the fewest-victims order.
+pods re-queued, three workloads in ten asking for the fewest-victims order, one in ten a gang of
+two pods.
 
 Figures per (arrival rate, seed): preemptions, evictions, **preemption loops** (an eviction that
 closes a cycle "A's pod evicted B's pod ... evicted A's": goal 0), victims re-placed onto the
@@ -33,6 +34,7 @@ COLUMNS = (
     ("arrivals", "arrivals"),
     ("binds", "binds"),
     ("preempt", "preemptions"),
+    ("by gangs", "gang_preemptions"),
     ("evicted", "evictions"),
     ("loops", "loops"),
     ("retook", "victims_retook_held_gpus"),

@@ -11,7 +11,7 @@ node holds and Events). What is simulated is around it:
 - the API server: an Eviction marks the victim terminating (it keeps its GPUs for
   `grace_s` seconds, as a pod in its termination grace period does), then deletes it;
 - the workloads: arrivals (Poisson, mixed priorities and sizes, three in ten asking for the
-  fewest-victims order), departures (a pod's run ends;
+  fewest-victims order, one in ten a gang of two), departures (a pod's run ends;
   a pod pending for `abandon_s` is withdrawn by its owner), and evicted pods re-queued (their
   controller creates them again, pending, with the run time they had left).
 
@@ -49,6 +49,7 @@ from neuronetes import contracts as c
 from neuronetes_extender.cache import GpuCache
 from neuronetes_extender.config import ExtenderSettings, PreemptionSettings
 from neuronetes_extender.events import EventRecorder, PodRef
+from neuronetes_extender.gangs import GangSpec
 from neuronetes_extender.pods import PodInfo
 from neuronetes_extender.preemption import PreemptionController
 from neuronetes_extender.wire import Pod
@@ -67,6 +68,7 @@ class Workload:
     compute: int  # percent per GPU (100 with whole GPUs)
     gpus: int  # whole GPUs (0: one share)
     fewest_victims: bool = False  # its pool's preemption.policy is fewest-victims
+    members: int = 1  # above 1: a gang of that many pods (evicted together, preempting together)
 
 
 @dataclass
@@ -77,6 +79,7 @@ class SoakFigures:
     completed: int = 0
     abandoned: int = 0
     preemptions: int = 0
+    gang_preemptions: int = 0
     evictions: int = 0
     requeued: int = 0
     loops: int = 0
@@ -179,10 +182,14 @@ class ChurnSoak:
                 priority = p
                 break
         fewest = self.rng.random() < 0.3
+        members = 2 if self.rng.random() < 0.1 else 1
         if self.rng.random() < 0.2:
-            return Workload(f"w{self.serial}", priority, 0, 100, self.rng.choice([1, 1, 1, 2]), fewest)
+            gpus = self.rng.choice([1, 1, 1, 2])
+            return Workload(f"w{self.serial}", priority, 0, 100, gpus, fewest, members)
         memory = self.rng.choice([3000, 5000, 7000, 12000])
-        return Workload(f"w{self.serial}", priority, memory, self.rng.choice([20, 30, 50]), 0, fewest)
+        return Workload(
+            f"w{self.serial}", priority, memory, self.rng.choice([20, 30, 50]), 0, fewest, members
+        )
 
     def _pod(self, w: Workload, name: str) -> dict[str, Any]:
         if w.gpus:
@@ -191,6 +198,10 @@ class ChurnSoak:
             pod = shared_pod(name, w.memory_mib, w.compute, priority=w.priority)
         if w.fewest_victims:
             pod["metadata"].setdefault("annotations", {})[c.ANNOTATION_PREEMPTION_POLICY] = "fewest-victims"
+        if w.members > 1:
+            pod["metadata"].setdefault("labels", {}).update(
+                {c.LABEL_GANG: w.name, c.LABEL_GANG_SIZE: str(w.members)}
+            )
         return pod
 
     def _create(self, w: Workload, left_s: float) -> None:
@@ -223,6 +234,7 @@ class ChurnSoak:
 
     def preempting(self, preemptor: str) -> None:
         self.figures.preemptions += 1
+        self.figures.gang_preemptions += self.workload_of[preemptor].members > 1
         self.preempting_since.setdefault(preemptor, self.now)
 
     def _reaches(self, start: str, goal: str) -> bool:
@@ -242,9 +254,10 @@ class ChurnSoak:
         self.clock.now = float(self.now)
         for _ in range(_poisson(self.rng, self.arrivals_per_s)):
             self.figures.arrivals += 1
-            self._create(
-                self._new_workload(), min(1200.0, max(30.0, self.rng.expovariate(1 / self.mean_run_s)))
-            )
+            w = self._new_workload()
+            run_s = min(1200.0, max(30.0, self.rng.expovariate(1 / self.mean_run_s)))
+            for _ in range(w.members):
+                self._create(w, run_s)
         self._departures()
         if self.now % self.retry_s == 0:
             self._schedule()
@@ -277,7 +290,8 @@ class ChurnSoak:
         for name, (w, left, _) in order:
             info = self._info(name)
             assert info is not None
-            decision = self.cache.filter(info, self.node_names)
+            gang = GangSpec(size=w.members, ttl_seconds=60) if w.members > 1 else None
+            decision = self.cache.filter(info, self.node_names, gang)
             if decision.hold is None:
                 continue
             node = decision.hold.node

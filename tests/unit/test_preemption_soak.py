@@ -16,6 +16,7 @@ def test_ten_minutes_of_churn_preempt_without_a_loop() -> None:
     held for its preemptor."""
     figures = ChurnSoak(7, arrivals_per_s=0.5, mean_run_s=400).run(600)
     assert figures.preemptions >= 10 and figures.evictions >= figures.preemptions
+    assert figures.gang_preemptions > 0  # gangs preempted for all their members too
     assert figures.requeued > 0  # evicted pods came back, pending, and were placed again or wait
     assert figures.loops == 0
     assert figures.victims_retook_held_gpus == 0

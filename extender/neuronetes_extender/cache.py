@@ -363,12 +363,13 @@ class GpuCache:
         with self._lock:
             binding.bind_done(self._books, plan, ok=ok, ambiguous=ambiguous, pod=pod)
 
-    def refine_victims(self, pod: PodInfo, node: str) -> list[PodInfo] | None:
-        """The pods to evict on `node` so that `pod` fits there, per GPU, lowest priority first
-        (`decisions.gpu_victims`, a dry run: nothing here changes); None: no room even then."""
+    def refine_victims(self, pod: PodInfo, node: str) -> tuple[list[PodInfo], int] | None:
+        """The pods to evict on `node` so that `pod` fits there, per GPU, lowest priority first,
+        and their PodDisruptionBudget violations (`decisions.gpu_victims`, a dry run: nothing
+        here changes); None: no room even then."""
         with self._lock:
             self._ensure()
-            return d.gpu_victims(self._books, pod, node)
+            return d.gpu_victims(self._books, pod, node, self._preempt.budgets)
 
     # ---- gang reservations ---------------------------------------------------------------------
     @property

@@ -44,7 +44,8 @@ class CandidateIndex:
         self.lost: F64 = np.array([u.gpu_seconds_lost for u in self.units], dtype=np.float64)
         # A unit's own PDB violations bound those of any set holding it (a set only adds pods).
         self.pdb: I64 = np.array(
-            [sum(max(0, n - allowed) for _, n, allowed in u.pdbs) for u in self.units], dtype=np.int64
+            [sum(max(0, n - allowed) for _, n, allowed in u.pdbs) if u.pdbs else 0 for u in self.units],
+            dtype=np.int64,
         )
         pair_unit: list[int] = []
         pair_row: list[int] = []

@@ -109,7 +109,9 @@ def loaded(n: int, seed: int) -> tuple[ClusterState, list[Unit]]:
                     start_time=started,
                     allocation=alloc,
                     group=gang,
-                    violates_pdb=rng.random() < 0.1,
+                    # One pod in ten runs under one of 50 PDBs (each allowing 0-2 disruptions).
+                    pdb=f"pdb{k % 50}" if rng.random() < 0.1 else "",
+                    pdb_allowed=k % 50 % 3,
                     gpu_seconds_lost=len(grants) * (NOW - started),
                 )
             )

@@ -99,6 +99,9 @@ LABEL_PRELOAD_POOL: Final = f"{GROUP}/preload-pool"
 ANNOTATION_PRELOAD_MODEL: Final = f"{GROUP}/preload-model"
 ANNOTATION_SIMULATED_CACHED_MODELS: Final = f"{GROUP}/simulated-cached-models"
 """On a simulated (kwok) node only: comma-separated models its simulated cache holds from the start."""
+# How a pod orders victims when it preempts: lowest-priority-first (the default, kube-scheduler's
+# order) or fewest-victims (an AgentPool's spec.scheduling.preemption.policy; docs/preemption.md).
+ANNOTATION_PREEMPTION_POLICY: Final = f"{GROUP}/preemption-policy"
 # The GPUSlice (same namespace) a pod runs inside: the pod gets exactly the slice's share of the
 # slice's GPU and is not charged again (docs/gpuslice.md).
 ANNOTATION_SLICE: Final = f"{GROUP}/slice"

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from neuronetes.engine.filters import FILTERS, mig_slot, share_fit
-from neuronetes.engine.preempt import PreemptionDecision, Unit, Victim, choose_victims, group_units, set_key
+from neuronetes.engine.preempt import (
+    PreemptionDecision,
+    Unit,
+    Victim,
+    VictimOrder,
+    choose_victims,
+    group_units,
+    set_key,
+)
 from neuronetes.inventory import ClusterState
 from neuronetes.model import GpuGrant, GpuSpec, Locality, NodeSpec, PodRequest
 
@@ -30,6 +38,7 @@ class Case:
     state: ClusterState
     preemptor: PodRequest
     units: list[Unit]
+    order: VictimOrder = VictimOrder.LOWEST_PRIORITY_FIRST
 
 
 def _node(rng: random.Random, k: int) -> NodeSpec:
@@ -107,9 +116,11 @@ def random_grants(
 
 def random_case(rng: random.Random) -> Case:
     """A loaded cluster of 1-3 nodes (1-8 GPUs each: whole, shared or MIG), lone pods, gangs
-    (members on any node), GPUSlices with pods inside, PDB flags, a few pods at or above the
-    preemptor's priority (never candidates), and a preemptor."""
+    (members on any node), GPUSlices with pods inside, PodDisruptionBudgets (0-2 of them, each
+    allowing 0-2 disruptions, covering some pods), a few pods at or above the preemptor's
+    priority (never candidates), a preemptor, and the victim order (a quarter fewest-victims)."""
     nodes = [_node(rng, k) for k in range(rng.randint(1, 3))]
+    budgets = {f"pdb{b}": rng.randint(0, 2) for b in range(rng.randint(0, 2))}
     state = ClusterState(nodes)
     victims: list[Victim] = []
     slices: set[str] = set()
@@ -135,7 +146,7 @@ def random_case(rng: random.Random) -> Case:
                 "priority": priority,
                 "start_time": float(rng.randrange(1000)),
                 "group": group,
-                "violates_pdb": rng.random() < 0.15,
+                **_pdb_of(rng, budgets),
                 "gpu_seconds_lost": float(rng.randrange(0, 5000, 250)),
             }
             if in_slice:
@@ -150,7 +161,16 @@ def random_case(rng: random.Random) -> Case:
         if not any(fits_after(state, preemptor, row, []) for row in range(state.n_nodes)):
             break
         preemptor = _preemptor(rng, state)
-    return Case(state, preemptor, group_units(victims, counted_once=slices))
+    order = VictimOrder.FEWEST_VICTIMS if rng.random() < 0.25 else VictimOrder.LOWEST_PRIORITY_FIRST
+    return Case(state, preemptor, group_units(victims, counted_once=slices), order)
+
+
+def _pdb_of(rng: random.Random, budgets: dict[str, int]) -> dict[str, object]:
+    """A victim's PDB fields: about a third of the pods are covered by one of `budgets`."""
+    if not budgets or rng.random() < 0.65:
+        return {}
+    name = rng.choice(sorted(budgets))
+    return {"pdb": name, "pdb_allowed": budgets[name]}
 
 
 def fits_after(state: ClusterState, req: PodRequest, row: int, units: list[Unit]) -> bool:
@@ -176,12 +196,12 @@ def brute_force(case: Case) -> tuple[int, tuple[Unit, ...]] | None:
         if not fits_after(st, req, row, here):
             continue  # even all of them do not make room
         subsets = [c for n in range(len(here) + 1) for c in itertools.combinations(here, n)]
-        subsets.sort(key=set_key)
+        subsets.sort(key=lambda sub: set_key(sub, case.order))
         for subset in subsets:
-            if best is not None and (set_key(subset), row) >= (best[0], best[1]):
+            if best is not None and (set_key(subset, case.order), row) >= (best[0], best[1]):
                 break
             if fits_after(st, req, row, list(subset)):
-                best = (set_key(subset), row, subset)
+                best = (set_key(subset, case.order), row, subset)
                 break
     return None if best is None else (best[1], best[2])
 
@@ -196,7 +216,7 @@ class Verdict:
 
 def judge(case: Case, decision: PreemptionDecision | None = None) -> Verdict:
     """The search's decision against the brute force: same node and set; every victim needed."""
-    decision = decision or choose_victims(case.state, case.preemptor, case.units)
+    decision = decision or choose_victims(case.state, case.preemptor, case.units, order=case.order)
     brute = brute_force(case)
     st, req = case.state, case.preemptor
     if brute is None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 
 from neuronetes.api.models import GPUNode
@@ -42,10 +42,12 @@ from neuronetes.pricing import PriceTable
 from . import binding
 from . import decisions as d
 from .books import CacheBooks
+from .budgets import Budget
 from .cache_reads import CacheReads
 from .config import ExtenderSettings, SettingsSource
 from .demand import Demand, measure
 from .gang_manager import GangListener
+from .gang_preemption import decide_for_gang, missing_members, pending_members
 from .gang_restore import restore_gangs
 from .gangs import GangGroup, GangSpec, RestoredGang
 from .pods import PodInfo, pod_identity
@@ -170,6 +172,16 @@ class GpuCache:
                 self._books.holds.freed = True
         self.touch(GPUSLICES)
 
+    def replace_budgets(self, budgets: Iterable[Budget]) -> None:
+        """Every PodDisruptionBudget after a (re)list (`budgets.budget_of` of each object)."""
+        with self._lock:
+            self._preempt.budgets.replace(budgets)
+
+    def put_budget(self, key: str, budget: Budget | None) -> None:
+        """PodDisruptionBudget `key` (``namespace/name``) changed (None: it is gone)."""
+        with self._lock:
+            self._preempt.budgets.put(key, budget)
+
     def upsert_pod(self, pod: Pod) -> None:
         meta = pod.metadata  # `ClusterStore.previous` needs no lock
         previous = self._books.store.previous(pod_identity(meta.uid, meta.namespace, meta.name))
@@ -245,7 +257,7 @@ class GpuCache:
                 self._preempt.placed(pod.id)
             elif pod.gpu is not None:
                 books.holds.rejected[pod.id] = (pod.namespace, pod.name)
-                self._preempt.rejected(pod.id, books.snap.now(), node_names)
+                self._preempt.rejected(pod.id, books.snap.now(), node_names, gang)
             return decision
 
     # ---- preemption (`preemption.PreemptionController`) ------------------------------------------
@@ -255,7 +267,7 @@ class GpuCache:
             self._ensure()
             now = self._books.snap.now()
             pods = self._books.store.pods
-            self._preempt.expire(pods, now)
+            self._preempt.expire(pods, now, planned=self._books.gangs.groups.keys())
             return self._preempt.due(pods, now, min_pending_s)
 
     def decide_preemption(self, pod: PodInfo) -> PreemptionDecision:
@@ -265,21 +277,47 @@ class GpuCache:
             self._ensure()
             books = self._books
             state = books.snap.state.read_copy()
-            units = preemption_candidates(state, books.store, pod, self._preempt.refused_until)
-            offered = self._preempt.offered.get(pod.id, ())
+            book = self._preempt
+            members = missing_members(books.store.pods, pod, book.gang_specs.get(pod.id))
+            low = min((m.priority for m in members), default=pod.priority)
+            lowest = replace(pod, priority=low)  # a gang's victims are below every member
+            units = preemption_candidates(state, books.store, lowest, book.refused_until, book.budgets)
+            # A node held for another preemptor of this priority or higher is that one's: two
+            # preemptors freeing the same GPUs would each evict, and one would find them taken.
+            blocked = book.blocked(pod)
+            offered = [n for n in book.offered.get(pod.id, ()) if n not in blocked]
+            policy = books.snap.settings.policy
         # Outside the lock: at thousands of nodes a decision takes long enough to stall filters.
-        return choose_victims(state, pod.request, units, nodes=offered)
+        if pod.gang is None:
+            return choose_victims(state, pod.request, units, nodes=offered, order=pod.victim_order)
+        if not members:
+            return PreemptionDecision(
+                (), (), "the gang's size is not known or no member is missing", needed=False
+            )
+        return decide_for_gang(state, members, units, nodes=offered, order=pod.victim_order, policy=policy)
 
-    def hold_node_for(self, pod: PodInfo, node: str, seconds: float) -> None:
-        """Refuse `node` to pods of lower priority than `pod` for `seconds`, or until it binds."""
+    def hold_nodes_for(self, pod: PodInfo, nodes: Collection[str], seconds: float) -> None:
+        """Refuse `nodes` to pods of `pod`'s priority or lower for `seconds`, or until it binds (a
+        gang member: until no member waits or the gang's own reservation is made)."""
         with self._lock:
             until = self._books.snap.now() + seconds
-            self._preempt.reservations[pod.id] = Reservation(pod.id, pod.key, pod.priority, node, until)
+            book = self._preempt
+            group = pod.gang_id or ""
+            for node in sorted(nodes):
+                key = f"{group}@{node}" if group else pod.id
+                book.reservations[key] = Reservation(pod.id, pod.key, pod.priority, node, until, group)
 
-    def drop_hold_for(self, pod_id: str) -> None:
-        """The preemption attempt of `pod_id` ended without evictions enough: its node is free."""
+    def drop_holds_for(self, pod: PodInfo) -> None:
+        """The preemption attempt of `pod` (or its gang) ended without evictions enough."""
         with self._lock:
-            self._preempt.reservations.pop(pod_id, None)
+            book = self._preempt
+            for key in [k for k, h in book.reservations.items() if h.pod == pod.id]:
+                del book.reservations[key]
+
+    def pending_members(self, pod: PodInfo) -> list[PodInfo]:
+        """The pods to tell when room is made: `pod`, or its gang's pending members."""
+        with self._lock:
+            return pending_members(self._books.store.pods, pod)
 
     def refuse_victim(self, pod_id: str, seconds: float) -> None:
         """Leave `pod_id` out of preemption decisions for `seconds` (its eviction was refused)."""
@@ -328,12 +366,13 @@ class GpuCache:
         with self._lock:
             binding.bind_done(self._books, plan, ok=ok, ambiguous=ambiguous, pod=pod)
 
-    def refine_victims(self, pod: PodInfo, node: str) -> list[PodInfo] | None:
-        """The pods to evict on `node` so that `pod` fits there, per GPU, lowest priority first
-        (`decisions.gpu_victims`, a dry run: nothing here changes); None: no room even then."""
+    def refine_victims(self, pod: PodInfo, node: str) -> tuple[list[PodInfo], int] | None:
+        """The pods to evict on `node` so that `pod` fits there, per GPU, lowest priority first,
+        and their PodDisruptionBudget violations (`decisions.gpu_victims`, a dry run: nothing
+        here changes); None: no room even then."""
         with self._lock:
             self._ensure()
-            return d.gpu_victims(self._books, pod, node)
+            return d.gpu_victims(self._books, pod, node, self._preempt.budgets)
 
     # ---- gang reservations ---------------------------------------------------------------------
     @property

@@ -19,10 +19,12 @@ from neuronetes.engine import PlacementEngine, Separation, scale_scores
 from neuronetes.engine.core import FEASIBLE
 from neuronetes.engine.filters import FILTERS
 from neuronetes.engine.preempt import Victim, group_units, node_victims
+from neuronetes.engine.victims import pdb_violations
 from neuronetes.inventory import ClusterState
 from neuronetes.model import Placement, PodRequest
 
 from .books import CacheBooks
+from .budgets import BudgetBook
 from .config import ExtenderSettings
 from .gangs import GangSpec
 from .holds import owned_by
@@ -218,18 +220,20 @@ def prioritize(books: CacheBooks, pod: PodInfo, lookup: NodeLookup) -> list[int]
 
 
 # ---- preemption -----------------------------------------------------------------------------------
-def gpu_victims(books: CacheBooks, pod: PodInfo, node: str) -> list[PodInfo] | None:
+def gpu_victims(
+    books: CacheBooks, pod: PodInfo, node: str, budgets: BudgetBook | None = None
+) -> tuple[list[PodInfo], int] | None:
     """The pods to evict on `node` so that `pod` fits there, chosen per GPU
     (`neuronetes.engine.preempt`: a victim given back is checked on the GPU it holds; least by
-    kube-scheduler's order), lowest priority first; a dry run on a copy of the state.
+    the order `pod` asks for, kube-scheduler's by default), lowest priority first, and how many
+    of them their PodDisruptionBudgets (`budgets`) do not let go now; a dry run on a copy of
+    the state.
 
     Candidates are the lower-priority pods bound to `node`. A gang is one candidate, and only
     when every bound member runs on `node` (kube-scheduler evicts one node's pods, and part of a
     gang is never a victim); a pod inside a GPUSlice is none (the slice's reservation outlives
-    it, and kube-scheduler cannot release a slice). The cache knows neither start times nor
-    PodDisruptionBudgets: all candidates count as started together and violating none (the
-    operator's eviction path knows both). None: the node is unknown, or evicting every
-    candidate does not make room.
+    it, and kube-scheduler cannot release a slice). Start times are the pods' ``status.startTime``.
+    None: the node is unknown, or evicting every candidate does not make room.
     """
     st = books.snap.state
     row = st.index.get(node)
@@ -251,11 +255,20 @@ def gpu_victims(books: CacheBooks, pod: PodInfo, node: str) -> list[PodInfo] | N
         gang = info.gang_id
         if gang is not None and any(m.node != node for m in members.get(gang, ())):
             continue  # members elsewhere: not kube-scheduler's to evict from this node
+        budget = budgets.covering(info.namespace, info.labels) if budgets is not None else None
         victims.append(
-            Victim(info.id, info.priority, allocation="pod/" + info.id, group=f"gang/{gang}" if gang else "")
+            Victim(
+                info.id,
+                info.priority,
+                start_time=info.started,
+                allocation="pod/" + info.id,
+                group=f"gang/{gang}" if gang else "",
+                pdb=budget.key if budget is not None else "",
+                pdb_allowed=budget.allowed if budget is not None else 0,
+            )
         )
-    found = node_victims(st, pod.request, node, group_units(victims))
+    found = node_victims(st, pod.request, node, group_units(victims), order=pod.victim_order)
     if isinstance(found, str):
         return None
     chosen = [pods[p] for u in found.victims for p in u.pods]
-    return sorted(chosen, key=lambda info: (info.priority, info.id))
+    return sorted(chosen, key=lambda info: (info.priority, info.id)), pdb_violations(found.victims)

@@ -1,17 +1,19 @@
-"""The GPU cache's feeds: the node, pod, GPUNode and GPUSlice reflectors of one cache, started
-together.
+"""The GPU cache's feeds: the node, pod, GPUNode, GPUSlice and PodDisruptionBudget reflectors
+of one cache, started together.
 
 Nodes and pods are required (the cache is ready once both are listed); GPUNode and GPUSlice
 objects once listed too, but optional (without the GPUNode CRD, node labels and capacity are the
-inventory; without the GPUSlice CRD, nothing is reserved by slices). Each reflector is added to
-the `WatchHealth` that readiness reads.
+inventory; without the GPUSlice CRD, nothing is reserved by slices). Each of those is added to
+the `WatchHealth` that readiness reads. PodDisruptionBudgets only order preemption's victims
+(`budgets`): the cache does not wait for them nor is it unready without them (the Eviction API
+enforces them regardless).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -20,13 +22,16 @@ from neuronetes import contracts as c
 from neuronetes.api import models as m
 from neuronetes.api.models import GPUNode
 
+from .budgets import budget_of
 from .cache import GPUNODES, GPUSLICES, GpuCache
 from .kube import KubeApi
 from .slices import slice_of
 from .watch import CustomObject, CustomObjectList, Reflector, WatchHealth
 from .wire import Node, NodeList, Pod, PodList
 
-__all__ = ["Reflectors", "gpunode_reflector", "gpuslice_reflector", "start_reflectors"]
+__all__ = ["Reflectors", "gpunode_reflector", "gpuslice_reflector", "pdb_reflector", "start_reflectors"]
+
+PDBS = "poddisruptionbudgets"
 
 log = logging.getLogger(__name__)
 
@@ -69,23 +74,48 @@ def gpunode_reflector(
     )
 
 
-def gpuslice_reflector(
-    cache: GpuCache, api: KubeApi, *, resync_period: float = 600.0
+def _keyed_reflector(
+    api: KubeApi,
+    resource: str,
+    path: str,
+    *,
+    replace: Callable[[Iterable[CustomObject]], None],
+    put: Callable[[str, CustomObject | None], None],
+    on_synced: Callable[[], None] = lambda: None,
+    on_heard: Callable[[], None] = lambda: None,
+    **hooks: Any,
 ) -> Reflector[CustomObject]:
-    """Feeds `cache` the GPUSlices' reservations (`slices.slice_of`: their status only)."""
+    """A reflector of namespaced objects told to the cache as ``put(namespace/name, object or
+    None when gone)`` (`hooks`: the other `Reflector` arguments)."""
 
     def key(obj: CustomObject) -> str:
         return f"{obj.metadata.namespace}/{obj.metadata.name}"
 
     return Reflector(
         api,
-        GPUSLICES,
-        f"/apis/{c.API_VERSION}/{GPUSLICES}",
+        resource,
+        path,
         CustomObject,
         CustomObjectList,
-        on_replace=lambda items: cache.replace_slices(s for s in map(slice_of, items) if s is not None),
-        on_upsert=lambda obj: cache.put_slice(key(obj), slice_of(obj)),
-        on_delete=lambda obj: cache.put_slice(key(obj), None),
+        on_replace=replace,
+        on_upsert=lambda obj: put(key(obj), obj),
+        on_delete=lambda obj: put(key(obj), None),
+        on_synced=on_synced,
+        on_heard=on_heard,
+        **hooks,
+    )
+
+
+def gpuslice_reflector(
+    cache: GpuCache, api: KubeApi, *, resync_period: float = 600.0
+) -> Reflector[CustomObject]:
+    """Feeds `cache` the GPUSlices' reservations (`slices.slice_of`: their status only)."""
+    return _keyed_reflector(
+        api,
+        GPUSLICES,
+        f"/apis/{c.API_VERSION}/{GPUSLICES}",
+        replace=lambda items: cache.replace_slices(s for s in map(slice_of, items) if s is not None),
+        put=lambda key, obj: cache.put_slice(key, None if obj is None else slice_of(obj)),
         on_synced=lambda: cache.mark_synced(GPUSLICES),
         on_heard=lambda: cache.touch(GPUSLICES),
         resync_period=resync_period,
@@ -93,8 +123,21 @@ def gpuslice_reflector(
     )
 
 
+def pdb_reflector(cache: GpuCache, api: KubeApi, *, resync_period: float = 600.0) -> Reflector[CustomObject]:
+    """Feeds `cache` the PodDisruptionBudgets (`budgets.budget_of`: selector and allowed
+    disruptions), which order preemption's victims."""
+    return _keyed_reflector(
+        api,
+        PDBS,
+        f"/apis/policy/v1/{PDBS}",
+        replace=lambda items: cache.replace_budgets(b for b in map(budget_of, items) if b is not None),
+        put=lambda key, obj: cache.put_budget(key, None if obj is None else budget_of(obj)),
+        resync_period=resync_period,  # neither synced nor heard: the cache does not wait for it
+    )
+
+
 class Reflectors:
-    """The node, pod, GPUNode and GPUSlice reflectors of one cache."""
+    """The node, pod, GPUNode, GPUSlice and PodDisruptionBudget reflectors of one cache."""
 
     def __init__(
         self,
@@ -102,12 +145,14 @@ class Reflectors:
         pods: Reflector[Pod],
         gpunodes: Reflector[CustomObject],
         gpuslices: Reflector[CustomObject],
+        pdbs: Reflector[CustomObject],
     ) -> None:
         self.nodes, self.pods, self.gpunodes, self.gpuslices = nodes, pods, gpunodes, gpuslices
+        self.pdbs = pdbs
 
     @property
     def all(self) -> tuple[Reflector[Any], ...]:
-        return (self.nodes, self.pods, self.gpunodes, self.gpuslices)
+        return (self.nodes, self.pods, self.gpunodes, self.gpuslices, self.pdbs)
 
     def start(self) -> None:
         for reflector in self.all:
@@ -167,9 +212,11 @@ def start_reflectors(
         pods,
         gpunode_reflector(cache, api, resync_period=resync_period),
         gpuslice_reflector(cache, api, resync_period=resync_period),
+        pdb_reflector(cache, api, resync_period=resync_period),
     )
     if health is not None:
         for reflector in reflectors.all:
-            health.add(reflector)
+            if reflector is not reflectors.pdbs:  # optional: see the module's docstring
+                health.add(reflector)
     reflectors.start()
     return reflectors

@@ -25,6 +25,7 @@ from neuronetes.assignment import (
     gang_of,
     pod_gpu_request,
 )
+from neuronetes.engine.victims import VictimOrder
 from neuronetes.model import PodRequest
 from neuronetes.quantity import QuantityError, to_mib, to_milli
 
@@ -142,6 +143,14 @@ def _gang_ref(pod: Pod, mapping: dict[str, Any]) -> GangRef | None:
     return GangRef(key, name, size, timeout)
 
 
+def _victim_order(annotations: dict[str, str] | None) -> VictimOrder:
+    raw = (annotations or {}).get(c.ANNOTATION_PREEMPTION_POLICY, "")
+    try:
+        return VictimOrder(raw)
+    except ValueError:  # absent, or a value the CRD would refuse: kube-scheduler's order
+        return VictimOrder.LOWEST_PRIORITY_FIRST
+
+
 def _started(pod: Pod) -> float:
     """``status.startTime`` in Unix seconds (0.0: none, or not a time)."""
     try:
@@ -177,6 +186,9 @@ class PodInfo:
     slice: str = ""  # the GPUSlice (same namespace) it runs inside: `neuronetes.io/slice`
     preemption_policy: str = ""  # spec.preemptionPolicy ("Never": it never preempts)
     started: float = 0.0  # status.startTime, Unix seconds (0: not started or unknown)
+    # How it orders victims when it preempts (`neuronetes.io/preemption-policy`, an AgentPool's
+    # spec.scheduling.preemption.policy written by the operator; absent or unknown: the default).
+    victim_order: VictimOrder = VictimOrder.LOWEST_PRIORITY_FIRST
     # What the derived fields above were read from (spec, labels, annotations): a later version
     # of the pod with the same sources needs none of them read again (`from_pod`).
     sources: tuple[PodSpec, dict[str, str] | None, dict[str, str] | None] | None = field(
@@ -250,12 +262,18 @@ class PodInfo:
             slice=(meta.annotations or {}).get(c.ANNOTATION_SLICE, ""),
             preemption_policy=pod.spec.preemption_policy or "",
             started=_started(pod),
+            victim_order=_victim_order(meta.annotations),
             sources=(pod.spec, _read_labels(meta.labels), meta.annotations),
         )
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def labels(self) -> dict[str, str] | None:
+        """Its labels (less those the API server copies from the node at binding)."""
+        return self.sources[1] if self.sources is not None else None
 
     @property
     def gang_id(self) -> str | None:

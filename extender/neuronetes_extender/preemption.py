@@ -17,10 +17,12 @@ victim needed" and nobody is evicted, while the extender's filter keeps rejectin
    of lower priority: per GPU, kube-scheduler's order plus GPU-seconds lost; a gang whole. Pods
    inside a GPUSlice are not candidates (their slice's reservation outlives them; deleting a
    tenant's GPUSlice is not the scheduler's to do).
-3. **How.** Each victim pod gets an Eviction (``pods/eviction``: PodDisruptionBudgets honoured).
-   A refusal (429: a PDB; anything else) ends the attempt with a Warning Event on the preemptor;
-   the refused pod is left out of the next decisions for ``preemption.refusedBackoffSeconds``, so
-   the next decision tries other victims.
+3. **How.** Each victim pod gets an Eviction (``pods/eviction``: PodDisruptionBudgets honoured),
+   those a PDB covers first. The decision already prefers victims whose PDBs allow their
+   disruption (`budgets`); a refusal all the same (429: a PDB changed since; anything else)
+   ends the attempt with a Warning Event on the preemptor; the refused pod is left out of the
+   next decisions for ``preemption.refusedBackoffSeconds``, so the next decision (the next
+   tick) tries other victims.
 4. **The hold.** The chosen node is reserved for the preemptor for
    ``preemption.reservationSeconds`` (default 60) or until it binds or goes: the filter refuses
    that node to pods of lower priority meanwhile (kube-scheduler's nominated-node rule, per
@@ -38,7 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import quote
@@ -46,8 +48,10 @@ from urllib.parse import quote
 from neuronetes.engine.preempt import PreemptionDecision, Unit, Victim, group_units
 from neuronetes.inventory import ClusterState
 
+from .budgets import BudgetBook
 from .config import PreemptionSettings
 from .events import EventRecorder, PodRef
+from .gangs import GangSpec
 from .kube import KubeApi, KubeError, nudge_pod
 from .pods import PodInfo
 from .store import ClusterStore
@@ -68,6 +72,7 @@ class Reservation:
     priority: int
     node: str
     until: float
+    group: str = ""  # a gang preemptor's group (namespace/name): its members are not held off
 
 
 class PreemptionBook:
@@ -81,38 +86,54 @@ class PreemptionBook:
         self.offered: dict[str, Sequence[str]] = {}
         self.reservations: dict[str, Reservation] = {}  # preemptor pod id -> its reservation
         self.refused_until: dict[str, float] = {}  # victim pod id -> left out until
+        self.budgets = BudgetBook()  # the PodDisruptionBudgets (`feeds.pdb_reflector`)
+        self.gang_specs: dict[str, GangSpec] = {}  # rejected gang member -> its group's size, TTL
 
-    def rejected(self, pod_id: str, now: float, offered: Sequence[str]) -> None:
+    def rejected(self, pod_id: str, now: float, offered: Sequence[str], gang: GangSpec | None = None) -> None:
         self.rejected_since.setdefault(pod_id, now)
         self.offered[pod_id] = offered
+        if gang is not None:
+            self.gang_specs[pod_id] = gang
 
     def placed(self, pod_id: str) -> None:
         self.rejected_since.pop(pod_id, None)
         self.offered.pop(pod_id, None)
+        self.gang_specs.pop(pod_id, None)
 
-    def expire(self, pods: Mapping[str, PodInfo], now: float) -> None:
+    def expire(self, pods: Mapping[str, PodInfo], now: float, planned: Collection[str] = ()) -> None:
         """Drop what no longer applies: pods gone or no longer pending, reservations whose
-        preemptor bound, went, or ran out of time, refusals past their backoff."""
+        preemptor bound, went, or ran out of time (a gang's: no member waits any more, or the
+        group's own reservation is `planned`: its GPUs are held by it now), refusals past their
+        backoff."""
         for pod_id in [p for p in self.rejected_since if not _pending(pods.get(p))]:
-            del self.rejected_since[pod_id]
-            self.offered.pop(pod_id, None)
-        for pod_id, held in list(self.reservations.items()):
-            if held.until <= now or not _pending(pods.get(pod_id)):
-                del self.reservations[pod_id]
+            self.placed(pod_id)
+        waiting = {g for g in (self.reservations[k].group for k in self.reservations) if g}
+        if waiting:  # gangs whose preemption holds are live: do they still have a member waiting?
+            waiting = {p.gang_id for p in pods.values() if p.gang_id in waiting and _pending(p)}
+        for key, held in list(self.reservations.items()):
+            gone = held.group not in waiting if held.group else not _pending(pods.get(held.pod))
+            if held.until <= now or gone or held.group in planned:
+                del self.reservations[key]
         for pod_id in [p for p, until in self.refused_until.items() if until <= now]:
             del self.refused_until[pod_id]
 
     def blocked(self, pod: PodInfo) -> dict[str, str]:
-        """Nodes held for a preemptor of higher priority than `pod`: node -> why."""
+        """Nodes held for another preemptor of `pod`'s priority or higher: node -> why
+        (kube-scheduler's rule for nominated pods: equal priorities do not take their room)."""
         out: dict[str, str] = {}
         for held in self.reservations.values():
-            if held.pod != pod.id and held.priority > pod.priority:
+            if held.group and held.group == pod.gang_id:
+                continue  # the gang's own room
+            if held.pod != pod.id and held.priority >= pod.priority:
                 out.setdefault(held.node, f"gpus held for preemptor {held.key} (priority {held.priority})")
         return out
 
     def due(self, pods: Mapping[str, PodInfo], now: float, min_pending_s: float) -> list[PodInfo]:
         """Pending pods rejected for at least `min_pending_s` that may preempt and hold nothing
-        yet, highest priority first (then the longest waiting)."""
+        yet, highest priority first (then the longest waiting). A gang is one of them: its
+        first member by name that is due stands for it (`gang_preemption`), and only while
+        the gang holds nothing."""
+        held_gangs = {h.group for h in self.reservations.values() if h.group}
         out = []
         for pod_id, since in self.rejected_since.items():
             info = pods.get(pod_id)
@@ -123,20 +144,32 @@ class PreemptionBook:
                 and info.priority > 0
                 and info.preemption_policy != "Never"
                 and not info.slice
-                and info.gang is None
                 and pod_id not in self.reservations
+                and info.gang_id not in held_gangs
             ):
                 out.append((-info.priority, since, pod_id, info))
-        return [info for *_, info in sorted(out, key=lambda t: t[:3])]
+        out.sort(key=lambda t: t[:3])
+        first: dict[str, str] = {}  # gang -> the name of its member that stands for it
+        for *_, info in out:
+            if info.gang_id is not None and info.name < first.get(info.gang_id, "\U0010ffff"):
+                first[info.gang_id] = info.name
+        return [info for *_, info in out if info.gang_id is None or first[info.gang_id] == info.name]
 
 
 def _pending(info: PodInfo | None) -> bool:
     return info is not None and info.pending_gpu
 
 
-def candidates(state: ClusterState, store: ClusterStore, pod: PodInfo, left_out: Iterable[str]) -> list[Unit]:
+def candidates(
+    state: ClusterState,
+    store: ClusterStore,
+    pod: PodInfo,
+    left_out: Iterable[str],
+    budgets: BudgetBook | None = None,
+) -> list[Unit]:
     """The units `pod` may evict: bound pods of lower priority in `state`, not in a GPUSlice and
-    not `left_out`, a gang's members together, with their start times and GPU-seconds lost."""
+    not `left_out`, a gang's members together, with their start times, GPU-seconds lost and
+    the PodDisruptionBudget covering each (from `budgets`) with the disruptions it allows."""
     skip = set(left_out)
     now = time.time()
     victims = []
@@ -155,6 +188,7 @@ def candidates(state: ClusterState, store: ClusterStore, pod: PodInfo, left_out:
         # GPU-seconds lost: the GPU share it holds (whole GPUs 1 each) times the seconds it ran.
         share = sum(g.milli for g in state.allocations[alloc].grants) / 1000
         ran = max(0.0, now - info.started) if info.started else 0.0
+        budget = budgets.covering(info.namespace, info.labels) if budgets is not None else None
         victims.append(
             Victim(
                 info.id,
@@ -163,6 +197,8 @@ def candidates(state: ClusterState, store: ClusterStore, pod: PodInfo, left_out:
                 allocation=alloc,
                 group=f"gang/{gang}" if gang else "",
                 gpu_seconds_lost=share * ran,
+                pdb=budget.key if budget is not None else "",
+                pdb_allowed=budget.allowed if budget is not None else 0,
             )
         )
     return [u for u in group_units(victims) if not skip.intersection(u.pods)]
@@ -177,11 +213,13 @@ class PreemptionCache(Protocol):
 
     def pod(self, pod_id: str) -> PodInfo | None: ...
 
-    def hold_node_for(self, pod: PodInfo, node: str, seconds: float) -> None: ...
+    def hold_nodes_for(self, pod: PodInfo, nodes: Collection[str], seconds: float) -> None: ...
 
     def refuse_victim(self, pod_id: str, seconds: float) -> None: ...
 
-    def drop_hold_for(self, pod_id: str) -> None: ...
+    def drop_holds_for(self, pod: PodInfo) -> None: ...
+
+    def pending_members(self, pod: PodInfo) -> list[PodInfo]: ...
 
 
 class PreemptionController:
@@ -201,9 +239,10 @@ class PreemptionController:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.evicted = 0
-        # Preemptor pod id -> (the preemptor, its victims' pod ids, give up at): it is nudged once
-        # every victim is gone (kube-scheduler may not retry a pod an extender rejected on its own).
-        self._awaiting: dict[str, tuple[PodInfo, tuple[str, ...], float]] = {}
+        # Preemptor pod id -> (the pods to nudge: the preemptor, or a gang's pending members; its
+        # victims' pod ids; give up at): they are nudged once every victim is gone
+        # (kube-scheduler may not retry a pod an extender rejected on its own).
+        self._awaiting: dict[str, tuple[list[PodInfo], tuple[str, ...], float]] = {}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="preemption", daemon=True)
@@ -237,17 +276,21 @@ class PreemptionController:
         return done
 
     def _act(self, pod: PodInfo, decision: PreemptionDecision, settings: PreemptionSettings) -> bool:
-        node = decision.node
-        assert node is not None
-        victims = [v for v in (self.cache.pod(p) for p in decision.pods) if v is not None]
+        node = ", ".join(sorted(set(decision.nodes)))
+        # Victims a PodDisruptionBudget covers are evicted first: were one refused, no other
+        # victim would have been evicted in vain.
+        guarded = {p for u in decision.victims if u.pdbs for p in u.pods}
+        pods = sorted(decision.pods, key=lambda p: p not in guarded)
+        victims = [v for v in (self.cache.pod(p) for p in pods) if v is not None]
         names = ", ".join(sorted(v.key for v in victims))
-        # The node is held before the first eviction: the GPUs it frees are the preemptor's.
-        self.cache.hold_node_for(pod, node, settings.reservation_seconds)
+        # The nodes are held before the first eviction: the GPUs they free are the preemptor's
+        # (a gang's: every node its members' victims are on).
+        self.cache.hold_nodes_for(pod, set(decision.nodes), settings.reservation_seconds)
         for victim in victims:
             refused = self._evict(victim)
             if refused is not None:
                 self.cache.refuse_victim(victim.id, settings.refused_backoff_seconds)
-                self.cache.drop_hold_for(pod.id)
+                self.cache.drop_holds_for(pod)
                 self.events.record(
                     PodRef(pod.namespace, pod.name, pod.uid),
                     "PreemptionBlocked",
@@ -271,19 +314,21 @@ class PreemptionController:
             f"for {settings.reservation_seconds:g}s",
             action="Preempting",
         )
-        self._awaiting[pod.id] = (pod, decision.pods, time.monotonic() + settings.reservation_seconds)
+        nudge = self.cache.pending_members(pod)
+        self._awaiting[pod.id] = (nudge, decision.pods, time.monotonic() + settings.reservation_seconds)
         log.info("preemption: %s evicts %s on %s", pod.key, names, node)
         return True
 
     def _nudge_when_room(self) -> None:
         """Nudge each preemptor whose victims are all gone (their GPUs released)."""
         now = time.monotonic()
-        for pod_id, (pod, victims, give_up) in list(self._awaiting.items()):
+        for pod_id, (pods, victims, give_up) in list(self._awaiting.items()):
             if now >= give_up:
                 del self._awaiting[pod_id]
             elif all(self.cache.pod(v) is None for v in victims):
                 del self._awaiting[pod_id]
-                nudge_pod(self.api, pod.namespace, pod.name)
+                for pod in pods:
+                    nudge_pod(self.api, pod.namespace, pod.name)
 
     def _evict(self, victim: PodInfo) -> str | None:
         """Evict `victim`; None when done (or already gone), else why not."""

@@ -268,10 +268,9 @@ class ExtenderService:
             refined = self.cache.refine_victims(pod, node)
             if refined is None:
                 continue  # even every lower-priority pod there would not make room for the GPUs
-            chosen = [(v.uid or v.id, v.id, v.priority) for v in refined]
-            # kube-scheduler counted PDB violations for its own set; ours cannot violate more
-            # of them than it has victims (the cache does not know PDBs).
-            out[node] = meta_victims(chosen, min(pdb, len(chosen)))
+            evicted, violations = refined
+            chosen = [(v.uid or v.id, v.id, v.priority) for v in evicted]
+            out[node] = meta_victims(chosen, violations)  # by the PDBs the cache watches
         return ExtenderPreemptionResult(node_name_to_meta_victims=out), "ok"
 
     def _priority(self, pod_id: str) -> int:

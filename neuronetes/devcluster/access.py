@@ -65,6 +65,8 @@ def extender_rules() -> list[dict[str, Any]]:
       that makes kube-scheduler retry a pod once GPUs were released (patch);
     - pods/binding create: the bind verb (the Binding carries the assignment annotation);
     - pods/eviction create: the preemption controller evicts its victims (PDBs honoured);
+    - policy poddisruptionbudgets: the informer (list+watch) that orders those victims (fewest
+      PDB violations first);
     - events.k8s.io events create: placement and gang-barrier Events;
     - gangreservations: the informer (list+watch), server-side apply of the reservations it
       holds (patch; create: an apply that creates the object), deletion when a group ends, and
@@ -77,6 +79,7 @@ def extender_rules() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", *watch, "patch"]},
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": watch},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create"]},
         {
             "apiGroups": [GROUP],

@@ -17,7 +17,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from neuronetes.engine.victims import SetKey, Unit
+from neuronetes.engine.victims import SetKey, Unit, VictimOrder
 from neuronetes.inventory import ClusterState
 from neuronetes.model import PodRequest
 
@@ -42,6 +42,11 @@ class CandidateIndex:
         self.count: I64 = np.array([u.count for u in self.units], dtype=np.int64)
         self.start: F64 = np.array([u.start_time for u in self.units], dtype=np.float64)
         self.lost: F64 = np.array([u.gpu_seconds_lost for u in self.units], dtype=np.float64)
+        # A unit's own PDB violations bound those of any set holding it (a set only adds pods).
+        self.pdb: I64 = np.array(
+            [sum(max(0, n - allowed) for _, n, allowed in u.pdbs) if u.pdbs else 0 for u in self.units],
+            dtype=np.int64,
+        )
         pair_unit: list[int] = []
         pair_row: list[int] = []
         grant: list[tuple[int, int, int, int, int]] = []  # unit, row, gpu, milli, memory
@@ -73,7 +78,12 @@ class CandidateIndex:
         return self.priority < req.priority
 
     def rows_and_bounds(
-        self, st: ClusterState, req: PodRequest, allowed: BOOL, eligible: BOOL
+        self,
+        st: ClusterState,
+        req: PodRequest,
+        allowed: BOOL,
+        eligible: BOOL,
+        order: VictimOrder = VictimOrder.LOWEST_PRIORITY_FIRST,
     ) -> tuple[I64, list[SetKey]]:
         """For `req`: the `allowed` rows where evicting every `eligible` unit could make room on
         enough GPUs (free capacity as in `st`, a copy of the index's state that may have changed
@@ -83,7 +93,8 @@ class CandidateIndex:
         The bound's highest priority is, for whole GPUs, the k-th least of the GPUs' highest unit
         priorities (all units on k GPUs must go; a GPU held in part by a non-candidate can never
         be freed), otherwise the row's least unit priority; its other parts are the row's least
-        priority sum, count and GPU-seconds and its latest start, each over single units."""
+        PDB violations, priority sum, count and GPU-seconds and its latest start, each over single
+        units, each in `order`'s place (each part a lower bound, so the whole is one)."""
         pair_ok = eligible[self.pair_unit] & allowed[self.pair_row]
         rows_u, units_u = self.pair_row[pair_ok], self.pair_unit[pair_ok]
         n = st.n_nodes
@@ -123,10 +134,23 @@ class CandidateIndex:
         count = _least(n, rows_u, self.count[units_u])
         lost = _least(n, rows_u, self.lost[units_u])
         late = -_least(n, rows_u, -self.start[units_u])
-        order = np.lexsort((rows, lost[rows], -late[rows], count[rows], psum[rows], top[rows]))
-        rows = rows[order]
+        pdb = _least(n, rows_u, self.pdb[units_u])
+        fewest = order is VictimOrder.FEWEST_VICTIMS
+        head = (count, top, psum) if fewest else (top, psum, count)
+        ranked = np.lexsort(
+            (rows, lost[rows], -late[rows], head[2][rows], head[1][rows], head[0][rows], pdb[rows])
+        )
+        rows = rows[ranked]
         bounds: list[SetKey] = [
-            (0, int(top[r]), int(psum[r]), int(count[r]), float(-late[r]), float(lost[r]), ())
+            (
+                int(pdb[r]),
+                int(head[0][r]),
+                int(head[1][r]),
+                int(head[2][r]),
+                float(-late[r]),
+                float(lost[r]),
+                (),
+            )
             for r in rows.tolist()
         ]
         return rows, bounds

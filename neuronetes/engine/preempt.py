@@ -7,7 +7,8 @@ chosen per GPU (`neuronetes.engine.victims.search_node`: a victim given back in 
 given back on the GPU it holds), then one node is chosen across nodes with kube-scheduler's
 order (`victims.set_key`): fewest PodDisruptionBudget violations, lowest highest-victim priority,
 lowest priority sum, fewest victims, latest start of the highest-priority victims, and fewest
-GPU-seconds lost last.
+GPU-seconds lost last (`VictimOrder.FEWEST_VICTIMS` moves the victim count before the priority
+keys).
 
 Candidates are *units* (`Unit`): a pod, a gang's members (evicted together or not at all, on
 whatever nodes they run) or a GPUSlice with the pods inside it (one victim). `group_units` makes
@@ -45,6 +46,7 @@ from neuronetes.engine.victims import (
     SearchLimits,
     SetKey,
     Unit,
+    VictimOrder,
     Workspace,
     search_node,
     set_key,
@@ -60,6 +62,7 @@ __all__ = [
     "SetKey",
     "Unit",
     "Victim",
+    "VictimOrder",
     "choose_victims",
     "group_units",
     "node_victims",
@@ -81,14 +84,19 @@ class Victim:
     GPUSlice, whose slice's reservation is the allocation)."""
     group: str = ""
     """Victims naming the same group go together: a gang's name, a GPUSlice's key ("": alone)."""
-    violates_pdb: bool = False
+    pdb: str = ""
+    """The PodDisruptionBudget covering the pod ("": none; the Eviction API refuses a pod that
+    more than one covers, so one is all a victim can have)."""
+    pdb_allowed: int = 0
+    """That PDB's ``status.disruptionsAllowed`` (every victim of one PDB carries the same)."""
     gpu_seconds_lost: float = 0.0
 
 
 def group_units(victims: Iterable[Victim], *, counted_once: Collection[str] = ()) -> list[Unit]:
     """Victims grouped into units: by `group`, else each alone. A group named in `counted_once`
     (a GPUSlice and its pods) counts as one victim with its highest priority; any other group
-    (a gang) counts each member."""
+    (a gang) counts each member. Every pod counts against its PodDisruptionBudget, a slice's
+    pods too (each of their evictions is a disruption)."""
     groups: dict[str, list[Victim]] = {}
     for v in victims:
         groups.setdefault(v.group or "pod/" + v.pod, []).append(v)
@@ -106,14 +114,21 @@ def group_units(victims: Iterable[Victim], *, counted_once: Collection[str] = ()
                 if once
                 else sum(v.priority + PRIORITY_OFFSET for v in members),
                 count=1 if once else len(members),
-                pdb_violations=min(1, sum(v.violates_pdb for v in members))
-                if once
-                else sum(v.violates_pdb for v in members),
+                pdbs=_pdb_counts(members),
                 start_time=min(v.start_time for v in members if v.priority == top),
                 gpu_seconds_lost=sum(v.gpu_seconds_lost for v in members),
             )
         )
     return units
+
+
+def _pdb_counts(members: Sequence[Victim]) -> tuple[tuple[str, int, int], ...]:
+    """(PDB, members it covers, its allowed disruptions) per PDB among `members`."""
+    counts: dict[str, list[int]] = {}
+    for v in members:
+        if v.pdb:
+            counts.setdefault(v.pdb, [0, v.pdb_allowed])[0] += 1
+    return tuple((name, n, allowed) for name, (n, allowed) in sorted(counts.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +176,7 @@ def node_victims(
     node: str,
     candidates: Sequence[Unit],
     limits: SearchLimits | None = None,
+    order: VictimOrder = VictimOrder.LOWEST_PRIORITY_FIRST,
 ) -> NodeVictims | str:
     """The victims on one node (kube-scheduler's per-node question), or why there are none."""
     row = state.index.get(node)
@@ -170,7 +186,7 @@ def node_victims(
         return f"node {node} cannot take the pod whatever is evicted"
     ws = Workspace(state)
     units = [u for u in candidates if u.priority < req.priority and _holds_on(state, u, row)]
-    found = search_node(ws, req, row, units, limits or SearchLimits())
+    found = search_node(ws, req, row, units, limits or SearchLimits(), order)
     return found if found is not None else f"evicting every lower-priority pod on {node} does not make room"
 
 
@@ -185,6 +201,7 @@ def _choose_one(
     eligible: BOOL,
     rows: npt.NDArray[np.int64],
     limits: SearchLimits,
+    order: VictimOrder,
 ) -> PreemptionDecision:
     st = ws.state
     rows = rows[_passing(st, req, rows, fixed_only=True)]
@@ -198,16 +215,16 @@ def _choose_one(
         )
     allowed = np.zeros(st.n_nodes, dtype=bool)
     allowed[rows] = True
-    order, bounds = index.rows_and_bounds(st, req, allowed, eligible)
+    ranked, bounds = index.rows_and_bounds(st, req, allowed, eligible, order)
     best: NodeVictims | None = None
     searched = 0
-    for r, bound in zip(order.tolist(), bounds, strict=True):
+    for r, bound in zip(ranked.tolist(), bounds, strict=True):
         if searched >= limits.max_nodes:
             break
         if best is not None and bound >= best.key:
             break  # rows are in bound order: no later one can do better
         searched += 1
-        found = search_node(ws, req, r, index.units_on(r, eligible), limits)
+        found = search_node(ws, req, r, index.units_on(r, eligible), limits, order)
         if found is not None and (best is None or (found.key, found.row) < (best.key, best.row)):
             best = found
     if best is None:
@@ -229,9 +246,10 @@ def choose_victims(
     *,
     limits: SearchLimits | None = None,
     nodes: Collection[str] | None = None,
+    order: VictimOrder = VictimOrder.LOWEST_PRIORITY_FIRST,
 ) -> PreemptionDecision:
     """The node and the victims for `preemptor` (a pod, or a gang's members), among `nodes`
-    (None: all), by the module's order. `state` is not changed; it must not hold the
+    (None: all), least by `order`. `state` is not changed; it must not hold the
     preemptor's own allocations (give them back first, as `ClusterState.without` does).
     `candidates` may be a `CandidateIndex` built on `state` (kept for several decisions)."""
     limits = limits or SearchLimits()
@@ -243,8 +261,8 @@ def choose_victims(
         rows = np.array(sorted(state.index[n] for n in nodes if n in state.index), dtype=np.int64)
     ws = Workspace(state)
     if len(members) == 1:
-        return _choose_one(ws, members[0], index, index.eligible(members[0]), rows, limits)
-    return _choose_gang(ws, members, index, rows, limits)
+        return _choose_one(ws, members[0], index, index.eligible(members[0]), rows, limits, order)
+    return _choose_gang(ws, members, index, rows, limits, order)
 
 
 def _choose_gang(
@@ -253,6 +271,7 @@ def _choose_gang(
     index: CandidateIndex,
     rows: npt.NDArray[np.int64],
     limits: SearchLimits,
+    order: VictimOrder,
 ) -> PreemptionDecision:
     """Member by member: each one's victims evicted and the member placed before the next."""
     st = ws.state
@@ -263,7 +282,7 @@ def _choose_gang(
     gone: set[str] = set()
     for req in members:
         eligible = index.eligible(req) & np.array([u.id not in gone for u in index.units], dtype=bool)
-        one = _choose_one(ws, req, index, eligible, rows, limits)
+        one = _choose_one(ws, req, index, eligible, rows, limits, order)
         searched += one.nodes_searched
         if one.node is None:
             return PreemptionDecision(
@@ -282,7 +301,7 @@ def _choose_gang(
             )
         ws.take(row, req, selection[0])
         placed.append(one.node)
-    key = set_key(chosen)
+    key = set_key(chosen, order)
     needed = bool(chosen)
     why = (
         f"{len(chosen)} victim unit(s) for {len(members)} gang members"

@@ -2,10 +2,18 @@
 
 A *unit* is what is evicted at once: one pod, a gang (all its members, on any node), or a
 GPUSlice with the pods running inside it. Sets of units are ordered by kube-scheduler's keys for
-choosing among nodes (`set_key`): fewest PodDisruptionBudget violations, lowest highest-victim
-priority, lowest priority sum (each priority offset by 2^31, as kube-scheduler does, so that a
-further victim never lowers it), fewest victims, latest start of the highest-priority victims,
-then fewest GPU-seconds lost, then the unit ids (so that every tie is broken the same way).
+choosing among nodes (`set_key`, order `VictimOrder.LOWEST_PRIORITY_FIRST`): fewest
+PodDisruptionBudget violations, lowest highest-victim priority, lowest priority sum (each
+priority offset by 2^31, as kube-scheduler does, so that a further victim never lowers it),
+fewest victims, latest start of the highest-priority victims, then fewest GPU-seconds lost,
+then the unit ids (so that every tie is broken the same way). `VictimOrder.FEWEST_VICTIMS` (an
+AgentPool's ``scheduling.preemption.policy: fewest-victims``) moves the victim count right after
+the PDB violations, before the priority keys.
+
+A set's PDB violations are kube-scheduler's count: per PodDisruptionBudget, the set's pods it
+covers beyond the disruptions it allows now (``status.disruptionsAllowed``), summed. The count
+never falls when a unit is added, and neither does any other key, so every key only grows with
+the set: the best-first enumeration below pops sets in key order whatever the order chosen.
 
 The search on a node (`search_node`) works per GPU. The pod needs k GPUs (one for a share or a
 MIG instance); on each GPU j it could use, the sets of units *on j* whose removal lets one grant
@@ -35,6 +43,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Final
 
 import numpy as np
@@ -48,6 +57,7 @@ __all__ = [
     "SearchLimits",
     "SetKey",
     "Unit",
+    "VictimOrder",
     "Workspace",
     "search_node",
     "set_key",
@@ -58,7 +68,20 @@ PRIORITY_OFFSET: Final = 2**31
 
 SetKey = tuple[int, int, int, int, float, float, tuple[str, ...]]
 """(PDB violations, highest priority, priority sum, victims, -earliest start of the
-highest-priority victims, GPU-seconds lost, unit ids): lower is better."""
+highest-priority victims, GPU-seconds lost, unit ids), lower is better; under
+`VictimOrder.FEWEST_VICTIMS` the victims come second: (PDB violations, victims, highest priority,
+priority sum, ...)."""
+
+
+class VictimOrder(StrEnum):
+    """How victim sets are ordered (an AgentPool's ``scheduling.preemption.policy``)."""
+
+    LOWEST_PRIORITY_FIRST = "lowest-priority-first"
+    """kube-scheduler's order: PDB violations, highest priority, priority sum, victims, start."""
+    FEWEST_VICTIMS = "fewest-victims"
+    """PDB violations, victims, then kube-scheduler's priority keys: evicts as few pods as it can
+    even when they have a higher (still lower than the preemptor's) priority."""
+
 
 _NO_VICTIM: Final = -(2**63)
 
@@ -77,27 +100,43 @@ class Unit:
     """Σ (priority + `PRIORITY_OFFSET`) over the victims it counts as."""
     count: int
     """Victims it counts as (a gang: its members; a slice with its pods: one)."""
-    pdb_violations: int = 0
+    pdbs: tuple[tuple[str, int, int], ...] = ()
+    """Per PodDisruptionBudget covering some of its pods: (the PDB's key, how many of its pods it
+    covers, the disruptions it allows now)."""
     start_time: float = 0.0
     """The earliest start among its highest-priority pods (seconds, any epoch)."""
     gpu_seconds_lost: float = 0.0
 
 
-def set_key(units: Iterable[Unit]) -> SetKey:
-    """The order key of a victim set (the empty set is the least of all)."""
+def pdb_violations(units: Iterable[Unit]) -> int:
+    """Pods of `units` that their PodDisruptionBudgets do not allow to go now, all together
+    (per PDB: the pods it covers beyond its allowed disruptions)."""
+    taken: dict[str, int] = {}
+    allowed: dict[str, int] = {}
+    for u in units:
+        for name, pods, allows in u.pdbs:
+            taken[name] = taken.get(name, 0) + pods
+            allowed[name] = allows
+    return sum(max(0, n - allowed[name]) for name, n in taken.items())
+
+
+def set_key(units: Iterable[Unit], order: VictimOrder = VictimOrder.LOWEST_PRIORITY_FIRST) -> SetKey:
+    """The order key of a victim set under `order` (the empty set is the least of all)."""
     chosen = list(units)
     if not chosen:
+        if order is VictimOrder.FEWEST_VICTIMS:
+            return (0, 0, _NO_VICTIM, 0, 0.0, 0.0, ())
         return (0, _NO_VICTIM, 0, 0, 0.0, 0.0, ())
     top = max(u.priority for u in chosen)
-    return (
-        sum(u.pdb_violations for u in chosen),
-        top,
-        sum(u.priority_sum for u in chosen),
-        sum(u.count for u in chosen),
-        -min(u.start_time for u in chosen if u.priority == top),
-        round(sum(u.gpu_seconds_lost for u in chosen), 3),
-        tuple(sorted(u.id for u in chosen)),
-    )
+    pdb = pdb_violations(chosen) if any(u.pdbs for u in chosen) else 0
+    count = sum(u.count for u in chosen)
+    psum = sum(u.priority_sum for u in chosen)
+    start = -min(u.start_time for u in chosen if u.priority == top)
+    lost = round(sum(u.gpu_seconds_lost for u in chosen), 3)
+    ids = tuple(sorted(u.id for u in chosen))
+    if order is VictimOrder.FEWEST_VICTIMS:
+        return (pdb, count, top, psum, start, lost, ids)
+    return (pdb, top, psum, count, start, lost, ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +290,7 @@ def _least_sets(
 
 
 def _gpu_sets(
-    on_gpu: Sequence[Unit], fits: Fits, exclusive: bool, limits: SearchLimits
+    on_gpu: Sequence[Unit], fits: Fits, exclusive: bool, limits: SearchLimits, order: VictimOrder
 ) -> list[frozenset[int]]:
     """The least sets (indices into `on_gpu`, the units holding a grant on one GPU, least key
     first), best first, whose removal lets one grant fit on that GPU (`fits`)."""
@@ -259,20 +298,26 @@ def _gpu_sets(
     if exclusive:  # a whole GPU: everything on it goes
         return [everything] if fits(everything) else []
     found = _least_sets(
-        len(on_gpu), lambda sub: set_key(on_gpu[x] for x in sub), fits, limits.options_per_gpu, limits
+        len(on_gpu),
+        lambda sub: set_key((on_gpu[x] for x in sub), order),
+        fits,
+        limits.options_per_gpu,
+        limits,
     )
     if found is None:  # past the budget: kube-scheduler's way on this GPU
-        greedy = _reprieved(on_gpu, everything, fits)
+        greedy = _reprieved(on_gpu, everything, fits, order)
         return [greedy] if greedy is not None else []
     return found
 
 
-def _reprieved(units: Sequence[Unit], chosen: frozenset[int], fits: Fits) -> frozenset[int] | None:
+def _reprieved(
+    units: Sequence[Unit], chosen: frozenset[int], fits: Fits, order: VictimOrder
+) -> frozenset[int] | None:
     """kube-scheduler's reprieve: `chosen` if it fits, less each unit (highest key first) whose
     eviction the fit does not need (None: even `chosen` does not fit)."""
     if not fits(chosen):
         return None
-    for k in sorted(chosen, key=lambda x: set_key([units[x]]), reverse=True):
+    for k in sorted(chosen, key=lambda x: set_key([units[x]], order), reverse=True):
         if fits(chosen - {k}):
             chosen = chosen - {k}
     return chosen
@@ -314,7 +359,7 @@ def _unions(options: dict[int, list[frozenset[int]]], k: int, limits: SearchLimi
 
 
 def _extended(
-    ordered: Sequence[Unit], base: frozenset[int], fits: Fits, limits: SearchLimits
+    ordered: Sequence[Unit], base: frozenset[int], fits: Fits, limits: SearchLimits, order: VictimOrder
 ) -> frozenset[int] | None:
     """`base` if it fits, else `base` with the least further units (by the key of the whole)
     that make CPU, memory or locality fit; None: none found within the budget."""
@@ -323,18 +368,26 @@ def _extended(
     rest = [k for k in range(len(ordered)) if k not in base]
 
     def key_of(sub: Iterable[int]) -> SetKey:
-        return set_key(ordered[k] for k in base.union(rest[x] for x in sub))
+        return set_key((ordered[k] for k in base.union(rest[x] for x in sub)), order)
 
     found = _least_sets(len(rest), key_of, lambda sub: fits(base.union(rest[x] for x in sub)), 1, limits)
     return base.union(rest[x] for x in found[0]) if found else None
 
 
 def search_node(
-    ws: Workspace, req: PodRequest, row: int, units: Sequence[Unit], limits: SearchLimits
+    ws: Workspace,
+    req: PodRequest,
+    row: int,
+    units: Sequence[Unit],
+    limits: SearchLimits,
+    order: VictimOrder = VictimOrder.LOWEST_PRIORITY_FIRST,
 ) -> NodeVictims | None:
     """The victims among `units` (candidates holding something on `row`) that let `req` fit on
-    `row`, by the module's rules; None: even all of them do not make room."""
-    ordered = sorted(units, key=lambda u: set_key([u]))[: limits.max_units]
+    `row`, least by `order` as the module's rules reach; None: even all of them do not make room."""
+    ordered = sorted(units, key=lambda u: set_key([u], order))[: limits.max_units]
+
+    def key_of(chosen: Iterable[int]) -> SetKey:
+        return set_key((ordered[k] for k in chosen), order)
 
     def fits(chosen: Iterable[int]) -> bool:
         return ws.fits_without(req, row, (ordered[k] for k in chosen))
@@ -358,28 +411,28 @@ def search_node(
                     [s for h in held for s in h[2]],
                 )
 
-            sets = _gpu_sets([ordered[k] for k in index], gpu_fits, req.exclusive, limits)
+            sets = _gpu_sets([ordered[k] for k in index], gpu_fits, req.exclusive, limits, order)
             if sets:
                 options[j] = [frozenset(index[x] for x in s) for s in sets]
         if len(options) < wanted:
             return None  # fewer GPUs than it needs can take a grant whatever is evicted
     unions = _unions(options, wanted, limits) if req.gpus > 0 else [frozenset()]
-    unions.sort(key=lambda s: set_key(ordered[k] for k in s))
+    unions.sort(key=key_of)
     best: frozenset[int] | None = None
     best_key: SetKey | None = None
     for base in unions:  # key order: a base's key bounds every set grown from it
-        if best_key is not None and set_key(ordered[k] for k in base) >= best_key:
+        if best_key is not None and key_of(base) >= best_key:
             break
-        found = _extended(ordered, base, fits, limits)
+        found = _extended(ordered, base, fits, limits, order)
         if found is not None:
-            found_key = set_key(ordered[k] for k in found)
+            found_key = key_of(found)
             if best_key is None or found_key < best_key:
                 best, best_key = found, found_key
     if best is None:
-        best = _reprieved(ordered, frozenset(range(len(ordered))), fits)
+        best = _reprieved(ordered, frozenset(range(len(ordered))), fits, order)
         if best is None:
             return None
-    best = _reprieved(ordered, best, fits)
+    best = _reprieved(ordered, best, fits, order)
     assert best is not None
     victims = tuple(sorted((ordered[k] for k in best), key=lambda u: (u.priority, u.id)))
-    return NodeVictims(row, victims, set_key(victims))
+    return NodeVictims(row, victims, set_key(victims, order))

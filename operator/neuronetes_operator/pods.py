@@ -199,6 +199,11 @@ def _annotations(spec: AgentPoolSpec, resolved: ResolvedPool) -> dict[str, str]:
     gang = spec.scheduling.gang_scheduling if spec.scheduling else None
     if resolved.gang_size and gang is not None:
         out[c.ANNOTATION_GANG_TIMEOUT] = str(gang.schedule_timeout_seconds)
+    preemption = spec.scheduling.preemption if spec.scheduling else None
+    # Written only when it changes the extender's order: the default needs no annotation, and
+    # writing it would change the template (and roll the pods) of every pool that preempts.
+    if preemption is not None and preemption.enabled and preemption.policy != "lowest-priority-first":
+        out[c.ANNOTATION_PREEMPTION_POLICY] = preemption.policy
     return out
 
 

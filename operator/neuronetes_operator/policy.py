@@ -83,6 +83,14 @@ class ResolvedPool:
         return self.desired // self.gang_size if self.gang_size else 0
 
 
+_VICTIM_ORDERS = {
+    "lowest-priority-first": "by PodDisruptionBudget violations, then lowest priority, then fewest victims",
+    "fewest-victims": "by PodDisruptionBudget violations, then fewest victims, then lowest priority",
+}
+"""How ``scheduling.preemption.policy`` orders victims (the operator writes it on the pods,
+`neuronetes.contracts.ANNOTATION_PREEMPTION_POLICY`; the extender's decision reads it)."""
+
+
 def cost_optimization_enabled(cost: CostOptimization | None) -> bool:
     """`costOptimization.enabled`, resolved: unset means on when the block asks for anything.
 
@@ -197,8 +205,8 @@ def _policies(spec: AgentPoolSpec, spot_allowed: bool) -> tuple[PolicyState, ...
     if s.preemption is not None:
         effect = (
             "lower-priority pods are preempted for these pods (PriorityClass PreemptLowerPriority), "
-            "the victims chosen per GPU by the extender's preemption controller (docs/preemption.md); "
-            f"policy {s.preemption.policy}: not acted on yet"
+            "the victims chosen per GPU by the extender's preemption controller (docs/preemption.md), "
+            f"ordered {_VICTIM_ORDERS[s.preemption.policy]}"
             if s.preemption.enabled
             else "pods never preempt others (PriorityClass preemptionPolicy: Never)"
         )

@@ -7,7 +7,9 @@ GPU with 12,000, so only the extender can tell it does not fit, and only a per-G
 room with one victim. kube-scheduler's own preemption, which sees node totals, finds that no
 victim is needed and evicts nobody (its FailedScheduling Event says so); after
 ``preemption.minPendingSeconds`` (10 s) the extender evicts the one pod whose GPU then has room,
-and the preemptor binds on that GPU. The extender runs as its own process (`ExtenderProcess`).
+and the preemptor binds on that GPU. Three of the four pods run under a PodDisruptionBudget that
+allows no disruption: the extender, which watches PDBs, evicts the fourth, and no eviction is
+refused on the way. The extender runs as its own process (`ExtenderProcess`).
 """
 
 from __future__ import annotations
@@ -43,12 +45,29 @@ def priority_class(name: str, value: int) -> dict[str, Any]:
     }
 
 
-def pod(name: str, mib: int, priority_class_name: str) -> str:
+GUARD = ("preemption-e2e/guarded", "yes")
+
+
+def pod(name: str, mib: int, priority_class_name: str, *, guarded: bool = False) -> str:
     """A shared-GPU pod of `mib` MiB and 40 % of a GPU's compute (two fit a GPU's compute)."""
     limits = {c.RESOURCE_GPU_MEMORY: mib, c.RESOURCE_GPU_COMPUTE: 40}
     body = manifest(name, limits, namespace=NS, node_selector=dict([SUITE]))
     body["spec"]["priorityClassName"] = priority_class_name
+    if guarded:
+        body["metadata"].setdefault("labels", {}).update(dict([GUARD]))
     return json.dumps(body)
+
+
+def no_disruption_budget() -> str:
+    """A PDB over the guarded pods that allows none of them to go."""
+    return json.dumps(
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "guarded", "namespace": NS},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": dict([GUARD])}},
+        }
+    )
 
 
 def get_json(cluster: E2ECluster, *args: str) -> Any:
@@ -89,8 +108,9 @@ def assigned_gpus(p: dict[str, Any]) -> set[int]:
 
 
 def test_the_scheduler_preempts_one_pod_on_one_gpu_not_by_node_totals(cluster: E2ECluster, node: str) -> None:
+    cluster.kubectl("apply", "-f", "-", input=no_disruption_budget())
     for i in range(4):
-        cluster.kubectl("apply", "-f", "-", input=pod(f"low-{i}", VICTIM_MIB, LOW))
+        cluster.kubectl("apply", "-f", "-", input=pod(f"low-{i}", VICTIM_MIB, LOW, guarded=i < 3))
 
     def low_bound() -> dict[str, set[int]] | None:
         pods = get_json(cluster, "pods", "-n", NS)["items"]
@@ -113,11 +133,12 @@ def test_the_scheduler_preempts_one_pod_on_one_gpu_not_by_node_totals(cluster: E
         if p["metadata"]["name"].startswith("low-") and not p["metadata"].get("deletionTimestamp")
     }
     gone = sorted(set(placed) - set(left))
-    assert len(gone) == 1, f"victims: {gone}"  # one pod, on one GPU: not two on two GPUs
+    assert gone == ["low-3"], f"victims: {gone}"  # one pod, on one GPU, the one no PDB guards
     assert assigned_gpus(high) == placed[gone[0]]  # the preemptor runs where its victim ran
     events = get_json(cluster, "events", "-n", NS)["items"]
     said = {(e["reason"], e["involvedObject"]["name"]) for e in events}
     assert ("Preempted", gone[0]) in said and ("Preempting", "high") in said
+    assert not any(reason == "PreemptionBlocked" for reason, _ in said)  # no eviction refused
     # kube-scheduler's own preemption judged by node totals: no victim needed (so it evicted none).
     assert any(
         e["reason"] == "FailedScheduling" and "expected at least one victim" in e.get("message", "")

@@ -130,6 +130,7 @@ def test_extender_role_holds_exactly_the_calls_its_code_makes() -> None:
         ("", "pods"): watch | {"get", "patch"},
         ("", "pods/binding"): {"create"},
         ("", "pods/eviction"): {"create"},  # the preemption controller
+        ("policy", "poddisruptionbudgets"): watch,  # ... and the PDBs that order its victims
         ("events.k8s.io", "events"): {"create"},
         (GROUP, "gangreservations"): watch | {"create", "patch", "delete"},
         (GROUP, "gangreservations/status"): {"patch"},

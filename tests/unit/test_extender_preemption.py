@@ -15,12 +15,16 @@ import msgspec
 import pytest
 from extender_support import FakeApi, FakeClock, bound_with, node_objects, shared_pod, synced_cache
 
+from neuronetes import contracts as c
 from neuronetes.kube.client import KubeError
+from neuronetes_extender.budgets import budget_of
 from neuronetes_extender.cache import GpuCache
 from neuronetes_extender.config import ExtenderSettings, PreemptionSettings
 from neuronetes_extender.events import EventRecorder, PodRef
+from neuronetes_extender.gangs import GangSpec
 from neuronetes_extender.pods import PodInfo
 from neuronetes_extender.preemption import PreemptionController
+from neuronetes_extender.watch import CustomObject
 from neuronetes_extender.wire import Pod
 
 pytestmark = pytest.mark.unit
@@ -194,3 +198,125 @@ def test_between_equal_priorities_the_pod_started_last_goes() -> None:
     w.cache.filter(w.info(high), [NODE])
     assert w.ctl.tick() == 1
     assert w.api.evicted == ["same-2"]
+
+
+def pdb(name: str, allowed: int, **match_labels: str) -> CustomObject:
+    """A policy/v1 PodDisruptionBudget as the API server serves it."""
+    obj = {
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}", "resourceVersion": "7"},
+        "spec": {"selector": {"matchLabels": match_labels}, "minAvailable": 1},
+        "status": {"disruptionsAllowed": allowed, "currentHealthy": 1, "desiredHealthy": 1},
+    }
+    return msgspec.convert(obj, CustomObject)
+
+
+def labelled(pod: dict[str, Any], **labels: str) -> dict[str, Any]:
+    pod["metadata"].setdefault("labels", {}).update(labels)
+    return pod
+
+
+def test_a_victim_its_pdb_does_not_let_go_is_passed_over_for_one_it_does() -> None:
+    """The lowest-priority pod (low-1) runs under a PDB allowing no disruption now: the decision
+    takes the next lowest on a GPU of its own (low-3, priority 20) instead of being refused by
+    the Eviction API first. Once the PDB allows one disruption, low-1 is the victim again."""
+    for allowed, victim in ((0, "low-3"), (1, "low-1")):
+        w = World(min_pending=0)
+        for j, priority in enumerate((30, 10, 40, 20)):
+            pod = labelled(shared_pod(f"low-{j}", 8000, 40, priority=priority), app=f"web-{j}")
+            w.run(bound_with(pod, NODE, {j: (8000, 40)}))
+        w.cache.replace_budgets([b for b in [budget_of(pdb("web-1", allowed, app="web-1"))] if b is not None])
+        high = preemptor()
+        w.run(high)
+        w.cache.filter(w.info(high), [NODE])
+        assert w.ctl.tick() == 1
+        assert w.api.evicted == [victim]
+
+
+def test_a_pdb_watched_away_no_longer_counts() -> None:
+    w = World(min_pending=0)
+    for j, priority in enumerate((30, 10, 40, 20)):
+        pod = labelled(shared_pod(f"low-{j}", 8000, 40, priority=priority), app="web")
+        w.run(bound_with(pod, NODE, {j: (8000, 40)}))
+    w.cache.put_budget("default/web", budget_of(pdb("web", 0, app="web")))
+    w.cache.put_budget("default/web", None)  # deleted
+    high = preemptor()
+    w.run(high)
+    w.cache.filter(w.info(high), [NODE])
+    assert w.ctl.tick() == 1 and w.api.evicted == ["low-1"]
+
+
+def test_a_null_selector_pdb_covers_nothing() -> None:
+    obj = msgspec.convert({"metadata": {"name": "x", "namespace": "default"}, "spec": {}}, CustomObject)
+    assert budget_of(obj) is None
+
+
+def test_a_pool_asking_for_fewest_victims_evicts_one_pod_not_two_of_lower_priority() -> None:
+    """GPU 0 holds two pods of priority 10 (7,000 MiB each), GPUs 1-3 one pod each (14,000 MiB,
+    priorities 30, 40, 50). A 12,000 MiB preemptor evicts the two priority-10 pods under
+    kube-scheduler's order, and only the priority-30 pod under ``fewest-victims`` (the pool's
+    ``spec.scheduling.preemption.policy``, carried by the annotation the operator writes)."""
+    for policy, evicted in ((None, ["pair-a", "pair-b"]), ("fewest-victims", ["one-1"])):
+        w = World(min_pending=0)
+        w.run(bound_with(shared_pod("pair-a", 7000, 20, priority=10), NODE, {0: (7000, 20)}))
+        w.run(bound_with(shared_pod("pair-b", 7000, 20, priority=10), NODE, {0: (7000, 20)}))
+        for j, priority in ((1, 30), (2, 40), (3, 50)):
+            w.run(bound_with(shared_pod(f"one-{j}", 14000, 40, priority=priority), NODE, {j: (14000, 40)}))
+        high = preemptor()
+        if policy is not None:
+            high["metadata"].setdefault("annotations", {})[c.ANNOTATION_PREEMPTION_POLICY] = policy
+        w.run(high)
+        w.cache.filter(w.info(high), [NODE])
+        assert w.ctl.tick() == 1
+        assert sorted(w.api.evicted) == evicted
+
+
+def gang_member(name: str, size: int, priority: int = 1000) -> dict[str, Any]:
+    pod = shared_pod(name, 12000, 50, priority=priority)
+    pod["metadata"].setdefault("labels", {}).update({c.LABEL_GANG: "train", c.LABEL_GANG_SIZE: str(size)})
+    return pod
+
+
+def fill_both(w: World, priorities: tuple[int, ...]) -> None:
+    """One 8,000 MiB pod per GPU on both nodes (GPU j of node k gets priorities[4k + j])."""
+    for k, node in enumerate(("nt4x4-pcie-0", "nt4x4-pcie-1")):
+        for j in range(4):
+            pod = shared_pod(f"low-{k}{j}", 8000, 40, priority=priorities[4 * k + j])
+            w.run(bound_with(pod, node, {j: (8000, 40)}))
+
+
+def test_a_pending_gang_preempts_for_all_its_members_at_once() -> None:
+    """Two members of 12,000 MiB: one victim per member, the two lowest-priority pods (one on
+    each node here), both evicted in one decision, every node freed held for the gang (its own
+    members pass, a lower-priority pod does not), and the gang's reservation made once they are
+    gone; every member is nudged."""
+    w = World(min_pending=0)
+    fill_both(w, (30, 10, 40, 50, 60, 70, 5, 80))
+    both = ["nt4x4-pcie-0", "nt4x4-pcie-1"]
+    spec = GangSpec(size=2, ttl_seconds=60)
+    members = [gang_member(f"train-{m}", 2) for m in range(2)]
+    for pod in members:
+        w.run(pod)
+        assert not w.cache.filter(w.info(pod), both, spec).feasible
+    assert w.ctl.tick() == 1
+    assert sorted(w.api.evicted) == ["low-01", "low-12"]  # priorities 10 and 5
+    assert sorted(r.node for r in w.cache.reservations()) == both
+    small = shared_pod("small", 1000, 10, priority=500)
+    assert not w.cache.filter(w.info(small), both).feasible
+    w.ctl.tick()
+    assert sorted(w.api.nudged) == ["train-0", "train-1"]
+    placed = [w.cache.filter(w.info(pod), both, spec) for pod in members]
+    assert all(d.feasible for d in placed)
+    assert w.cache.preemption_due(0) == [] and w.cache.reservations() == []  # the gang holds its own
+
+
+def test_a_gang_evicts_nobody_unless_every_member_gets_room() -> None:
+    """Three members, but only two GPUs hold pods below the gang's priority: no victim at all."""
+    w = World(min_pending=0)
+    fill_both(w, (30, 2000, 2000, 2000, 2000, 2000, 5, 2000))
+    spec = GangSpec(size=3, ttl_seconds=60)
+    for m in range(3):
+        pod = gang_member(f"train-{m}", 3)
+        w.run(pod)
+        w.cache.filter(w.info(pod), ["nt4x4-pcie-0", "nt4x4-pcie-1"], spec)
+    assert w.ctl.tick() == 0 and w.api.evicted == []
+    assert w.cache.reservations() == []

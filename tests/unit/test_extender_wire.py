@@ -27,9 +27,11 @@ from pod_builder import container
 
 from neuronetes import contracts as c
 from neuronetes_extender.app import create_app
+from neuronetes_extender.budgets import budget_of
 from neuronetes_extender.cache import GpuCache
 from neuronetes_extender.config import ExtenderSettings
 from neuronetes_extender.service import ExtenderService
+from neuronetes_extender.watch import CustomObject
 from neuronetes_extender.wire import Pod
 
 pytestmark = pytest.mark.unit
@@ -393,6 +395,23 @@ def test_preempt_answers_the_victims_on_one_gpu_not_the_lowest_on_the_node(env: 
     chosen = [v["UID"] for v in out["NodeNameToMetaVictims"]["nt4x4-pcie-0"]["Pods"]]
     assert sorted(chosen) == sorted(best)
     assert [uids[u] for u in chosen] == sorted(uids[u] for u in best)  # lowest priority first
+
+
+def test_preempt_counts_the_violations_of_the_pdbs_the_cache_watches(env: Env) -> None:
+    """A PDB over every pod of the namespace (empty selector) allows one disruption: two victims
+    violate it once, whatever kube-scheduler counted for its own set."""
+    victims = _fill_t4(env)  # priorities 40, 10, 30, 20
+    pdb = {"metadata": {"name": "all", "namespace": "default"}, "spec": {"selector": {}}}
+    budget = budget_of(msgspec.convert({**pdb, "status": {"disruptionsAllowed": 1}}, CustomObject))
+    assert budget is not None
+    env.cache.replace_budgets([budget])
+    uids = [{"UID": p["metadata"]["uid"]} for p in victims]
+    table = {"nt4x4-pcie-0": {"Pods": uids, "NumPDBViolations": 3}}
+    out = env.post("preempt", {"Pod": gpu_pod("vip", 2, priority=100), "NodeNameToMetaVictims": table})
+    refined = out["NodeNameToMetaVictims"]["nt4x4-pcie-0"]
+    by_uid = {p["metadata"]["uid"]: p["spec"]["priority"] for p in victims}
+    assert [by_uid[v["UID"]] for v in refined["Pods"]] == [10, 20]
+    assert refined["NumPDBViolations"] == 1
 
 
 def test_preempt_never_names_a_pod_at_or_above_the_preemptors_priority(env: Env) -> None:

@@ -163,6 +163,21 @@ def test_gang_pods_are_labelled_and_named_by_gang() -> None:
     assert pods[0].manifest["metadata"]["annotations"][c.ANNOTATION_GANG_TIMEOUT] == "60"
 
 
+def test_the_preemption_policy_reaches_the_extender_on_each_pod() -> None:
+    """``fewest-victims`` is written on the pods (the extender orders their victims by it); the
+    default and a pool that does not preempt write nothing, so their pods are not rolled."""
+    policy = "scheduling: {priority: 100, preemption: {enabled: %s, policy: %s}}"
+    _, _, _, fewest = build(policy % ("true", "fewest-victims"))
+    assert fewest[0].manifest["metadata"]["annotations"][c.ANNOTATION_PREEMPTION_POLICY] == "fewest-victims"
+    for enabled, value in (("true", "lowest-priority-first"), ("false", "fewest-victims")):
+        _, _, _, pods = build(policy % (enabled, value))
+        assert c.ANNOTATION_PREEMPTION_POLICY not in pods[0].manifest["metadata"]["annotations"]
+    # The status says which order acts.
+    _, _, resolved, _ = build(policy % ("true", "fewest-victims"))
+    effect = next(p.effect for p in resolved.policies if p.name == "preemption") or ""
+    assert "then fewest victims, then lowest priority" in effect
+
+
 def test_template_is_merged_and_its_node_terms_keep_their_own_expressions() -> None:
     tol = [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}]
     _, _, _, pods = build(

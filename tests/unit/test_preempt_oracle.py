@@ -14,10 +14,12 @@ from neuronetes.engine.preempt import (
     SearchLimits,
     Unit,
     Victim,
+    VictimOrder,
     choose_victims,
     group_units,
     node_victims,
 )
+from neuronetes.engine.victims import pdb_violations
 from neuronetes.inventory import ClusterState
 from neuronetes.model import GpuGrant, GpuSpec, NodeSpec, PodRequest
 
@@ -99,9 +101,40 @@ def test_a_gang_is_evicted_whole_or_not_at_all() -> None:
 
 def test_fewest_pdb_violations_come_before_priority() -> None:
     st = cluster(2)
-    guarded = run(st, "guarded", 0, {0: 1000}, priority=0, violates_pdb=True)
+    guarded = run(st, "guarded", 0, {0: 1000}, priority=0, pdb="team/web", pdb_allowed=0)
     free = run(st, "free", 0, {1: 1000}, priority=50)
     assert victims_of(st, WHOLE, [guarded, free]) == ["free"]
+
+
+def test_a_pdb_counts_only_the_pods_past_its_allowed_disruptions() -> None:
+    """A PDB allowing one disruption: one of its pods goes free of violations, the second
+    violates. Two GPUs wanted: {a1, a2} (both under the PDB, priority 0) violate once, while
+    {a1, b} (priority 0 and 50) violate none and wins although its priority is higher."""
+    st = cluster(3)
+    a1 = run(st, "a1", 0, {0: 1000}, priority=0, pdb="team/a", pdb_allowed=1)
+    a2 = run(st, "a2", 0, {1: 1000}, priority=0, pdb="team/a", pdb_allowed=1)
+    b = run(st, "b", 0, {2: 1000}, priority=50)
+    two = PodRequest("vip", gpus=2, priority=VIP)
+    assert victims_of(st, WHOLE, [a1, a2, b]) == ["a1"]  # one disruption allowed: no violation
+    assert victims_of(st, two, [a1, a2, b]) in (["a1", "b"], ["a2", "b"])
+    units = group_units([a1, a2, b])
+    assert pdb_violations(units) == 1 and pdb_violations(units[:1]) == 0
+
+
+def test_fewest_victims_puts_the_count_before_priority() -> None:
+    """Two pods of priority 0 on one GPU, one pod of priority 50 on the other: kube-scheduler's
+    order evicts the two lower ones; fewest-victims evicts the one."""
+    st = cluster(2)
+    pair = [run(st, "x1", 0, {0: 500}, priority=0), run(st, "x2", 0, {0: 500}, priority=0)]
+    one = run(st, "y", 0, {1: 1000}, priority=50)
+    assert victims_of(st, WHOLE, [*pair, one]) == ["x1", "x2"]
+    fewest = victims_of(st, WHOLE, [*pair, one], order=VictimOrder.FEWEST_VICTIMS)
+    assert fewest == ["y"]
+    # The PDB key still comes first under fewest-victims.
+    st2 = cluster(2)
+    pair2 = [run(st2, "x1", 0, {0: 500}, priority=0), run(st2, "x2", 0, {0: 500}, priority=0)]
+    guarded = run(st2, "y", 0, {1: 1000}, priority=50, pdb="team/y")
+    assert victims_of(st2, WHOLE, [*pair2, guarded], order=VictimOrder.FEWEST_VICTIMS) == ["x1", "x2"]
 
 
 def test_lowest_highest_priority_then_lowest_sum_then_fewest() -> None:
@@ -227,9 +260,10 @@ CASES = 10_000
 
 
 def test_oracle_random_small_clusters_match_the_brute_force() -> None:
-    """10,000 seeded clusters (1-3 nodes of 1-8 GPUs: whole, shared and MIG; gangs, slices, PDB
-    flags): the decision equals the brute force's least (key, node) set in at least 99.9 % of
-    the cases that need preemption, always fits, and never holds a victim it could spare."""
+    """10,000 seeded clusters (1-3 nodes of 1-8 GPUs: whole, shared and MIG; gangs, slices,
+    PodDisruptionBudgets allowing 0-2 disruptions; a quarter under fewest-victims): the decision
+    equals the brute force's least (key, node) set in at least 99.9 % of the cases that need
+    preemption, always fits, and never holds a victim it could spare."""
     needed = agreed = 0
     wrong: list[int] = []
     for seed in range(CASES):

@@ -23,7 +23,6 @@ from neuronetes.locality import ANNOTATION_MAX_NODES_TO_SCORE, LOCALITY_WEIGHT_M
 from neuronetes.spot import duration_seconds
 
 __all__ = [
-    "POLICY_CONTROLLER",
     "ResolvedPool",
     "SpotPolicy",
     "cache_effect",
@@ -35,7 +34,6 @@ __all__ = [
     "scheduling_request",
 ]
 
-POLICY_CONTROLLER = "validated; takes effect in the policy controller"
 """The `effect` of a policy block that the operator shows but does not act on itself."""
 BUDGET_EFFECT = "replicas beyond the budget are not created (status.cost, condition CostBudgetExceeded)"
 """The `effect` of ``costOptimization.maxCostPerHour`` (`neuronetes_operator.budget`)."""

@@ -17,7 +17,7 @@ from typing import Any
 from neuronetes.runtime.backends import Backend, NumpyBackend, register_backend, select_backend
 from neuronetes.runtime.errors import AdmissionError, InvalidArgument, RuntimeErrorBase
 from neuronetes.runtime.limits import ContainerLimits, ContainerLimitsError, container_limits
-from neuronetes.runtime.scheduler import POLICIES, Scheduler, Task, current_task
+from neuronetes.runtime.scheduling import POLICIES, Scheduler, Task, current_task
 from neuronetes.runtime.tiles import TiledWorkload, tiled, yield_task
 
 __all__ = [

@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from neuronetes.runtime.scheduler import Scheduler
+    from neuronetes.runtime.scheduling import Scheduler
 
 TASK_LABELS = ["scheduler", "task", "policy", "slice"]
 

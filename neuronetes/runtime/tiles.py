@@ -115,9 +115,11 @@ class TiledCursor:
         w = self.workload
         if not w.adaptive or self.per_item_s is None or self.per_item_s <= 0:
             return self.size
-        target = w.target_s if budget_s is None else min(w.target_s, budget_s)
-        fitting = int(target / self.per_item_s)
-        return max(1, min(fitting, 2 * self.size))
+        # The target's size (growing at most twofold) is remembered; the budget only cuts this tile.
+        self.size = max(1, min(int(w.target_s / self.per_item_s * (1 + 1e-9)), 2 * self.size))
+        if budget_s is None:
+            return self.size
+        return max(1, min(self.size, int(budget_s / self.per_item_s * (1 + 1e-9))))
 
     def run_tile(self, budget_s: float | None) -> TileOutcome:
         if self.done:
@@ -127,8 +129,6 @@ class TiledCursor:
         self.workload.fn(start, start + size)
         self.next_index = start + size
         self._last = size
-        if self.workload.adaptive:
-            self.size = max(size, 1)
         return TileOutcome(finished=self.done)
 
     def observe(self, seconds: float) -> None:

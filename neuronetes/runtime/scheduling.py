@@ -375,7 +375,7 @@ class Scheduler:
     # ---- pacing --------------------------------------------------------------------------------
 
     def _roll_window(self, now: float) -> None:
-        passed = int((now - self._window_start) // self.window_s)
+        passed = int((now - self._window_start + _EPS) // self.window_s)
         if passed <= 0:
             return
         w = self.window_s
@@ -396,14 +396,15 @@ class Scheduler:
         return task.share > 0 and task.share_used_s < task.allowance_s(self.window_s) - _EPS
 
     def _leftover_room(self, task: Task) -> float:
-        """Seconds of leftover time `task` may take in this window (0: none)."""
+        """Seconds of leftover time `task` may take in this window (0: none; inf: no limit). Only
+        partitions with less than the whole device (a slice, a container's share) limit it."""
         if task.policy == "guaranteed":
             return 0.0
         w = self.window_s
-        room = min(
-            task.partition.allowance_s(w) - task.partition.used_s,
-            self.root.allowance_s(w) - self.root.used_s,
-        )
+        room = math.inf
+        for part in {task.partition, self.root}:
+            if part.bandwidth < 1.0:
+                room = min(room, part.allowance_s(w) - part.used_s)
         if task.policy == "best_effort" and task.bandwidth is not None:
             room = min(room, task.bandwidth * w - task.used_s)
         return max(0.0, room)
@@ -433,10 +434,14 @@ class Scheduler:
         task = min(
             leftover, key=lambda t: (_RANK[t.policy], -t.partition.priority, -t.priority, t.used_s, t.seq)
         )
-        # End before the window does and before a task with allowance left wakes up.
-        limits = [self._leftover_room(task), window_end - now]
+        # End before a task with a share gets fresh allowance (the window's end) and before a task
+        # with allowance left wakes up; with no such task a leftover tile is only the target long.
+        limits = [self._leftover_room(task)]
+        if any(t.share > 0 for t in self._live):
+            limits.append(window_end - now)
         limits += [t.wake_at - now for t in self._live if t.wake_at > now and self._in_share(t)]
-        return task, max(min(limits), 0.0)
+        budget = min(limits)
+        return task, None if budget == math.inf else max(budget, 0.0)
 
     def _count_delays(self, held: list[Task]) -> None:
         for task in held:
@@ -542,8 +547,7 @@ class Scheduler:
         return min(times)
 
     def _idle(self, seconds: float) -> None:
-        if seconds <= 0:
-            return
+        seconds = max(seconds, 1e-6)  # never a zero-length wait that would spin
         if self._sleep is not None:
             self._sleep(seconds)
         else:

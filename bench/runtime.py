@@ -86,9 +86,8 @@ def _calibrated_tile() -> Callable[[], None]:
         for _ in range(20):
             np.sqrt(SOURCE[:n])
         if (time.perf_counter() - t0) / 20 >= 0.00025 or n >= len(SOURCE):
-            size = n
 
-            def tile() -> None:
+            def tile(size: int = n) -> None:
                 np.sqrt(SOURCE[:size])
 
             return tile

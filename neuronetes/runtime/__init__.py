@@ -1,0 +1,1 @@
+"""The runtime library: cooperative in-process GPU scheduling (docs/runtime.md)."""

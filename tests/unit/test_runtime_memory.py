@@ -263,3 +263,11 @@ def test_an_array_over_its_owners_soft_cap_is_refused() -> None:
     mm.reserve("t", 1 * KIB, hard=False)
     with pytest.raises(MemoryError, match=r"an array of 2Ki exceeds the soft reservation of 't' \(1Ki\)"):
         block(mm, "t", kib=2)
+
+
+def test_the_gpu_checks_eviction_comparison_holds_on_numpy() -> None:
+    from neuronetes.gpuvalidate.checks.runtime import evicted_vs_roomy
+
+    got = evicted_vs_roomy(CpuBackend())
+    assert got["identical"] is True
+    assert got["evictions"] > 0 and got["reloads"] > 0

@@ -105,7 +105,9 @@ class CupyMemory:
         device[...] = self._cp.asarray(value)
 
     def to_host(self, device: Any) -> Any:
-        host = _pinned_numpy(self._cp, device.shape, device.dtype)
+        import cupyx
+
+        host = cupyx.empty_pinned(device.shape, dtype=device.dtype)  # NumPy over page-locked memory
         device.get(out=host)  # synchronous: done before the device array is dropped
         return host
 
@@ -114,15 +116,6 @@ class CupyMemory:
 
     def to_numpy(self, array: Any) -> np.ndarray[Any, Any]:
         return np.array(self._cp.asnumpy(array), copy=True)
-
-
-def _pinned_numpy(cupy: Any, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
-    """A NumPy array over page-locked host memory (it keeps the allocation alive)."""
-    count = int(np.prod(shape, dtype=np.int64))
-    if count == 0:
-        return np.empty(shape, dtype)
-    memory = cupy.cuda.alloc_pinned_memory(count * dtype.itemsize)
-    return np.frombuffer(memory, dtype, count).reshape(shape)
 
 
 class CupyBackend:
@@ -143,6 +136,8 @@ class CupyBackend:
         }
 
     def time_tile(self, fn: Callable[[], T]) -> tuple[T, float]:
+        """`fn()` and its device seconds, between events on the current stream: call it inside
+        ``stream(...)`` so the events are on the stream the tile's kernels go to."""
         start, end = self.xp.cuda.Event(), self.xp.cuda.Event()
         start.record()
         result = fn()
@@ -230,6 +225,8 @@ class TorchBackend:
         }
 
     def time_tile(self, fn: Callable[[], T]) -> tuple[T, float]:
+        """`fn()` and its device seconds, between events on the current stream: call it inside
+        ``stream(...)`` so the events are on the stream the tile's kernels go to."""
         cuda = self.xp.cuda
         start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
         start.record()

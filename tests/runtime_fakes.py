@@ -6,11 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import Any
 
-import runtime_memory_stub
-
-runtime_memory_stub.install()
-
-from neuronetes import runtime  # noqa: E402
+from neuronetes import runtime
 
 
 class FakeClock:

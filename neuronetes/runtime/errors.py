@@ -11,10 +11,13 @@ class AdmissionError(RuntimeErrorBase):
     """A task or slice the scheduler cannot take: its hard request is over what is free.
 
     `resource` is ``"memory"`` (bytes) or ``"bandwidth"`` (a share of the device); `shortfall` is
-    how much more would have to be free for the request to fit.
+    how much more would have to be free for the request to fit; `reason`, when given, says why
+    what looks free is not (pinned arrays, the device's own refusal).
     """
 
-    def __init__(self, resource: str, requested: float, free: float, what: str = "task") -> None:
+    def __init__(
+        self, resource: str, requested: float, free: float, what: str = "task", reason: str = ""
+    ) -> None:
         self.resource = resource
         self.requested = requested
         self.free = free
@@ -25,7 +28,7 @@ class AdmissionError(RuntimeErrorBase):
             )
         else:
             detail = f"{requested:g} requested, {free:g} free: short by {self.shortfall:.4g}"
-        super().__init__(f"{what} not admitted: {resource} {detail}")
+        super().__init__(f"{what} not admitted: {resource} {detail}" + (f" ({reason})" if reason else ""))
 
 
 class InvalidArgument(RuntimeErrorBase, ValueError):

@@ -20,7 +20,6 @@ Guarantees (docs/runtime.md states them with the admission table):
 from __future__ import annotations
 
 import contextlib
-import importlib
 import itertools
 import logging
 import math
@@ -28,11 +27,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Literal, Protocol
 
 from neuronetes.runtime.backends import Backend, select_backend
 from neuronetes.runtime.errors import AdmissionError, InvalidArgument, RuntimeErrorBase
 from neuronetes.runtime.limits import ContainerLimits, container_limits
+from neuronetes.runtime.memory import MemoryManager
 from neuronetes.runtime.tiles import TaskBody, ThreadBody, TileOutcome, _local, body_for
 
 log = logging.getLogger("neuronetes.runtime")
@@ -57,11 +57,13 @@ class MemoryPool(Protocol):
 
     def free_bytes(self) -> int: ...
 
-    def reserve(self, owner: str, nbytes: int, hard: bool) -> None: ...
+    def reserve(self, owner: str, nbytes: int | None, hard: bool) -> None: ...
 
     def release(self, owner: str) -> None: ...
 
     def usage(self, owner: str) -> int: ...
+
+    def charged(self, owner: str) -> int: ...
 
     def evictions(self, owner: str) -> int: ...
 
@@ -69,8 +71,7 @@ class MemoryPool(Protocol):
 
 
 def _memory_manager(capacity_bytes: int, backend: Backend) -> MemoryPool:
-    module = importlib.import_module("neuronetes.runtime.memory")
-    return cast(MemoryPool, module.MemoryManager(capacity_bytes, backend))
+    return MemoryManager(capacity_bytes, backend)
 
 
 def _check_memory(memory: object, what: str = "memory") -> int:
@@ -344,7 +345,10 @@ class Scheduler:
                 )
             return False
         hard = task.policy != "best_effort"
-        if task.memory:
+        if not task.memory:
+            # Nothing asked for: a soft reservation without a cap (its arrays may be evicted).
+            part.pool.reserve(task.id, None, False)
+        else:
             free = part.pool.free_bytes()
             if task.memory > free:
                 if reject:
@@ -624,7 +628,7 @@ class Scheduler:
             live = task in self._live
             pool = task.partition.pool
             return {
-                "memory_usage": pool.usage(task.id) if live else 0,
+                "memory_usage": pool.charged(task.id) if live else 0,
                 "bandwidth_usage": task.last_window_share,
                 "pacing_delay_count": task.pacing_delays,
                 "tiles_executed": task.tiles,

@@ -40,6 +40,7 @@ def test_the_check_table_loads_with_every_check_the_issue_names() -> None:
         "shim-compute",
         "workstation-preemption",
         "reconciliation",
+        "runtime",
     ]
     assert all(s.goal and s.title and ":" in s.run for s in specs)
     assert {s.id for s in specs if "fake" in s.modes} == {

@@ -228,7 +228,7 @@ def scheduler_checks(report: Report, backend: Any) -> None:
         return fn
 
     for b in PACING_BANDWIDTHS:
-        sched.submit(tiled(worker(b), 1 << 40, tile=8), bandwidth=b, policy="burstable")
+        sched.submit(tiled(worker(b), 1 << 40, tile=8), bandwidth=b, policy="guaranteed")
     elapsed = _drive(sched, PACING_SECONDS)
     shares = {str(b): 100 * done[b] * item_s / elapsed for b in PACING_BANDWIDTHS}
     ok = all(abs(shares[str(b)] - 100 * b) <= TOLERANCE_PP for b in PACING_BANDWIDTHS)

@@ -118,6 +118,17 @@ class CupyMemory:
         return np.array(self._cp.asnumpy(array), copy=True)
 
 
+def _cupy_priority_range(cupy: Any) -> tuple[int, int]:
+    """(least, greatest) stream priority: CUDA's own answer where CuPy exposes it (CuPy 14 does not);
+    else (0, -5), the widest range CUDA gives today: it clamps a priority into the device's range,
+    so -5 is the device's greatest whatever that is."""
+    ask = getattr(cupy.cuda.runtime, "deviceGetStreamPriorityRange", None)
+    if ask is None:
+        return 0, -5
+    least, greatest = ask()
+    return int(least), int(greatest)
+
+
 class CupyBackend:
     """Tiles on CuPy: CUDA events time them, two priority streams, capacity from the device."""
 
@@ -129,7 +140,7 @@ class CupyBackend:
         self.xp: Any = cupy
         self._device: Any = cupy.cuda.Device(device)
         self._device.use()
-        least, greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
+        least, greatest = _cupy_priority_range(cupy)
         self._priorities = {HIGH: greatest, not HIGH: least}
         self._streams: dict[tuple[str, bool], Any] = {}  # (owner, high) -> its stream, made once
 

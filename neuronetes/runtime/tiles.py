@@ -38,6 +38,10 @@ class TileOutcome:
     result: Any = None
 
 
+_MORE = TileOutcome()
+"""The outcome of a tile with more to come: shared (it is frozen), one object fewer a tile."""
+
+
 class TaskBody(Protocol):
     """One task's tiles. `run_tile` runs the next tile (the scheduler times it); `budget_s` is the
     longest the scheduler wants it to take (None: no limit), which only adaptive tiles honour;
@@ -129,7 +133,7 @@ class TiledCursor:
         self.workload.fn(start, start + size)
         self.next_index = start + size
         self._last = size
-        return TileOutcome(finished=self.done)
+        return TileOutcome(finished=True) if self.done else _MORE
 
     def observe(self, seconds: float) -> None:
         if self._last <= 0 or seconds <= 0:

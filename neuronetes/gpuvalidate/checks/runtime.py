@@ -60,11 +60,14 @@ def run(ctx: Context) -> Report:
         if not available():
             report.skip(name, f"skipped: needs {'PyTorch' if name == 'torch' else 'CuPy'} with a CUDA device")
             continue
-        backend = make()
-        backend_check(ctx, report, backend)
-        eviction_check(report, backend)
-        slice_check(ctx, report, name)
-        scheduler_checks(report, backend)
+        try:  # one framework's failure is its own: the other is still checked
+            backend = make()
+            backend_check(ctx, report, backend)
+            eviction_check(report, backend)
+            slice_check(ctx, report, name)
+            scheduler_checks(report, backend)
+        except Exception as exc:
+            report.check(f"{name}.error", False, f"error: {type(exc).__name__}: {exc}")
     return report
 
 

@@ -11,8 +11,8 @@ For each of PyTorch and CuPy that sees the GPU (a missing one is skipped, naming
 - ``<fw>.in-slice``: the backend, made in a process under the shim over a 2 GiB region, reports a
   capacity of at most 2 GiB (the shim's ``cuMemGetInfo`` is the container's, docs/shim.md).
 - ``<fw>.pacing``: two tasks at bandwidth 0.2 and 0.5 on one `runtime.Scheduler` for 2 s; each
-  one's achieved share (its items × the solo device time per item, over the wall time) is within
-  ±3 pp of its bandwidth.
+  one's achieved share (the device time of its own work, timed by its own CUDA events, over the
+  wall time) is within ±3 pp of its bandwidth (figure beside it: its items × a solo per-item time).
 - ``<fw>.isolation``: a latency-sensitive `guaranteed` task (bandwidth 0.5; a request is one tile,
   its latency the tile's launch to completion) beside a `best_effort` neighbour: its p99 is at most
   1.10 × its solo p99 while the neighbour keeps at least 50 % of its solo throughput.
@@ -222,10 +222,15 @@ def scheduler_checks(report: Report, backend: Any) -> None:
     # pacing: two tasks, each held to its bandwidth of measured device time
     sched = make()
     done = {b: 0 for b in PACING_BANDWIDTHS}
+    device_s = {b: 0.0 for b in PACING_BANDWIDTHS}
 
     def worker(b: float) -> Callable[[int, int], None]:
         def fn(start: int, stop: int) -> None:
-            _items(backend, a, out, stop - start)
+            # The task's own device time (its own events, as the CPU bench times its own function):
+            # a share computed from a solo per-item time is off by whatever the GPU's clocks did
+            # between that measurement and the run.
+            _, seconds = backend.time_tile(lambda: _items(backend, a, out, stop - start))
+            device_s[b] += seconds
             done[b] += stop - start
 
         return fn
@@ -233,13 +238,15 @@ def scheduler_checks(report: Report, backend: Any) -> None:
     for b in PACING_BANDWIDTHS:
         sched.submit(tiled(worker(b), 1 << 40, tile=8), bandwidth=b, policy="guaranteed")
     elapsed = _drive(sched, PACING_SECONDS)
-    shares = {str(b): 100 * done[b] * item_s / elapsed for b in PACING_BANDWIDTHS}
+    shares = {str(b): 100 * device_s[b] / elapsed for b in PACING_BANDWIDTHS}
+    by_solo_item = {str(b): 100 * done[b] * item_s / elapsed for b in PACING_BANDWIDTHS}
     ok = all(abs(shares[str(b)] - 100 * b) <= TOLERANCE_PP for b in PACING_BANDWIDTHS)
     report.check(
         f"{backend.name}.pacing",
         ok,
         f"each within ±{TOLERANCE_PP:g} pp of its bandwidth" if ok else "a task missed its bandwidth",
         achieved_percent=shares,
+        by_solo_item_time_percent=by_solo_item,
         item_device_us=item_s * 1e6,
         seconds=elapsed,
     )

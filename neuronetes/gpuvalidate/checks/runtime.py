@@ -268,7 +268,9 @@ def scheduler_checks(report: Report, backend: Any) -> None:
             neighbour_items[0] += stop - start
 
         if not alone_neighbour:
-            sched.submit(tiled(request, 1 << 40, tile=1), bandwidth=0.5, policy="guaranteed")
+            # One request a tile: the tile size is fixed (request() does four items whatever its
+            # range, so adaptive tiles would double until the range ran out, ending the task).
+            sched.submit(tiled(request, 1 << 40, tile=1, adaptive=False), bandwidth=0.5, policy="guaranteed")
         if neighbour or alone_neighbour:
             sched.submit(tiled(filler, 1 << 40, tile=8), policy="best_effort")
         elapsed = _drive(sched, PACING_SECONDS)

@@ -36,6 +36,9 @@ Thread-safety: the scheduler is single-threaded, but every public method takes t
 anyway, so user threads may allocate and read arrays concurrently. An array dropped without
 `free()` is released by a finalizer that only queues its block (it may run inside the garbage
 collector, in any thread); the queue is drained at the next call.
+
+Longer than most modules on purpose: the manager, its hard pools and its arrays share one lock and
+one least-recently-used order, and every eviction or reload touches all three.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ Guarantees (docs/runtime.md states them with the admission table):
   then the task's, then the least time used in this window, then submission order.
 - When no task can run (all paced, waiting or queued) the loop sleeps until the next window or
   wake-up (`submit` from another thread wakes it), so it burns no core while everything is paced.
+
+Longer than most modules on purpose: admission, pacing, the partitions and the statistics all read
+and write the same window and task state under one lock; split, each part would reach into the
+others' internals.
 """
 
 from __future__ import annotations

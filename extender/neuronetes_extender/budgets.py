@@ -16,11 +16,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from neuronetes.engine.preempt import Victim
 from neuronetes.nodeselect import requirement_holds
 
+from .pods import PodInfo
 from .watch import CustomObject
 
-__all__ = ["Budget", "BudgetBook", "budget_of"]
+__all__ = ["Budget", "BudgetBook", "budget_of", "victim_of"]
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +102,21 @@ class BudgetBook:
             if b.covers(namespace, labels or {}):
                 return b
         return None
+
+
+def victim_of(
+    info: PodInfo, budgets: BudgetBook | None, *, allocation: str, gpu_seconds_lost: float = 0.0
+) -> Victim:
+    """`info` as a candidate victim: its priority, start, gang and the PDB covering it (none when
+    the PDBs are not read)."""
+    budget = budgets.covering(info.namespace, info.labels) if budgets is not None else None
+    return Victim(
+        info.id,
+        info.priority,
+        start_time=info.started,
+        allocation=allocation,
+        group=f"gang/{info.gang_id}" if info.gang_id else "",
+        gpu_seconds_lost=gpu_seconds_lost,
+        pdb=budget.key if budget is not None else "",
+        pdb_allowed=budget.allowed if budget is not None else 0,
+    )

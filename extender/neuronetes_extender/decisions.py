@@ -18,13 +18,13 @@ from neuronetes import contracts as c
 from neuronetes.engine import PlacementEngine, Separation, scale_scores
 from neuronetes.engine.core import FEASIBLE
 from neuronetes.engine.filters import FILTERS
-from neuronetes.engine.preempt import Victim, group_units, node_victims
+from neuronetes.engine.preempt import group_units, node_victims
 from neuronetes.engine.victims import pdb_violations
 from neuronetes.inventory import ClusterState
 from neuronetes.model import Placement, PodRequest
 
 from .books import CacheBooks
-from .budgets import BudgetBook
+from .budgets import BudgetBook, victim_of
 from .config import ExtenderSettings
 from .gangs import GangSpec
 from .holds import owned_by
@@ -255,18 +255,7 @@ def gpu_victims(
         gang = info.gang_id
         if gang is not None and any(m.node != node for m in members.get(gang, ())):
             continue  # members elsewhere: not kube-scheduler's to evict from this node
-        budget = budgets.covering(info.namespace, info.labels) if budgets is not None else None
-        victims.append(
-            Victim(
-                info.id,
-                info.priority,
-                start_time=info.started,
-                allocation="pod/" + info.id,
-                group=f"gang/{gang}" if gang else "",
-                pdb=budget.key if budget is not None else "",
-                pdb_allowed=budget.allowed if budget is not None else 0,
-            )
-        )
+        victims.append(victim_of(info, budgets, allocation="pod/" + info.id))
     found = node_victims(st, pod.request, node, group_units(victims), order=pod.victim_order)
     if isinstance(found, str):
         return None

@@ -45,10 +45,10 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import quote
 
-from neuronetes.engine.preempt import PreemptionDecision, Unit, Victim, group_units
+from neuronetes.engine.preempt import PreemptionDecision, Unit, group_units
 from neuronetes.inventory import ClusterState
 
-from .budgets import BudgetBook
+from .budgets import BudgetBook, victim_of
 from .config import PreemptionSettings
 from .events import EventRecorder, PodRef
 from .gangs import GangSpec
@@ -184,23 +184,10 @@ def candidates(
             or alloc not in state.allocations
         ):
             continue
-        gang = info.gang_id
         # GPU-seconds lost: the GPU share it holds (whole GPUs 1 each) times the seconds it ran.
         share = sum(g.milli for g in state.allocations[alloc].grants) / 1000
         ran = max(0.0, now - info.started) if info.started else 0.0
-        budget = budgets.covering(info.namespace, info.labels) if budgets is not None else None
-        victims.append(
-            Victim(
-                info.id,
-                info.priority,
-                start_time=info.started,
-                allocation=alloc,
-                group=f"gang/{gang}" if gang else "",
-                gpu_seconds_lost=share * ran,
-                pdb=budget.key if budget is not None else "",
-                pdb_allowed=budget.allowed if budget is not None else 0,
-            )
-        )
+        victims.append(victim_of(info, budgets, allocation=alloc, gpu_seconds_lost=share * ran))
     return [u for u in group_units(victims) if not skip.intersection(u.pods)]
 
 

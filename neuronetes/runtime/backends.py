@@ -4,14 +4,14 @@ registry `select_backend` chooses from.
 The NumPy backend is always there: "device time" is the scheduler thread's wall time inside a
 tile (``time.perf_counter``), so a task's bandwidth is its share of that thread. GPU backends
 (CuPy, PyTorch) live in ``neuronetes.runtime.gpu_backends``, which registers them through
-`register_backend` when it is imported; ``select_backend("auto")`` imports it if it is installed
-and takes the first registered GPU backend that says it is available, else NumPy.
+`register_backend` when it is imported (it imports no framework until a backend is asked for);
+``select_backend("auto")`` imports it and takes the first registered GPU backend that says it is
+available, else NumPy.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import time
 from collections.abc import Callable
@@ -22,8 +22,6 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from neuronetes.runtime.errors import InvalidArgument
 
 T = TypeVar("T")
-
-_GPU_BACKENDS_MODULE = "neuronetes.runtime.gpu_backends"
 
 
 @runtime_checkable
@@ -97,17 +95,15 @@ def register_backend(name: str, factory: Callable[[], Backend], available: Calla
 
 
 def backend_names() -> list[str]:
-    """The names `select_backend` knows (after loading the GPU backends, if installed)."""
+    """The names `select_backend` knows (the GPU backends registered too)."""
     _load_gpu_backends()
     return [*_REGISTRY, "auto"]
 
 
 def _load_gpu_backends() -> None:
-    try:
-        importlib.import_module(_GPU_BACKENDS_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != _GPU_BACKENDS_MODULE:
-            raise
+    # Imported here, not at the top: it imports this module (`register_backend`), and importing it
+    # registers its backends.
+    from neuronetes.runtime import gpu_backends  # noqa: F401
 
 
 def select_backend(backend: str | Backend = "auto") -> Backend:

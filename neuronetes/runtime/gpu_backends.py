@@ -29,6 +29,7 @@ from typing import Any, Final, TypeVar
 
 import numpy as np
 
+from .backends import register_backend
 from .memory import DeviceMemory
 
 __all__ = [
@@ -71,8 +72,6 @@ def torch_available() -> bool:
 
 def register_gpu_backends() -> None:
     """Add "cupy" and "torch" to the runtime's backend table."""
-    from neuronetes.runtime.backends import register_backend
-
     register_backend("cupy", CupyBackend, cupy_available)
     register_backend("torch", TorchBackend, torch_available)
 

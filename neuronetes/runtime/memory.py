@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 import numpy as np
 
 from neuronetes.quantity import format_quantity
+from neuronetes.runtime.errors import AdmissionError
 
 if TYPE_CHECKING:
     from .backends import Backend
@@ -146,8 +147,6 @@ def _size(nbytes: int) -> str:
 
 
 def _admission_error(owner: str, nbytes: int, free: int, reason: str = "") -> Exception:
-    from neuronetes.runtime.errors import AdmissionError
-
     return AdmissionError(
         "memory", nbytes, free, what=f"hard memory reservation for {owner!r}", reason=reason
     )

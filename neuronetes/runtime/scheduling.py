@@ -38,6 +38,7 @@ from neuronetes.runtime.backends import Backend, select_backend
 from neuronetes.runtime.errors import AdmissionError, InvalidArgument, RuntimeErrorBase
 from neuronetes.runtime.limits import ContainerLimits, container_limits
 from neuronetes.runtime.memory import MemoryManager
+from neuronetes.runtime.metrics import export
 from neuronetes.runtime.tiles import TaskBody, ThreadBody, TileOutcome, _local, body_for
 
 log = logging.getLogger("neuronetes.runtime")
@@ -240,8 +241,6 @@ class Scheduler:
         self.tiles_total = 0
         self.pacing_delays_total = 0
         if metrics:
-            from neuronetes.runtime.metrics import export
-
             export(self, registry)
 
     # ---- slices --------------------------------------------------------------------------------

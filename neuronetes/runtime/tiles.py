@@ -18,6 +18,7 @@ between them.
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -286,8 +287,6 @@ def tiled(
 
 def body_for(fn: Callable[..., Any], enter: Callable[[], Any]) -> TaskBody:
     """The body that runs `fn`: adaptive tiles, a generator, or a worker thread (see the module)."""
-    import inspect
-
     if isinstance(fn, TiledWorkload):
         return fn.cursor()
     if inspect.isgeneratorfunction(fn) or inspect.isgeneratorfunction(getattr(fn, "__call__", None)):  # noqa: B004

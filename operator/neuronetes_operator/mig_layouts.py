@@ -134,13 +134,11 @@ class MigLayoutController:
             name = g["metadata"]["name"]
             if ((g.get("status") or {}).get("migPlan") or {}).get("state") == "Applying":
                 try:
-                    ended = self._follow(g, nodes.get(name), now)
+                    if self._follow(g, nodes.get(name), now):
+                        busy.add(name)
                 except ApiException as exc:
                     busy.add(name)
                     log.warning("following the MIG relayout of %s: %s", name, api_message(exc))
-                    continue
-                if ended is None:
-                    busy.add(name)
         demand, left_out = pending_mig_demand(self._pending_pods(), self.settings.max_demand_per_tick)
         if not demand:
             self._unserved_told.clear()
@@ -209,9 +207,8 @@ class MigLayoutController:
 
     # ---- following a relayout -----------------------------------------------------------------------
 
-    def _follow(self, gpunode: dict[str, Any], node: Mapping[str, Any] | None, now: float) -> str | None:
-        """Move ``status.migPlan`` on: None while the relayout is still under way, else how it ended
-        (``Applied`` or ``Failed``)."""
+    def _follow(self, gpunode: dict[str, Any], node: Mapping[str, Any] | None, now: float) -> bool:
+        """Move ``status.migPlan`` on; True while the relayout is still under way."""
         plan = (gpunode.get("status") or {}).get("migPlan") or {}
         started = _seconds(plan.get("plannedTime")) or now
         outcome: tuple[str, str] | None = None
@@ -238,7 +235,7 @@ class MigLayoutController:
         if outcome is None and now - started > self.settings.apply_timeout_seconds:
             outcome = ("Failed", f"not applied within {self.settings.apply_timeout_seconds:.0f} s")
         if outcome is None:
-            return None
+            return True
         state, message = outcome
         if plan.get("cordoned") and node is not None:
             self._uncordon(node)
@@ -247,7 +244,7 @@ class MigLayoutController:
             {"state": state, "message": f"{plan.get('message', '')}; {message}"[:4096], "cordoned": False},
         )
         self._event(gpunode, "Normal" if state == "Applied" else "Warning", f"MIGRelayout{state}", message)
-        return state
+        return False
 
     # ---- writing a relayout ---------------------------------------------------------------------------
 

@@ -24,7 +24,6 @@ others' internals.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import logging
 import math
@@ -102,7 +101,7 @@ def _check_priority(priority: object) -> int:
     return priority
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Partition:
     """Where tasks take memory and bandwidth from: the scheduler's root, or a slice. `bandwidth` is
     its share of the device; `reserved` the shares its guaranteed and burstable tasks hold."""
@@ -123,7 +122,7 @@ class Partition:
         return self.bandwidth * window_s - self.debt_s
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Task:
     """A submitted task; `Scheduler.task(task_id)` returns it. `run_micro_kernel()` runs one tile;
     `array(shape, dtype)` allocates a runtime array charged to the task; `result()` is what the
@@ -152,12 +151,17 @@ class Task:
     error: BaseException | None = None
     value: Any = None
     fn: Callable[..., Any] | None = field(default=None, repr=False)
+    # Made once at admission so that running a tile allocates nothing: the body's bound
+    # `run_tile` and the task's stream context on the scheduler thread (None where the backend's
+    # is a no-op).
+    tile_call: Callable[[], TileOutcome] | None = field(default=None, repr=False)
+    stream: contextlib.AbstractContextManager[Any] | None = field(default=None, repr=False)
+    share: float = field(init=False, default=0.0)
 
-    @functools.cached_property
-    def share(self) -> float:
-        """The bandwidth the task runs in-share on (best_effort: none); read for every tile, so
-        computed once (bandwidth and policy never change)."""
-        return self.bandwidth if self.bandwidth is not None and self.policy != "best_effort" else 0.0
+    def __post_init__(self) -> None:
+        # The bandwidth the task runs in-share on (best_effort: none); read for every tile, so
+        # computed once (bandwidth and policy never change).
+        self.share = self.bandwidth if self.bandwidth is not None and self.policy != "best_effort" else 0.0
 
     def allowance_s(self, window_s: float) -> float:
         return self.share * window_s - self.debt_s
@@ -235,6 +239,11 @@ class Scheduler:
         self._tasks: dict[str, Task] = {}
         self._queue: list[Task] = []
         self._live: list[Task] = []  # admitted, not finished
+        # The last in-share pick and what `_pick` compares against (see `_pick`).
+        self._streak: Task | None = None
+        self._streak_wake = math.inf
+        self._streak_rival_fraction = math.inf
+        self._streak_rival_seq = 0
         self._seq = itertools.count(1)
         self._window_start = self._clock()
         self._window_index = 0
@@ -368,12 +377,16 @@ class Scheduler:
         part.reserved += task.share
         fn = task.fn
         assert fn is not None
-        task.body = body_for(fn, lambda: self._stream(task))
-        if isinstance(task.body, ThreadBody):
-            task.body.task = task
+        body = task.body = body_for(fn, lambda: self._stream(task))
+        if isinstance(body, ThreadBody):
+            body.task = task
+        task.tile_call = body.run_tile
+        stream = self._stream(task)
+        task.stream = None if isinstance(stream, contextlib.nullcontext) else stream
         task.state = RUNNING
         task.wake_at = self._clock()
         self._live.append(task)
+        self._streak = None  # a new candidate
         return True
 
     def _admit_queued(self) -> None:
@@ -400,6 +413,7 @@ class Scheduler:
             part.used_s = 0.0
         self._window_start += passed * w
         self._window_index += passed
+        self._streak = None  # fresh allowances reorder everyone
 
     def _in_share(self, task: Task) -> bool:
         return task.share > 0 and task.share_used_s < task.allowance_s(self.window_s) - _EPS
@@ -418,25 +432,67 @@ class Scheduler:
             room = min(room, task.bandwidth * w - task.used_s)
         return max(0.0, room)
 
-    def _choose(self, now: float) -> tuple[Task, float | None] | None:
-        """The task to run next and the longest its tile should take (None: any length)."""
+    def _pick(self, now: float) -> tuple[Task, float | None] | None:
+        """Roll the window, admit what fits, and return what `_choose(now)` would return.
+
+        Without a new pass while the last pick was in-share and nothing that could change it has
+        happened: since that pick, within the same window, only that task has been charged
+        (`_account` forgets the pick when another is), no task has been admitted or finished, and
+        no other task has woken (`_streak_wake`), so the other candidates and their order keys are
+        what they were. The task is then picked again while it is awake and in-share and its key
+        still sorts before the runner-up's (`_streak_rival_*`: its share-used fraction and
+        sequence; inf when the runner-up is behind on class or priority, or there is none). The
+        same expressions as `_choose`'s, so the floating-point results are the same too. Inline,
+        because this runs between every two tiles and its time is time the tasks do not get."""
         w = self.window_s
-        # One pass, no intermediate lists: this runs before every tile, and its cost is time the
-        # tasks do not get (bench/runtime.py's figures are net of it).
+        if now - self._window_start + _EPS >= w:  # else no whole window has passed: nothing to roll
+            self._roll_window(now)
+        if self._queue:
+            self._admit_queued()
+        task = self._streak
+        if task is not None:
+            awake_at = now + _EPS
+            if task.wake_at <= awake_at and self._streak_wake > awake_at:
+                share_w = task.share * w
+                used = task.share_used_s
+                if used < share_w - task.debt_s - _EPS:
+                    fraction = used / share_w
+                    rival = self._streak_rival_fraction
+                    if fraction < rival or (fraction == rival and task.seq < self._streak_rival_seq):
+                        return task, share_w - task.debt_s - used
+        return self._choose(now)
+
+    def _choose(self, now: float) -> tuple[Task, float | None] | None:
+        """The task to run next and the longest its tile should take (None: any length). An
+        in-share pick is remembered for `_pick`, with the runner-up and the next wake-up."""
+        w = self.window_s
+        # One pass, no intermediate lists: its cost is time the tasks do not get.
         best: Task | None = None
         best_key: tuple[float, ...] = ()
+        rival_key: tuple[float, ...] | None = None
         awake_at = now + _EPS
+        next_wake = math.inf
         for t in self._live:
             if t.wake_at > awake_at:
+                next_wake = min(next_wake, t.wake_at)
                 continue
             share = t.share
             if share <= 0 or t.share_used_s >= share * w - t.debt_s - _EPS:
                 continue
             key = (_RANK[t.policy], -t.partition.priority, -t.priority, t.share_used_s / (share * w), t.seq)
             if best is None or key < best_key:
+                rival_key = best_key if best is not None else None
                 best, best_key = t, key
+            elif rival_key is None or key < rival_key:
+                rival_key = key
         if best is not None:
+            self._streak, self._streak_wake = best, next_wake
+            if rival_key is None or rival_key[:3] != best_key[:3]:
+                self._streak_rival_fraction, self._streak_rival_seq = math.inf, 0
+            else:
+                self._streak_rival_fraction, self._streak_rival_seq = rival_key[3], int(rival_key[4])
             return best, best.allowance_s(w) - best.share_used_s
+        self._streak = None
         awake = [t for t in self._live if t.wake_at <= awake_at]
         window_end = self._window_start + w
         leftover = [t for t in awake if self._leftover_room(t) > _EPS]
@@ -467,49 +523,60 @@ class Scheduler:
     def _stream(self, task: Task) -> contextlib.AbstractContextManager[Any]:
         return self.backend.stream(task.policy == "guaranteed", task.partition.name)
 
-    def _execute(self, task: Task, budget_s: float | None) -> None:
-        body = task.body
-        assert body is not None
+    def _run_tile(self, task: Task, budget_s: float | None) -> tuple[TileOutcome | BaseException, float]:
+        """Run one tile of `task`, outside the lock, timed by the backend: its outcome (or what it
+        raised) and its measured seconds. Allocates nothing of its own (see `Task.tile_call`)."""
+        tile_call, stream, body = task.tile_call, task.stream, task.body
+        assert tile_call is not None and body is not None
+        body.budget_s = budget_s
         _current.task = task
         try:
-            with self._stream(task):
-                outcome, seconds = self.backend.time_tile(lambda: body.run_tile(budget_s))
+            if stream is None:  # the CPU's streams are no-ops: not entered at all
+                return self.backend.time_tile(tile_call)
+            with stream:
+                return self.backend.time_tile(tile_call)
         except BaseException as exc:
+            return exc, 0.0
+        finally:
             _current.task = None
-            with self._lock:
-                task.error = exc
-                self._finish(task, FAILED)
-            log.warning("%s failed: %r", task.id, exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        _current.task = None
-        body.observe(seconds)
-        with self._lock:
-            self._charge(task, seconds)
-            self._settle(task, outcome)
 
-    def _charge(self, task: Task, seconds: float) -> None:
-        in_share = self._in_share(task)
+    def _account(self, task: Task, outcome: TileOutcome | BaseException, seconds: float, now: float) -> None:
+        """Under the lock, after a tile that ended at `now`: charge its time to the task (in-share
+        while it had allowance left when the tile started), its partition and the root, and
+        settle the task (finished, failed, waiting or ready again). Re-raises what is not an
+        ``Exception``."""
+        if task is not self._streak:
+            self._streak = None  # another task's charge changes the order `_pick` relies on
+        if isinstance(outcome, BaseException):
+            task.error = outcome
+            self._finish(task, FAILED)
+            log.warning("%s failed: %r", task.id, outcome)
+            if not isinstance(outcome, Exception):
+                raise outcome
+            return
+        body = task.body
+        assert body is not None
+        body.observe(seconds)
+        share = task.share
+        if share > 0 and task.share_used_s < share * self.window_s - task.debt_s - _EPS:
+            task.share_used_s += seconds
         task.tiles += 1
         self.tiles_total += 1
         task.used_s += seconds
         task.total_s += seconds
-        if in_share:
-            task.share_used_s += seconds
-        task.partition.used_s += seconds
-        if task.partition is not self.root:
+        part = task.partition
+        part.used_s += seconds
+        if part is not self.root:
             self.root.used_s += seconds
-
-    def _settle(self, task: Task, outcome: TileOutcome) -> None:
         if outcome.finished:
             task.value = outcome.result
             self._finish(task, FINISHED)
         elif outcome.wait_s > 0:
-            task.wake_at = self._clock() + outcome.wait_s
+            task.wake_at = now + outcome.wait_s
 
     def _finish(self, task: Task, state: str) -> None:
         task.state = state
+        self._streak = None
         if task in self._live:
             self._live.remove(task)
             part = task.partition
@@ -529,29 +596,32 @@ class Scheduler:
             if task.state in (FINISHED, FAILED):
                 return False
             self._roll_window(self._clock())
-        self._execute(task, None)
+        outcome, seconds = self._run_tile(task, None)
+        with self._lock:
+            self._account(task, outcome, seconds, self._clock())
         return task.state not in (FINISHED, FAILED)
 
     def step(self) -> int:
         """One scheduling round: admit what fits from the queue, roll the pacing window, then run
-        the chosen tiles one by one — each chosen afresh — for up to a tick. Returns the number of
-        tiles run (0: nothing could run now)."""
+        the chosen tiles one by one — each chosen as `_choose` would choose it — for up to a tick.
+        Returns the number of tiles run (0: nothing could run now). One lock acquisition a tile:
+        the last tile's accounting and the next choice share it."""
+        clock, lock = self._clock, self._lock
+        start = clock()
+        with lock:
+            chosen = self._pick(start)
         ran = 0
-        start = self._clock()
-        while True:
-            with self._lock:
-                now = self._clock()
-                self._roll_window(now)
-                if self._queue:
-                    self._admit_queued()
-                chosen = self._choose(now)
-            if chosen is None:
-                return ran
+        while chosen is not None:
             task, budget = chosen
-            self._execute(task, budget)
+            outcome, seconds = self._run_tile(task, budget)
             ran += 1
-            if self._clock() - start >= self.tick_s:
-                return ran
+            now = clock()
+            with lock:
+                self._account(task, outcome, seconds, now)
+                if now - start >= self.tick_s:
+                    return ran
+                chosen = self._pick(now)
+        return ran
 
     def _next_event(self, now: float) -> float:
         times = [self._window_start + self.window_s]

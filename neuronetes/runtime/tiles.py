@@ -40,15 +40,21 @@ class TileOutcome:
 
 
 _MORE = TileOutcome()
-"""The outcome of a tile with more to come: shared (it is frozen), one object fewer a tile."""
+_FINISHED = TileOutcome(finished=True)
+"""The outcomes of a tile with more to come and of the last tile (of a task with no result):
+shared (they are frozen), one object fewer a tile."""
 
 
 class TaskBody(Protocol):
-    """One task's tiles. `run_tile` runs the next tile (the scheduler times it); `budget_s` is the
-    longest the scheduler wants it to take (None: no limit), which only adaptive tiles honour;
-    `observe` hands back the measured time; `close` abandons the task."""
+    """One task's tiles. `run_tile` runs the next tile (the scheduler times it); `budget_s`, set by
+    the scheduler before each tile (an attribute, not an argument, so that the scheduler can hand
+    the backend the bound method made once, with no closure a tile), is the longest the scheduler
+    wants it to take (None: no limit), which only adaptive tiles honour; `observe` hands back the
+    measured time; `close` abandons the task."""
 
-    def run_tile(self, budget_s: float | None) -> TileOutcome: ...
+    budget_s: float | None
+
+    def run_tile(self) -> TileOutcome: ...
 
     def observe(self, seconds: float) -> None: ...
 
@@ -95,7 +101,7 @@ class TiledWorkload:
     def __call__(self) -> None:
         cursor = self.cursor()
         while not cursor.done:
-            cursor.run_tile(None)
+            cursor.run_tile()
             yield_task()
 
 
@@ -111,30 +117,29 @@ class TiledCursor:
         self.size = workload.tile or 1
         self.per_item_s: float | None = None
         self._last = 0
+        self.budget_s: float | None = None
 
     @property
     def done(self) -> bool:
         return self.next_index >= self.workload.n
 
-    def _choose(self, budget_s: float | None) -> int:
-        w = self.workload
-        if not w.adaptive or self.per_item_s is None or self.per_item_s <= 0:
-            return self.size
-        # The target's size (growing at most twofold) is remembered; the budget only cuts this tile.
-        self.size = max(1, min(int(w.target_s / self.per_item_s * (1 + 1e-9)), 2 * self.size))
-        if budget_s is None:
-            return self.size
-        return max(1, min(self.size, int(budget_s / self.per_item_s * (1 + 1e-9))))
-
-    def run_tile(self, budget_s: float | None) -> TileOutcome:
-        if self.done:
-            return TileOutcome(finished=True)
-        size = min(self._choose(budget_s), self.workload.n - self.next_index)
-        start = self.next_index
-        self.workload.fn(start, start + size)
-        self.next_index = start + size
-        self._last = size
-        return TileOutcome(finished=True) if self.done else _MORE
+    def run_tile(self) -> TileOutcome:
+        start, w = self.next_index, self.workload
+        n = w.n
+        if start >= n:
+            return _FINISHED
+        size, per_item = self.size, self.per_item_s
+        if w.adaptive and per_item is not None and per_item > 0:
+            # The target's size (growing at most twofold) is remembered; the budget only cuts this tile.
+            size = self.size = max(1, min(int(w.target_s / per_item * (1 + 1e-9)), 2 * size))
+            budget_s = self.budget_s
+            if budget_s is not None:
+                size = max(1, min(size, int(budget_s / per_item * (1 + 1e-9))))
+        stop = min(start + size, n)
+        w.fn(start, stop)
+        self.next_index = stop
+        self._last = stop - start
+        return _MORE if stop < n else _FINISHED
 
     def observe(self, seconds: float) -> None:
         if self._last <= 0 or seconds <= 0:
@@ -152,8 +157,9 @@ class GeneratorBody:
     def __init__(self, fn: Callable[[], Generator[Any, None, Any]]) -> None:
         self._fn = fn
         self._gen: Generator[Any, None, Any] | None = None
+        self.budget_s: float | None = None
 
-    def run_tile(self, budget_s: float | None) -> TileOutcome:
+    def run_tile(self) -> TileOutcome:
         if self._gen is None:
             self._gen = self._fn()
         try:
@@ -184,6 +190,7 @@ class ThreadBody:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.task: Any = None  # the scheduler's Task, for current_task() on the worker
+        self.budget_s: float | None = None
 
     def _work(self) -> None:
         _local.body = self
@@ -207,7 +214,7 @@ class ThreadBody:
         if self._closed:
             raise SystemExit  # unwinds the abandoned worker quietly
 
-    def run_tile(self, budget_s: float | None) -> TileOutcome:
+    def run_tile(self) -> TileOutcome:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="neuronetes-runtime-task", daemon=True)
             self._thread.start()

@@ -37,7 +37,9 @@ class Backend(Protocol):
     - `stream(high_priority, owner)`: a context manager making `owner`'s stream of that priority
       current for the calling thread. Each distinct `owner` (a slice's name; ``""`` for tasks in no
       slice) has its own two streams, and the same owner and priority always give the same stream,
-      so two threads entering it launch onto one stream. A no-op on the CPU.
+      so two threads entering it launch onto one stream. The scheduler asks once per task and
+      enters the same object for each of its tiles, so it must be reusable (a
+      ``contextlib.nullcontext`` is never entered). A no-op on the CPU.
     """
 
     name: str

@@ -1,6 +1,6 @@
 """neuronetes.runtime on the CPU backend: pacing accuracy and the isolation figure.
 
-    python bench/runtime.py [--seconds 2] [--json [PATH]]
+    python bench/runtime.py [--seconds 2] [--repeat N] [--json [PATH]]
 
 - **Pacing accuracy**: two or three `guaranteed` tasks at bandwidth 0.2/0.5/0.8 combinations, each
   an endless adaptive NumPy workload (square roots over a slice of a 4M-element array, sized by the
@@ -14,6 +14,8 @@
   neighbour ≤ 1.10 × solo p99, and the neighbour keeps ≥ 50 % of its solo throughput.
 
 Wall-clock figures on a shared machine: run it on an otherwise idle one for figures to quote.
+`--repeat N` runs both N times and adds, per task and for the isolation figures, the mean, the
+worst and how many runs met the target: one run's figure varies with the machine.
 """
 
 from __future__ import annotations
@@ -151,13 +153,8 @@ def isolation(seconds: float) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--json", nargs="?", const=str(RESULTS), default=None, metavar="PATH")
-    args = ap.parse_args()
-    rows = pacing(args.seconds)
-    print(f"pacing accuracy, CPU backend, {args.seconds:g} s each (target ±2 pp)")
+def _print_run(seconds: float, rows: list[dict[str, Any]], iso: dict[str, Any]) -> None:
+    print(f"pacing accuracy, CPU backend, {seconds:g} s each (target ±2 pp)")
     print(f"{'bandwidths':<20} {'achieved':<28} {'error (pp)':<24} {'scheduler-accounted':<24}")
     for row in rows:
         print(
@@ -166,24 +163,81 @@ def main() -> None:
             f"{' '.join(f'{e:+.2f}' for e in row['error_pp']):<24} "
             f"{' '.join(f'{a:.3f}' for a in row['scheduler_accounted']):<24}"
         )
-    worst = max(abs(e) for row in rows for e in row["error_pp"])
-    print(f"worst error {worst:.2f} pp")
-    iso = isolation(max(args.seconds, 3.0))
+    print(f"worst error {max(abs(e) for row in rows for e in row['error_pp']):.2f} pp")
     print(
         f"isolation: guaranteed (0.3) p50/p99 {iso['solo_p50_ms']:.3f}/{iso['solo_p99_ms']:.3f} ms alone, "
         f"{iso['mixed_p50_ms']:.3f}/{iso['mixed_p99_ms']:.3f} ms beside best_effort "
         f"(p99 ratio {iso['p99_ratio']:.3f}, target <= 1.10); "
         f"neighbour kept {iso['neighbour_kept']:.1%} of its solo throughput (target >= 50 %)"
     )
+
+
+def summarize(runs: list[tuple[list[dict[str, Any]], dict[str, Any]]]) -> dict[str, Any]:
+    """Per task of each combination and for the isolation figures: mean, worst, runs on target."""
+    tasks = []
+    for i, row in enumerate(runs[0][0]):
+        for j, bandwidth in enumerate(row["bandwidths"]):
+            errors = [rows[i]["error_pp"][j] for rows, _ in runs]
+            tasks.append(
+                {
+                    "bandwidths": row["bandwidths"],
+                    "bandwidth": bandwidth,
+                    "mean_error_pp": round(statistics.mean(errors), 2),
+                    "worst_error_pp": max(errors, key=abs),
+                    "within_2pp": sum(abs(e) <= 2.0 for e in errors),
+                }
+            )
+    ratios = [iso["p99_ratio"] for _, iso in runs]
+    kept = [iso["neighbour_kept"] for _, iso in runs]
+    return {
+        "runs": len(runs),
+        "pacing": tasks,
+        "p99_ratio_worst": max(ratios),
+        "p99_ratio_within_target": sum(r <= 1.10 for r in ratios),
+        "neighbour_kept_worst": min(kept),
+        "neighbour_kept_within_target": sum(k >= 0.5 for k in kept),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--repeat", type=int, default=1, metavar="N", help="run everything N times (default 1)")
+    ap.add_argument("--json", nargs="?", const=str(RESULTS), default=None, metavar="PATH")
+    args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    runs = []
+    for index in range(args.repeat):
+        rows, iso = pacing(args.seconds), isolation(max(args.seconds, 3.0))
+        runs.append((rows, iso))
+        if args.repeat > 1:
+            print(f"--- run {index + 1} of {args.repeat}")
+        _print_run(args.seconds, rows, iso)
+    summary = summarize(runs) if args.repeat > 1 else None
+    if summary:
+        n = summary["runs"]
+        print(f"over {n} runs (target ±2 pp; p99 ratio <= 1.10; neighbour >= 50 %)")
+        print(f"{'bandwidths':<20} {'task':<6} {'mean (pp)':<10} {'worst (pp)':<11} within target")
+        for task in summary["pacing"]:
+            print(
+                f"{'/'.join(f'{b:g}' for b in task['bandwidths']):<20} {task['bandwidth']:<6g} "
+                f"{task['mean_error_pp']:<+10.2f} {task['worst_error_pp']:<+11.2f} {task['within_2pp']}/{n}"
+            )
+        print(
+            f"isolation: worst p99 ratio {summary['p99_ratio_worst']:.3f} "
+            f"({summary['p99_ratio_within_target']}/{n} within target); worst neighbour kept "
+            f"{summary['neighbour_kept_worst']:.1%} ({summary['neighbour_kept_within_target']}/{n})"
+        )
     if args.json:
+        rows, iso = runs[-1]
+        worst = max(abs(e) for row in rows for e in row["error_pp"])
+        out: dict[str, Any] = {"backend": "numpy", "pacing": rows, "worst_error_pp": worst, "isolation": iso}
+        if summary:
+            out["repeated"] = summary
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            json.dumps(
-                {"backend": "numpy", "pacing": rows, "worst_error_pp": worst, "isolation": iso}, indent=2
-            )
-            + "\n"
-        )
+        path.write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {path}")
 
 

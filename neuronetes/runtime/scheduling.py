@@ -604,8 +604,15 @@ class Scheduler:
     def step(self) -> int:
         """One scheduling round: admit what fits from the queue, roll the pacing window, then run
         the chosen tiles one by one — each chosen as `_choose` would choose it — for up to a tick.
-        Returns the number of tiles run (0: nothing could run now). One lock acquisition a tile:
-        the last tile's accounting and the next choice share it."""
+        Returns the number of tiles run (0: nothing could run now)."""
+        return self._run_tiles(self.tick_s, None)
+
+    def _run_tiles(self, max_s: float, stop: Callable[[], bool] | None) -> int:
+        """Run chosen tiles back to back for up to `max_s`, or until nothing can run now or `stop()`
+        (asked outside the lock after each tile; None: never). One lock acquisition a tile without
+        `stop`: the last tile's accounting and the next choice share it. `run` calls this once for
+        a stretch of work rather than `step` once a tick, because what is done between two tiles
+        is time no task gets (bench/README.md, "Runtime library")."""
         clock, lock = self._clock, self._lock
         start = clock()
         with lock:
@@ -618,9 +625,15 @@ class Scheduler:
             now = clock()
             with lock:
                 self._account(task, outcome, seconds, now)
-                if now - start >= self.tick_s:
+                if now - start >= max_s:
                     return ran
-                chosen = self._pick(now)
+                if stop is None:
+                    chosen = self._pick(now)
+                    continue
+            if stop():
+                return ran
+            with lock:
+                chosen = self._pick(clock())
         return ran
 
     def _next_event(self, now: float) -> float:
@@ -642,8 +655,14 @@ class Scheduler:
         sleeps until the next window or wake-up. Returns early, leaving them queued, when only
         queued tasks are left and nothing running could free room for them."""
         stop = self._until(until)
+        # A deadline is checked under the lock with the tile's accounting; anything else is asked.
+        timed = math.isfinite(self._deadline_left(until))
         while not stop():
-            if self.step():
+            if (
+                self._run_tiles(self._deadline_left(until), None)
+                if timed
+                else self._run_tiles(math.inf, stop)
+            ):
                 continue
             with self._lock:
                 if not self._live:

@@ -3,6 +3,7 @@ fake clock, priorities, slices, tiles, thread tasks with yield_task, metrics, ba
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Generator
 from typing import Any
@@ -287,3 +288,67 @@ def test_other_bad_arguments_name_themselves(make: object, argument: str) -> Non
     with pytest.raises(runtime.InvalidArgument) as caught:
         make()  # type: ignore[operator]
     assert caught.value.argument == argument
+
+
+def _random_mix(clock: FakeClock, sched: runtime.Scheduler, seed: int, log: list[tuple[str, float]]) -> None:
+    """Tasks of every policy, priorities, slices, tile lengths and waits drawn from `seed`; each
+    tile appends (task name, start time) to `log`."""
+    import random
+
+    rng = random.Random(seed)
+    sched.create_slice("s", bandwidth=0.5, priority=rng.randint(0, 2))
+
+    def task(name: str, tiles: int) -> Any:
+        def body() -> Generator[float | None, None, None]:
+            for _ in range(tiles):
+                log.append((name, clock.now))
+                clock.advance(rng.choice([0.0002, 0.0007, 0.0013, 0.004]))
+                yield rng.choice([None, None, None, 0.003, 0.011])
+
+        return body
+
+    shares = {"guaranteed": [0.1, 0.2, 0.3], "burstable": [0.1, 0.25], "best_effort": [None, 0.5]}
+    for i in range(rng.randint(2, 5)):
+        policy = rng.choice(list(shares))
+        with contextlib.suppress(runtime.AdmissionError):  # a guaranteed share that does not fit
+            sched.submit(
+                task(f"t{i}", rng.randint(5, 60)),
+                bandwidth=rng.choice(shares[policy]),
+                policy=policy,
+                priority=rng.randint(0, 2),
+                slice=rng.choice([None, "s"]),
+            )
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_run_chooses_every_tile_as_a_fresh_choice_would(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run` keeps going between tiles and `_pick` reuses its last in-share choice while nothing that
+    could change it has happened: the tiles run, in order and at the same times, equal a run where
+    every tile is chosen afresh by `_choose`."""
+    clock, fast_log = FakeClock(), []  # type: ignore[var-annotated]
+    fast = fake_scheduler(clock)
+    _random_mix(clock, fast, seed, fast_log)
+    fast.run()
+
+    def fresh(self: runtime.Scheduler, now: float) -> Any:
+        self._roll_window(now)
+        self._admit_queued()
+        return self._choose(now)
+
+    monkeypatch.setattr(runtime.Scheduler, "_pick", fresh)
+    clock, fresh_log = FakeClock(), []  # type: ignore[var-annotated]
+    reference = fake_scheduler(clock)
+    _random_mix(clock, reference, seed, fresh_log)
+    reference.run()
+    assert len(fast_log) > 10
+    assert fast_log == fresh_log
+
+
+def test_run_until_a_predicate_stops_after_the_tile_that_makes_it_true() -> None:
+    clock = FakeClock()
+    sched = fake_scheduler(clock, tick_ms=50)  # a tick far longer than the tiles
+    task_id = sched.submit(busy(clock, 0.001), bandwidth=1.0, policy="guaranteed")
+    sched.run(until=lambda: sched.task(task_id).tiles >= 7)
+    assert sched.task(task_id).tiles == 7
+    sched.run(until=0.0105)  # a deadline: the tile that crosses it is the last
+    assert sched.task(task_id).tiles == 7 + 11

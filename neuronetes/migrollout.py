@@ -3,11 +3,10 @@
 The operator's MIG layout controller reads the pending pods, the GPUNodes and the Nodes, and asks
 this module:
 
-* `pending_mig_demand`: one `MigDemand` per MIG instance a pending, unbound pod asks for
-  (``neuronetes.io/mig-<profile>``; a pool's ``migProfile`` replicas are such pods), restricted to
-  the GPU family of the pod's required ``neuronetes.io/gpu-type`` when it names exactly one.
+* `neuronetes.migdemand`: the pending demand (pods, MIG GPUSlices) and who is told when it is unserved.
 * `gpu_states`: each MIG GPU of a GPUNode as a `GpuMigState`: its layout from ``status.gpus``, the
-  instances holding an allocation (``status.gpus[].allocations[].migInstance``) as in use, when the
+  instances holding an allocation (``status.gpus[].allocations[].migInstance``) or a Bound MIG
+  GPUSlice (`neuronetes.migdemand.slice_held_instances`) as in use, when the
   controller last re-laid it out. GPUs that must not change are passed as re-laid out just now, so
   the planner's hysteresis keeps them as they are and serves only from their idle instances.
 * `node_relayouts`: the planner's changed GPUs grouped per node, for the apply path of each node
@@ -33,9 +32,9 @@ import msgspec
 import msgspec.yaml
 
 from neuronetes import contracts as c
-from neuronetes.mig import MigLayout, catalog_for, is_mig_capable, normalize_profile_name
+from neuronetes.mig import MigLayout, catalog_for, is_mig_capable
 from neuronetes.mig_profiles import MigPlacementError, UnsupportedGpuError
-from neuronetes.migplan import GpuLayoutPlan, GpuMigState, MigDemand, MigPlan
+from neuronetes.migplan import GpuLayoutPlan, GpuMigState, MigPlan
 
 __all__ = [
     "LABEL_MIG_APPLY",
@@ -52,9 +51,6 @@ __all__ = [
     "mig_parted_config_name",
     "mig_parted_entry",
     "node_relayouts",
-    "pending_mig_demand",
-    "pod_mig_demand",
-    "unserved_by_pod",
 ]
 
 LABEL_MIG_APPLY: Final = f"{c.GROUP}/mig-apply"
@@ -80,72 +76,6 @@ def apply_path(labels: Mapping[str, str]) -> ApplyPath:
 def gpu_key(node: str, index: int) -> str:
     """The planner's name of a node's GPU."""
     return f"{node}/{index}"
-
-
-# ---- demand --------------------------------------------------------------------------------------
-
-
-def _profile_of_resource(name: str) -> str | None:
-    if not name.startswith(c.RESOURCE_MIG_PREFIX):
-        return None
-    profile = name.removeprefix(c.RESOURCE_MIG_PREFIX)
-    if profile.endswith(".me"):
-        profile = profile.removesuffix(".me") + "+me"
-    return normalize_profile_name(profile)
-
-
-def _gpu_type(spec: Mapping[str, Any]) -> str | None:
-    """The one GPU family the pod requires (``neuronetes.io/gpu-type``), else None."""
-    values: set[str] = set()
-    selector = spec.get("nodeSelector") or {}
-    if c.LABEL_GPU_TYPE in selector:
-        values.add(str(selector[c.LABEL_GPU_TYPE]).upper())
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
-    for term in required.get("nodeSelectorTerms") or ():
-        for expr in term.get("matchExpressions") or ():
-            if expr.get("key") == c.LABEL_GPU_TYPE and expr.get("operator") == "In":
-                values.update(str(v).upper() for v in expr.get("values") or ())
-    return values.pop() if len(values) == 1 else None
-
-
-def pod_mig_demand(pod: Mapping[str, Any]) -> list[MigDemand]:
-    """The MIG instances one pod asks for (requests, else limits, summed over its containers)."""
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-    wanted: dict[str, int] = {}
-    for container in spec.get("containers") or ():
-        resources = container.get("resources") or {}
-        asked = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-        for name, quantity in asked.items():
-            profile = _profile_of_resource(name)
-            if profile is not None:
-                try:
-                    wanted[profile] = wanted.get(profile, 0) + max(0, int(str(quantity)))
-                except ValueError:
-                    continue  # not a whole number: the API server refuses such extended resources
-    model = _gpu_type(spec)
-    return [
-        MigDemand(f"{key}#{k}" if n > 1 else key, profile, model)
-        for profile, n in sorted(wanted.items())
-        for k in range(n)
-    ]
-
-
-def pending_mig_demand(pods: Iterable[Mapping[str, Any]], limit: int) -> tuple[list[MigDemand], int]:
-    """The demand of pending, unbound, not-deleting pods, oldest first, at most `limit` items; and
-    how many items were left out."""
-    waiting = [
-        p
-        for p in pods
-        if not (p.get("spec") or {}).get("nodeName")
-        and (p.get("status") or {}).get("phase", "Pending") == "Pending"
-        and not (p.get("metadata") or {}).get("deletionTimestamp")
-    ]
-    waiting.sort(key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"].get("name", "")))
-    items = [d for p in waiting for d in pod_mig_demand(p)]
-    return items[:limit], max(0, len(items) - limit)
 
 
 # ---- current layouts -----------------------------------------------------------------------------
@@ -174,12 +104,14 @@ def gpu_states(
     *,
     frozen: bool = False,
     mode_change: bool = False,
+    held: frozenset[tuple[str, int]] = frozenset(),
 ) -> tuple[list[GpuMigState], list[str]]:
     """The node's MIG GPUs for the planner, and one line per GPU left out. `frozen` (a relayout of
     the node still being applied, or a path that cannot change it) keeps every GPU as it stands.
     With `mode_change` (mig-manager path only: it switches the mode), a MIG-capable GPU with MIG off
     and no allocation at all is offered as an empty MIG GPU; using it is a mode change
-    (`NodeRelayout.mode_change`: the node is cordoned while it is applied)."""
+    (`NodeRelayout.mode_change`: the node is cordoned while it is applied). `held` names instances
+    in use besides the reported allocations, as (GPU UUID, start slot): Bound MIG GPUSlices'."""
     node = gpunode["metadata"]["name"]
     out: list[GpuMigState] = []
     skipped: list[str] = []
@@ -210,7 +142,11 @@ def gpu_states(
             skipped.append(f"{gpu_key(node, index)}: {exc}")
             continue
         allocated = {str(a.get("migInstance")) for a in gpu.get("allocations") or () if a.get("migInstance")}
-        in_use = frozenset(int(i["start"]) for i in instances if i.get("uuid") in allocated)
+        in_use = frozenset(
+            int(i["start"])
+            for i in instances
+            if i.get("uuid") in allocated or (gpu.get("uuid"), int(i["start"])) in held
+        )
         hold = (
             frozen
             or path == "none"
@@ -273,18 +209,6 @@ def node_relayouts(
         )
         for node, gpus in sorted(by_node.items())
     ]
-
-
-def unserved_by_pod(plan: MigPlan) -> dict[str, list[str]]:
-    """The pods (``namespace/name``, in demand order) with demand the plan leaves unserved, each
-    with the planner's distinct reasons."""
-    out: dict[str, list[str]] = {}
-    for p in plan.placements:
-        if p.gpu is None:
-            reasons = out.setdefault(p.demand.key.partition("#")[0], [])
-            if p.reason not in reasons:
-                reasons.append(p.reason)
-    return out
 
 
 def _counts(layout: MigLayout) -> list[dict[str, Any]]:

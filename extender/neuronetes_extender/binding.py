@@ -15,7 +15,7 @@ from dataclasses import replace
 from neuronetes import contracts as c
 from neuronetes.assignment import build_assignment, visible_devices_annotations
 from neuronetes.engine import PlacementEngine
-from neuronetes.model import GpuGrant, Placement
+from neuronetes.model import Placement
 
 from .books import CacheBooks
 from .decisions import TOP_TERMS, explain, short, versus
@@ -172,7 +172,7 @@ def _inside_slice(
     if why is not None or j is None:
         books.holds.drop(st, hold.alloc_id)
         return BindRefused(short(why or f"{placement.node} has no GPU {sl.gpu_uuid}"))
-    return replace(placement, grants=(GpuGrant(j, sl.milli, sl.memory_mib),)), sl.qos
+    return replace(placement, grants=(sl.grant(j),)), sl.qos
 
 
 def bind_done(books: CacheBooks, plan: BindPlan, *, ok: bool, ambiguous: bool, pod: Pod | None) -> None:

@@ -7,7 +7,8 @@ when it binds the slice (tenants may write a slice's spec, never its status subr
 whose phase is ``Bound`` or ``Active`` is charged on its GPU as ``slice/<namespace>/<name>`` until
 its phase leaves those (``Released``) or the object is gone, also while a deletion waits on the
 operator's finalizer. A pod naming the slice is placed on the slice's node, gets the slice's GPU
-and share in its assignment, and is charged only its CPU and memory.
+and share in its assignment, and is charged only its CPU and memory. A MIG slice (``status.migProfile``
+and ``migStart``) holds its MIG instance the same way, and its pod gets exactly that instance.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class SliceInfo:
     memory_mib: int
     compute_percent: int
     qos: c.QoS
+    mig_profile: str | None = None  # a MIG slice: the instance of this profile at `mig_start`
+    mig_start: int | None = None
 
     @property
     def key(self) -> str:
@@ -68,6 +71,12 @@ class SliceInfo:
     @property
     def milli(self) -> int:
         return self.compute_percent * (MILLI_PER_GPU // 100)
+
+    def grant(self, j: int) -> GpuGrant:
+        """What the slice holds on its GPU (column `j`): its MIG instance, else its share."""
+        if self.mig_profile is not None:
+            return GpuGrant(j, 0, 0, self.mig_profile, self.mig_start)
+        return GpuGrant(j, self.milli, self.memory_mib)
 
 
 def _int(value: Any, low: int, high: int) -> int | None:
@@ -85,17 +94,18 @@ def slice_of(obj: CustomObject) -> SliceInfo | None:
     memory = _int(status.get("memoryMiB"), 1, _MAX_MIB)
     percent = _int(status.get("computePercent"), 1, 100)
     qos = status.get("qosClass")
-    if (
-        isinstance(node, str)
-        and node
-        and isinstance(uuids, list)
-        and uuids
-        and isinstance(uuids[0], str)
-        and memory is not None
-        and percent is not None
-        and qos in _QOS
-    ):
-        return SliceInfo(meta.namespace, meta.name, node, uuids[0], memory, percent, c.QoS(qos))
+    profile, start = status.get("migProfile"), _int(status.get("migStart"), 0, 7)
+    placed = (
+        isinstance(node, str) and node and isinstance(uuids, list) and uuids and isinstance(uuids[0], str)
+    )
+    if placed and qos in _QOS:
+        gpu = str(uuids[0])  # type: ignore[index]
+        if profile is None and memory is not None and percent is not None:
+            return SliceInfo(meta.namespace, meta.name, str(node), gpu, memory, percent, c.QoS(qos))
+        if isinstance(profile, str) and start is not None:  # a MIG slice: the instance, isolated
+            return SliceInfo(
+                meta.namespace, meta.name, str(node), gpu, memory or 0, 100, c.QoS(qos), profile, start
+            )
     log.warning(
         "GPUSlice %s/%s is %s but its status does not say what it reserves; not counted",
         meta.namespace,
@@ -111,6 +121,14 @@ def slice_request_mismatch(pod: PodInfo, sl: SliceInfo) -> str | None:
     if pod.gang is not None:
         return f"{where} and a gang ({pod.gang.name}); a gang member cannot run inside a slice"
     gpu = pod.gpu
+    if sl.mig_profile is not None:
+        if gpu is None or gpu.request.mig_profile != sl.mig_profile or gpu.request.gpus != 1:
+            return (
+                f"{where}, a MIG {sl.mig_profile} instance, but does not ask for exactly one "
+                f"{c.mig_resource_name(sl.mig_profile)}; the webhook sets it from the slice: recreate "
+                "the pod without NeuroNetes resources"
+            )
+        return None
     if gpu is None or gpu.request.mig_profile is not None or gpu.request.exclusive:
         return (
             f"{where} but does not ask for a shared slice "
@@ -135,6 +153,10 @@ def slice_covers(pod: PodInfo, slices: Mapping[str, SliceInfo]) -> bool:
     if sl is None or doc is None or doc.node != pod.node or sl.node != pod.node:
         return False
     claims = claimed_gpus(doc)
+    if sl.mig_profile is not None:
+        return [(cl.uuid, cl.mig_profile, cl.mig_start) for cl in claims] == [
+            (sl.gpu_uuid, sl.mig_profile, sl.mig_start)
+        ]
     return bool(claims) and all(
         cl.uuid == sl.gpu_uuid
         and cl.mig_profile is None
@@ -176,14 +198,15 @@ class SliceBook:
         if i is None:
             return  # its node is not (yet) known: nothing to place there
         j = gpu_index(st, i, sl.gpu_uuid)
-        grant = None if j is None else GpuGrant(j, sl.milli, sl.memory_mib)
+        grant = None if j is None else sl.grant(j)
         if grant is None or not allocate_evicting(snap, holds, sl.alloc_id, i, 0, 0, (grant,)):
             self.unaccounted.add(sl.key)
             if again:
                 return
             self.conflicts += 1
             log.error(
-                "GPUSlice %s is Bound to %s GPU %s but that share is not free there (or no such GPU); "
+                "GPUSlice %s is Bound to %s GPU %s but that share (or MIG instance) is not free there "
+                "(or no such GPU or instance); "
                 "it is not counted",
                 sl.key,
                 sl.node,

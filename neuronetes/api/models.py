@@ -494,6 +494,11 @@ class GPUSliceStatus(_Object):
     memory_mib: Annotated[int, Meta(ge=1, le=1 << 24)] | None = field(default=None, name="memoryMiB")
     compute_percent: Annotated[int, Meta(ge=1, le=100)] | None = None
     qos_class: Literal["Guaranteed", "Burstable", "BestEffort"] | None = None
+    # A MIG slice's instance, written with Bound: its profile and start slot on the GPU
+    # ``gpuUUIDs[0]`` (what the extender counts), and the instance's own UUID when the agent reported it.
+    mig_profile: MigProfile | None = None
+    mig_start: Annotated[int, Meta(ge=0, le=7)] | None = None
+    mig_instance_uuid: Str128 | None = field(default=None, name="migInstanceUUID")
     observed_generation: NonNegative | None = None
     conditions: Conditions | None = None
 

@@ -37,6 +37,7 @@ from .carbon_gate import CarbonGateController
 from .controller import PLURAL, PoolController
 from .gang_retry import pool_of_gang
 from .mig_layouts import MigLayoutController
+from .mig_slices import mig_instances_seen, waits_for_mig_instance
 from .objects import post_event
 from .pods import LABEL_POOL
 from .settings import OperatorSettings
@@ -223,6 +224,7 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
     # The handlers are coroutines: they run on the loop that owns the queue (sync handlers would run
     # in kopf's thread pool, and asyncio queues are not thread-safe).
     state: dict[str, Any] = {"api": api, "bindings": {}, "metrics": AutoscalerMetrics(metrics_registry)}
+    state.update(mig_waiting=set(), mig_seen={})  # Pending MIG slices; per GPUNode, its MIG instances
     cfg = settings
 
     @kopf.on.startup(registry=registry)
@@ -319,9 +321,26 @@ def build_registry(settings: OperatorSettings, api: Any, controller_factory: Any
             state["binding_queue"].add((namespace, name))
 
     @kopf.on.event(c.GROUP, c.VERSION, "gpuslices", registry=registry)
-    async def slice_event(namespace: str | None, name: str, **_: Any) -> None:
+    async def slice_event(
+        namespace: str | None, name: str, body: Mapping[str, Any], type: str | None, **_: Any
+    ) -> None:
         if namespace:
             state["slice_queue"].add((namespace, name))
+            waiting = type != "DELETED" and waits_for_mig_instance(body)
+            (state["mig_waiting"].add if waiting else state["mig_waiting"].discard)((namespace, name))
+            if type == "DELETED" and (body.get("spec") or {}).get("migProfile"):
+                for key in sorted(state["mig_waiting"]):  # its instance is free for them now
+                    state["slice_queue"].add(key)
+
+    @kopf.on.event(c.GROUP, c.VERSION, "gpunodes", registry=registry)
+    async def gpunode_event(name: str, body: Mapping[str, Any], **_: Any) -> None:
+        # A node's MIG instances or their holders changed (a relayout landed, an instance was
+        # freed): the Pending MIG slices are bound now, not at the next resync.
+        seen = mig_instances_seen(body)
+        if state["mig_seen"].get(name) != seen:
+            state["mig_seen"][name] = seen
+            for key in sorted(state["mig_waiting"]):
+                state["slice_queue"].add(key)
 
     @kopf.on.event("", "v1", "pods", annotations={ANNOTATION_SLICE: kopf.PRESENT}, registry=registry)
     async def slice_pod_event(namespace: str | None, annotations: Mapping[str, str], **_: Any) -> None:

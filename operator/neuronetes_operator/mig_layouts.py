@@ -4,33 +4,34 @@ Every tick (``migLayouts.intervalSeconds``) it first follows the relayouts it wr
 ``status.migPlan``): the agent's ``status.migConfigState`` for the current generation, or
 mig-manager's ``nvidia.com/mig.config.state`` label; ``Applied`` or ``Failed``, or ``Failed`` once
 ``applyTimeoutSeconds`` pass; a node it cordoned is uncordoned when the relayout ends either way.
-Then it reads the pending pods asking for ``neuronetes.io/mig-*`` (at most ``maxDemandPerTick``
-instances, oldest first) and the GPUNodes (at most ``maxGpusPerTick`` MIG GPUs), asks
+Then it reads the pending pods asking for ``neuronetes.io/mig-*`` and the Pending MIG GPUSlices
+(`neuronetes.migdemand`; at most ``maxDemandPerTick`` instances, oldest first; instances Bound MIG
+slices hold are in use) and the GPUNodes (at most ``maxGpusPerTick`` MIG GPUs), asks
 `neuronetes.migplan.plan_mig_layouts` (through `neuronetes.migrollout`, which keeps the GPUs of a
 node still being re-laid out, of a mig-manager GPU in use, of an unhealthy GPU as they stand) and
 writes at most ``maxNodesPerTick`` relayouts: ``spec.migLayout`` with exact placements for the
 agent, or a mig-parted config entry and ``nvidia.com/mig.config`` for mig-manager. The time of each
 GPU's relayout is kept in ``status.migPlan.gpus`` (the hysteresis' clock, ``minRelayoutIntervalSeconds``).
-Events ``MIGRelayoutPlanned`` (GPUNode, each pod served), ``MIGRelayoutApplied``/``MIGRelayoutFailed``,
-and ``MIGDemandUnserved`` (Warning, on a pending pod the planner could not serve, with its reasons; at
-most once per pod every `UNSERVED_EVENT_INTERVAL_S` while its reasons stay the same).
+Events ``MIGRelayoutPlanned`` (GPUNode, each pod and slice served),
+``MIGRelayoutApplied``/``MIGRelayoutFailed``, and ``MIGDemandUnserved`` (Warning, on a pending pod or
+slice the planner could not serve, with its reasons; at most once per claim every
+`UNSERVED_EVENT_INTERVAL_S` while its reasons stay the same).
 docs/mig.md, "Applying a plan".
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from neuronetes import contracts as c
 from neuronetes.mig import MigLayout
+from neuronetes.migdemand import pending_mig_demand, slice_held_instances, unserved_by_claim
 from neuronetes.migplan import GpuMigState, plan_mig_layouts
 from neuronetes.migrollout import (
     MIG_MANAGER_CONFIG_LABEL,
@@ -46,10 +47,9 @@ from neuronetes.migrollout import (
     mig_parted_config_name,
     mig_parted_entry,
     node_relayouts,
-    pending_mig_demand,
-    unserved_by_pod,
 )
 
+from .mig_layout_io import GPUNODES, MigLayoutIO
 from .objects import api_message
 from .settings import MigLayoutSettings
 
@@ -57,11 +57,9 @@ __all__ = ["ANNOTATION_CORDONED", "UNSERVED_EVENT_INTERVAL_S", "MigLayoutControl
 
 log = logging.getLogger("neuronetes_operator.mig_layouts")
 
-GPUNODES: Final = "gpunodes"
 ANNOTATION_CORDONED: Final = f"{c.GROUP}/mig-cordoned"
 """On a node the controller cordoned for a MIG mode change: the mig-parted config it waits for."""
 CONFIG_KEY: Final = "config.yaml"
-EVENT_NAMESPACE: Final = "default"  # Events about cluster-scoped objects (GPUNode) live here
 UNSERVED_EVENT_INTERVAL_S: Final = 300.0
 """A pod's ``MIGDemandUnserved`` Event is posted again after this long at the earliest (sooner when
 the reasons change): a pod waiting for capacity is told why without an Event every tick."""
@@ -90,37 +88,17 @@ def relayout_times(gpunode: Mapping[str, Any]) -> dict[int, float]:
     return out
 
 
-class MigLayoutController:
+class MigLayoutController(MigLayoutIO):
     """Plans and writes MIG relayouts, one `tick` at a time (from a thread)."""
 
     def __init__(self, api: Any, settings: MigLayoutSettings, namespaces: list[str] | None = None) -> None:
+        super().__init__(api, namespaces)
         self.settings = settings
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.namespaces = list(namespaces or [])
-        # pod (namespace/name) -> (when its MIGDemandUnserved Event was posted, the message)
+        # claim (a pod's namespace/name, a slice's GPUSlice:namespace/name) -> (when its
+        # MIGDemandUnserved Event was posted, the message)
         self._unserved_told: dict[str, tuple[float, str]] = {}
-        # pod (namespace/name) -> the node whose relayout, written for it, is being applied
+        # claim -> the node whose relayout, written for it, is being applied
         self._awaiting: dict[str, str] = {}
-
-    # ---- reads -----------------------------------------------------------------------------------
-
-    def _pending_pods(self) -> list[dict[str, Any]]:
-        query = {"field_selector": "status.phase=Pending,spec.nodeName="}
-        out: list[dict[str, Any]] = []
-        scopes: list[str | None] = [*self.namespaces] or [None]
-        for ns in scopes:
-            answer = (
-                self.core.list_namespaced_pod(ns, _preload_content=False, **query)
-                if ns
-                else self.core.list_pod_for_all_namespaces(_preload_content=False, **query)
-            )
-            out.extend(json.loads(answer.data).get("items") or [])
-        return out
-
-    def _nodes(self) -> dict[str, dict[str, Any]]:
-        answer = self.core.list_node(_preload_content=False)
-        return {n["metadata"]["name"]: n for n in json.loads(answer.data).get("items") or []}
 
     # ---- the tick --------------------------------------------------------------------------------
 
@@ -139,12 +117,14 @@ class MigLayoutController:
                 except ApiException as exc:
                     busy.add(name)
                     log.warning("following the MIG relayout of %s: %s", name, api_message(exc))
-        demand, left_out = pending_mig_demand(self._pending_pods(), self.settings.max_demand_per_tick)
+        slices = self._slices()
+        demand, left_out = pending_mig_demand(self._pending_pods(), self.settings.max_demand_per_tick, slices)
         if not demand:
             self._unserved_told.clear()
             return
         if left_out:
             log.info("MIG layouts: %d pending instances wait for a later tick", left_out)
+        held = slice_held_instances(slices)  # Bound MIG slices' instances: in use, never re-laid out
         states: list[GpuMigState] = []
         paths: dict[str, ApplyPath] = {}
         mig_off: set[str] = set()
@@ -162,6 +142,7 @@ class MigLayoutController:
                 now,
                 frozen=name in busy,
                 mode_change=self.settings.allow_mode_change,
+                held=held,
             )
             for line in skipped:
                 log.info("MIG layouts: %s left out: %s", name, line)
@@ -181,7 +162,7 @@ class MigLayoutController:
         )
         # A pod a relayout under way was written for is not unserved: its node is frozen meanwhile.
         self._awaiting = {k: n for k, n in self._awaiting.items() if n in busy}
-        unserved = {k: v for k, v in unserved_by_pod(plan).items() if k not in self._awaiting}
+        unserved = {k: v for k, v in unserved_by_claim(plan).items() if k not in self._awaiting}
         self._tell_unserved(unserved, now)
         for relayout in node_relayouts(plan, paths, mig_off)[: self.settings.max_nodes_per_tick]:
             try:
@@ -192,8 +173,8 @@ class MigLayoutController:
                 self._event(by_name[relayout.node], "Warning", "MIGRelayoutFailed", message)
 
     def _tell_unserved(self, unserved: Mapping[str, list[str]], now: float) -> None:
-        """A Warning Event on each pod with demand the plan leaves unserved, rate-limited per pod;
-        pods served or gone are forgotten."""
+        """A Warning Event on each claim (pod, MIG slice) with demand the plan leaves unserved,
+        rate-limited per claim; claims served or gone are forgotten."""
         self._unserved_told = {k: v for k, v in self._unserved_told.items() if k in unserved}
         for key, reasons in unserved.items():
             message = "no MIG layout can serve this pod: " + "; ".join(reasons)
@@ -201,9 +182,8 @@ class MigLayoutController:
             if told is not None and told[1] == message and now - told[0] < UNSERVED_EVENT_INTERVAL_S:
                 continue
             self._unserved_told[key] = (now, message)
-            namespace, _, pod = key.partition("/")
             log.info("MIG layouts: %s: %s", key, message)
-            self._pod_event(namespace, pod, message, "Warning", "MIGDemandUnserved")
+            self._claim_event(key, message, "Warning", "MIGDemandUnserved")
 
     # ---- following a relayout -----------------------------------------------------------------------
 
@@ -276,11 +256,9 @@ class MigLayoutController:
         self._event(gpunode, "Normal", "MIGRelayoutPlanned", message)
         for key in relayout.serves:
             self._awaiting[key.partition("#")[0]] = name
-            namespace, _, pod = key.partition("#")[0].partition("/")
-            self._pod_event(
-                namespace,
-                pod,
-                f"MIG relayout of node {name} planned for this pod: {summary}",
+            self._claim_event(
+                key,
+                f"MIG relayout of node {name} planned for this claim: {summary}",
                 "Normal",
                 "MIGRelayoutPlanned",
             )
@@ -343,56 +321,3 @@ class MigLayoutController:
             meta["name"],
             {"spec": {"unschedulable": False}, "metadata": {"annotations": {ANNOTATION_CORDONED: None}}},
         )
-
-    # ---- status and Events -----------------------------------------------------------------------------
-
-    def _status(self, gpunode: Mapping[str, Any], plan: Mapping[str, Any]) -> None:
-        try:
-            self.custom.patch_cluster_custom_object_status(
-                c.GROUP, c.VERSION, GPUNODES, gpunode["metadata"]["name"], {"status": {"migPlan": dict(plan)}}
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-    def _event(self, gpunode: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
-        meta = gpunode["metadata"]
-        self._post(
-            {"apiVersion": c.API_VERSION, "kind": "GPUNode", "name": meta["name"], "uid": meta.get("uid")},
-            EVENT_NAMESPACE,
-            meta["name"],
-            etype,
-            reason,
-            message,
-        )
-
-    def _pod_event(self, namespace: str, pod: str, message: str, etype: str, reason: str) -> None:
-        self._post(
-            {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace},
-            namespace,
-            pod,
-            etype,
-            reason,
-            message,
-        )
-
-    def _post(
-        self, involved: dict[str, Any], namespace: str, name: str, etype: str, reason: str, message: str
-    ) -> None:
-        now = datetime.now(UTC).isoformat()
-        body = {
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {k: v for k, v in involved.items() if v is not None},
-            "type": etype,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": "neuronetes-operator"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "reportingComponent": "neuronetes-operator",
-        }
-        try:
-            self.core.create_namespaced_event(namespace, body)
-        except ApiException as exc:
-            log.warning("event %s for %s/%s not posted: %s", reason, namespace, name, exc.status)

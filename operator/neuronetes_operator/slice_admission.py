@@ -4,9 +4,10 @@ A pod with ``neuronetes.io/slice: <name>`` (docs/gpuslice.md) that asks for no N
 gets the slice's ``neuronetes.io/gpu-memory`` (MiB) and ``neuronetes.io/gpu-compute`` (%) as limits
 of its first container, so kube-scheduler's and the kubelet's node totals count the share too; one
 that asks for a shared slice must ask for exactly the slice's share; whole GPUs or a MIG instance
-next to a slice are refused. The slice must exist in the pod's namespace, not be being deleted, and
-not be a MIG slice (those are bound by the MIG planner, a later component). The share is the one the
-operator recorded in the slice's status when it bound it, else the slice's spec (immutable).
+next to a slice are refused. The slice must exist in the pod's namespace and not be being deleted.
+A pod naming a MIG slice (``spec.migProfile``) gets one ``neuronetes.io/mig-<profile>`` as a limit,
+or must ask for exactly that. The share is the one the operator recorded in the slice's status when
+it bound it, else the slice's spec (immutable).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Final
 from neuronetes import contracts as c
 from neuronetes.api.units import slice_memory_mib
 from neuronetes.assignment import GpuKind, ResourceRequestError, pod_gpu_request
+from neuronetes.mig import normalize_profile_name
 from neuronetes.model import MILLI_PER_GPU
 from neuronetes.quantity import QuantityError
 
@@ -79,9 +81,13 @@ def _escape(key: str) -> str:
 
 def _copy_share(pod: Mapping[str, Any], memory: int, percent: int) -> SliceReview:
     """Patch the first container to ask for (memory MiB, percent %) as limits."""
+    return _copy_limits(pod, {c.RESOURCE_GPU_MEMORY: str(memory), c.RESOURCE_GPU_COMPUTE: str(percent)})
+
+
+def _copy_limits(pod: Mapping[str, Any], share: Mapping[str, str]) -> SliceReview:
+    """Patch the first container to ask for `share` as limits."""
     out = copy.deepcopy(dict(pod))
     ctr = out["spec"]["containers"][0]
-    share = {c.RESOURCE_GPU_MEMORY: str(memory), c.RESOURCE_GPU_COMPUTE: str(percent)}
     base = "/spec/containers/0/resources"
     resources = ctr.get("resources")
     if not isinstance(resources, Mapping):
@@ -94,6 +100,28 @@ def _copy_share(pod: Mapping[str, Any], memory: int, percent: int) -> SliceRevie
         patch = [{"op": "add", "path": f"{base}/limits/{_escape(k)}", "value": v} for k, v in share.items()]
         ctr["resources"]["limits"].update(share)
     return SliceReview(patch=patch, pod=out)
+
+
+def _review_mig_slice_pod(
+    pod: Mapping[str, Any], name: str, profile: str, refuse: Callable[[str], SliceReview]
+) -> SliceReview:
+    """A pod naming a MIG slice asks for nothing (it then gets one ``neuronetes.io/mig-<profile>``)
+    or for exactly one instance of the slice's profile."""
+    resource = c.mig_resource_name(profile)
+    try:
+        asked = pod_gpu_request(pod)
+    except ResourceRequestError:
+        return SliceReview(pod=pod)  # an unreadable request: the request check says why
+    if asked is None:
+        return _copy_limits(pod, {resource: "1"})
+    if asked.kind is not GpuKind.MIG or asked.request.mig_profile != normalize_profile_name(profile):
+        return refuse(
+            f"the pod names GPUSlice {name}, a MIG {profile} instance, and asks for {_KINDS[asked.kind]} "
+            f"of another kind or profile; remove the neuronetes.io/* resources (the webhook sets {resource})"
+        )
+    if asked.request.gpus != 1:
+        return refuse(f"the pod names GPUSlice {name}, one MIG instance, and asks for {asked.request.gpus}")
+    return SliceReview(pod=pod)
 
 
 def review_slice_pod(pod: Mapping[str, Any], namespace: str, read: SliceReader | None) -> SliceReview:
@@ -123,11 +151,9 @@ def review_slice_pod(pod: Mapping[str, Any], namespace: str, read: SliceReader |
         return refuse(f"GPUSlice {name} does not exist in namespace {namespace}; create it first")
     if (obj.get("metadata") or {}).get("deletionTimestamp"):
         return refuse(f"GPUSlice {name} is being deleted; name another slice")
-    if (obj.get("spec") or {}).get("migProfile"):
-        return refuse(
-            f"GPUSlice {name} claims a MIG instance; MIG slices are bound by the MIG planner (policy "
-            "controller), not usable by pods yet: ask for the instance with a neuronetes.io/mig-* resource"
-        )
+    profile = (obj.get("spec") or {}).get("migProfile")
+    if profile:
+        return _review_mig_slice_pod(pod, name, str(profile), refuse)
     try:
         memory, percent = slice_share(obj)
         asked = pod_gpu_request(pod)

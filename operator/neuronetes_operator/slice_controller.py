@@ -1,5 +1,9 @@
 """GPUSlice reconcile: finalizer, bind a Pending slice to a GPU, release a deleted one when unused.
 
+A MIG slice (``spec.migProfile``) is bound to an idle reported MIG instance of its profile
+(`mig_slices.choose_mig_instance`), else stays Pending with reason ``NoMigInstance`` until the MIG
+layout controller's relayout lands (a GPUNode change queues it again).
+
 Slices are reconciled one at a time (one lock), reading every Bound slice and bound pod before
 choosing, so concurrent slices never oversubscribe a GPU. Before binding, the slice's namespace
 quota is checked again (`quota`, counting Bound slices and pods outside a slice): two slices the
@@ -27,6 +31,7 @@ from neuronetes.model import NodeSpec
 from neuronetes.nodes import apply_gpunode, node_spec_from_object
 
 from . import CONVERT_LOCK
+from .mig_slices import choose_mig_instance, idle_instances_note, mig_held, mig_reserved, reported_instances
 from .objects import patch_status
 from .quota import excesses, quota_relevant, slice_demand, usage
 from .slices import FINALIZER, choose_gpu, gpu_use, pods_using, reserved
@@ -82,7 +87,7 @@ class SliceController:
             }
             self.custom.patch_namespaced_custom_object(c.GROUP, c.VERSION, namespace, PLURAL, name, patch)
         bound = status.get("phase") in ("Bound", "Active")
-        if bound and "memoryMiB" in status:
+        if bound and ("memoryMiB" in status or "migStart" in status):
             return
         try:
             with CONVERT_LOCK:
@@ -94,15 +99,8 @@ class SliceController:
         if bound:  # bound by an operator that did not record the reservation: record it now
             patch_status(self.custom, PLURAL, meta, {"status": reserved(sl.spec)})
             return
-        if sl.spec.mig_profile is not None:
-            self._status(
-                obj,
-                {"phase": "Pending"},
-                "Bound",
-                False,
-                "WaitingForMigPlanner",
-                "MIG slices are bound by the MIG planner (policy controller)",
-            )
+        if sl.spec.mig_profile is not None:  # a MIG instance: no quota share (docs/gpuslice.md)
+            self._bind_mig(obj, sl)
             return
         over = self._over_quota(obj)
         if over:
@@ -111,7 +109,7 @@ class SliceController:
             if previous.get("reason") != "QuotaExceeded":
                 self.event(obj, "Warning", "QuotaExceeded", over)
             return
-        slices, pods, nodes = self._inventory()
+        slices, pods, nodes, _ = self._inventory()
         choice = choose_gpu(sl.spec, nodes, gpu_use(slices, pods))
         if choice is None:
             self._status(
@@ -133,6 +131,31 @@ class SliceController:
         )
         self.event(obj, "Normal", "Bound", f"reserved on node {choice.node}, GPU {choice.index}")
 
+    def _bind_mig(self, obj: Mapping[str, Any], sl: GPUSlice) -> None:
+        """Bind a MIG slice to an idle reported instance of its profile, or say why it waits."""
+        slices, pods, nodes, gpunodes = self._inventory()
+        others = [s for s in slices if s.metadata.get("uid") != sl.metadata.get("uid")]
+        held = mig_held(others, pods, gpunodes.values())
+        inst = choose_mig_instance(sl.spec, reported_instances(nodes, gpunodes), held)
+        if inst is None:
+            self._status(
+                obj, {"phase": "Pending"}, "Bound", False, "NoMigInstance", idle_instances_note(sl.spec)
+            )
+            return
+        model = next(
+            (g.model for n in nodes if n.name == inst.node for g in n.gpus if g.uuid == inst.gpu_uuid), ""
+        )
+        where = f"MIG instance {inst.profile} at slot {inst.start} of {inst.node} GPU {inst.gpu_index}"
+        self._status(
+            obj,
+            {"phase": "Bound", **mig_reserved(sl.spec, inst, model)},
+            "Bound",
+            True,
+            "Reserved",
+            f"{where} ({inst.uuid or inst.gpu_uuid})",
+        )
+        self.event(obj, "Normal", "Bound", f"bound to {where}")
+
     def _over_quota(self, obj: Mapping[str, Any]) -> str:
         """Why binding `obj` would exceed a ResourceQuota of its namespace (empty: it would not)."""
         namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
@@ -150,7 +173,9 @@ class SliceController:
         why = "; ".join(e.describe() for e in found)
         return f"binding the slice: {why}; it stays Pending until the namespace has room"
 
-    def _inventory(self) -> tuple[list[GPUSlice], list[dict[str, Any]], list[NodeSpec]]:
+    def _inventory(
+        self,
+    ) -> tuple[list[GPUSlice], list[dict[str, Any]], list[NodeSpec], dict[str, GPUNode]]:
         raw_slices = self.custom.list_cluster_custom_object(c.GROUP, c.VERSION, PLURAL)["items"]
         pods = self.api.sanitize_for_serialization(
             self.core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=").items
@@ -167,13 +192,13 @@ class SliceController:
                     slices.append(decode(item, GPUSlice))
                 except msgspec.ValidationError:
                     continue
-            gpunodes = {}
+            gpunodes: dict[str, GPUNode] = {}
             for item in gpunodes_raw:
                 try:
                     gn = decode(item, GPUNode)
                 except msgspec.ValidationError:
                     continue
-                gpunodes[gn.metadata.get("name")] = gn
+                gpunodes[str(gn.metadata.get("name"))] = gn
             nodes = []
             for item in nodes_raw:
                 try:
@@ -181,7 +206,7 @@ class SliceController:
                 except ValueError:
                     continue
                 nodes.append(apply_gpunode(spec, gpunodes[spec.name]) if spec.name in gpunodes else spec)
-        return slices, pods, nodes
+        return slices, pods, nodes, gpunodes
 
     def _release(self, obj: Mapping[str, Any], finalizers: list[str]) -> None:
         meta = obj["metadata"]

@@ -62,8 +62,8 @@ def gpu_use(slices: Iterable[GPUSlice], pods: Iterable[Mapping[str, Any]]) -> di
     slice_gpu: dict[tuple[str, str], str] = {}  # (namespace, name) of a Bound slice -> its GPU
     for s in slices:
         st = s.status
-        if st is None or st.phase not in ("Bound", "Active") or not st.gpu_uuids:
-            continue
+        if st is None or st.phase not in ("Bound", "Active") or not st.gpu_uuids or s.spec.mig_profile:
+            continue  # a MIG slice holds an instance, no share (`mig_slices`)
         slice_gpu[(str(s.metadata.get("namespace") or ""), str(s.metadata.get("name")))] = st.gpu_uuids[0]
         for uuid in st.gpu_uuids:
             u = use.setdefault(uuid, GpuUse())

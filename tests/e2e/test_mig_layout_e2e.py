@@ -5,9 +5,12 @@ fleet agent and labelled ``neuronetes.io/mig-apply=agent``; the operator (a real
 tick) sees a pending pod asking for a ``4g.20gb`` no current layout offers, writes the node's
 ``spec.migLayout`` placements, the agent re-lays out the GPU instance by instance, and the pod binds —
 on the GPU where another pod runs on a ``3g.20gb``, whose instance stays as it is. Demand no GPU can
-serve is told on the pod as an Event. Then a node labelled for NVIDIA's mig-manager: the test plays
-mig-manager (reads the mig-parted ConfigMap entry and ``nvidia.com/mig.config``, reports the new
-layout as the agent would, sets ``nvidia.com/mig.config.state=success``) and the relayout is Applied.
+serve is told on the pod as an Event. A MIG GPUSlice whose profile no instance serves is planned
+for the same way and bound to the new instance; a pod naming it gets exactly that instance, and a
+second slice cannot take it until the first is deleted. Then a node labelled for NVIDIA's
+mig-manager: the test plays mig-manager (reads the mig-parted ConfigMap entry and
+``nvidia.com/mig.config``, reports the new layout as the agent would, sets
+``nvidia.com/mig.config.state=success``) and the relayout is Applied.
 """
 
 from __future__ import annotations
@@ -182,6 +185,82 @@ def test_the_agent_re_lays_out_a_gpu_around_a_running_instance_and_the_pod_binds
     reasons = {e["reason"] for e in events_of(cluster, "default", node)}
     assert {"MIGRelayoutPlanned", "MIGRelayoutApplied"} <= reasons, reasons
     assert any(e["reason"] == "MIGRelayoutPlanned" for e in events_of(cluster, NS, "wants-1g"))
+
+
+def mig_slice(name: str, profile: str, **pins: str) -> dict[str, Any]:
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": "GPUSlice",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"memory": "20Gi", "migProfile": profile, **pins},
+    }
+
+
+def gpuslice(cluster: E2ECluster, name: str) -> dict[str, Any]:
+    found = cluster.kubectl("get", "-o", "json", "gpuslice", name, "-n", NS, check=False)
+    return dict(json.loads(found.stdout)) if found.returncode == 0 else {}
+
+
+def slice_reason(obj: dict[str, Any]) -> str:
+    conditions = {cd["type"]: cd for cd in (obj.get("status") or {}).get("conditions") or ()}
+    return str(conditions.get("Bound", {}).get("reason", ""))
+
+
+def test_a_mig_slice_no_instance_serves_is_planned_for_bound_and_its_pod_gets_that_instance(
+    cluster: E2ECluster, stack: dict[str, Any]
+) -> None:
+    node = stack["node"]
+    # Every GPU is laid out 2g.10gb + 1g.5gb x2 + 3g.20gb: no 7g.40gb instance exists (the
+    # mig-manager test below asks for a 4g.20gb: an idle one left here would serve it).
+    create(cluster, mig_slice("claim-7g", "7g.40gb"))
+    claim = wait_until(
+        lambda: (s := gpuslice(cluster, "claim-7g")).get("status", {}).get("phase") == "Bound" and s,
+        timeout=90,
+        what="claim-7g Bound",
+    )["status"]
+    assert claim["node"] == node and claim["migProfile"] == "7g.40gb", claim
+    gpu_uuid, start = claim["gpuUUIDs"][0], claim["migStart"]
+    made = next(
+        i
+        for i in gpu_of(gpunode(cluster, node)["status"], gpu_uuid)["migInstances"]
+        if (i["profile"], i["start"]) == ("7g.40gb", start)
+    )
+    assert claim["migInstanceUUID"] == made["uuid"]
+    reasons = {e["reason"] for e in events_of(cluster, NS, "claim-7g")}
+    assert {"MIGRelayoutPlanned", "Bound"} <= reasons, reasons
+
+    # A pod naming the slice asks for nothing: the webhook gives it the slice's profile, and the
+    # extender binds it to the slice's node with exactly the slice's instance.
+    user = pinned_pod("claim-user", NS, node, {})
+    user["metadata"]["annotations"] = {c.ANNOTATION_SLICE: "claim-7g"}
+    create(cluster, user)
+    placed = grant(wait_until(lambda: bound(cluster, "claim-user"), timeout=60, what="claim-user bound"))
+    assert (placed.uuid, placed.mig_profile, placed.mig_start) == (gpu_uuid, "7g.40gb", start)
+
+    # A second slice pinned to that very instance cannot take it while the first holds it.
+    create(cluster, mig_slice("second", "7g.40gb", nodeName=node, gpuUUID=made["uuid"]))
+    second = wait_until(
+        lambda: (s := gpuslice(cluster, "second")) and slice_reason(s) == "NoMigInstance" and s,
+        timeout=30,
+        what="second slice told NoMigInstance",
+    )
+    assert second["status"]["phase"] == "Pending" and "7g.40gb" in str(second["status"]["conditions"])
+
+    # Deleting the pod and the first slice releases the instance: the second slice binds to it.
+    cluster.kubectl("delete", "pod", "claim-user", "-n", NS)
+    cluster.kubectl("delete", "gpuslice", "claim-7g", "-n", NS, "--wait=false")
+    wait_until(lambda: not gpuslice(cluster, "claim-7g"), timeout=60, what="claim-7g released")
+    rebound = wait_until(
+        lambda: (s := gpuslice(cluster, "second")).get("status", {}).get("phase") == "Bound" and s,
+        timeout=90,
+        what="second slice Bound",
+    )["status"]
+    assert (rebound["gpuUUIDs"][0], rebound["migStart"], rebound["migInstanceUUID"]) == (
+        gpu_uuid,
+        start,
+        made["uuid"],
+    )
+    cluster.kubectl("delete", "gpuslice", "second", "-n", NS)
 
 
 def test_demand_no_gpu_can_serve_is_told_on_the_pod(cluster: E2ECluster, stack: dict[str, Any]) -> None:

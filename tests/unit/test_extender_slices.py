@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from extender_support import OpenWatch, bound_with, node_objects, shared_pod, synced_cache
+from extender_support import OpenWatch, bound_with, mig_pod, node_objects, shared_pod, synced_cache
 
 from neuronetes import contracts as c
 from neuronetes_extender.cache import GPUSLICES, GpuCache
@@ -254,3 +254,77 @@ def test_the_cache_is_ready_only_once_the_slices_are_listed(installed: bool) -> 
         reflector.signal_stop()
         api.stream.close()
         reflector.join(5)
+
+
+MIG_NODE = "na100-40gb-mig-0"
+
+
+def mig_slice_object(name: str = "claim", start: int = 4) -> CustomObject:
+    """A Bound MIG slice: the 3g.20gb instance at `start` on GPU 0 of the MIG node."""
+    status = {
+        "phase": "Bound",
+        "node": MIG_NODE,
+        "gpuUUIDs": [gpu(0, MIG_NODE)],
+        "migProfile": "3g.20gb",
+        "migStart": start,
+        "memoryMiB": 19968,
+        "computePercent": 100,
+        "qosClass": "Guaranteed",
+    }
+    obj = {
+        "metadata": {"name": name, "namespace": "default", "uid": "u-" + name},
+        "spec": {"memory": "20Gi", "migProfile": "3g.20gb"},
+        "status": status,
+    }
+    return msgspec.convert(obj, CustomObject)
+
+
+def test_a_bound_mig_slice_holds_its_instance_and_its_pod_gets_exactly_that_instance() -> None:
+    cache = synced_cache(node_objects({"a100-40gb-mig": 1, "t4x4-pcie": 1}))
+    put(cache, mig_slice_object())
+    # Another MIG pod never gets the slice's instance.
+    for k in range(3):
+        other = info(mig_pod(f"other-{k}", "3g.20gb"))
+        decision = cache.filter(other, [MIG_NODE])
+        assert decision.hold is not None
+        (g,) = decision.hold.grants
+        assert (g.gpu_index, g.mig_start) != (0, 4)
+    # The pod naming the slice lands on the slice's node with the slice's instance, charged nothing more.
+    raw = mig_pod("user", "3g.20gb")
+    raw["metadata"].setdefault("annotations", {})[c.ANNOTATION_SLICE] = "claim"
+    user = info(raw)
+    decision = cache.filter(user, [NODE, MIG_NODE])
+    assert decision.feasible == (MIG_NODE,) and decision.hold is not None and decision.hold.grants == ()
+    plan = cache.prepare_bind(user.id, MIG_NODE, user)
+    assert plan.assignment is not None
+    (ctr,) = plan.assignment.containers.values()
+    (g,) = ctr.gpus
+    assert (g.uuid, g.mig_profile, g.mig_start) == (gpu(0, MIG_NODE), "3g.20gb", 4)
+    cache.bind_done(plan, ok=True)
+    bound = copy.deepcopy(raw)
+    bound["spec"]["nodeName"] = MIG_NODE
+    bound["metadata"]["annotations"].update(plan.annotations)
+    cache.upsert_pod(msgspec.convert(bound, Pod))
+    cache.check_invariants()
+    # Deleting the pod, then the slice, leaves the books whole (the allocation goes with the slice).
+    cache.delete_pod(msgspec.convert(bound, Pod))
+    cache.put_slice("default/claim", None)
+    cache.check_invariants()
+
+
+def test_a_pod_naming_a_mig_slice_must_ask_for_its_profile() -> None:
+    cache = synced_cache(node_objects({"a100-40gb-mig": 1}))
+    put(cache, mig_slice_object())
+    raw = shared_pod("shared", 1024, 10)
+    raw["metadata"].setdefault("annotations", {})[c.ANNOTATION_SLICE] = "claim"
+    decision = cache.filter(info(raw), [MIG_NODE])
+    assert decision.feasible == () and "does not ask for exactly one" in decision.unresolvable[MIG_NODE]
+
+
+def test_a_mig_slice_status_without_its_start_slot_reserves_nothing() -> None:
+    obj = mig_slice_object()
+    assert obj.status is not None
+    del obj.status["migStart"]
+    assert slice_of(obj) is None
+    whole = slice_of(mig_slice_object())
+    assert whole is not None and (whole.mig_profile, whole.mig_start) == ("3g.20gb", 4)

@@ -11,6 +11,7 @@ import pytest
 
 from neuronetes import contracts as c
 from neuronetes.mig import catalog_for
+from neuronetes.migdemand import demand_owner, pending_mig_demand, slice_held_instances, unserved_by_claim
 from neuronetes.migplan import plan_mig_layouts
 from neuronetes.migrollout import (
     LABEL_MIG_APPLY,
@@ -21,8 +22,6 @@ from neuronetes.migrollout import (
     mig_parted_config_name,
     mig_parted_entry,
     node_relayouts,
-    pending_mig_demand,
-    unserved_by_pod,
 )
 
 pytestmark = pytest.mark.unit
@@ -158,7 +157,7 @@ def test_unserved_demand_is_named_per_pod_with_the_planners_distinct_reasons() -
     demand, _ = pending_mig_demand(pods, 10)
     node = gpunode("n1", [FULL], busy={0: {4}})  # the one 3g.20gb is in use
     plan = plan_mig_layouts(demand, gpu_states(node, "agent", {}, NOW)[0], now_s=NOW)
-    unserved = unserved_by_pod(plan)
+    unserved = unserved_by_claim(plan)
     assert list(unserved) == ["ml/alien", "ml/two"]  # demand order: oldest, then by name
     assert len(unserved["ml/two"]) == 1 and "3g.20gb" in unserved["ml/two"][0]
     assert unserved["ml/alien"] == ["no GPU here offers MIG profile 7g.80gb"]
@@ -199,3 +198,60 @@ def test_mig_parted_config_groups_devices_and_keeps_other_configs() -> None:
     assert fresh == {"version": "v1", "mig-configs": {name: entry}}
     with pytest.raises(ValueError, match="not a mapping"):
         merge_mig_parted_configs("- a list\n", name, entry, ())
+
+
+def mig_slice(
+    name: str, profile: str, *, phase: str | None = None, created: str = "2024-01-01T12:00:00Z", **more: Any
+) -> dict[str, Any]:
+    status = more.pop("status", {"phase": phase} if phase else {})
+    return {
+        "metadata": {"name": name, "namespace": "ml", "creationTimestamp": created},
+        "spec": {"memory": "10Gi", "migProfile": profile, **more},
+        "status": status,
+    }
+
+
+def test_pending_mig_slices_are_demand_with_the_pods_and_pods_inside_a_slice_are_not() -> None:
+    pods = [
+        pod("early", {c.mig_resource_name("1g.5gb"): "1"}),
+        pod("inside", {c.mig_resource_name("1g.10gb"): "1"}, created="2024-01-01T06:00:00Z"),
+        pod("late", {c.mig_resource_name("2g.10gb"): "1"}, created="2024-01-02T00:00:00Z"),
+    ]
+    pods[1]["metadata"]["annotations"] = {c.ANNOTATION_SLICE: "claim"}  # runs in its slice's instance
+    slices = [
+        mig_slice("claim", "1g.10gb"),
+        mig_slice("fresh", "3g.20gb", phase="Pending", created="2024-01-01T18:00:00Z"),
+        mig_slice("bound", "1g.5gb", phase="Bound"),
+        mig_slice("pinned", "1g.5gb", nodeName="n1"),
+        {**mig_slice("going", "1g.5gb"), "metadata": {"name": "going", "deletionTimestamp": "x"}},
+        {"metadata": {"name": "shared", "namespace": "ml"}, "spec": {"memory": "1Gi"}},
+    ]
+    items, left = pending_mig_demand(pods, 10, slices)
+    assert [(d.key, d.profile) for d in items] == [
+        ("ml/early", "1g.5gb"),
+        ("GPUSlice:ml/claim", "1g.10gb"),
+        ("GPUSlice:ml/fresh", "3g.20gb"),
+        ("ml/late", "2g.10gb"),
+    ]
+    assert left == 0
+    assert [demand_owner(d.key) for d in items[:2]] == [("Pod", "ml", "early"), ("GPUSlice", "ml", "claim")]
+
+
+def test_instances_bound_mig_slices_hold_are_in_use_and_never_re_laid_out() -> None:
+    node = gpunode("n1", [FULL])
+    node["status"]["gpus"][0]["uuid"] = "GPU-n1-0"
+    held = slice_held_instances(
+        [
+            mig_slice("holds", "3g.20gb", status={"phase": "Bound", "gpuUUIDs": ["GPU-n1-0"], "migStart": 4}),
+            mig_slice("waits", "2g.10gb", phase="Pending"),
+        ]
+    )
+    assert held == frozenset({("GPU-n1-0", 4)})
+    (state,), _ = gpu_states(node, "agent", {}, NOW, held=held)
+    assert state.in_use == frozenset({4})
+    demand, _ = pending_mig_demand([], 10, [mig_slice("wants", "4g.20gb")])
+    plan = plan_mig_layouts(demand, [state], now_s=NOW)
+    (g,) = plan.gpus
+    assert plan.served == 1 and all(i.start != 4 for i in g.destroy), g
+    assert (catalog_for("A100-40GB").profile("3g.20gb"), 4) in [(i.profile, i.start) for i in g.target]
+    assert unserved_by_claim(plan) == {}

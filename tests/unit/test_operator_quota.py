@@ -228,7 +228,7 @@ def test_of_two_slices_admitted_at_once_past_the_quota_the_second_stays_pending_
     )
     ctl.core = FakeCore([quota(memory="20480")], [])  # type: ignore[assignment]
     ctl.custom = fake = FakeCustom(slices)  # type: ignore[assignment]
-    ctl._inventory = lambda: ([], [], [])  # type: ignore[method-assign]  # no GPU: the quota is checked first
+    ctl._inventory = lambda: ([], [], [], {})  # type: ignore[method-assign]  # no GPU: the quota is checked first
     ctl.reconcile(NS, "first")
     assert fake.status["first"]["conditions"][-1]["reason"] == "NoCapacity"  # within the quota
     fake.slices["first"]["status"] = {"phase": "Bound", "memoryMiB": 10240, "computePercent": 30}

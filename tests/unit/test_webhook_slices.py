@@ -26,6 +26,12 @@ SLICE: dict[str, Any] = {
 }
 
 
+MIG_SLICE: dict[str, Any] = {
+    **SLICE,
+    "spec": {**SLICE["spec"], "computePercent": 100, "migProfile": "1g.5gb"},
+}
+
+
 def reader(obj: Mapping[str, Any] | None = SLICE, fail: bool = False) -> Any:
     def read(namespace: str, name: str) -> Mapping[str, Any] | None:
         if fail:
@@ -100,6 +106,16 @@ def test_a_pod_asking_for_exactly_the_share_is_left_as_it_is() -> None:
     assert ops == [{"op": "add", "path": "/spec/schedulerName", "value": c.SCHEDULER_NAME}]
 
 
+def test_a_pod_naming_a_mig_slice_gets_one_instance_of_its_profile_or_keeps_asking_for_it() -> None:
+    pod = bare_pod()
+    response = review(pod, reader(MIG_SLICE))
+    assert response["allowed"], response
+    limits = apply_patch(pod, response)["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {c.mig_resource_name("1g.5gb"): "1"}
+    asking = named(gpu_pod({c.mig_resource_name("1g.5gb"): "1"}))
+    assert review(asking, reader(MIG_SLICE))["allowed"]
+
+
 @pytest.mark.parametrize(
     ("pod", "read", "expect"),
     [
@@ -118,9 +134,28 @@ def test_a_pod_asking_for_exactly_the_share_is_left_as_it_is() -> None:
             reader({**SLICE, "metadata": {**SLICE["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}),
             "is being deleted",
         ),
-        (bare_pod(), reader({**SLICE, "spec": {**SLICE["spec"], "migProfile": "1g.5gb"}}), "MIG planner"),
+        (
+            named(gpu_pod({c.mig_resource_name("2g.10gb"): "1"})),
+            reader(MIG_SLICE),
+            "a MIG 1g.5gb instance, and asks for a MIG instance of another kind or profile",
+        ),
+        (
+            named(gpu_pod({c.RESOURCE_GPU_MEMORY: "6144", c.RESOURCE_GPU_COMPUTE: "60"})),
+            reader(MIG_SLICE),
+            "asks for a shared slice of another kind or profile",
+        ),
     ],
-    ids=["other-share", "whole-gpus", "mig", "bad-name", "missing", "unreadable", "deleting", "mig-slice"],
+    ids=[
+        "other-share",
+        "whole-gpus",
+        "mig",
+        "bad-name",
+        "missing",
+        "unreadable",
+        "deleting",
+        "mig-slice-other-profile",
+        "mig-slice-shared",
+    ],
 )
 def test_a_pod_is_refused_naming_the_annotation(pod: dict[str, Any], read: Any, expect: str) -> None:
     response = review(pod, read)

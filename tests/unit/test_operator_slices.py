@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import msgspec
@@ -14,8 +15,10 @@ from neuronetes_operator.mig_slices import (
     MigInstanceChoice,
     choose_mig_instance,
     mig_held,
+    mig_instances_seen,
     mig_reserved,
     reported_instances,
+    waits_for_mig_instance,
 )
 from neuronetes_operator.slices import choose_gpu, gpu_use, pods_using, reserved
 
@@ -251,3 +254,23 @@ def test_a_mig_slice_honours_its_pins_and_skips_unschedulable_nodes() -> None:
     assert one is not None and one.uuid == "MIG-b-1-3"
     assert choose_mig_instance(mig_spec(node_name="b", gpu_uuid="MIG-b-1-3"), found, {(gpu, 3)}) is None
     assert choose_mig_instance(mig_spec(node_name="c"), found, frozenset()) is None
+
+
+def test_only_a_change_of_mig_instances_or_their_holders_requeues_pending_mig_slices() -> None:
+    _, gn = mig_node("a", gpus=1)
+    raw = msgspec.to_builtins(gn)
+    seen = mig_instances_seen(raw)
+    heartbeat = copy.deepcopy(raw)
+    heartbeat["status"]["lastHeartbeatTime"] = "2026-01-01T00:00:00Z"
+    assert mig_instances_seen(heartbeat) == seen
+    relaid = copy.deepcopy(raw)
+    relaid["status"]["gpus"][0]["migInstances"][0] = {"profile": "1g.10gb", "start": 0, "uuid": "MIG-new"}
+    assert mig_instances_seen(relaid) != seen
+    freed = copy.deepcopy(raw)
+    freed["status"]["gpus"][0]["allocations"] = [{"namespace": "ml", "pod": "p", "migInstance": "MIG-a-0-4"}]
+    assert mig_instances_seen(freed) != seen
+    pending = {"metadata": {"name": "s"}, "spec": {"migProfile": "1g.5gb"}, "status": {"phase": "Pending"}}
+    assert waits_for_mig_instance(pending) and waits_for_mig_instance({**pending, "status": {}})
+    assert not waits_for_mig_instance({**pending, "status": {"phase": "Bound"}})
+    assert not waits_for_mig_instance({**pending, "spec": {"memory": "1Gi"}})
+    assert not waits_for_mig_instance({**pending, "metadata": {"deletionTimestamp": "x"}})

@@ -6,29 +6,43 @@ Two kinds of claims ask for a MIG instance that may not exist yet:
   replicas are such pods), restricted to the GPU family of the pod's required
   ``neuronetes.io/gpu-type`` when it names exactly one — unless it names a GPUSlice: it then runs
   inside its slice's instance, and the slice is the demand;
-* a Pending MIG GPUSlice (``spec.migProfile``) without ``nodeName``/``gpuUUID`` pins: one instance of
-  its profile. A pinned slice binds to an idle instance where it is pinned; the planner has no node
-  restriction, so it is not planned for (docs/mig.md, "Not yet").
+* a Pending MIG GPUSlice (``spec.migProfile``): one instance of its profile. An unpinned one is
+  demand like a pod's (`pending_mig_demand`); one pinned by ``nodeName`` (and ``gpuUUID``, a GPU's)
+  is planned on its node's GPUs only (`pinned_slice_demand`, `plan_mig_demand`). A slice pinned to
+  a MIG instance's own UUID is not planned for: that instance exists or never will.
 
 `pending_mig_demand` gives one `MigDemand` per instance, oldest claim first; a demand key is the
 pod's ``namespace/name`` (``#k`` for its k-th instance) or ``GPUSlice:namespace/name``
 (`demand_owner` reads it back). `slice_held_instances` names the instances Bound MIG slices hold:
-the controller passes them as in use, so they are never destroyed or moved.
+the controller passes them as in use, so they are never destroyed or moved. `plan_mig_demand` plans
+the pinned demand on its GPUs first, then the rest on every GPU with the pinned passes' changed GPUs
+held as they are, and gives the one plan of all passes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Final, Literal
 
 from neuronetes import contracts as c
 from neuronetes.mig import normalize_profile_name
-from neuronetes.migplan import MigDemand, MigPlan
+from neuronetes.migplan import (
+    DEFAULT_MIN_RELAYOUT_INTERVAL_S,
+    DemandPlacement,
+    GpuLayoutPlan,
+    GpuMigState,
+    MigDemand,
+    MigPlan,
+    plan_mig_layouts,
+)
 
 __all__ = [
     "SLICE_KEY_PREFIX",
     "demand_owner",
     "pending_mig_demand",
+    "pinned_slice_demand",
+    "plan_mig_demand",
     "pod_mig_demand",
     "slice_held_instances",
     "slice_mig_demand",
@@ -102,6 +116,61 @@ def slice_mig_demand(obj: Mapping[str, Any]) -> list[MigDemand]:
         return []
     key = f"{SLICE_KEY_PREFIX}{meta.get('namespace', '')}/{meta.get('name', '')}"
     return [MigDemand(key, normalize_profile_name(str(profile)))]
+
+
+Pin = tuple[str, str | None]
+"""A pinned slice's node, and the UUID of the GPU it is pinned to (None: any GPU of the node)."""
+
+
+def pinned_slice_demand(slices: Iterable[Mapping[str, Any]]) -> dict[Pin, list[MigDemand]]:
+    """The Pending, not-deleting MIG GPUSlice objects pinned by ``nodeName`` (and a GPU's
+    ``gpuUUID``), one instance each, by pin (oldest first in each). One pinned to a MIG instance's
+    own UUID (``MIG-…``) is left out: no relayout makes that instance."""
+    out: dict[Pin, list[tuple[str, str, MigDemand]]] = {}
+    for obj in slices:
+        meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+        node, gpu = spec.get("nodeName"), spec.get("gpuUUID")
+        if not node or str(gpu or "").startswith("MIG-"):
+            continue
+        unpinned = {**obj, "spec": {k: v for k, v in spec.items() if k not in ("nodeName", "gpuUUID")}}
+        for item in slice_mig_demand(unpinned):
+            stamp = (meta.get("creationTimestamp") or "", meta.get("name", ""))
+            out.setdefault((str(node), str(gpu) if gpu else None), []).append((*stamp, item))
+    return {pin: [d for *_, d in sorted(items, key=lambda t: (t[0], t[1]))] for pin, items in out.items()}
+
+
+def plan_mig_demand(
+    demand: Sequence[MigDemand],
+    pinned: Mapping[Pin, Sequence[MigDemand]],
+    states: Sequence[GpuMigState],
+    gpu_uuids: Mapping[str, str],
+    *,
+    now_s: float,
+    min_relayout_interval_s: float = DEFAULT_MIN_RELAYOUT_INTERVAL_S,
+) -> MigPlan:
+    """One plan for the pinned demand and the rest. Each pin (in order) is planned on its GPUs only
+    (`states` of its node, of its GPU when pinned to one: `gpu_uuids` maps a state's GPU to its
+    UUID); the GPUs a pass changes are then passed on as re-laid out just now, so no later pass
+    changes them again. The rest of the demand is planned last on every GPU. The result lists each
+    GPU once (the pass that changed it, else the last) and every pass's placements."""
+    current = list(states)
+    changed: dict[str, GpuLayoutPlan] = {}
+    placements: list[DemandPlacement] = []
+    problems: list[str] = []
+    for (node, gpu), items in sorted(pinned.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        mine = [
+            s
+            for s in current
+            if s.gpu.rpartition("/")[0] == node and (gpu is None or gpu_uuids.get(s.gpu) == gpu)
+        ]
+        part = plan_mig_layouts(items, mine, now_s=now_s, min_relayout_interval_s=min_relayout_interval_s)
+        placements.extend(part.placements)
+        problems.extend(part.problems)
+        changed.update({g.gpu: g for g in part.gpus if g.changed})
+        current = [replace(s, last_relayout_s=now_s) if s.gpu in changed else s for s in current]
+    main = plan_mig_layouts(demand, current, now_s=now_s, min_relayout_interval_s=min_relayout_interval_s)
+    gpus = tuple(changed.get(g.gpu, g) for g in main.gpus)
+    return MigPlan(gpus, (*placements, *main.placements), (*problems, *main.problems), main.search)
 
 
 def pending_mig_demand(

@@ -31,8 +31,14 @@ from kubernetes.client.exceptions import ApiException
 
 from neuronetes import contracts as c
 from neuronetes.mig import MigLayout
-from neuronetes.migdemand import pending_mig_demand, slice_held_instances, unserved_by_claim
-from neuronetes.migplan import GpuMigState, plan_mig_layouts
+from neuronetes.migdemand import (
+    pending_mig_demand,
+    pinned_slice_demand,
+    plan_mig_demand,
+    slice_held_instances,
+    unserved_by_claim,
+)
+from neuronetes.migplan import GpuMigState
 from neuronetes.migrollout import (
     MIG_MANAGER_CONFIG_LABEL,
     MIG_MANAGER_STATE_LABEL,
@@ -119,7 +125,8 @@ class MigLayoutController(MigLayoutIO):
                     log.warning("following the MIG relayout of %s: %s", name, api_message(exc))
         slices = self._slices()
         demand, left_out = pending_mig_demand(self._pending_pods(), self.settings.max_demand_per_tick, slices)
-        if not demand:
+        pinned = pinned_slice_demand(slices)
+        if not demand and not pinned:
             self._unserved_told.clear()
             return
         if left_out:
@@ -128,6 +135,7 @@ class MigLayoutController(MigLayoutIO):
         states: list[GpuMigState] = []
         paths: dict[str, ApplyPath] = {}
         mig_off: set[str] = set()
+        gpu_uuids: dict[str, str] = {}
         by_name: dict[str, dict[str, Any]] = {}
         for g in sorted(gpunodes, key=lambda g: g["metadata"]["name"]):
             name = g["metadata"]["name"]
@@ -151,14 +159,17 @@ class MigLayoutController(MigLayoutIO):
                 break
             found = found[:room]
             states.extend(found)
-            mig_off |= {
-                gpu_key(name, int(x["index"]))
-                for x in (g.get("status") or {}).get("gpus") or ()
-                if x.get("migMode") == "Disabled"
-            }
+            reported = (g.get("status") or {}).get("gpus") or ()
+            mig_off |= {gpu_key(name, int(x["index"])) for x in reported if x.get("migMode") == "Disabled"}
+            gpu_uuids.update({gpu_key(name, int(x["index"])): str(x.get("uuid")) for x in reported})
             paths[name], by_name[name] = path, g
-        plan = plan_mig_layouts(
-            demand, states, now_s=now, min_relayout_interval_s=self.settings.min_relayout_interval_seconds
+        plan = plan_mig_demand(
+            demand,
+            pinned,
+            states,
+            gpu_uuids,
+            now_s=now,
+            min_relayout_interval_s=self.settings.min_relayout_interval_seconds,
         )
         # A pod a relayout under way was written for is not unserved: its node is frozen meanwhile.
         self._awaiting = {k: n for k, n in self._awaiting.items() if n in busy}

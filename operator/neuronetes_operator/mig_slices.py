@@ -134,6 +134,11 @@ def choose_mig_instance(
 
 def idle_instances_note(spec: GPUSliceSpec) -> str:
     """The Pending message of a MIG slice no idle instance serves."""
+    if spec.gpu_uuid and spec.gpu_uuid.startswith("MIG-"):
+        return (
+            f"MIG instance {spec.gpu_uuid} on node {spec.node_name} is not an idle {spec.mig_profile}: "
+            "not reported, or held by a pod or slice; the slice binds when it is free"
+        )
     where = f" on node {spec.node_name}" if spec.node_name else ""
     if spec.gpu_uuid:
         where += f" GPU {spec.gpu_uuid}"

@@ -262,6 +262,25 @@ def test_a_mig_slice_no_instance_serves_is_planned_for_bound_and_its_pod_gets_th
     )
     cluster.kubectl("delete", "gpuslice", "second", "-n", NS)
 
+    # A slice pinned to the node is planned on that node's GPUs (the holder's pod keeps the one
+    # 1g.10gb busy, so a GPU of the node is re-laid out for it).
+    create(cluster, mig_slice("pinned", "1g.10gb", nodeName=node))
+    pinned = wait_until(
+        lambda: (s := gpuslice(cluster, "pinned")).get("status", {}).get("phase") == "Bound" and s,
+        timeout=90,
+        what="pinned slice Bound",
+    )["status"]
+    assert (pinned["node"], pinned["migProfile"]) == (node, "1g.10gb"), pinned
+    assert (pinned["gpuUUIDs"][0], pinned["migStart"]) != held_1g(cluster)
+    cluster.kubectl("delete", "gpuslice", "pinned", "-n", NS)
+
+
+def held_1g(cluster: E2ECluster) -> tuple[str, int]:
+    """The 1g.10gb instance the first test's pod holds: (GPU UUID, start slot)."""
+    g = grant(pod(cluster, "wants-1g"))
+    assert g.mig_start is not None
+    return g.uuid, g.mig_start
+
 
 def test_demand_no_gpu_can_serve_is_told_on_the_pod(cluster: E2ECluster, stack: dict[str, Any]) -> None:
     create(cluster, mig_pod("wants-h100", stack["node"], "7g.80gb"))

@@ -11,7 +11,14 @@ import pytest
 
 from neuronetes import contracts as c
 from neuronetes.mig import catalog_for
-from neuronetes.migdemand import demand_owner, pending_mig_demand, slice_held_instances, unserved_by_claim
+from neuronetes.migdemand import (
+    demand_owner,
+    pending_mig_demand,
+    pinned_slice_demand,
+    plan_mig_demand,
+    slice_held_instances,
+    unserved_by_claim,
+)
 from neuronetes.migplan import plan_mig_layouts
 from neuronetes.migrollout import (
     LABEL_MIG_APPLY,
@@ -254,4 +261,32 @@ def test_instances_bound_mig_slices_hold_are_in_use_and_never_re_laid_out() -> N
     (g,) = plan.gpus
     assert plan.served == 1 and all(i.start != 4 for i in g.destroy), g
     assert (catalog_for("A100-40GB").profile("3g.20gb"), 4) in [(i.profile, i.start) for i in g.target]
+    assert unserved_by_claim(plan) == {}
+
+
+def test_pinned_mig_slices_are_planned_on_their_node_or_gpu_and_the_rest_elsewhere() -> None:
+    n1, n2 = gpunode("n1", [FULL]), gpunode("n2", [FULL, FULL])
+    for node in (n1, n2):
+        for gpu in node["status"]["gpus"]:
+            gpu["uuid"] = f"GPU-{node['metadata']['name']}-{gpu['index']}"
+    slices = [
+        mig_slice("on-n2", "4g.20gb", nodeName="n2"),
+        mig_slice("on-gpu", "4g.20gb", nodeName="n2", gpuUUID="GPU-n2-1", created="2024-01-01T13:00:00Z"),
+        mig_slice("on-instance", "4g.20gb", nodeName="n2", gpuUUID="MIG-n2-0-4"),
+        mig_slice("bound", "4g.20gb", nodeName="n2", phase="Bound"),
+    ]
+    pinned = pinned_slice_demand(slices)
+    assert {pin: [d.key for d in items] for pin, items in pinned.items()} == {
+        ("n2", None): ["GPUSlice:ml/on-n2"],
+        ("n2", "GPU-n2-1"): ["GPUSlice:ml/on-gpu"],
+    }
+    demand, _ = pending_mig_demand([pod("p", {c.mig_resource_name("4g.20gb"): "1"})], 10, slices)
+    assert [d.key for d in demand] == ["ml/p"]  # pinned slices are no demand of the main pass
+    states = [s for node in (n1, n2) for s in gpu_states(node, "agent", {}, NOW)[0]]
+    uuids = {f"{n}/{i}": f"GPU-{n}-{i}" for n, i in (("n1", 0), ("n2", 0), ("n2", 1))}
+    plan = plan_mig_demand(demand, pinned, states, uuids, now_s=NOW)
+    served = {p.demand.key: p.gpu for p in plan.placements}
+    assert served == {"GPUSlice:ml/on-n2": "n2/0", "GPUSlice:ml/on-gpu": "n2/1", "ml/p": "n1/0"}
+    assert [g.gpu for g in plan.gpus if g.changed] == ["n1/0", "n2/0", "n2/1"]
+    assert all("4g.20gb" in g.target.counts() for g in plan.gpus)
     assert unserved_by_claim(plan) == {}

@@ -305,6 +305,7 @@ def test_a_bound_mig_slice_holds_its_instance_and_its_pod_gets_exactly_that_inst
     bound["spec"]["nodeName"] = MIG_NODE
     bound["metadata"]["annotations"].update(plan.annotations)
     cache.upsert_pod(msgspec.convert(bound, Pod))
+    assert cache.stats().conflicts == 0  # the bound pod runs inside the slice's instance, not beside it
     cache.check_invariants()
     # Deleting the pod, then the slice, leaves the books whole (the allocation goes with the slice).
     cache.delete_pod(msgspec.convert(bound, Pod))

@@ -9,7 +9,9 @@ Two kinds of claims ask for a MIG instance that may not exist yet:
 * a Pending MIG GPUSlice (``spec.migProfile``): one instance of its profile. An unpinned one is
   demand like a pod's (`pending_mig_demand`); one pinned by ``nodeName`` (and ``gpuUUID``, a GPU's)
   is planned on its node's GPUs only (`pinned_slice_demand`, `plan_mig_demand`). A slice pinned to
-  a MIG instance's own UUID is not planned for: that instance exists or never will.
+  a MIG instance's own UUID is not planned for: that instance exists or never will, and one the
+  slice controller holds back for its namespace's quota (condition ``Bound`` reason
+  ``QuotaExceeded``) is not planned for either: it may not bind, so no instance is made for it.
 
 `pending_mig_demand` gives one `MigDemand` per instance, oldest claim first; a demand key is the
 pod's ``namespace/name`` (``#k`` for its k-th instance) or ``GPUSlice:namespace/name``
@@ -102,13 +104,19 @@ def pod_mig_demand(pod: Mapping[str, Any]) -> list[MigDemand]:
 
 
 def slice_mig_demand(obj: Mapping[str, Any]) -> list[MigDemand]:
-    """The one MIG instance a Pending, unpinned, not-deleting MIG GPUSlice object asks for."""
-    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    """The one MIG instance a Pending, unpinned, not-deleting MIG GPUSlice object asks for, unless
+    its namespace's quota holds it back (its ``Bound`` condition's reason is ``QuotaExceeded``)."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     profile = spec.get("migProfile")
-    phase = (obj.get("status") or {}).get("phase") or "Pending"
+    phase = status.get("phase") or "Pending"
+    held_back = any(
+        cd.get("type") == "Bound" and cd.get("reason") == "QuotaExceeded"
+        for cd in status.get("conditions") or []
+    )
     if (
         not profile
         or phase != "Pending"
+        or held_back
         or meta.get("deletionTimestamp")
         or spec.get("nodeName")
         or spec.get("gpuUUID")

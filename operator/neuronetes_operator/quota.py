@@ -1,12 +1,14 @@
 """GPUSlices and pods together against a namespace's ResourceQuota. Pure.
 
-The API server's ResourceQuota counts pods only: a pod asking for ``neuronetes.io/gpu-memory`` (MiB)
-or ``neuronetes.io/gpu-compute`` (%) is counted in ``requests.neuronetes.io/gpu-memory`` /
-``requests.neuronetes.io/gpu-compute``, a GPUSlice not at all. NeuroNetes counts both
+The API server's ResourceQuota counts pods only: a pod asking for ``neuronetes.io/gpu-memory`` (MiB),
+``neuronetes.io/gpu-compute`` (%) or a MIG instance ``neuronetes.io/mig-<profile>`` is counted in
+``requests.neuronetes.io/gpu-memory`` / ``requests.neuronetes.io/gpu-compute`` /
+``requests.neuronetes.io/mig-<profile>``, a GPUSlice not at all. NeuroNetes counts both
 (docs/gpuslice.md "Quota"):
 
-    used = Σ GPUSlices that hold or wait for a reservation (`slice_counts`: Pending or Bound,
-           not MIG) of their share (`slice_admission.slice_share`)
+    used = Σ GPUSlices that hold or wait for a reservation (`slice_counts`: Pending or Bound) of
+           what they reserve (`slice_demand`: a shared slice its share, a MIG slice one instance
+           of its profile)
          + Σ pods that count (not finished) of their requests, except pods that name such a
            slice (they run inside it: the webhook copied the slice's share into them)
 
@@ -36,6 +38,7 @@ __all__ = [
     "pod_counts",
     "pod_demand",
     "quota_relevant",
+    "quota_resource",
     "slice_counts",
     "slice_demand",
     "usage",
@@ -45,8 +48,27 @@ QUOTA_KEYS: Final = {
     f"requests.{c.RESOURCE_GPU_MEMORY}": (c.RESOURCE_GPU_MEMORY, "MiB"),
     f"requests.{c.RESOURCE_GPU_COMPUTE}": (c.RESOURCE_GPU_COMPUTE, "%"),
 }
-"""ResourceQuota ``hard`` keys NeuroNetes counts slices against: key → (resource, unit)."""
+"""ResourceQuota ``hard`` keys of the shared resources NeuroNetes counts: key → (resource, unit).
+Besides these, every ``requests.neuronetes.io/mig-<profile>`` counts (`quota_resource`)."""
 RESOURCES: Final = tuple(resource for resource, _ in QUOTA_KEYS.values())
+_MIG_KEY_PREFIX: Final = f"requests.{c.RESOURCE_MIG_PREFIX}"
+
+
+def quota_resource(key: str) -> str | None:
+    """The resource a ResourceQuota ``hard`` key limits, when NeuroNetes counts it (None: not)."""
+    if key in QUOTA_KEYS:
+        return QUOTA_KEYS[key][0]
+    if key.startswith(_MIG_KEY_PREFIX) and len(key) > len(_MIG_KEY_PREFIX):
+        return key.removeprefix("requests.")
+    return None
+
+
+def _amount(resource: str, x: Fraction) -> str:
+    """An amount of `resource` in its unit, for a message: ``10240 MiB``, ``30 %``, ``1 instance``."""
+    for counted, unit in QUOTA_KEYS.values():
+        if counted == resource:
+            return f"{show(x)} {unit}"
+    return f"{show(x)} instance{'' if x == 1 else 's'}"
 
 
 def _number(q: Any) -> Fraction | None:
@@ -62,17 +84,24 @@ def show(x: Fraction) -> str:
 
 
 def slice_counts(obj: Mapping[str, Any]) -> bool:
-    """Whether a GPUSlice holds, or waits for, a reservation: Pending (or no phase yet) or
-    Bound/Active, not MIG (a MIG instance is no gpu-memory/gpu-compute share), and not a Pending
-    one being deleted (it goes at once)."""
+    """Whether a GPUSlice holds, or waits for, a reservation (a share or a MIG instance): Pending
+    (or no phase yet) or Bound/Active, and not a Pending one being deleted (it goes at once)."""
     phase = (obj.get("status") or {}).get("phase") or "Pending"
-    if phase not in ("Pending", "Bound", "Active") or (obj.get("spec") or {}).get("migProfile"):
+    if phase not in ("Pending", "Bound", "Active"):
         return False
     return not ((obj.get("metadata") or {}).get("deletionTimestamp") and phase == "Pending")
 
 
 def slice_demand(obj: Mapping[str, Any]) -> dict[str, Fraction]:
-    """What a GPUSlice counts: its share (recorded status, else spec); nothing if unreadable."""
+    """What a GPUSlice counts: a MIG slice one instance of its profile (``neuronetes.io/mig-<profile>``,
+    the resource its pods ask for), a shared slice its share (recorded status, else spec); nothing
+    if unreadable."""
+    profile = (obj.get("status") or {}).get("migProfile") or (obj.get("spec") or {}).get("migProfile")
+    if profile:
+        try:
+            return {c.mig_resource_name(str(profile)): Fraction(1)}
+        except ValueError:
+            return {}
     try:
         memory, percent = slice_share(obj)
     except ValueError:
@@ -90,12 +119,22 @@ def _request(ctr: Mapping[str, Any], resource: str) -> Fraction:
 
 
 def pod_demand(pod: Mapping[str, Any]) -> dict[str, Fraction]:
-    """The pod's effective request of each counted resource, as the quota counts it: the app
-    containers and sidecars (restartable init containers) together, or an init container (with
-    the sidecars started before it) if that is more."""
+    """The pod's effective request of each counted resource (gpu-memory, gpu-compute and each MIG
+    profile it asks for), as the quota counts it: the app containers and sidecars (restartable
+    init containers) together, or an init container (with the sidecars started before it) if that
+    is more."""
     spec = pod.get("spec") or {}
     out: dict[str, Fraction] = {}
-    for resource in RESOURCES:
+    named = {
+        str(key)
+        for ctr in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+        for part in ("requests", "limits")
+        for key in ((ctr.get("resources") or {}).get(part) or {})
+    }
+    for resource in [
+        *RESOURCES,
+        *sorted(r for r in named if r not in RESOURCES and quota_resource(f"requests.{r}")),
+    ]:
         sidecars = Fraction(0)
         init_peak = Fraction(0)
         for ctr in spec.get("initContainers") or []:
@@ -142,14 +181,14 @@ def usage(
     for s in counting:
         if bound_only and (s.get("status") or {}).get("phase") not in ("Bound", "Active"):
             continue
-        for resource, amount in slice_demand(s).items():
-            total[resource] += amount
+        for resource, count in slice_demand(s).items():
+            total[resource] = total.get(resource, Fraction(0)) + count
     for pod in pods:
         named = ((pod.get("metadata") or {}).get("annotations") or {}).get(c.ANNOTATION_SLICE)
         if named in inside or not pod_counts(pod, now):
             continue
-        for resource, amount in pod_demand(pod).items():
-            total[resource] += amount
+        for resource, count in pod_demand(pod).items():
+            total[resource] = total.get(resource, Fraction(0)) + count
     return total
 
 
@@ -160,7 +199,7 @@ def quota_relevant(quotas: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any
         spec = quota.get("spec") or {}
         if spec.get("scopes") or spec.get("scopeSelector"):
             continue
-        if any(key in (spec.get("hard") or {}) for key in QUOTA_KEYS):
+        if any(quota_resource(str(key)) for key in spec.get("hard") or {}):
             out.append(quota)
     return out
 
@@ -177,9 +216,9 @@ class Excess:
     asked: Fraction
 
     def describe(self) -> str:
-        unit = QUOTA_KEYS[self.key][1]
         return (
-            f"{show(self.asked)} {unit} of {self.resource} would exceed ResourceQuota {self.quota} "
+            f"{_amount(self.resource, self.asked)} of {self.resource} would exceed "
+            f"ResourceQuota {self.quota} "
             f"({self.key}: used {show(self.used)}, hard {show(self.hard)}; GPUSlices Pending or Bound and "
             "pods outside a slice count together)"
         )
@@ -194,10 +233,12 @@ def excesses(
     for quota in quota_relevant(quotas):
         name = str((quota.get("metadata") or {}).get("name"))
         hard_of = (quota.get("spec") or {}).get("hard") or {}
-        for key, (resource, _) in QUOTA_KEYS.items():
-            want = asked.get(resource, Fraction(0))
-            hard = _number(hard_of.get(key)) if key in hard_of else None
-            if hard is None or not want:
+        others = sorted(str(k) for k in hard_of if str(k) not in QUOTA_KEYS)  # MIG profiles, cpu, …
+        for key in [*(k for k in QUOTA_KEYS if k in hard_of), *others]:
+            resource = quota_resource(key)
+            want = asked.get(resource, Fraction(0)) if resource else Fraction(0)
+            hard = _number(hard_of[key])
+            if resource is None or hard is None or not want:
                 continue
             have = used.get(resource, Fraction(0))
             if have + want > hard:

@@ -6,12 +6,12 @@ layout controller's relayout lands (a GPUNode change queues it again).
 
 Slices are reconciled one at a time (one lock), reading every Bound slice and bound pod before
 choosing, so concurrent slices never oversubscribe a GPU. Before binding, the slice's namespace
-quota is checked again (`quota`, counting Bound slices and pods outside a slice): two slices the
-webhook admitted at the same instant cannot both bind past a ResourceQuota; the one that does not
-fit stays Pending with condition ``Bound=False``, reason ``QuotaExceeded``. The choice is
-`slices.choose_gpu`; the node inventory is the core's reading of Node objects
-(`neuronetes.nodes`, which the extender reads them with too), refined by the agents' GPUNode
-objects, so both see the same GPUs and UUIDs.
+quota is checked again (`quota`, counting Bound slices and pods outside a slice; a MIG slice as one
+instance of its profile): two slices the webhook admitted at the same instant cannot both bind past
+a ResourceQuota; the one that does not fit stays Pending with condition ``Bound=False``, reason
+``QuotaExceeded``. The choice is `slices.choose_gpu`; the node inventory is the core's reading of
+Node objects (`neuronetes.nodes`, which the extender reads them with too), refined by the agents'
+GPUNode objects, so both see the same GPUs and UUIDs.
 """
 
 from __future__ import annotations
@@ -99,15 +99,15 @@ class SliceController:
         if bound:  # bound by an operator that did not record the reservation: record it now
             patch_status(self.custom, PLURAL, meta, {"status": reserved(sl.spec)})
             return
-        if sl.spec.mig_profile is not None:  # a MIG instance: no quota share (docs/gpuslice.md)
-            self._bind_mig(obj, sl)
-            return
-        over = self._over_quota(obj)
+        over = self._over_quota(obj)  # a MIG slice's instance counts too (docs/gpuslice.md "Quota")
         if over:
             previous = {cd.get("type"): cd for cd in status.get("conditions") or []}.get("Bound") or {}
             self._status(obj, {"phase": "Pending"}, "Bound", False, "QuotaExceeded", over)
             if previous.get("reason") != "QuotaExceeded":
                 self.event(obj, "Warning", "QuotaExceeded", over)
+            return
+        if sl.spec.mig_profile is not None:
+            self._bind_mig(obj, sl)
             return
         slices, pods, nodes, _ = self._inventory()
         choice = choose_gpu(sl.spec, nodes, gpu_use(slices, pods))

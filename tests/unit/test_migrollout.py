@@ -218,7 +218,7 @@ def mig_slice(
     }
 
 
-def test_pending_mig_slices_are_demand_with_the_pods_and_pods_inside_a_slice_are_not() -> None:
+def test_pending_mig_slices_are_demand_with_the_pods_and_pods_inside_a_slice_or_over_quota_are_not() -> None:
     pods = [
         pod("early", {c.mig_resource_name("1g.5gb"): "1"}),
         pod("inside", {c.mig_resource_name("1g.10gb"): "1"}, created="2024-01-01T06:00:00Z"),
@@ -232,6 +232,11 @@ def test_pending_mig_slices_are_demand_with_the_pods_and_pods_inside_a_slice_are
         mig_slice("pinned", "1g.5gb", nodeName="n1"),
         {**mig_slice("going", "1g.5gb"), "metadata": {"name": "going", "deletionTimestamp": "x"}},
         {"metadata": {"name": "shared", "namespace": "ml"}, "spec": {"memory": "1Gi"}},
+        mig_slice(  # held back by its namespace's quota: no instance is made for it
+            "over-quota",
+            "1g.5gb",
+            status={"phase": "Pending", "conditions": [{"type": "Bound", "reason": "QuotaExceeded"}]},
+        ),
     ]
     items, left = pending_mig_demand(pods, 10, slices)
     assert [(d.key, d.profile) for d in items] == [

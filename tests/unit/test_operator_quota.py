@@ -1,7 +1,8 @@
 """GPUSlices count against the namespace's ResourceQuota, with pods, each share once.
 
-A slice Pending or Bound holds (or waits for) its share; a pod naming a slice runs inside it and is
-not counted again (docs/gpuslice.md "Quota"). The webhook refuses a slice or a pod past a quota,
+A slice Pending or Bound holds (or waits for) its share — a MIG slice one instance of its profile,
+as ``neuronetes.io/mig-<profile>`` like its pods; a pod naming a slice runs inside it and is not
+counted again (docs/gpuslice.md "Quota"). The webhook refuses a slice or a pod past a quota,
 naming the quota and its used/hard figures; the slice controller checks again before binding.
 """
 
@@ -17,6 +18,7 @@ from kubernetes import client
 from pod_builder import manifest
 
 from neuronetes import contracts as c
+from neuronetes.migdemand import slice_mig_demand
 from neuronetes_operator.quota import excesses, pod_demand, usage
 from neuronetes_operator.quota_admission import QuotaReadError, review_pod_quota, review_slice_quota
 from neuronetes_operator.slice_controller import SliceController
@@ -25,6 +27,7 @@ from neuronetes_operator.webhook import ClusterReads, admission_response
 pytestmark = pytest.mark.unit
 
 MEM, CPT = c.RESOURCE_GPU_MEMORY, c.RESOURCE_GPU_COMPUTE
+MIG3, MIG1 = c.mig_resource_name("3g.20gb"), c.mig_resource_name("1g.10gb")
 NS = "team-a"
 
 
@@ -51,8 +54,23 @@ def pod(
     return {**manifest(name, limits, namespace=NS, annotations=annotations), "status": {"phase": phase}}
 
 
+def mig_pod(name: str, resource: str = MIG3, slice_name: str = "", phase: str = "Running") -> dict[str, Any]:
+    """A pod asking for one MIG instance (`resource`), naming `slice_name` or none, in `phase`."""
+    annotations = {c.ANNOTATION_SLICE: slice_name} if slice_name else None
+    return {
+        **manifest(name, {resource: 1}, namespace=NS, annotations=annotations),
+        "status": {"phase": phase},
+    }
+
+
 def quota(name: str = "gpu", scoped: bool = False, **hard: str) -> dict[str, Any]:
-    keys = {"memory": f"requests.{MEM}", "compute": f"requests.{CPT}", "cpu": "requests.cpu"}
+    keys = {
+        "memory": f"requests.{MEM}",
+        "compute": f"requests.{CPT}",
+        "cpu": "requests.cpu",
+        "mig3": f"requests.{MIG3}",
+        "mig1": f"requests.{MIG1}",
+    }
     spec: dict[str, Any] = {"hard": {keys[k]: v for k, v in hard.items()}}
     if scoped:
         spec["scopes"] = ["BestEffort"]
@@ -99,7 +117,11 @@ def test_pending_and_bound_slices_count_and_pods_inside_them_do_not() -> None:
         pod("done", 4096, 40, phase="Succeeded"),
         pod("named-gone", 2048, 5, slice_name="released"),
     ]
-    assert usage(slices, pods) == {MEM: Fraction(8192 + 10240 + 1024 + 2048), CPT: Fraction(20 + 30 + 10 + 5)}
+    assert usage(slices, pods) == {
+        MEM: Fraction(8192 + 10240 + 1024 + 2048),
+        CPT: Fraction(20 + 30 + 10 + 5),
+        MIG1: Fraction(1),  # the Pending MIG slice: one instance of its profile, no share
+    }
     assert usage(slices, pods, bound_only=True) == {
         MEM: Fraction(8192 + 1024 + 2048),
         CPT: Fraction(20 + 10 + 5),
@@ -128,6 +150,51 @@ def test_only_unscoped_quotas_of_these_resources_limit_and_only_what_is_asked() 
     # The resource counts MiB: a hard of 20Ki is 20480 (MiB), not 20 GiB of them.
     assert [o.hard for o in excesses([quota(memory="20Ki")], used, asked)] == [20480]
     assert excesses([quota(memory="20Ki")], used, {CPT: Fraction(50)}) == []  # memory not asked for
+
+
+def test_a_mig_slice_counts_one_instance_of_its_profile_and_a_pod_inside_it_is_not_counted_again() -> None:
+    bound = gpu_slice("bound", phase="Bound", migProfile="3g.20gb")
+    bound["status"].update(migProfile="3g.20gb", migStart=4, memoryMiB=20096, computePercent=100)
+    going = gpu_slice("going", phase="Bound", migProfile="3g.20gb")
+    going["metadata"]["deletionTimestamp"] = "2030-01-01T00:00:00Z"  # the finalizer still holds it
+    slices = [
+        bound,
+        gpu_slice("waiting", migProfile="3g.20gb"),  # no status yet: Pending, waits for an instance
+        going,
+        gpu_slice("small", phase="Pending", migProfile="1g.10gb"),
+        gpu_slice("released", phase="Released", migProfile="3g.20gb"),
+        gpu_slice("failed", phase="Failed", migProfile="3g.20gb"),
+    ]
+    pods = [
+        mig_pod("inside", slice_name="bound"),
+        mig_pod("inside-waiting", slice_name="waiting"),
+        mig_pod("outside"),
+        mig_pod("outside-small", MIG1),
+        mig_pod("done", phase="Succeeded"),
+        mig_pod("named-gone", slice_name="released"),
+    ]
+    assert usage(slices, pods) == {
+        MEM: Fraction(0),
+        CPT: Fraction(0),
+        MIG3: Fraction(3 + 2),  # bound, waiting, going; the pods outside and in the released slice
+        MIG1: Fraction(1 + 1),  # small; outside-small
+    }
+    assert usage(slices, pods, bound_only=True) == {
+        MEM: Fraction(0),
+        CPT: Fraction(0),
+        MIG3: Fraction(2 + 2),
+        MIG1: Fraction(1),
+    }
+
+
+def test_a_pods_mig_request_counts_per_profile_and_a_mig_quota_limits_only_its_profile() -> None:
+    p = mig_pod("p")
+    p["spec"]["containers"].append({"name": "b", "resources": {"limits": {MIG3: "1", MIG1: "2"}}})
+    assert pod_demand(p) == {MIG3: Fraction(2), MIG1: Fraction(2)}
+    used = {MIG3: Fraction(1)}
+    assert excesses([quota(mig1="1"), quota(scoped=True, mig3="1")], used, {MIG3: Fraction(1)}) == []
+    (over,) = excesses([quota(memory="20480", mig3="1")], used, {MIG3: Fraction(1)})
+    assert (over.key, over.resource, over.used, over.hard) == (f"requests.{MIG3}", MIG3, 1, 1)
 
 
 # ---- admission ----------------------------------------------------------------------------------
@@ -164,7 +231,38 @@ def test_pods_and_slices_share_the_quota_and_a_pod_inside_a_slice_is_not_counted
     assert "used 10240, hard 20480" in refusal  # the pod inside `a` is not counted again
 
 
-def test_without_reads_or_when_they_fail_slices_and_shared_pods_are_refused() -> None:
+def test_a_mig_slice_past_its_profiles_quota_is_refused_naming_spec_mig_profile() -> None:
+    ns = Namespace([quota(mig3="1", memory="20480")], [], [])
+    reads = ClusterReads(quotas=ns)
+    first = gpu_slice("a", migProfile="3g.20gb")
+    assert admission_response("/objects", slice_review(first), reads=reads)["response"]["allowed"]
+    ns.objects["gpuslices"].append(first)  # admitted: Pending, waits for an instance, counted
+    refused = admission_response("/objects", slice_review(gpu_slice("b", migProfile="3g.20gb")), reads=reads)
+    assert refused["response"]["status"]["message"] == (
+        f"spec.migProfile: 1 instance of {MIG3} would exceed ResourceQuota gpu (requests.{MIG3}: used 1, "
+        "hard 1; GPUSlices Pending or Bound and pods outside a slice count together)"
+    )
+    # Another profile is not limited by this quota; neither is a shared slice by the MIG entry.
+    assert review_slice_quota(gpu_slice("c", migProfile="1g.10gb"), NS, ns) == []
+    assert review_slice_quota(gpu_slice("d"), NS, ns) == []
+
+
+def test_a_mig_pod_outside_a_slice_shares_the_quota_with_mig_slices_and_one_inside_is_not_counted() -> None:
+    ns = Namespace([quota(mig3="2")], [gpu_slice("a", phase="Bound", migProfile="3g.20gb")], [])
+    assert review_pod_quota(mig_pod("inside", slice_name="a"), NS, ns) == []
+    assert review_pod_quota(mig_pod("outside"), NS, ns) == []
+    ns.objects["pods"] += [mig_pod("inside", slice_name="a"), mig_pod("outside")]
+    (refusal,) = review_pod_quota(mig_pod("third"), NS, ns)
+    assert refusal == (
+        f"spec.containers[0].resources.limits[{MIG3}]: 1 instance of {MIG3} would exceed ResourceQuota gpu "
+        f"(requests.{MIG3}: used 2, hard 2; GPUSlices Pending or Bound and pods outside a slice count "
+        "together)"
+    )
+    (refusal,) = review_slice_quota(gpu_slice("b", migProfile="3g.20gb"), NS, ns)
+    assert "used 2, hard 2" in refusal  # the pod inside `a` is not counted again
+
+
+def test_without_reads_or_when_they_fail_slices_and_shared_or_mig_pods_are_refused() -> None:
     (refusal,) = review_slice_quota(gpu_slice("a"), NS, None)
     assert refusal.startswith("spec.memory: this webhook cannot read ResourceQuotas")
 
@@ -174,7 +272,10 @@ def test_without_reads_or_when_they_fail_slices_and_shared_pods_are_refused() ->
     (refusal,) = review_pod_quota(pod("p", 1024, 10), NS, broken)
     assert "could not be read (HTTP 403 Forbidden)" in refusal
     assert review_pod_quota(pod("whole"), NS, None) == []  # asks for no share: nothing to count
-    assert review_slice_quota(gpu_slice("m", migProfile="1g.10gb"), NS, None) == []
+    (refusal,) = review_slice_quota(gpu_slice("m", migProfile="1g.10gb"), NS, None)
+    assert refusal.startswith("spec.migProfile: this webhook cannot read ResourceQuotas")
+    (refusal,) = review_pod_quota(mig_pod("m"), NS, broken)
+    assert refusal.startswith(f"spec.containers[0].resources.limits[{MIG3}]: the quota of namespace {NS}")
 
 
 # ---- the slice controller's check before binding -------------------------------------------------
@@ -217,18 +318,27 @@ class FakeCustom:
         self.slices[name]["status"] = {**(self.slices[name].get("status") or {}), **body["status"]}
 
 
+def controller(
+    quotas: list[dict[str, Any]], slices: list[dict[str, Any]], events: list[tuple[str, str, str]]
+) -> tuple[SliceController, FakeCore, FakeCustom]:
+    """A slice controller over a fake namespace that reports no GPU (the quota is checked first),
+    recording its events as (slice, reason, message)."""
+    ctl = SliceController(
+        client.ApiClient(),
+        lambda obj, kind, reason, msg: events.append((obj["metadata"]["name"], reason, msg)),
+    )
+    ctl.core = core = FakeCore(quotas, [])  # type: ignore[assignment]
+    ctl.custom = custom = FakeCustom(slices)  # type: ignore[assignment]
+    ctl._inventory = lambda: ([], [], [], {})  # type: ignore[method-assign]
+    return ctl, core, custom
+
+
 def test_of_two_slices_admitted_at_once_past_the_quota_the_second_stays_pending_saying_why() -> None:
     # Both were admitted (each saw only the Bound one); the quota has room for one more.
     slices = [gpu_slice("held", phase="Bound"), gpu_slice("first"), gpu_slice("second")]
     slices[0]["status"].update(memoryMiB=10240, computePercent=30, gpuUUIDs=["GPU-1"], node="n")
     events: list[tuple[str, str, str]] = []
-    ctl = SliceController(
-        client.ApiClient(),
-        lambda obj, kind, reason, msg: events.append((obj["metadata"]["name"], reason, msg)),
-    )
-    ctl.core = FakeCore([quota(memory="20480")], [])  # type: ignore[assignment]
-    ctl.custom = fake = FakeCustom(slices)  # type: ignore[assignment]
-    ctl._inventory = lambda: ([], [], [], {})  # type: ignore[method-assign]  # no GPU: the quota is checked first
+    ctl, _, fake = controller([quota(memory="20480")], slices, events)
     ctl.reconcile(NS, "first")
     assert fake.status["first"]["conditions"][-1]["reason"] == "NoCapacity"  # within the quota
     fake.slices["first"]["status"] = {"phase": "Bound", "memoryMiB": 10240, "computePercent": 30}
@@ -247,3 +357,27 @@ def test_of_two_slices_admitted_at_once_past_the_quota_the_second_stays_pending_
     )
     ctl.reconcile(NS, "second")  # still over: one Warning event, not one per reconcile
     assert [e[:2] for e in events] == [("second", "QuotaExceeded")]
+
+
+def test_a_mig_slice_past_its_profiles_quota_stays_pending_saying_why_and_asks_for_no_instance() -> None:
+    slices = [gpu_slice("held", phase="Bound", migProfile="3g.20gb"), gpu_slice("late", migProfile="3g.20gb")]
+    slices[0]["status"].update(migProfile="3g.20gb", migStart=0, gpuUUIDs=["GPU-1"], node="n")
+    events: list[tuple[str, str, str]] = []
+    ctl, core, fake = controller([quota(mig3="2")], slices, events)
+    ctl.reconcile(NS, "late")
+    assert fake.status["late"]["conditions"][-1]["reason"] == "NoMigInstance"  # within the quota
+    core.quotas = [quota(mig3="1")]  # the quota shrinks
+    ctl.reconcile(NS, "late")
+    cond = fake.status["late"]["conditions"][-1]
+    assert (fake.status["late"]["phase"], cond["status"], cond["reason"]) == (
+        "Pending",
+        "False",
+        "QuotaExceeded",
+    )
+    assert cond["message"] == (
+        f"binding the slice: 1 instance of {MIG3} would exceed ResourceQuota gpu (requests.{MIG3}: used 1, "
+        "hard 1; GPUSlices Pending or Bound and pods outside a slice count together); it stays Pending "
+        "until the namespace has room"
+    )
+    assert [e[:2] for e in events] == [("late", "QuotaExceeded")]
+    assert slice_mig_demand(fake.slices["late"]) == []  # the layout controller makes no instance for it

@@ -11,6 +11,8 @@ with priority tiers of their own: ``high`` granted to namespaces labelled ``tena
   ``requests.neuronetes.io/gpu-memory`` with the pods outside them, each share once; a slice past
   it is refused naming the quota and its used/hard figures, and slices admitted at the same
   instant never bind past it (the slice controller checks again and leaves one Pending, saying why).
+  A MIG slice counts one instance of its profile against ``requests.neuronetes.io/mig-<profile>``
+  the same way, with the MIG pods outside a slice.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from neuronetes_operator.tiers import DEFAULT_TIERS, NamespaceSelector, priority
 
 pytestmark = pytest.mark.e2e
 
-TIN, GOLD, QUOTA, RACE = "tiers-tin", "tiers-gold", "quota-e2e", "quota-race"
+TIN, GOLD, QUOTA, RACE, MIGQ = "tiers-tin", "tiers-gold", "quota-e2e", "quota-race", "quota-mig"
 GOLD_LABEL = {"tenancy-e2e/tier": "gold"}
 TIERS = tuple(
     msgspec.structs.replace(t, namespace_selector=NamespaceSelector(match_labels=GOLD_LABEL))
@@ -43,6 +45,7 @@ TIERS = tuple(
     for t in DEFAULT_TIERS
 )
 MEM = c.RESOURCE_GPU_MEMORY
+MIG3 = c.mig_resource_name("3g.20gb")
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +60,12 @@ def stack(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     )
     try:
         local.start()
-        for ns in (TIN, GOLD, QUOTA, RACE):
+        for ns in (TIN, GOLD, QUOTA, RACE, MIGQ):
             cluster.kubectl("create", "namespace", ns)
         cluster.kubectl("label", "namespace", GOLD, *(f"{k}={v}" for k, v in GOLD_LABEL.items()))
         yield local
     finally:
-        for ns in (TIN, GOLD, QUOTA, RACE):
+        for ns in (TIN, GOLD, QUOTA, RACE, MIGQ):
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         local.stop()
         for proc in (local.operator, *local.webhooks):
@@ -156,7 +159,10 @@ def test_a_pool_above_its_namespaces_tiers_is_refused_naming_the_field_and_no_pr
 
 
 def quota(cluster: E2ECluster, ns: str, memory: int) -> None:
-    hard = {f"requests.{MEM}": str(memory), f"requests.{c.RESOURCE_GPU_COMPUTE}": "400"}
+    apply_quota(cluster, ns, {f"requests.{MEM}": str(memory), f"requests.{c.RESOURCE_GPU_COMPUTE}": "400"})
+
+
+def apply_quota(cluster: E2ECluster, ns: str, hard: dict[str, str]) -> None:
     body = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu", "namespace": ns}}
     cluster.kubectl("apply", "-f", "-", input=json.dumps({**body, "spec": {"hard": hard}}))
     wait_until(  # the API server's own pod check needs the quota controller's status first
@@ -286,3 +292,29 @@ def test_slices_admitted_past_the_quota_stay_pending_saying_why_and_bind_when_it
 
     wait_until(settled, timeout=60, what=f"one of {admitted} Bound, any other Pending for the quota")
     assert held(cluster, RACE) == 20480
+
+
+def test_mig_slices_count_one_instance_of_their_profile_and_one_past_the_quota_is_refused_or_held_back(
+    cluster: E2ECluster, stack: LocalStack
+) -> None:
+    apply_quota(cluster, MIGQ, {f"requests.{MIG3}": "1"})
+    mig_slice = {
+        "apiVersion": "neuronetes.io/v1alpha1",
+        "kind": "GPUSlice",
+        "spec": {"memory": "20Gi", "migProfile": "3g.20gb"},
+    }
+    assert create(cluster, {**mig_slice, "metadata": {"name": "m1", "namespace": MIGQ}}).returncode == 0
+    wait_phase(cluster, MIGQ, "m1", "Pending", "NoMigInstance")  # within the quota, no instance yet
+    refused = create(cluster, {**mig_slice, "metadata": {"name": "m2", "namespace": MIGQ}})
+    expect = f"spec.migProfile: 1 instance of {MIG3} would exceed ResourceQuota gpu (requests.{MIG3}: used 1"
+    assert f"{expect}, hard 1" in refused.stderr, refused.stderr
+    # A MIG pod outside a slice shares the quota with the slice; one inside it is not counted again.
+    refused = create(cluster, manifest("outside", {MIG3: 1}, namespace=MIGQ))
+    assert f"1 instance of {MIG3} would exceed ResourceQuota gpu" in refused.stderr, refused.stderr
+    assert create(cluster, shared_pod("inside", MIGQ, slice_name="m1")).returncode == 0
+    # The quota shrinks before an instance appears: the slice controller holds the slice back.
+    apply_quota(cluster, MIGQ, {f"requests.{MIG3}": "0"})
+    cond = wait_phase(cluster, MIGQ, "m1", "Pending", "QuotaExceeded")
+    assert f"1 instance of {MIG3}" in cond["message"] and "used 0, hard 0" in cond["message"], cond
+    events = get_json(cluster, "events", "-n", MIGQ, "--field-selector", "involvedObject.name=m1")["items"]
+    assert any(e["reason"] == "QuotaExceeded" and e["type"] == "Warning" for e in events)

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from extender_support import OpenWatch, bound_with, node_objects, shared_pod, synced_cache
+from extender_support import OpenWatch, bound_with, node_objects, planned, shared_pod, synced_cache
 
 from neuronetes import contracts as c
 from neuronetes_extender.cache import GPUSLICES, GpuCache
@@ -113,7 +113,7 @@ def test_a_pod_naming_the_slice_lands_inside_it_and_is_not_charged_again() -> No
     assert decision.feasible == (NODE,) and decision.hold is not None and decision.hold.grants == ()
     assert "reserved on node" in decision.failed[OTHER]
     user = info(pod)
-    plan = cache.prepare_bind(user.id, NODE, user)
+    plan = planned(cache.prepare_bind(user.id, NODE, user))
     assert plan.assignment is not None
     (ctr,) = plan.assignment.containers.values()
     (g,) = ctr.gpus
@@ -239,7 +239,8 @@ class _SliceApi:
 def test_the_cache_is_ready_only_once_the_slices_are_listed(installed: bool) -> None:
     cache = two_nodes()
     cache.require_sync(GPUSLICES)  # as start_reflectors does: a restart never gives a share away
-    assert not cache.synced
+    synced_before_the_list = cache.synced
+    assert not synced_before_the_list
     api = _SliceApi(installed)
     reflector = gpuslice_reflector(cache, api)  # type: ignore[arg-type]
     reflector.start()

@@ -124,7 +124,12 @@ def test_only_unscoped_quotas_of_these_resources_limit_and_only_what_is_asked() 
     asked = {MEM: Fraction(1), CPT: Fraction(1)}
     assert excesses([quota(cpu="4"), quota(scoped=True, memory="1")], used, asked) == []
     (over,) = excesses([quota(memory="20480", compute="100")], used, asked)
-    assert (over.quota, over.key, over.used, over.hard) == ("gpu", f"requests.{MEM}", 20480, 20480)
+    assert (over.quota, over.key, over.used, over.hard) == (
+        "gpu",
+        f"requests.{MEM}",
+        Fraction(20480),
+        Fraction(20480),
+    )
     # The resource counts MiB: a hard of 20Ki is 20480 (MiB), not 20 GiB of them.
     assert [o.hard for o in excesses([quota(memory="20Ki")], used, asked)] == [20480]
     assert excesses([quota(memory="20Ki")], used, {CPT: Fraction(50)}) == []  # memory not asked for
@@ -187,7 +192,8 @@ class _Items:
 
 class FakeCore:
     def __init__(self, quotas: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
-        self.quotas, self.pods, self.events = quotas, pods, []
+        self.quotas, self.pods = quotas, pods
+        self.events: list[dict[str, Any]] = []
 
     def list_namespaced_resource_quota(self, namespace: str) -> _Items:
         return _Items(self.quotas)
@@ -226,8 +232,8 @@ def test_of_two_slices_admitted_at_once_past_the_quota_the_second_stays_pending_
         client.ApiClient(),
         lambda obj, kind, reason, msg: events.append((obj["metadata"]["name"], reason, msg)),
     )
-    ctl.core = FakeCore([quota(memory="20480")], [])  # type: ignore[assignment]
-    ctl.custom = fake = FakeCustom(slices)  # type: ignore[assignment]
+    ctl.core = FakeCore([quota(memory="20480")], [])
+    ctl.custom = fake = FakeCustom(slices)
     ctl._inventory = lambda: ([], [], [])  # type: ignore[method-assign]  # no GPU: the quota is checked first
     ctl.reconcile(NS, "first")
     assert fake.status["first"]["conditions"][-1]["reason"] == "NoCapacity"  # within the quota

@@ -101,7 +101,7 @@ def test_node_name_and_gpu_uuid_pin_the_choice() -> None:
 
 
 def test_pods_using_a_slice() -> None:
-    pods = [
+    pods: list[dict[str, Any]] = [
         {"metadata": {"name": "x", "annotations": {"neuronetes.io/slice": "s"}}},
         {
             "metadata": {"name": "y", "annotations": {"neuronetes.io/slice": "s"}},

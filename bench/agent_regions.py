@@ -51,7 +51,7 @@ from neuronetes_agent.daemon.regions import RegionKeeper
 UUID = "GPU-fa4e0000-0000-4000-8000-000000000000"
 MIB = 1 << 20
 # glibc's pthread_mutex_t on 64-bit Linux: __list.__prev at 24, __list.__next at 32.
-ROBUST_LIST = shim.NnState.lock.offset + 24
+ROBUST_LIST = shim.field_offset(shim.NnState, "lock") + 24
 
 HOLDER = textwrap.dedent(
     """
@@ -152,16 +152,17 @@ def corrupt(path: Path, kind: int) -> None:
     with path.open("r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
         mm[ROBUST_LIST : ROBUST_LIST + 16] = bytes.fromhex("4141414141414141") * 2
         head = ctypes.sizeof(shim.NnFileHeader)
-        lock_end = shim.NnState.lock.offset + ctypes.sizeof(shim.NnLock)
+        lock_start = shim.field_offset(shim.NnState, "lock")
+        lock_end = lock_start + ctypes.sizeof(shim.NnLock)
         if kind == 0:  # random bytes, all of it
             mm[:] = os.urandom(len(mm))
         elif kind == 1:  # a valid header, random bytes after it (the held lock kept)
-            mm[head : shim.NnState.lock.offset] = os.urandom(shim.NnState.lock.offset - head)
+            mm[head:lock_start] = os.urandom(lock_start - head)
             mm[lock_end:] = os.urandom(len(mm) - lock_end)
         elif kind == 2:  # sizes out of range
-            struct.pack_into("<Q", mm, shim.NnFileHeader.file_size.offset, 1 << 40)
-            struct.pack_into("<I", mm, shim.NnFileHeader.max_procs.offset, 1 << 20)
-            struct.pack_into("<I", mm, shim.NnFileHeader.proc_slot_size.offset, 1 << 30)
+            struct.pack_into("<Q", mm, shim.field_offset(shim.NnFileHeader, "file_size"), 1 << 40)
+            struct.pack_into("<I", mm, shim.field_offset(shim.NnFileHeader, "max_procs"), 1 << 20)
+            struct.pack_into("<I", mm, shim.field_offset(shim.NnFileHeader, "proc_slot_size"), 1 << 30)
         elif kind == 3:  # indices, counts and values out of range in a valid layout
             st = shim.NnState.from_buffer_copy(mm)
             st.procs[0].state = 7
@@ -191,7 +192,13 @@ def main() -> int:
         states = [hostile.keeper.state_path(uid, "main") for uid in hostile.uids]
         try:
             holder = subprocess.Popen(
-                [sys.executable, "-c", HOLDER, str(shim.NnState.lock.offset), *map(str, states)],
+                [
+                    sys.executable,
+                    "-c",
+                    HOLDER,
+                    str(shim.field_offset(shim.NnState, "lock")),
+                    *map(str, states),
+                ],
                 stdout=subprocess.PIPE,
                 text=True,
             )

@@ -33,7 +33,7 @@ INVALID_DIR = FIXTURES / "invalid"
 SEED004_FILE = REPO.parent / "shared" / "seeds" / "004_2c430fd10453cf9e.txt"
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types
     """PyYAML's safe loader, refusing a key given twice in one mapping."""
 
 
@@ -44,7 +44,8 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -
         if key in seen:
             raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
         seen.add(key)
-    return loader.construct_mapping(node)
+    mapping: dict[Any, Any] = loader.construct_mapping(node)
+    return mapping
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)

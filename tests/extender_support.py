@@ -21,7 +21,7 @@ from pod_builder import container, manifest, new_uid, served
 from neuronetes import contracts as c
 from neuronetes.profiles import node_manifest, profile
 from neuronetes_extender.bodies import NodeSet
-from neuronetes_extender.cache import GpuCache
+from neuronetes_extender.cache import BindPlan, BindRefused, GpuCache
 from neuronetes_extender.config import ExtenderSettings
 from neuronetes_extender.kube import KubeError
 from neuronetes_extender.service import ExtenderService
@@ -113,6 +113,12 @@ def names_request(pod: Mapping[str, Any] | Pod, names: Sequence[str]) -> NodeSet
 def bind_now(service: ExtenderService, args: ExtenderBindingArgs) -> tuple[ExtenderBindingResult, str]:
     """The async bind verb, run to completion from synchronous test code (any thread)."""
     return anyio.run(service.bind, args)
+
+
+def planned(result: BindPlan | BindRefused) -> BindPlan:
+    """The plan `GpuCache.prepare_bind` made, where it did not refuse the bind."""
+    assert isinstance(result, BindPlan), result
+    return result
 
 
 def synced_cache(

@@ -143,7 +143,7 @@ def real_node_agent(
         NODE,
         "node-uid",
         sim,
-        kube,  # type: ignore[arg-type]
+        kube,
         ThreadPoolExecutor(1),
         agent_version="t",
         regions=regions,

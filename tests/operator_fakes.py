@@ -72,7 +72,8 @@ class FakeCluster:
 
     # CustomObjectsApi
     def get_namespaced_custom_object(self, *args: str) -> dict[str, Any]:
-        return json.loads(json.dumps(self.pool))
+        pool: dict[str, Any] = json.loads(json.dumps(self.pool))
+        return pool
 
     def list_namespaced_custom_object(self, *args: str) -> dict[str, Any]:
         return {"items": []}  # no GangReservation reported
@@ -90,5 +91,5 @@ class FakeCluster:
 
 def controller(fake: FakeCluster, batch_size: int, **settings: Any) -> PoolController:
     ctl = PoolController(client.ApiClient(), OperatorSettings(batch_size=batch_size, **settings))
-    ctl.core = ctl.custom = ctl.policy = ctl.scheduling = fake  # type: ignore[assignment]
+    ctl.core = ctl.custom = ctl.policy = fake
     return ctl

@@ -142,11 +142,11 @@ def pinned_pod(name: str, namespace: str, node: str, limits: dict[str, str]) -> 
 
 
 def wait_until(
-    fn: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"
+    fn: Callable[[], T | None], *, timeout: float = 30.0, interval: float = 0.2, what: str = "condition"
 ) -> T:
     """Poll `fn` until it returns something truthy; return that, or fail after `timeout`."""
     deadline = time.monotonic() + timeout
-    last: T = fn()
+    last = fn()
     while not last:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")

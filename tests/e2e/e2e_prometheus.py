@@ -129,7 +129,8 @@ class PrometheusServer:
     def ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=5) as r:
-                return r.status == 200
+                status: int = r.status
+                return status == 200
         except OSError:
             return False
 

@@ -195,7 +195,8 @@ def test_critical_xid_evicts_and_the_pod_runs_on_another_gpu(
     assert cli(["dev", "inject-xid", "--gpu-id", gpu, "--xid", "13", *kubeconfig]) == 0
     wait_until(lambda: any("XID 13" in e for e in node_events(cluster, node)), timeout=15, what="XID 13 seen")
     assert gpu_health(cluster, node, gpu) == "InUse" and capacity(cluster, node)[c.RESOURCE_GPU] == "8"
-    assert running_pod(cluster, "trainer")["metadata"]["name"] == first["metadata"]["name"]
+    still = running_pod(cluster, "trainer")
+    assert still is not None and still["metadata"]["name"] == first["metadata"]["name"]
 
     # A double-bit ECC error: OFFLINE, capacity down, pod evicted and replaced on another GPU.
     started = time.monotonic()

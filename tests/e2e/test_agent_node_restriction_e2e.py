@@ -13,6 +13,7 @@ The agent fleet that serves both nodes runs as a ServiceAccount of its own and i
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -62,7 +63,7 @@ def nodes(dev: DevCluster, ops: ChartOps) -> tuple[str, str]:
     )
     for node in (a, b):
         wait_until(
-            lambda node=node: _gpus(dev, node), timeout=60, what=f"the fleet's GPUNode status of {node}"
+            functools.partial(_gpus, dev, node), timeout=60, what=f"the fleet's GPUNode status of {node}"
         )
     dev.kubectl("create", "namespace", VICTIMS)
     for name, node in (("on-a", a), ("on-b", b)):

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from e2e_cluster import E2ECluster, wait_until
 from e2e_prometheus import PrometheusServer, free_port, needs_prometheus
-from observability import dashboard_queries
+from observability import Query, dashboard_queries
 from operator_stack import operator_stack
 
 from neuronetes_operator.launch import dev_operator_settings
@@ -267,11 +267,11 @@ def test_load_scales_up_and_idle_steps_down_one_at_a_time_to_min(
     panels = [q for q in dashboard_queries() if q.where.startswith(AUTOSCALING_PANELS)]
     assert len(panels) == 4, panels
     for query in panels:
-        wait_until(
-            lambda q=query: any(r["metric"].get("pool") == "chat" for r in prom.query(q.expr)),
-            timeout=60,
-            what=f"{query.where} shows the pool",
-        )
+
+        def shows_the_pool(query: Query = query) -> bool:
+            return any(r["metric"].get("pool") == "chat" for r in prom.query(query.expr))
+
+        wait_until(shows_the_pool, timeout=60, what=f"{query.where} shows the pool")
 
     engines.load("chat", waiting=0, running=0, requestsPerSecond=0)
     seen = [replicas(cluster, "chat")]

@@ -328,19 +328,20 @@ def test_restarts_of_kubelet_containerd_agent_and_plugin_keep_running_gpu_pods(d
         restarts = _agent_restarts(dev)
         t0 = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        wait_until(
-            lambda p=pattern, old=pid: [n for n in node_processes(dev, "real-0", p) if n != old],
-            timeout=120,
-            what=f"{what} running again",
-        )
+
+        def started_again(pattern: str = pattern, old: int = pid) -> list[int]:
+            return [n for n in node_processes(dev, "real-0", pattern) if n != old]
+
+        wait_until(started_again, timeout=120, what=f"{what} running again")
         if what in restarts:  # the kubelet restarted the container, and it is ready again
+
+            def restarted_and_ready(what: str = what, restarts: dict[str, int] = restarts) -> bool:
+                return _agent_restarts(dev)[what] > restarts[what] and all(
+                    c["ready"] for c in _agent_pod(dev)["status"]["containerStatuses"]
+                )
+
             wait_until(
-                lambda w=what, r=restarts: (
-                    _agent_restarts(dev)[w] > r[w]
-                    and all(c["ready"] for c in _agent_pod(dev)["status"]["containerStatuses"])
-                ),
-                timeout=120,
-                what=f"the agent pod's {what} container restarted and ready",
+                restarted_and_ready, timeout=120, what=f"the agent pod's {what} container restarted and ready"
             )
         wait_until(
             lambda: any(

@@ -112,13 +112,12 @@ def fleet(cluster: E2ECluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
             for batch, placed in (([pods[1]], "slice"), ([pods[0], pods[2]], "whole")):
                 items = json.dumps({"apiVersion": "v1", "kind": "List", "items": batch})
                 cluster.kubectl("create", "-f", "-", input=items)
-                wait_until(
-                    lambda name=placed: get_json(cluster, "pod", name, "-n", NAMESPACE)["spec"].get(
-                        "nodeName"
-                    ),
-                    timeout=60,
-                    what=f"pod {placed} bound",
-                )
+
+                def bound_node(name: str = placed) -> str | None:
+                    node: str | None = get_json(cluster, "pod", name, "-n", NAMESPACE)["spec"].get("nodeName")
+                    return node
+
+                wait_until(bound_node, timeout=60, what=f"pod {placed} bound")
             yield {"nodes": nodes}
             cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
             cluster.set_extender(ExtenderConfig.from_env())

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -247,7 +247,7 @@ def test_pod_asking_more_gpu_memory_than_any_node_stays_pending(
         pod = get_json(cluster, "pod", "too-big", "-n", namespace)
         for c in pod["status"].get("conditions") or []:
             if c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable":
-                return c
+                return cast(dict[str, Any], c)
         return None
 
     cond = wait_until(unschedulable, timeout=60, what="PodScheduled=False/Unschedulable")

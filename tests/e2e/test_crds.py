@@ -25,6 +25,9 @@ from neuronetes.devcluster.policyprobe import probes_for
 
 pytestmark = pytest.mark.e2e
 
+# Every kind of models.RESOURCES: each has a spec.
+SPEC_KINDS = (models.AgentPool, models.GPUSlice, models.GPUNode, models.ToolBinding, models.GangReservation)
+
 SEED = seed_examples()
 INVALID = invalid_examples()
 
@@ -76,7 +79,9 @@ def test_seed_example_applies_server_side(cluster: E2ECluster, ns: str, example:
     model = models.RESOURCES[kind].model
     # The server's defaults are the model's defaults: decoding the stored object and the local
     # (undefaulted) example gives the same spec.
-    assert models.decode(stored, model).spec == models.decode(local, model).spec
+    stored_obj, local_obj = models.decode(stored, model), models.decode(local, model)
+    assert isinstance(stored_obj, SPEC_KINDS) and isinstance(local_obj, SPEC_KINDS)
+    assert stored_obj.spec == local_obj.spec
 
 
 @pytest.mark.parametrize("example", INVALID, ids=[e.name for e in INVALID])

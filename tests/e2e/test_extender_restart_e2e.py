@@ -152,7 +152,7 @@ def test_reservation_expires_after_a_restart_and_its_gpus_are_free_again(
 
     def running() -> bool:
         p = next(p for p in pods_json(cluster) if p["metadata"]["name"] == "whole-node")
-        return p["status"].get("phase") == "Running"
+        return bool(p["status"].get("phase") == "Running")
 
     wait_until(running, timeout=60, what="an 8-GPU pod on the freed node")
     no_gpu_given_twice(cluster)

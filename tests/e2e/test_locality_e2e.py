@@ -124,7 +124,7 @@ def test_a_pool_with_vector_store_affinity_lands_beside_its_store(
         "metadata": {"name": "vectors"},
         "spec": {"selector": labels, "ports": [{"port": 6333}]},
     }
-    store = {
+    store: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": {"name": "vectors"},

@@ -239,8 +239,13 @@ def test_a_mig_slice_no_instance_serves_is_planned_for_bound_and_its_pod_gets_th
 
     # A second slice pinned to that very instance cannot take it while the first holds it.
     create(cluster, mig_slice("second", "7g.40gb", nodeName=node, gpuUUID=made["uuid"]))
+
+    def told_no_instance() -> dict[str, Any] | None:
+        s = gpuslice(cluster, "second")
+        return s if slice_reason(s) == "NoMigInstance" else None
+
     second = wait_until(
-        lambda: (s := gpuslice(cluster, "second")) and slice_reason(s) == "NoMigInstance" and s,
+        told_no_instance,
         timeout=30,
         what="second slice told NoMigInstance",
     )

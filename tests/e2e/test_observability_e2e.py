@@ -147,7 +147,7 @@ def test_every_dashboard_and_alert_expression_evaluates(
 
         def gpus() -> tuple[float, ...]:
             names = (c.METRIC_GPUS_ALLOCATED, c.METRIC_GPUS_UNALLOCATED, c.METRIC_GPUS_FRAGMENTED)
-            return tuple(float(prom.query(f"max({n})")[0]["value"][1]) for n in names)  # type: ignore[index]
+            return tuple(float(prom.query(f"max({n})")[0]["value"][1]) for n in names)
 
         # 1 GPU placed; 7 DGX GPUs and 3 T4s free (the 4th is offline), and the pending 8-GPU
         # shape fits on no node: all 10 are fragment.

@@ -122,7 +122,10 @@ def ready(pod: Any) -> bool:
 
 
 def ready_since(pod: Any) -> datetime:
-    return next(cd.last_transition_time for cd in pod.status.conditions or [] if cd.type == "Ready")
+    since: datetime = next(
+        cd.last_transition_time for cd in pod.status.conditions or [] if cd.type == "Ready"
+    )
+    return since
 
 
 def settled(spot: Spot, name: str, want: int) -> list[Any] | None:
@@ -204,11 +207,11 @@ def test_the_interruption_threshold_turns_spot_off_and_on_again(spot: Spot) -> N
         if any(p.spec.node_name == node for p in spot.live("thr")):
             spot.taint(node, NTH)
             noticed += 1
-            wait_until(
-                lambda n=node: not any(p.spec.node_name == n for p in spot.live("thr")),
-                timeout=150,
-                what=f"pods off {node}",
-            )
+
+            def drained(node: str = node) -> bool:
+                return not any(p.spec.node_name == node for p in spot.live("thr"))
+
+            wait_until(drained, timeout=150, what=f"pods off {node}")
     assert noticed == 2, [p.spec.node_name for p in pods]
     disabled = wait_until(
         lambda: spot.condition("thr", "SpotDisabled").get("status") == "True", what="SpotDisabled"
@@ -253,11 +256,11 @@ def test_notice_to_replacement_ready_measured(spot: Spot) -> None:
         new = wait_until(replaced, timeout=150, interval=0.05, what="the replacement Ready")
         seconds.append(time.monotonic() - started)
         assert new.spec.node_name in on_demand
-        wait_until(
-            lambda v=victim: v not in {p.metadata.name for p in spot.pods("meas")},
-            timeout=150,
-            what="the old pod gone",
-        )
+
+        def gone(victim: str = victim) -> bool:
+            return victim not in {p.metadata.name for p in spot.pods("meas")}
+
+        wait_until(gone, timeout=150, what="the old pod gone")
         # Back to one pod on spot for the next run.
         spot.taint(spot_node, None)
         spare = new.spec.node_name

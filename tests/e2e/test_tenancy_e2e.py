@@ -217,7 +217,7 @@ def held(cluster: E2ECluster, ns: str) -> int:
                 int((ct.get("resources") or {}).get("limits", {}).get(MEM, 0))
                 for ct in pod["spec"]["containers"]
             )
-    return total
+    return int(total)
 
 
 def test_slices_and_pods_share_the_gpu_quota_and_a_slice_past_it_is_refused_naming_it(

@@ -105,7 +105,11 @@ def test_cancel_and_kill_in_every_state(tmp_path: Path, capsys: pytest.CaptureFi
         assert d.cli(capsys, "jobs", "kill", "base2")[0] == 0  # preempted: kill
         assert d.cli(capsys, "cancel", "urgent2")[0] == 0  # running: cancel
         for job in (base2, urgent2):
-            wait_for(lambda job=job: not process_alive(job["pid"]), f"{job['name']} gone")
+
+            def gone(pid: int = job["pid"]) -> bool:
+                return not process_alive(pid)
+
+            wait_for(gone, f"{job['name']} gone")
         wait_for(lambda: d.memory.used() == 0, "every job's GPU memory released", show=d.memory.used)
         code, _, err = d.cli(capsys, "cancel", "urgent2")
         assert code == 1 and err.strip() == "error: job j6 is already CANCELLED"
@@ -523,7 +527,11 @@ def test_a_checkpoint_that_fails_falls_to_the_next_rung_and_is_logged(tmp_path: 
             d.submit(f"urgent-{name}", 10, 1)
             # the cooperative rung: SIGUSR1, then (its CUDA calls wait on the lock) SIGKILL at the deadline
             wanted = "not preempted: transparent checkpoint failed: " if name == "plain" else "after SIGUSR1"
-            wait_for(lambda name=name, wanted=wanted: wanted in d.job(name)["reason"], f"{name}: {wanted}")
+
+            def stopped_for(name: str = name, wanted: str = wanted) -> bool:
+                return wanted in d.job(name)["reason"]
+
+            wait_for(stopped_for, f"{name}: {wanted}")
             assert f"job {d.job(name)['id']}: transparent checkpoint failed (cuCheckpointProcessLock" in (
                 d.log.read_text()
             )

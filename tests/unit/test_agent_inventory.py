@@ -64,7 +64,7 @@ def run_agent(profile: str, node: str, tmp_path: Path) -> tuple[NodeAgent, Simul
         node,
         "uid",
         sim,
-        QuietKube(node),  # type: ignore[arg-type]
+        QuietKube(node),
         ThreadPoolExecutor(1),
         agent_version="t",
         inventory_file=writer(tmp_path, node),
@@ -201,7 +201,7 @@ def test_agent_without_shim_advertises_nothing(tmp_path: Path, library: str) -> 
         node="n0", state_dir=state, shim_library=tmp_path / library, shim_dir=tmp_path / "shim"
     )
     sim = SimulatedGpus(PROFILES["dgx-a100-80gb"], "n0")
-    process = AgentProcess(None, settings, nvml_backend=lambda: sim)  # type: ignore[arg-type]
+    process = AgentProcess(None, settings, nvml_backend=lambda: sim)
     with pytest.raises(inv.ShimError, match=f"shim library {tmp_path / library}"):
         process.run()
     process.stop()
@@ -211,7 +211,7 @@ def test_agent_without_shim_advertises_nothing(tmp_path: Path, library: str) -> 
 
 def test_fleet_writes_no_inventory(tmp_path: Path) -> None:
     settings = AgentSettings(simulate_nodes="x=y", state_dir=tmp_path / "state")
-    process = AgentProcess(None, settings)  # type: ignore[arg-type]
+    process = AgentProcess(None, settings)
     assert process._inventory_file is None
 
 

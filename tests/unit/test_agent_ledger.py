@@ -113,7 +113,7 @@ def test_an_agent_for_a_real_node_hands_off_and_a_fleet_does_not(tmp_path: Path)
     settings = AgentSettings(
         node=NODE, state_dir=state, region_dir=state / "containers", cgroup_root=tmp_path
     )
-    process = AgentProcess(None, settings)  # type: ignore[arg-type]
+    process = AgentProcess(None, settings)
     process.kube, process._local = QuietKube(), sim  # type: ignore[assignment]
     process._start_node(NODE, {"metadata": {"name": NODE, "uid": "node-uid"}})
     agent = process.agents[NODE]
@@ -126,7 +126,7 @@ def test_an_agent_for_a_real_node_hands_off_and_a_fleet_does_not(tmp_path: Path)
     assert ledger_doc(state)["node"] == NODE
     process.stop()
 
-    fleet = AgentProcess(None, AgentSettings(simulate_nodes="x=y"))  # type: ignore[arg-type]
+    fleet = AgentProcess(None, AgentSettings(simulate_nodes="x=y"))
     fleet.kube = QuietKube()  # type: ignore[assignment]
     fleet._start_node(
         "sim-1",

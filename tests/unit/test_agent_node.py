@@ -59,6 +59,11 @@ class RecordingKube:
     def node_event(self, node: str, node_uid: str, kind: str, reason: str, message: str) -> None:
         self.calls.append(("event", (reason, message)))
 
+    def pod_event(
+        self, namespace: str, name: str, uid: str, node: str, kind: str, reason: str, message: str
+    ) -> None:
+        self.calls.append(("pod event", (f"{namespace}/{name}", reason, message)))
+
     def evict(self, namespace: str, name: str) -> int:
         self.calls.append(("evict", f"{namespace}/{name}"))
         return 201
@@ -83,7 +88,7 @@ def agent() -> Any:
     kube = RecordingKube()
     resets = ThreadPoolExecutor(2)
     sim = SimulatedGpus(PROFILES["dgx-a100-80gb"], "n0", reset_seconds=0.05)
-    a = NodeAgent("n0", "uid-n0", sim, kube, resets, agent_version="test")  # type: ignore[arg-type]
+    a = NodeAgent("n0", "uid-n0", sim, kube, resets, agent_version="test")
     a.start()
     yield a, sim, kube
     sim.close()
@@ -252,7 +257,7 @@ def agent_for(profile: str, node: str, root: Path) -> tuple[NodeAgent, Simulated
     sim = SimulatedGpus(PROFILES[profile], node)
     a = NodeAgent(
         node, "u", sim, RecordingKube(), ThreadPoolExecutor(1), agent_version="t", regions=RegionKeeper(root)
-    )  # type: ignore[arg-type]
+    )
     a.start()
     return a, sim
 
@@ -353,7 +358,7 @@ def test_mig_instance_region_uses_the_mig_uuid(tmp_path: Path) -> None:
 
 def test_refused_assignments_get_no_region(tmp_path: Path) -> None:
     a, sim = agent_for("dgx-a100-80gb", "n0", tmp_path)
-    grant = {
+    grant: dict[str, Any] = {
         "gpus": [{"uuid": c.simulated_gpu_uuid("n0", 0), "index": 0, "memoryMiB": 1, "computePercent": 100}],
         "priority": 0,
         "qos": "Guaranteed",
@@ -379,7 +384,7 @@ def test_refused_assignments_get_no_region(tmp_path: Path) -> None:
 def mig_agent(profile: str = "a100-40gb-mig") -> tuple[NodeAgent, SimulatedGpus, RecordingKube]:
     kube = RecordingKube()
     sim = SimulatedGpus(PROFILES[profile], "m0")
-    a = NodeAgent("m0", "u", sim, kube, ThreadPoolExecutor(1), agent_version="t")  # type: ignore[arg-type]
+    a = NodeAgent("m0", "u", sim, kube, ThreadPoolExecutor(1), agent_version="t")
     a.start()
     return a, sim, kube
 
@@ -446,7 +451,7 @@ def test_impossible_layout_fails_once_and_mig_manager_nodes_are_left_alone() -> 
         RecordingKube(),
         ThreadPoolExecutor(1),
         agent_version="t",
-    )  # type: ignore[arg-type]
+    )
     owned.start({"metadata": {"labels": {"nvidia.com/mig.config": "all-balanced"}}, "status": {}})
     owned.set_gpunode(layout(2, {"gpuIndex": 0, "instances": [{"profile": "1g.5gb", "count": 7}]}))
     owned.tick()
@@ -463,7 +468,7 @@ def test_model_cache_reported_on_every_gpu_once_complete(tmp_path: Path) -> None
     sim = SimulatedGpus(PROFILES["dgx-a100-80gb"], "n0")
     a = NodeAgent(
         "n0", "uid-n0", sim, kube, resets, agent_version="test", model_cache=HostModelCache(cache, every_s=0)
-    )  # type: ignore[arg-type]
+    )
     try:
         a.start()
         assert {tuple(g["cachedModels"]) for g in kube.last("status")["gpus"]} == {()}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +70,9 @@ def fake_nvml(gpus: list[FakeGpu], events: list[tuple[int, int]] | None = None) 
             raise err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if link >= 12:
             raise err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return pynvml.NVML_FEATURE_ENABLED if link < len(device.gpu.links) else pynvml.NVML_FEATURE_DISABLED
+        return int(
+            pynvml.NVML_FEATURE_ENABLED if link < len(device.gpu.links) else pynvml.NVML_FEATURE_DISABLED
+        )
 
     def mig_mode(device: Handle) -> list[int]:
         if device.gpu.mig is None:
@@ -107,7 +110,7 @@ def fake_nvml(gpus: list[FakeGpu], events: list[tuple[int, int]] | None = None) 
         index, xid = queue.pop(0)
         return types.SimpleNamespace(device=Handle(gpus[index]), eventData=xid, eventType=8)
 
-    fns = {
+    fns: dict[str, Callable[..., Any]] = {
         "nvmlInit": lambda: None,
         "nvmlShutdown": lambda: None,
         "nvmlDeviceGetCount": lambda: len(gpus),

@@ -159,7 +159,7 @@ def test_the_limit_is_per_container_and_per_gpu() -> None:
 def test_negative_settings_are_refused() -> None:
     for bad in ({"grace_s": -1.0}, {"context_allowance_bytes": -1}, {"margin_bytes": -1}):
         with pytest.raises(ValueError, match="must not be negative"):
-            Policy(**bad)  # type: ignore[arg-type]
+            Policy(**bad)
 
 
 # ---- grace, reporting, counting, evicting ---------------------------------------------------------

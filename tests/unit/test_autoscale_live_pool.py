@@ -62,7 +62,8 @@ class LivePool:
     def listing(self) -> dict[str, Any]:
         status, body = self.http(self.control, "GET", "/replicas")
         assert status == 200
-        return body
+        replicas: dict[str, Any] = body
+        return replicas
 
     def scale(self, count: Any) -> tuple[int, Any]:
         status, body = self.http(self.control, "POST", "/replicas", json.dumps({"count": count}).encode())

@@ -6,7 +6,6 @@ themselves: test_chart.py; RBAC: test_chart_rbac.py.
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 import tarfile
@@ -266,8 +265,8 @@ def test_the_scheduler_gets_the_api_priority_kube_scheduler_has(tmp_path: Path) 
 def test_the_priority_tiers_are_the_operators_defaults_and_their_classes_the_local_clusters() -> None:
     """The chart creates the tiers' PriorityClasses and hands the operator and the webhook the same
     tiers file: what a local cluster gets from neuronetes_operator.launch."""
-    tiers = importlib.import_module("neuronetes_operator.tiers")
-    launch = importlib.import_module("neuronetes_operator.launch")
+    from neuronetes_operator import launch, tiers
+
     values = yaml.safe_load((CHART / "values.yaml").read_text())["priorityTiers"]
     assert msgspec.convert(values, list[tiers.PriorityTier]) == list(tiers.DEFAULT_TIERS)
     rendered = one(default_objects(), "ConfigMap", "neuronetes-priority-tiers")["data"]["tiers.yaml"]

@@ -382,7 +382,9 @@ def test_every_workload_of_the_chart_has_a_plan(tmp_path: Path) -> None:
             "status": {"podIP": "10.64.0.9"},
         }
         config_maps = {name: {"data": {"x": "y"}} for name in _named(p, "configMap", "name")}
-        secrets = {name: {"data": {}} for name in _named(p, "secret", "secretName")}
+        secrets: dict[str, dict[str, Any]] = {
+            name: {"data": {}} for name in _named(p, "secret", "secretName")
+        }
         got = plan_pod(
             p, config_maps=config_maps, secrets=secrets, credentials=CREDS, entrypoints=entry,
             root=tmp_path / "pod", node_root=tmp_path / "node", base_env={}, net=9,

@@ -28,6 +28,6 @@ def test_help_loads_no_component_no_dev_cluster_and_no_kubernetes_client() -> No
         [sys.executable, "-c", _LOADED], capture_output=True, text=True, check=True, cwd="/"
     ).stdout
     loaded = json.loads(out.splitlines()[-1])
-    heavy = ("neuronetes_", "neuronetes.devcluster", "neuronetes.gpuvalidate")
+    heavy: tuple[str, ...] = ("neuronetes_", "neuronetes.devcluster", "neuronetes.gpuvalidate")
     heavy += ("kubernetes", "kopf", "fastapi")
     assert [m for m in loaded if m.startswith(heavy)] == []

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from node_factory import NodeFactory
 
 from neuronetes import contracts as c
 from neuronetes.assignment import (
@@ -25,7 +26,7 @@ from neuronetes.assignment import (
 from neuronetes.engine import PlacementEngine
 from neuronetes.inventory import ClusterState
 from neuronetes.mig import catalog_for, normalize_profile_name
-from neuronetes.model import GpuGrant, NodeSpec, Placement, PodRequest
+from neuronetes.model import GpuGrant, GpuSpec, NodeSpec, Placement, PodRequest
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +57,7 @@ EXAMPLE = {
 
 
 def doc(**changes: Any) -> dict[str, Any]:
-    d = json.loads(json.dumps(EXAMPLE))
+    d: dict[str, Any] = json.loads(json.dumps(EXAMPLE))
     d.update(changes)
     return d
 
@@ -378,7 +379,9 @@ def test_hypothesis_negative_numbers_never_pass(a: c.Assignment, field: str, val
 # ---- pod spec -> request --------------------------------------------------------------------
 
 
-def ctr(name: str, limits: dict[str, Any] | None = None, requests: dict[str, Any] | None = None, **kw: Any):
+def ctr(
+    name: str, limits: dict[str, Any] | None = None, requests: dict[str, Any] | None = None, **kw: Any
+) -> dict[str, Any]:
     resources: dict[str, Any] = {}
     if limits is not None:
         resources["limits"] = limits
@@ -606,16 +609,14 @@ def test_hypothesis_effective_request_and_disjoint_gpus(items: list[tuple[Contai
     assert c.decode_assignment(c.encode_assignment(a)) == a
 
 
-def _gpu(j: int):
-    from neuronetes.model import GpuSpec
-
+def _gpu(j: int) -> GpuSpec:
     return GpuSpec(index=j, uuid=f"x{j}", model="A100-SXM4-80GB", memory_mib=81920)
 
 
 # ---- engine output -> assignment -----------------------------------------------------------
 
 
-def test_build_whole_gpu_assignment_from_the_engine(nodes) -> None:
+def test_build_whole_gpu_assignment_from_the_engine(nodes: NodeFactory) -> None:
     node = real_uuids(nodes.dgx("dgx-1"))
     pod = pod_gpu_request(
         {
@@ -644,7 +645,7 @@ def test_build_whole_gpu_assignment_from_the_engine(nodes) -> None:
     assert c.decode_assignment(c.encode_assignment(a)) == a
 
 
-def test_build_shared_assignment_from_the_engine(nodes) -> None:
+def test_build_shared_assignment_from_the_engine(nodes: NodeFactory) -> None:
     node = real_uuids(nodes.t4("t4-1"))
     pod = pod_gpu_request(spec(ctr("a", {MEM: 4096, CMP: 30}), ctr("b", {MEM: 1024, CMP: 10})))
     assert pod is not None
@@ -656,7 +657,7 @@ def test_build_shared_assignment_from_the_engine(nodes) -> None:
     assert (ga.memory_mib, ga.compute_percent, gb.memory_mib, gb.compute_percent) == (4096, 30, 1024, 10)
 
 
-def test_build_mig_assignment_from_the_engine(nodes) -> None:
+def test_build_mig_assignment_from_the_engine(nodes: NodeFactory) -> None:
     node = real_uuids(nodes.mig("mig-1"))
     pod = pod_gpu_request(spec(ctr("a", {c.mig_resource_name("2g.10gb"): 1})))
     assert pod is not None
@@ -669,7 +670,7 @@ def test_build_mig_assignment_from_the_engine(nodes) -> None:
     assert g.compute_percent == 100 and a.containers["a"].priority == -5
 
 
-def test_builder_refuses_mismatches(nodes) -> None:
+def test_builder_refuses_mismatches(nodes: NodeFactory) -> None:
     node = real_uuids(nodes.t4("t4-1"))
     pod = pod_gpu_request(spec(ctr("a", {GPU: 2})))
     assert isinstance(pod, PodGpuRequest)

@@ -9,6 +9,7 @@ pattern) that the model does not enforce identically.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 import msgspec
@@ -68,7 +69,7 @@ def _compare(schema: dict[str, Any], t: mi.Type, path: str, errors: list[str]) -
         return
     kind = schema.get("type")
     if "enum" in schema:
-        if not isinstance(t, mi.LiteralType) or sorted(t.values) != sorted(schema["enum"]):
+        if not isinstance(t, mi.LiteralType) or Counter(t.values) != Counter(schema["enum"]):
             errors.append(f"{path}: enum {schema['enum']} in the CRD but {t} in the model")
         return
     if kind == "integer":
@@ -150,7 +151,7 @@ def _compare_struct(schema: dict[str, Any], t: mi.StructType, path: str, errors:
 
 
 def _compare_default(want: Any, f: mi.Field, t: mi.Type, where: str, errors: list[str]) -> None:
-    if f.default_factory is not mi.NODEFAULT:
+    if f.default_factory is not msgspec.NODEFAULT:
         have = f.default_factory()
         if not isinstance(want, dict) or have != msgspec.convert(want, f.default_factory):
             errors.append(f"{where}: default {want!r} in the CRD, {have!r} in the model")

@@ -90,7 +90,7 @@ def resolve(schema: dict[str, Any], dotted: str) -> dict[str, Any] | None:
 def _type_ok(value: Any, node: dict[str, Any]) -> bool:
     if node.get("x-kubernetes-int-or-string"):
         return isinstance(value, int | str) and not isinstance(value, bool)
-    kind = node.get("type")
+    kind = node["type"]
     return {
         "object": isinstance(value, dict),
         "array": isinstance(value, list),

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from node_factory import NodeFactory
 
 from neuronetes.engine import (
     POLICIES,
@@ -19,11 +20,18 @@ from neuronetes.engine import (
     scale_scores,
     separate,
 )
+from neuronetes.engine.core import Selection
 from neuronetes.engine.select import select_bestfit, select_first, select_random, select_topology
 from neuronetes.inventory import ClusterState, OversubscriptionError
 from neuronetes.model import GpuGrant, GpuHealth, Locality, NodeSpec, PodRequest
 
 pytestmark = pytest.mark.unit
+
+
+def selected(result: Selection | Unschedulable) -> Selection:
+    """The GPUs `select_gpus` chose and why, where it found some."""
+    assert not isinstance(result, Unschedulable), result.reason
+    return result
 
 
 def hold(state: ClusterState, node: str, gpus: dict[int, int], cpu: int = 0) -> str:
@@ -32,7 +40,7 @@ def hold(state: ClusterState, node: str, gpus: dict[int, int], cpu: int = 0) -> 
     return alloc_id
 
 
-def mixed_cluster(nodes) -> list[NodeSpec]:
+def mixed_cluster(nodes: NodeFactory) -> list[NodeSpec]:
     return [
         nodes.dgx("dgx-a", groups=2, price_per_hour=30.0, zone="z1", cached_models=frozenset({"llama"})),
         nodes.dgx("dgx-b", groups=1, cpu_milli=64_000, price_per_hour=25.0, zone="z2"),
@@ -74,7 +82,7 @@ def random_request(rng: random.Random, k: int) -> PodRequest:
 
 
 # ---- basic decisions -------------------------------------------------------------------------------
-def test_place_returns_none_when_nothing_fits(nodes) -> None:
+def test_place_returns_none_when_nothing_fits(nodes: NodeFactory) -> None:
     engine = PlacementEngine(ClusterState([nodes.t4("t4"), nodes.cpu("cpu")]))
     assert engine.place(PodRequest("p", gpus=5)) is None
     assert engine.place(PodRequest("p", cpu_milli=65_000)) is None
@@ -84,7 +92,7 @@ def test_place_returns_none_when_nothing_fits(nodes) -> None:
     assert empty.place(PodRequest("p")) is None
 
 
-def test_commit_consumes_capacity_until_an_exclusive_request_no_longer_fits(nodes) -> None:
+def test_commit_consumes_capacity_until_an_exclusive_request_no_longer_fits(nodes: NodeFactory) -> None:
     engine = PlacementEngine(ClusterState([nodes.t4("t4")]))
     req = PodRequest("p", cpu_milli=1000, gpus=2)
     seen: set[int] = set()
@@ -105,7 +113,7 @@ def test_commit_consumes_capacity_until_an_exclusive_request_no_longer_fits(node
     assert again is not None and set(again.gpu_indices) == freed
 
 
-def test_placement_carries_score_and_reason(nodes) -> None:
+def test_placement_carries_score_and_reason(nodes: NodeFactory) -> None:
     engine = PlacementEngine(ClusterState([nodes.t4("t4")]), "bestfit")
     cpu_only = engine.place(PodRequest("p", cpu_milli=100))
     assert cpu_only is not None and cpu_only.grants == () and cpu_only.reason == "no gpus requested"
@@ -117,7 +125,7 @@ def test_placement_carries_score_and_reason(nodes) -> None:
 
 # ---- the score cache --------------------------------------------------------------------------------
 @pytest.mark.parametrize("policy", ["default", "fgd", "bestfit", "packing", "clustering", "dotprod"])
-def test_cached_decisions_equal_a_fresh_engines(nodes, policy: str) -> None:
+def test_cached_decisions_equal_a_fresh_engines(nodes: NodeFactory, policy: str) -> None:
     rng = random.Random(f"cache-{policy}")
     state = ClusterState(mixed_cluster(nodes))
     profile = WorkloadProfile.from_requests(random_request(random.Random(1), k) for k in range(200))
@@ -144,7 +152,7 @@ def test_cached_decisions_equal_a_fresh_engines(nodes, policy: str) -> None:
     state.check_invariants()
 
 
-def test_pods_pinned_to_different_models_share_one_cache_entry(nodes) -> None:
+def test_pods_pinned_to_different_models_share_one_cache_entry(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("t4"), nodes.dgx("a100"), nodes.t4("t4-off"), nodes.cpu("cpu")])
     state.set_node_schedulable(state.index["t4-off"], False)
     engine = PlacementEngine(state, "default")
@@ -165,7 +173,7 @@ def test_pods_pinned_to_different_models_share_one_cache_entry(nodes) -> None:
     }
 
 
-def test_cache_notices_health_and_schedulability_changes(nodes) -> None:
+def test_cache_notices_health_and_schedulability_changes(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("a"), nodes.t4("b")])
     engine = PlacementEngine(state, "bestfit")
     req = PodRequest("p", gpus=4)
@@ -177,7 +185,7 @@ def test_cache_notices_health_and_schedulability_changes(nodes) -> None:
     assert engine.place(req) is None
 
 
-def test_set_profile_drops_cached_scores(nodes) -> None:
+def test_set_profile_drops_cached_scores(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("n", n_gpus=2)])
     hold(state, "n", {1: 300})
     engine = PlacementEngine(state, "fgd")
@@ -191,7 +199,7 @@ def test_set_profile_drops_cached_scores(nodes) -> None:
 
 
 # ---- GPU selection ------------------------------------------------------------------------------------
-def test_exclusive_four_gpus_go_to_the_free_nvlink_group(nodes) -> None:
+def test_exclusive_four_gpus_go_to_the_free_nvlink_group(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     hold(state, "dgx", {1: 1000})
     engine = PlacementEngine(state, "default")
@@ -199,26 +207,26 @@ def test_exclusive_four_gpus_go_to_the_free_nvlink_group(nodes) -> None:
     assert placement is not None
     assert placement.gpu_indices == (4, 5, 6, 7)
     assert "nvlink" in placement.reason
-    grants, why = engine.select_gpus(PodRequest("p", gpus=4), 0)
+    grants, why = selected(engine.select_gpus(PodRequest("p", gpus=4), 0))
     assert [g.gpu_index for g in grants] == [4, 5, 6, 7] and "nvlink" in why
 
 
-def test_two_gpus_come_from_the_tightest_nvlink_group(nodes) -> None:
+def test_two_gpus_come_from_the_tightest_nvlink_group(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     hold(state, "dgx", {1: 1000})  # group 0: 3 free, group 1: 4 free
     engine = PlacementEngine(state, "default")
-    grants, why = engine.select_gpus(PodRequest("p", gpus=2), 0)
+    grants, why = selected(engine.select_gpus(PodRequest("p", gpus=2), 0))
     assert [g.gpu_index for g in grants] == [0, 2]
     assert why == "one nvlink group (nvlink group 0)"
-    one, why1 = engine.select_gpus(PodRequest("p", gpus=1), 0)
+    one, why1 = selected(engine.select_gpus(PodRequest("p", gpus=1), 0))
     assert [g.gpu_index for g in one] == [0] and "tightest" in why1
     # When no group (NVLink, NUMA or socket) holds them all, the GPUs are spread.
     hold(state, "dgx", {0: 1000, 4: 1000, 5: 1000})  # free: 2, 3, 6, 7
-    spread, why3 = engine.select_gpus(PodRequest("p", gpus=3), 0)
+    spread, why3 = selected(engine.select_gpus(PodRequest("p", gpus=3), 0))
     assert [g.gpu_index for g in spread] == [2, 3, 6] and "spread" in why3
 
 
-def test_select_topology_falls_back_to_numa_then_socket(nodes) -> None:
+def test_select_topology_falls_back_to_numa_then_socket(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("t4", n_gpus=4)])  # no NVLink; NUMA/socket 0: {0,1}, 1: {2,3}
     free = np.array([True, False, True, True])
     idx, why = select_topology(state, 0, free, 2)
@@ -236,7 +244,7 @@ def test_plain_selectors() -> None:
     assert len(picked) == 2 and set(picked) <= {1, 2, 4} and picked == sorted(picked)
 
 
-def test_shared_multi_gpu_request_takes_the_tightest_gpus(nodes) -> None:
+def test_shared_multi_gpu_request_takes_the_tightest_gpus(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("t4")])
     hold(state, "t4", {0: 200, 1: 600, 2: 500})  # free 800, 400, 500, 1000
     engine = PlacementEngine(state, "bestfit")
@@ -245,7 +253,7 @@ def test_shared_multi_gpu_request_takes_the_tightest_gpus(nodes) -> None:
     assert all(g.milli == 400 for g in placement.grants)
 
 
-def test_one_gpu_share_takes_the_gpu_with_the_best_score(nodes) -> None:
+def test_one_gpu_share_takes_the_gpu_with_the_best_score(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("n", n_gpus=2)])
     hold(state, "n", {1: 300})
     engine = PlacementEngine(
@@ -259,7 +267,9 @@ def test_one_gpu_share_takes_the_gpu_with_the_best_score(nodes) -> None:
     )
 
 
-def test_a_mig_request_gets_only_an_idle_instance_the_gpu_has_when_its_agent_reported_them(nodes) -> None:
+def test_a_mig_request_gets_only_an_idle_instance_the_gpu_has_when_its_agent_reported_them(
+    nodes: NodeFactory,
+) -> None:
     """A GPU whose instances the agent reported (GPUNode status): a MIG pod gets one of those, idle,
     at its own start slot, never a placement the catalog allows but the GPU does not have; a GPU
     without a report (no list) still places anywhere."""
@@ -290,7 +300,7 @@ def test_a_mig_request_gets_only_an_idle_instance_the_gpu_has_when_its_agent_rep
     state.check_invariants()
 
 
-def test_mig_request_gets_a_grant_with_profile_and_slot(nodes) -> None:
+def test_mig_request_gets_a_grant_with_profile_and_slot(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("t4"), nodes.mig("mig", n_gpus=2)])
     engine = PlacementEngine(state, "default")
     req = PodRequest("m", cpu_milli=1000, gpus=1, mig_profile="3g.20gb")
@@ -318,7 +328,7 @@ def test_mig_request_gets_a_grant_with_profile_and_slot(nodes) -> None:
 
 # ---- GPU selection honours locality and the policy's GPU selector (former bugs) ----------------------
 @pytest.mark.parametrize("policy", ["bestfit", "fgd", "packing"])
-def test_exclusive_gpu_selection_honours_nvlink_locality(nodes, policy: str) -> None:
+def test_exclusive_gpu_selection_honours_nvlink_locality(nodes: NodeFactory, policy: str) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     hold(state, "dgx", {1: 1000})  # the filter passes (group 1 has 4 free), but GPUs 0,2,3,4 do not
     engine = PlacementEngine(state, policy)
@@ -327,7 +337,9 @@ def test_exclusive_gpu_selection_honours_nvlink_locality(nodes, policy: str) -> 
 
 
 @pytest.mark.parametrize("policy", ["default", "fgd"])
-def test_min_bandwidth_without_locality_keeps_gpus_in_one_nvlink_group(nodes, policy: str) -> None:
+def test_min_bandwidth_without_locality_keeps_gpus_in_one_nvlink_group(
+    nodes: NodeFactory, policy: str
+) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     hold(state, "dgx", {1: 1000})  # lowest-index free GPUs 0,2,3,4 would span both NVLink groups
     engine = PlacementEngine(state, policy)
@@ -336,7 +348,7 @@ def test_min_bandwidth_without_locality_keeps_gpus_in_one_nvlink_group(nodes, po
 
 
 @pytest.mark.parametrize("policy", ["default", "bestfit"])
-def test_shared_gpu_selection_honours_nvlink_locality(nodes, policy: str) -> None:
+def test_shared_gpu_selection_honours_nvlink_locality(nodes: NodeFactory, policy: str) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     hold(state, "dgx", {0: 500, 4: 500})  # GPUs 0 and 4 are the tightest fits, in different groups
     engine = PlacementEngine(state, policy)
@@ -347,7 +359,9 @@ def test_shared_gpu_selection_honours_nvlink_locality(nodes, policy: str) -> Non
 
 
 @pytest.mark.parametrize("policy", ["bestfit", "packing", "clustering", "dotprod"])
-def test_one_gpu_share_uses_the_policys_gpu_selector_between_equal_scores(nodes, policy: str) -> None:
+def test_one_gpu_share_uses_the_policys_gpu_selector_between_equal_scores(
+    nodes: NodeFactory, policy: str
+) -> None:
     state = ClusterState([nodes.t4("t4")])
     hold(state, "t4", {2: 500})
     engine = PlacementEngine(state, policy)
@@ -356,7 +370,9 @@ def test_one_gpu_share_uses_the_policys_gpu_selector_between_equal_scores(nodes,
     assert placement is not None and placement.gpu_indices == (2,)  # packing's score assumes GPU 2
 
 
-def test_same_socket_request_stays_in_one_socket_even_when_an_nvlink_group_spans_both(nodes) -> None:
+def test_same_socket_request_stays_in_one_socket_even_when_an_nvlink_group_spans_both(
+    nodes: NodeFactory,
+) -> None:
     state = ClusterState([nodes.dgx("dgx", groups=1)])  # one NVLink group; sockets {0-3}, {4-7}
     hold(state, "dgx", {0: 1000})  # socket 0: 3 free, socket 1: 4 free
     engine = PlacementEngine(state, "default")
@@ -364,7 +380,7 @@ def test_same_socket_request_stays_in_one_socket_even_when_an_nvlink_group_spans
     assert placement is not None and placement.gpu_indices == (4, 5, 6, 7)
 
 
-def test_one_gpu_share_under_the_first_selector_keeps_the_lowest_index(nodes) -> None:
+def test_one_gpu_share_under_the_first_selector_keeps_the_lowest_index(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("t4")])
     hold(state, "t4", {2: 500})
     engine = PlacementEngine(state, "fgd")  # no profile: every GPU scores the same
@@ -374,8 +390,8 @@ def test_one_gpu_share_under_the_first_selector_keeps_the_lowest_index(nodes) ->
     assert placement.reason == "lowest-index gpu among 4 with the best score"
 
 
-def test_one_gpu_share_under_the_random_selector_spreads_over_equal_gpus(nodes) -> None:
-    chosen = set()
+def test_one_gpu_share_under_the_random_selector_spreads_over_equal_gpus(nodes: NodeFactory) -> None:
+    chosen: set[int] = set()
     for seed in range(20):
         state = ClusterState([nodes.t4("t4")])
         pol = Policy("bestfit-randomgpu", {"bestfit": 1.0}, "random")
@@ -385,24 +401,24 @@ def test_one_gpu_share_under_the_random_selector_spreads_over_equal_gpus(nodes) 
     assert len(chosen) > 1
 
 
-def test_select_gpus_refuses_when_the_allowed_gpus_cannot_hold_the_request(nodes) -> None:
+def test_select_gpus_refuses_when_the_allowed_gpus_cannot_hold_the_request(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     engine = PlacementEngine(state, "bestfit")
     group0 = np.arange(8) < 4
-    grants, _ = engine.select_gpus(PodRequest("p", gpus=1, gpu_milli=300), 0, allowed_gpus=~group0)
+    grants, _ = selected(engine.select_gpus(PodRequest("p", gpus=1, gpu_milli=300), 0, allowed_gpus=~group0))
     assert [g.gpu_index for g in grants] == [4]
     refused = engine.select_gpus(PodRequest("p", gpus=5), 0, allowed_gpus=group0)
     assert isinstance(refused, Unschedulable) and "cannot supply" in refused.reason
     # GPUs 3 and 4 hold two shares, but not inside one NVLink group.
     across = (np.arange(8) == 3) | (np.arange(8) == 4)
     share = PodRequest("p", gpus=2, gpu_milli=300)
-    assert [g.gpu_index for g in engine.select_gpus(share, 0, allowed_gpus=across)[0]] == [3, 4]
+    assert [g.gpu_index for g in selected(engine.select_gpus(share, 0, allowed_gpus=across))[0]] == [3, 4]
     refused = engine.select_gpus(replace(share, locality=Locality.NVLINK), 0, allowed_gpus=across)
     assert isinstance(refused, Unschedulable) and "cannot supply" in refused.reason
 
 
 # ---- prioritize, tie breaks, policies ---------------------------------------------------------------
-def test_prioritize_maps_scores_to_0_10(nodes) -> None:
+def test_prioritize_maps_scores_to_0_10(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("empty"), nodes.t4("half"), nodes.t4("full"), nodes.t4("most")])
     hold(state, "half", {0: 1000, 1: 1000})
     hold(state, "most", {0: 1000, 1: 1000, 2: 1000})
@@ -421,7 +437,7 @@ def test_prioritize_maps_scores_to_0_10(nodes) -> None:
     assert engine.prioritize(PodRequest("p", gpus=5), [0, 1]) == [0, 0]
 
 
-def test_tie_break_first_picks_the_lowest_index(nodes) -> None:
+def test_tie_break_first_picks_the_lowest_index(nodes: NodeFactory) -> None:
     specs = [nodes.t4(f"n{k}") for k in range(5)]
     for policy in ("bestfit", "fgd", "default", "packing"):
         engine = PlacementEngine(ClusterState(specs), policy)
@@ -433,10 +449,10 @@ def test_tie_break_first_picks_the_lowest_index(nodes) -> None:
         assert placement is not None and placement.node_index == 2, policy
 
 
-def test_tie_break_random_spreads_over_equal_nodes(nodes) -> None:
+def test_tie_break_random_spreads_over_equal_nodes(nodes: NodeFactory) -> None:
     specs = [nodes.t4(f"n{k}") for k in range(5)]
     pol = Policy("bestfit-random", {"bestfit": 1.0}, "bestfit", tie_break="random")
-    chosen = set()
+    chosen: set[int] = set()
     for seed in range(20):
         placement = PlacementEngine(ClusterState(specs), pol, seed=seed).place(PodRequest("p", gpus=1))
         assert placement is not None
@@ -445,7 +461,7 @@ def test_tie_break_random_spreads_over_equal_nodes(nodes) -> None:
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-def test_every_policy_places_a_small_trace_end_to_end(nodes, policy: str) -> None:
+def test_every_policy_places_a_small_trace_end_to_end(nodes: NodeFactory, policy: str) -> None:
     rng = random.Random(policy)
     state = ClusterState(mixed_cluster(nodes))
     trace = [random_request(rng, k) for k in range(80)]
@@ -478,7 +494,7 @@ def test_policy_validation_and_overrides() -> None:
     assert POLICIES["default"].weights["fgd"] == 100.0  # the original is untouched
 
 
-def test_engine_weights_override(nodes) -> None:
+def test_engine_weights_override(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("dear", price_per_hour=5.0), nodes.t4("cheap", price_per_hour=1.0)])
     engine = PlacementEngine(state, "bestfit", weights={"cost": 1.0})
     assert dict(engine.policy.weights) == {"bestfit": 1.0, "cost": 1.0}
@@ -491,7 +507,7 @@ def test_engine_weights_override(nodes) -> None:
 
 
 # ---- explanations and the one normaliser (issue 9) ------------------------------------------------------
-def test_explain_breaks_a_nodes_score_down_by_term(nodes) -> None:
+def test_explain_breaks_a_nodes_score_down_by_term(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("a"), nodes.t4("b")])
     engine = PlacementEngine(state, "default")
     req = PodRequest("p", gpus=2)
@@ -535,7 +551,7 @@ def without_nvlink(node: NodeSpec, name: str) -> NodeSpec:
     return replace(node, name=name, gpus=gpus)
 
 
-def test_two_nodes_that_differ_only_in_nvlink_are_separated_by_topology(nodes) -> None:
+def test_two_nodes_that_differ_only_in_nvlink_are_separated_by_topology(nodes: NodeFactory) -> None:
     nvlink = nodes.dgx("nvlink", groups=1)
     state = ClusterState([without_nvlink(nvlink, "pcie"), nvlink, nodes.t4("small")])
     engine = PlacementEngine(state, "default")
@@ -558,7 +574,7 @@ def test_two_nodes_that_differ_only_in_nvlink_are_separated_by_topology(nodes) -
     assert engine.separation(PodRequest("big", gpus=8), state.index["small"], runner_up) is None
 
 
-def test_best_rows_are_the_best_scores_without_the_excluded_node(nodes) -> None:
+def test_best_rows_are_the_best_scores_without_the_excluded_node(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("a"), nodes.dgx("b"), nodes.t4("c"), nodes.cpu("d")])
     engine = PlacementEngine(state, "default")
     ev = engine.evaluate(PodRequest("p", gpus=1))
@@ -568,7 +584,7 @@ def test_best_rows_are_the_best_scores_without_the_excluded_node(nodes) -> None:
     assert ev.best_rows(0) == [] and state.index["d"] not in ev.best_rows(4)
 
 
-def test_scale_scores_maps_to_0_10_and_zeroes_unknown_and_infeasible_rows(nodes) -> None:
+def test_scale_scores_maps_to_0_10_and_zeroes_unknown_and_infeasible_rows(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("a"), nodes.t4("b"), nodes.cpu("c")])
     engine = PlacementEngine(state, "default")
     ev = engine.evaluate(PodRequest("p", gpus=1))
@@ -578,7 +594,9 @@ def test_scale_scores_maps_to_0_10_and_zeroes_unknown_and_infeasible_rows(nodes)
 
 
 # ---- the candidate limit (fastScheduling.maxNodesToScore) -------------------------------------------
-def test_the_candidate_limit_scores_successive_windows_of_feasible_nodes_deterministically(nodes) -> None:
+def test_the_candidate_limit_scores_successive_windows_of_feasible_nodes_deterministically(
+    nodes: NodeFactory,
+) -> None:
     specs = [nodes.t4(f"n{k:02d}") for k in range(10)]
     full = PlacementEngine(ClusterState(specs))
     req = PodRequest("p", gpus=1)
@@ -604,7 +622,7 @@ def test_the_candidate_limit_scores_successive_windows_of_feasible_nodes_determi
     assert set(limited.evaluate(replace(req, max_nodes_to_score=3)).rows.tolist()) <= {1, 3, 5, 7, 9}
 
 
-def test_an_unlimited_decision_after_a_limited_one_scores_every_node(nodes) -> None:
+def test_an_unlimited_decision_after_a_limited_one_scores_every_node(nodes: NodeFactory) -> None:
     specs = [nodes.t4(f"n{k}") for k in range(6)]
     engine = PlacementEngine(ClusterState(specs))
     req = PodRequest("p", gpus=1)

@@ -459,11 +459,12 @@ def test_prioritize_gives_the_engines_scores() -> None:
 
 def test_readiness_needs_both_first_lists() -> None:
     cache = GpuCache()
-    assert not cache.synced
+    readiness = [cache.synced]
     cache.mark_synced("nodes")
-    assert not cache.synced
+    readiness.append(cache.synced)
     cache.mark_synced("pods")
-    assert cache.synced and cache.sync_age("pods") < 1
+    readiness.append(cache.synced)
+    assert readiness == [False, False, True] and cache.sync_age("pods") < 1
 
 
 # ---- the reflector ---------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from extender_support import (
     gpu_pod,
     names_request,
     node_objects,
+    planned,
     shared_pod,
     synced_cache,
 )
@@ -305,7 +306,7 @@ def test_gang_arrive_waits_then_opens_and_tells_the_listener() -> None:
     plans = []
     for p in pods:
         assert env.filter(p).node_names == [node]
-        plans.append(env.cache.prepare_bind(info(p).id, node))
+        plans.append(planned(env.cache.prepare_bind(info(p).id, node)))
     told.clear()
     first = env.cache.gang_arrive(plans[0])
     assert (first.status, first.arrived, first.size) == ("wait", 1, 3) and "1 of 3" in first.reason
@@ -325,14 +326,14 @@ def test_fail_waiting_binds_fails_every_waiting_member() -> None:
     pods = [env.add(gang(f"m{k}", 2, "job", 2)) for k in range(2)]
     node = env.filter(pods[0]).node_names[0]
     env.filter(pods[1])
-    plan = env.cache.prepare_bind(info(pods[0]).id, node)
+    plan = planned(env.cache.prepare_bind(info(pods[0]).id, node))
     assert env.cache.gang_arrive(plan).status == "wait"
     env.cache.set_barrier_listener(told.append)
     env.cache.fail_waiting_binds("extender shutting down")
     assert told == ["default/job"]
     state = env.cache.gang_arrive(plan)
     assert (state.status, state.reason) == ("failed", "extender shutting down")
-    other = env.cache.prepare_bind(info(pods[1]).id, node)
+    other = planned(env.cache.prepare_bind(info(pods[1]).id, node))
     assert env.cache.gang_arrive(other).status == "failed"
 
 
@@ -342,7 +343,7 @@ def test_an_expired_reservation_fails_the_barrier_and_tells_the_listener() -> No
     env.cache.set_barrier_listener(told.append)
     pods = [env.add(gang(f"m{k}", 2, "job", 2)) for k in range(2)]
     node = env.filter(pods[0]).node_names[0]
-    plan = env.cache.prepare_bind(info(pods[0]).id, node)
+    plan = planned(env.cache.prepare_bind(info(pods[0]).id, node))
     assert env.cache.gang_arrive(plan).status == "wait"
     told.clear()
     env.clock.now += 31
@@ -361,7 +362,7 @@ def test_filter_and_bind_carry_an_explanation_with_the_deciding_terms() -> None:
     e = decision.explanation
     assert e is not None and e.node == env.names[0] and len(e.gpu_indices) == 2 == len(e.gpu_uuids)
     assert e.reason and e.terms == ()  # the terms are worked out at bind, off the filter's path
-    plan = env.cache.prepare_bind(info(pod).id, e.node)
+    plan = planned(env.cache.prepare_bind(info(pod).id, e.node))
     b = plan.explanation
     assert b is not None and (b.node, b.gpu_indices, b.reason) == (e.node, e.gpu_indices, e.reason)
     assert 1 <= len(b.terms) <= 3
@@ -433,7 +434,7 @@ def test_a_pod_bound_before_the_watch_showed_it_keeps_its_gpus_past_the_hold_ttl
     env = Env(assume_ttl_seconds=10)
     pod = info(gpu_pod("unseen", 2))  # filtered and bound; the watch has not reported it yet
     (node,) = env.cache.filter(pod, env.names).feasible
-    plan = env.cache.prepare_bind(pod.id, node, pod)
+    plan = planned(env.cache.prepare_bind(pod.id, node, pod))
     env.cache.bind_done(plan, ok=True)
     env.clock.now += 60
     assert len(whole_free(env.cache, node)) == 2 and env.cache.holds() == []

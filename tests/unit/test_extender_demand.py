@@ -53,7 +53,7 @@ def test_half_used_gpus_no_pending_whole_gpu_shape_can_use_are_fragmented() -> N
     waiting = gpu_pod("whole", 1)
     cache.replace_pods([_pod(used), _pod(waiting)])
     demand = cache.demand()
-    assert (demand.gpus_allocated, demand.gpus_unallocated) == (pytest.approx(2.0), pytest.approx(2.0))
+    assert (demand.gpus_allocated, demand.gpus_unallocated) == pytest.approx((2.0, 2.0))
     assert demand.gpus_fragmented == pytest.approx(2.0)
     # A pending shared shape that fits the halves uses them: nothing is fragmented any more.
     cache.upsert_pod(_pod(shared_pod("small", 1024, 25)))

@@ -301,7 +301,7 @@ def test_a_broken_watch_fails_readiness_and_the_filter_after_the_limit() -> None
     cache = synced_cache(NODES, ExtenderSettings(max_watch_staleness_seconds=0.3))
     api = _ListApi()
     reflector: Reflector[Node] = Reflector(
-        api,  # type: ignore[arg-type]
+        api,
         "nodes",
         "/api/v1/nodes",
         Node,

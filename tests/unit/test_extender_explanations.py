@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
-from extender_support import FakeApi, bind_now, gpu_pod, names_request, node_objects, synced_cache
+from extender_support import FakeApi, bind_now, gpu_pod, names_request, node_objects, planned, synced_cache
 
 from neuronetes import contracts as c
 from neuronetes.cli.explain import parse_placement
@@ -47,6 +47,7 @@ class Extender:
         """`pod` filtered among `names`: the node the extender chose (and holds the GPUs on)."""
         self.api.add(pod)
         result, _ = self.service.filter(names_request(pod, names))
+        assert result.node_names is not None
         return str(result.node_names[0])
 
     def bind(self, pod: dict[str, Any], node: str) -> str:
@@ -121,6 +122,6 @@ def test_a_gang_member_has_no_runner_up_of_its_own() -> None:
         pod["metadata"]["labels"].update({c.LABEL_GANG: "job", c.LABEL_GANG_SIZE: "2"})
         ext.cache.upsert_pod(msgspec.convert(pod, Pod))
     node = ext.filter(members[0], [PCIE, NVLINK])
-    plan = ext.cache.prepare_bind(PodInfo.from_pod(msgspec.convert(members[0], Pod)).id, node)
+    plan = planned(ext.cache.prepare_bind(PodInfo.from_pod(msgspec.convert(members[0], Pod)).id, node))
     assert plan.explanation is not None
     assert plan.explanation.text().endswith("; no runner-up: placed with its gang as a whole")

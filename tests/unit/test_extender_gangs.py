@@ -436,9 +436,14 @@ def test_native_kubernetes_gangs_get_no_barrier_of_ours() -> None:
 
 def test_pods_rejected_while_a_reservation_held_the_gpus_are_nudged_when_it_ends() -> None:
     s = Setup(ttl=15, nodes={"dgx-a100-80gb": 1})
-    store_api = StoreApi()
     patched: list[tuple[str, Any]] = []
-    store_api.merge_patch = lambda path, body, timeout=None: patched.append((path, body)) or b"{}"  # type: ignore[attr-defined]
+
+    class PatchingStoreApi(StoreApi):
+        def merge_patch(self, path: str, body: Any, timeout: float | None = None) -> bytes:
+            patched.append((path, body))
+            return b"{}"
+
+    store_api = PatchingStoreApi()
     store = ReservationStore(s.cache, store_api)  # type: ignore[arg-type]
     s.cache.mark_synced("gangreservations")
     members = [s.add(gang_pod(f"n{k}", 4, "hog", 2)) for k in range(2)]

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from extender_support import OpenWatch, bound_with, mig_pod, node_objects, shared_pod, synced_cache
+from extender_support import OpenWatch, bound_with, mig_pod, node_objects, planned, shared_pod, synced_cache
 
 from neuronetes import contracts as c
 from neuronetes_extender.cache import GPUSLICES, GpuCache
@@ -113,7 +113,7 @@ def test_a_pod_naming_the_slice_lands_inside_it_and_is_not_charged_again() -> No
     assert decision.feasible == (NODE,) and decision.hold is not None and decision.hold.grants == ()
     assert "reserved on node" in decision.failed[OTHER]
     user = info(pod)
-    plan = cache.prepare_bind(user.id, NODE, user)
+    plan = planned(cache.prepare_bind(user.id, NODE, user))
     assert plan.assignment is not None
     (ctr,) = plan.assignment.containers.values()
     (g,) = ctr.gpus
@@ -239,7 +239,8 @@ class _SliceApi:
 def test_the_cache_is_ready_only_once_the_slices_are_listed(installed: bool) -> None:
     cache = two_nodes()
     cache.require_sync(GPUSLICES)  # as start_reflectors does: a restart never gives a share away
-    assert not cache.synced
+    synced_before_the_list = cache.synced
+    assert not synced_before_the_list
     api = _SliceApi(installed)
     reflector = gpuslice_reflector(cache, api)  # type: ignore[arg-type]
     reflector.start()
@@ -295,11 +296,11 @@ def test_a_bound_mig_slice_holds_its_instance_and_its_pod_gets_exactly_that_inst
     user = info(raw)
     decision = cache.filter(user, [NODE, MIG_NODE])
     assert decision.feasible == (MIG_NODE,) and decision.hold is not None and decision.hold.grants == ()
-    plan = cache.prepare_bind(user.id, MIG_NODE, user)
+    plan = planned(cache.prepare_bind(user.id, MIG_NODE, user))
     assert plan.assignment is not None
     (ctr,) = plan.assignment.containers.values()
-    (g,) = ctr.gpus
-    assert (g.uuid, g.mig_profile, g.mig_start) == (gpu(0, MIG_NODE), "3g.20gb", 4)
+    (claim,) = ctr.gpus
+    assert (claim.uuid, claim.mig_profile, claim.mig_start) == (gpu(0, MIG_NODE), "3g.20gb", 4)
     cache.bind_done(plan, ok=True)
     bound = copy.deepcopy(raw)
     bound["spec"]["nodeName"] = MIG_NODE

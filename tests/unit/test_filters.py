@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from node_factory import NodeFactory
 
 from neuronetes.engine import PlacementEngine
 from neuronetes.engine.core import FEASIBLE
@@ -32,7 +33,8 @@ def hold(engine: PlacementEngine, node: str, gpus: dict[int, tuple[int, int]], c
 # Each scenario returns (engine, milder request, request, {node: filter name}): the request is
 # rejected by exactly the named filters; the milder one (None where nothing can pass) fits every
 # node, showing the rejection comes from the request and not from the node alone.
-Scenario = Callable[..., tuple[PlacementEngine, PodRequest | None, PodRequest, dict[str, str]]]
+ScenarioCase = tuple[PlacementEngine, PodRequest | None, PodRequest, dict[str, str]]
+Scenario = Callable[[NodeFactory], ScenarioCase]
 SCENARIOS: dict[str, Scenario] = {}
 
 
@@ -45,7 +47,7 @@ def scenario(name: str) -> Callable[[Scenario], Scenario]:
 
 
 @scenario("NodeSchedulable")
-def _schedulable(nodes):
+def _schedulable(nodes: NodeFactory) -> ScenarioCase:
     e = engine_for(
         [nodes.t4("up"), nodes.t4("cordoned", schedulable=False, cpu_milli=500), nodes.t4("drained")]
     )
@@ -61,7 +63,7 @@ def _schedulable(nodes):
 
 
 @scenario("GpuModel")
-def _gpu_model(nodes):
+def _gpu_model(nodes: NodeFactory) -> ScenarioCase:
     e = engine_for([nodes.dgx("a100"), nodes.t4("t4"), nodes.dgx("h100", model="H100-SXM5-80GB")])
     return (
         e,
@@ -72,13 +74,13 @@ def _gpu_model(nodes):
 
 
 @scenario("GpuCount")
-def _gpu_count(nodes):
+def _gpu_count(nodes: NodeFactory) -> ScenarioCase:
     e = engine_for([nodes.t4("four"), nodes.dgx("eight")])
     return e, PodRequest("four", gpus=4), PodRequest("p", gpus=8), {"four": "GpuCount"}
 
 
 @scenario("GpuHealth")
-def _gpu_health(nodes):
+def _gpu_health(nodes: NodeFactory) -> ScenarioCase:
     e = engine_for(
         [nodes.t4("healthy"), nodes.t4("sick", health={0: GpuHealth.OFFLINE, 1: GpuHealth.RESETTING})]
     )
@@ -87,7 +89,7 @@ def _gpu_health(nodes):
 
 
 @scenario("Cpu")
-def _cpu(nodes):
+def _cpu(nodes: NodeFactory) -> ScenarioCase:
     e = engine_for([nodes.t4("big", cpu_milli=16_000), nodes.t4("small", cpu_milli=4_000), nodes.cpu("cpu")])
     hold(e, "cpu", {}, cpu=30_000)  # 2000 left
     return (
@@ -99,7 +101,7 @@ def _cpu(nodes):
 
 
 @scenario("Memory")
-def _memory(nodes):
+def _memory(nodes: NodeFactory) -> ScenarioCase:
     e = engine_for([nodes.t4("big", memory_mib=64_000), nodes.t4("small", memory_mib=8_000)])
     return (
         e,
@@ -110,7 +112,7 @@ def _memory(nodes):
 
 
 @scenario("MigSlot")
-def _mig(nodes):
+def _mig(nodes: NodeFactory) -> ScenarioCase:
     e = engine_for([nodes.mig("full"), nodes.mig("empty"), nodes.t4("plain")])
     st = e.state
     st.allocate("whole", st.index["full"], 0, 0, [GpuGrant(0, 0, 0, "7g.40gb", 0)])
@@ -123,14 +125,14 @@ def _mig(nodes):
 
 
 @scenario("WholeGpus")
-def _whole(nodes):
+def _whole(nodes: NodeFactory) -> ScenarioCase:
     e = engine_for([nodes.t4("free"), nodes.t4("shared")])
     hold(e, "shared", {0: (100, 0), 1: (1, 0), 2: (0, 1)})  # three GPUs not fully free
     return e, PodRequest("share", gpus=2, gpu_milli=900), PodRequest("p", gpus=2), {"shared": "WholeGpus"}
 
 
 @scenario("GpuMemory")
-def _gpu_memory(nodes):
+def _gpu_memory(nodes: NodeFactory) -> ScenarioCase:
     e = engine_for([nodes.t4("free"), nodes.t4("full-mem")])
     hold(e, "full-mem", {j: (0, 6_000) for j in range(4)})  # 9109 MiB left on each GPU
     return (
@@ -142,7 +144,7 @@ def _gpu_memory(nodes):
 
 
 @scenario("GpuCompute")
-def _gpu_compute(nodes):
+def _gpu_compute(nodes: NodeFactory) -> ScenarioCase:
     e = engine_for([nodes.t4("free"), nodes.t4("busy")])
     hold(e, "busy", {j: (500, 0) for j in range(4)})
     return (
@@ -154,7 +156,7 @@ def _gpu_compute(nodes):
 
 
 @scenario("Topology")
-def _topology(nodes):
+def _topology(nodes: NodeFactory) -> ScenarioCase:
     e = engine_for([nodes.dgx("split"), nodes.dgx("one-group-free")])
     hold(e, "split", {0: (1000, 0), 4: (1000, 0)})  # 3 free in each NVLink group
     hold(e, "one-group-free", {1: (1000, 0)})  # group {4-7} has 4 free
@@ -167,7 +169,7 @@ def _topology(nodes):
 
 
 @scenario("Bandwidth")
-def _bandwidth(nodes):
+def _bandwidth(nodes: NodeFactory) -> ScenarioCase:
     e = engine_for([nodes.dgx("fast", nvlink_bw=600.0), nodes.dgx("slow", nvlink_bw=300.0), nodes.t4("pcie")])
     return (
         e,
@@ -178,7 +180,7 @@ def _bandwidth(nodes):
 
 
 @scenario("Price")
-def _price(nodes):
+def _price(nodes: NodeFactory) -> ScenarioCase:
     e = engine_for(
         [
             nodes.t4("cheap", price_per_hour=1.0),
@@ -201,7 +203,7 @@ def test_every_filter_has_a_scenario() -> None:
 
 
 @pytest.mark.parametrize("name", [f.name for f in FILTERS])
-def test_filter_rejects_exactly_the_expected_nodes(nodes, name: str) -> None:
+def test_filter_rejects_exactly_the_expected_nodes(nodes: NodeFactory, name: str) -> None:
     engine, fits, req, expected = SCENARIOS[name](nodes)
     # A milder request is accepted everywhere: the rejection is about the request, not the node.
     if fits is not None:
@@ -226,13 +228,13 @@ def test_gpu_model_matching_rules() -> None:
     assert not model_matches("T4", ())
 
 
-def test_gpu_model_constraint_is_ignored_for_cpu_only_pods(nodes) -> None:
+def test_gpu_model_constraint_is_ignored_for_cpu_only_pods(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.t4("t4")])
     assert engine.reasons(PodRequest("p", cpu_milli=1000, gpu_models=("A100",))) == {}
     assert engine.reasons(PodRequest("p", gpus=1, gpu_models=("A100",))) == {"t4": REASON["GpuModel"]}
 
 
-def test_offline_gpus_count_against_multi_gpu_requests(nodes) -> None:
+def test_offline_gpus_count_against_multi_gpu_requests(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.t4("t4")])
     for j in range(3):
         engine.state.set_gpu_health(0, j, GpuHealth.OFFLINE)
@@ -244,7 +246,7 @@ def test_offline_gpus_count_against_multi_gpu_requests(nodes) -> None:
     assert engine.reasons(PodRequest("p", gpus=2)) == {}  # the cache sees the health change
 
 
-def test_same_socket_locality_on_a_pcie_node(nodes) -> None:
+def test_same_socket_locality_on_a_pcie_node(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.t4("split"), nodes.t4("one-socket-free"), nodes.t4("busy")], "default")
     hold(engine, "split", {0: (1000, 0), 2: (1000, 0)})  # one free GPU per socket
     hold(engine, "one-socket-free", {0: (1000, 0)})  # socket 1 (GPUs 2, 3) free
@@ -266,7 +268,7 @@ def test_same_socket_locality_on_a_pcie_node(nodes) -> None:
     )
 
 
-def test_topology_for_shared_multi_gpu_requests_counts_gpus_with_room(nodes) -> None:
+def test_topology_for_shared_multi_gpu_requests_counts_gpus_with_room(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.dgx("dgx")])
     hold(engine, "dgx", {0: (600, 0), 1: (600, 0), 4: (600, 0), 5: (600, 0)})
     fits = PodRequest("p", gpus=4, gpu_milli=400, locality=Locality.NVLINK)
@@ -275,7 +277,7 @@ def test_topology_for_shared_multi_gpu_requests_counts_gpus_with_room(nodes) -> 
     assert engine.reasons(too_big) == {"dgx": REASON["Topology"]}
 
 
-def test_bandwidth_requires_the_gpus_in_one_fast_nvlink_group(nodes) -> None:
+def test_bandwidth_requires_the_gpus_in_one_fast_nvlink_group(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.dgx("dgx", nvlink_bw=600.0)])
     hold(engine, "dgx", {0: (1000, 0), 1: (1000, 0), 4: (1000, 0), 5: (1000, 0)})
     assert engine.reasons(PodRequest("p", gpus=2, min_bandwidth_gbps=600.0)) == {}
@@ -285,13 +287,13 @@ def test_bandwidth_requires_the_gpus_in_one_fast_nvlink_group(nodes) -> None:
     assert engine.reasons(PodRequest("p", gpus=1, min_bandwidth_gbps=10_000.0)) == {}
 
 
-def test_mig_profile_unknown_for_the_model_is_rejected(nodes) -> None:
+def test_mig_profile_unknown_for_the_model_is_rejected(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.mig("a100-40"), nodes.mig("a100-80", model="A100-SXM4-80GB")])
     assert engine.reasons(PodRequest("p", gpus=1, mig_profile="1g.10gb+me")) == {"a100-40": REASON["MigSlot"]}
     assert engine.reasons(PodRequest("p", gpus=1, mig_profile="1g.5gb")) == {"a100-80": REASON["MigSlot"]}
 
 
-def test_mig_slots_run_out(nodes) -> None:
+def test_mig_slots_run_out(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.mig("mig")])
     req = PodRequest("p", gpus=1, mig_profile="1g.5gb")
     for k in range(7):  # seven 1g.5gb fill an A100-40GB
@@ -302,7 +304,7 @@ def test_mig_slots_run_out(nodes) -> None:
     assert engine.place(req) is None
 
 
-def test_mig_filter_skips_offline_mig_gpus(nodes) -> None:
+def test_mig_filter_skips_offline_mig_gpus(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.mig("mig", n_gpus=2)])
     st = engine.state
     st.allocate("whole", 0, 0, 0, [GpuGrant(0, 0, 0, "7g.40gb", 0)])
@@ -310,7 +312,7 @@ def test_mig_filter_skips_offline_mig_gpus(nodes) -> None:
     assert engine.reasons(PodRequest("p", gpus=1, mig_profile="1g.5gb")) == {"mig": REASON["MigSlot"]}
 
 
-def test_one_reason_per_infeasible_node_and_none_for_feasible(nodes) -> None:
+def test_one_reason_per_infeasible_node_and_none_for_feasible(nodes: NodeFactory) -> None:
     """A cluster with one node failing each filter (plus two feasible ones)."""
     specs = [
         nodes.dgx("ok-1", price_per_hour=0.0),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,8 @@ SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[Healt
 
 # ---- references, straight from the definitions ---------------------------------------------------
 Typical = list[tuple[TypicalShape, float]]
+# Free milli-GPU per GPU [R, G], free CPU [R] and GPU model index [R] of some nodes.
+NodeRows = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
 
 def _may_use(shape: TypicalShape, model: int) -> bool:
@@ -92,7 +95,7 @@ class Drawn:
 
 
 @st.composite
-def profiles(draw) -> Drawn:
+def profiles(draw: st.DrawFn) -> Drawn:
     base = draw(st.lists(shape_st, min_size=1, max_size=5, unique_by=lambda s: s.resources))
     shapes: list[TypicalShape] = []
     for s in base:  # some shapes also come pinned to other model lists: they share one column
@@ -105,7 +108,7 @@ def profiles(draw) -> Drawn:
 
 
 @st.composite
-def node_rows(draw, min_full: int = 0):
+def node_rows(draw: st.DrawFn, min_full: int = 0) -> NodeRows:
     """left[R, G], cpu[R], model[R]; every row has at least `min_full` fully free GPUs."""
     r = draw(st.integers(1, 4))
     g = draw(st.integers(max(1, min_full), 8))
@@ -123,7 +126,7 @@ def node_rows(draw, min_full: int = 0):
 # ---- properties ----------------------------------------------------------------------------------
 @SETTINGS
 @given(rows=node_rows(), p=profiles())
-def test_node_fragmentation_matches_reference(rows, p: Drawn) -> None:
+def test_node_fragmentation_matches_reference(rows: NodeRows, p: Drawn) -> None:
     left, cpu, model = rows
     got = frag.node_fragmentation(left, cpu, model, p.arrays)
     want = [ref_node_frag(left[i].tolist(), int(cpu[i]), int(model[i]), p.typical) for i in range(len(left))]
@@ -134,7 +137,7 @@ def test_node_fragmentation_matches_reference(rows, p: Drawn) -> None:
 
 @SETTINGS
 @given(data=st.data(), p=profiles())
-def test_fragmentation_after_whole_gpus_matches_reference(data, p: Drawn) -> None:
+def test_fragmentation_after_whole_gpus_matches_reference(data: st.DataObject, p: Drawn) -> None:
     n = data.draw(st.integers(1, 4), label="n_gpus")
     left, cpu, model = data.draw(node_rows(min_full=n), label="rows")
     cpu_req = data.draw(st.sampled_from([0, 1000, 4000]), label="cpu_req")
@@ -162,7 +165,9 @@ AFTER_SHARE = {
 @given(
     rows=node_rows(), p=profiles(), milli=st.one_of(st.sampled_from([100, 500, 1000]), st.integers(1, 1000))
 )
-def test_after_share_matches_reference_on_every_gpu_that_fits(kind: str, rows, p: Drawn, milli: int) -> None:
+def test_after_share_matches_reference_on_every_gpu_that_fits(
+    kind: str, rows: NodeRows, p: Drawn, milli: int
+) -> None:
     fast, reference = AFTER_SHARE[kind]
     left, cpu, model = rows
     cpu_req = 1000
@@ -180,7 +185,7 @@ def test_after_share_matches_reference_on_every_gpu_that_fits(kind: str, rows, p
 
 @SETTINGS
 @given(rows=node_rows(), p=profiles())
-def test_capacity_fragmentation_matches_reference(rows, p: Drawn) -> None:
+def test_capacity_fragmentation_matches_reference(rows: NodeRows, p: Drawn) -> None:
     left, cpu, model = rows
     got = frag.capacity_fragmentation(left, cpu, model, p.arrays)
     want = [ref_capacity_frag(x.tolist(), int(cpu[i]), int(model[i]), p.typical) for i, x in enumerate(left)]

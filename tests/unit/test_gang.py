@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from node_factory import NodeFactory
 
 from neuronetes.engine import POLICIES, PlacementEngine, gang
 from neuronetes.engine.gang import GangPlan, commit_gang
@@ -74,7 +75,9 @@ def workers(n: int, gpus: int, cpu: int = 1000, **kw: Any) -> list[PodRequest]:
 
 # ---- all or nothing ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("locality", list(Locality))
-def test_a_gang_whose_last_member_cannot_fit_leaves_nothing_behind(nodes, locality: Locality) -> None:
+def test_a_gang_whose_last_member_cannot_fit_leaves_nothing_behind(
+    nodes: NodeFactory, locality: Locality
+) -> None:
     state = ClusterState([nodes.t4("t4"), nodes.cpu("cpu")])
     state.allocate("other", 0, 1000, 0, [GpuGrant(0, 200, 0)])
     engine = PlacementEngine(state, "default")
@@ -92,7 +95,7 @@ def test_a_gang_whose_last_member_cannot_fit_leaves_nothing_behind(nodes, locali
         state.check_invariants()
 
 
-def test_a_gang_rolls_back_committed_members_when_a_later_one_fails(nodes) -> None:
+def test_a_gang_rolls_back_committed_members_when_a_later_one_fails(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("a"), nodes.dgx("b")])
     engine = PlacementEngine(state, "bestfit")
     before = snapshot(state)
@@ -105,7 +108,7 @@ def test_a_gang_rolls_back_committed_members_when_a_later_one_fails(nodes) -> No
     assert plan is not None and len(plan.alloc_ids) == 3
 
 
-def test_a_gang_larger_than_the_cluster_is_refused_whole(nodes) -> None:
+def test_a_gang_larger_than_the_cluster_is_refused_whole(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("a"), nodes.dgx("b")])
     engine = PlacementEngine(state, "bestfit")
     before = snapshot(state)
@@ -116,7 +119,7 @@ def test_a_gang_larger_than_the_cluster_is_refused_whole(nodes) -> None:
     assert state.allocated_gpu_milli() == 16_000
 
 
-def test_plan_ids_follow_member_order_and_ttl_applies_to_all(nodes) -> None:
+def test_plan_ids_follow_member_order_and_ttl_applies_to_all(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     engine = PlacementEngine(state, "default")
     members = [PodRequest("small", gpus=1), PodRequest("large", gpus=4), PodRequest("cpu", cpu_milli=500)]
@@ -132,13 +135,13 @@ def test_plan_ids_follow_member_order_and_ttl_applies_to_all(nodes) -> None:
     assert state.allocations == {}
 
 
-def test_empty_gang_is_an_error(nodes) -> None:
+def test_empty_gang_is_an_error(nodes: NodeFactory) -> None:
     engine = PlacementEngine(ClusterState([nodes.t4("t4")]))
     with pytest.raises(ValueError):
         plan_gang(engine, [], Locality.ANY, "g")
 
 
-def test_an_alloc_id_clash_rolls_the_whole_gang_back(nodes) -> None:
+def test_an_alloc_id_clash_rolls_the_whole_gang_back(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     engine = PlacementEngine(state, "default")
     state.allocate("g/1", 0, 0, 0, [])  # the second member's id is taken
@@ -150,7 +153,7 @@ def test_an_alloc_id_clash_rolls_the_whole_gang_back(nodes) -> None:
 
 
 # ---- locality -------------------------------------------------------------------------------------------
-def test_same_node_puts_every_member_on_one_node(nodes) -> None:
+def test_same_node_puts_every_member_on_one_node(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("busy"), nodes.dgx("roomy"), nodes.t4("t4")])
     state.allocate("other", 0, 0, 0, [GpuGrant(j, 1000, 0) for j in range(4)])  # "busy": 4 free
     for policy in ("default", "bestfit", "fgd"):
@@ -166,7 +169,7 @@ def test_same_node_puts_every_member_on_one_node(nodes) -> None:
     assert spread is not None and len(spread.nodes) > 1
 
 
-def test_same_node_fails_when_no_single_node_holds_the_gang(nodes) -> None:
+def test_same_node_fails_when_no_single_node_holds_the_gang(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("a"), nodes.t4("b")])
     engine = PlacementEngine(state, "default")
     before = snapshot(state)
@@ -176,7 +179,7 @@ def test_same_node_fails_when_no_single_node_holds_the_gang(nodes) -> None:
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
-def test_nvlink_gang_keeps_all_gpus_in_one_nvlink_group(nodes, policy: str) -> None:
+def test_nvlink_gang_keeps_all_gpus_in_one_nvlink_group(nodes: NodeFactory, policy: str) -> None:
     state = ClusterState([nodes.dgx("dgx"), nodes.t4("pcie", n_gpus=8)])
     state.allocate("other", 0, 0, 0, [GpuGrant(1, 1000, 0)])  # group 0: 3 free, group 1: 4 free
     engine = PlacementEngine(state, policy, seed=1)
@@ -195,7 +198,7 @@ def test_nvlink_gang_keeps_all_gpus_in_one_nvlink_group(nodes, policy: str) -> N
     assert small is not None and nvlink_groups(state, small) == {(0, 0)}
 
 
-def test_nvlink_gang_tries_the_next_node_when_the_first_cannot_hold_it(nodes) -> None:
+def test_nvlink_gang_tries_the_next_node_when_the_first_cannot_hold_it(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("split"), nodes.dgx("whole", groups=1)])
     state.allocate("other", 0, 0, 0, [GpuGrant(0, 1000, 0), GpuGrant(4, 1000, 0)])
     engine = PlacementEngine(state, "default")
@@ -204,7 +207,7 @@ def test_nvlink_gang_tries_the_next_node_when_the_first_cannot_hold_it(nodes) ->
     assert len(nvlink_groups(state, plan)) == 1
 
 
-def test_nvlink_gang_with_a_cpu_only_launcher_keeps_gpus_in_one_group(nodes) -> None:
+def test_nvlink_gang_with_a_cpu_only_launcher_keeps_gpus_in_one_group(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     state.allocate("other", 0, 0, 0, [GpuGrant(1, 1000, 0)])
     engine = PlacementEngine(state, "default")
@@ -213,7 +216,7 @@ def test_nvlink_gang_with_a_cpu_only_launcher_keeps_gpus_in_one_group(nodes) -> 
     assert len(nvlink_groups(state, plan)) == 1
 
 
-def test_nvlink_gang_of_shared_members_keeps_gpus_in_one_group(nodes) -> None:
+def test_nvlink_gang_of_shared_members_keeps_gpus_in_one_group(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     state.allocate("other", 0, 0, 0, [GpuGrant(0, 600, 0), GpuGrant(4, 600, 0)])
     engine = PlacementEngine(state, "default")
@@ -223,7 +226,7 @@ def test_nvlink_gang_of_shared_members_keeps_gpus_in_one_group(nodes) -> None:
     assert len(nvlink_groups(state, plan)) == 1
 
 
-def test_nvlink_gang_respects_every_members_gpu_models(nodes) -> None:
+def test_nvlink_gang_respects_every_members_gpu_models(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("a100"), nodes.dgx("h100", model="H100-SXM5-80GB")])
     engine = PlacementEngine(state, "default")
     members = [PodRequest("any", gpus=2), PodRequest("h100-only", gpus=2, gpu_models=("H100",))]
@@ -231,7 +234,7 @@ def test_nvlink_gang_respects_every_members_gpu_models(nodes) -> None:
     assert plan is not None and plan.nodes == {"h100"}
 
 
-def test_nvlink_gang_of_shared_members_moves_to_a_group_that_holds_them_all(nodes) -> None:
+def test_nvlink_gang_of_shared_members_moves_to_a_group_that_holds_them_all(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     # Group 0 is the tightest (GPUs 0-2 with 0.5 free each) but cannot hold the 0.6 share.
     state.allocate("other", 0, 0, 0, [GpuGrant(0, 500, 0), GpuGrant(1, 500, 0), GpuGrant(2, 500, 0)])
@@ -246,7 +249,7 @@ def test_nvlink_gang_of_shared_members_moves_to_a_group_that_holds_them_all(node
 
 @pytest.mark.parametrize("locality", [Locality.NVLINK, Locality.SAME_SOCKET])
 def test_a_gang_mixing_whole_shared_and_cpu_only_members_stays_in_one_group(
-    nodes, locality: Locality
+    nodes: NodeFactory, locality: Locality
 ) -> None:
     state = ClusterState([nodes.dgx("dgx")])
     state.allocate("other", 0, 0, 0, [GpuGrant(0, 1000, 0)])  # group/socket 0: 3 free, 1: 4 free
@@ -276,7 +279,7 @@ def test_a_gang_mixing_whole_shared_and_cpu_only_members_stays_in_one_group(
     ],
 )
 def test_two_gangs_competing_for_the_same_nodes_never_end_partial(
-    nodes, locality: Locality, n: int, gpus: int
+    nodes: NodeFactory, locality: Locality, n: int, gpus: int
 ) -> None:
     specs = [nodes.dgx("a"), nodes.dgx("b")] if locality is Locality.ANY else [nodes.dgx("a"), nodes.t4("t4")]
     state = ClusterState(specs)
@@ -300,7 +303,7 @@ def test_two_gangs_competing_for_the_same_nodes_never_end_partial(
     state.check_invariants()
 
 
-def test_many_competing_gangs_each_all_or_nothing(nodes) -> None:
+def test_many_competing_gangs_each_all_or_nothing(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("a"), nodes.dgx("b"), nodes.t4("c")])
     engine = PlacementEngine(state, "default")
     sizes = [(3, 2), (2, 4), (4, 1), (1, 8), (2, 2), (5, 1), (2, 4)]
@@ -318,7 +321,7 @@ def test_many_competing_gangs_each_all_or_nothing(nodes) -> None:
 
 
 # ---- one GPU model per gang (issue 9) -------------------------------------------------------------------
-def test_plan_gang_is_pure(nodes) -> None:
+def test_plan_gang_is_pure(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.dgx("a"), nodes.t4("t4")])
     engine = PlacementEngine(state, "default")
     before = snapshot(state)
@@ -327,7 +330,7 @@ def test_plan_gang_is_pure(nodes) -> None:
     assert_same(state, before)  # nothing held until the caller commits
 
 
-def test_a_gang_without_locality_keeps_to_one_gpu_model(nodes) -> None:
+def test_a_gang_without_locality_keeps_to_one_gpu_model(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("t4"), nodes.dgx("dgx")])
     engine = PlacementEngine(state, "bestfit")
     plan = gang.plan_gang(engine, workers(4, 2), Locality.ANY)

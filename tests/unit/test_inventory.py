@@ -4,6 +4,7 @@ acceptance property that no sequence of place/release/expire ever oversubscribes
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
+    MultipleResults,
     RuleBasedStateMachine,
     consumes,
     initialize,
@@ -20,6 +22,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from node_factory import NodeFactory
 
 from neuronetes import mig
 from neuronetes.engine import POLICIES, PlacementEngine, WorkloadProfile
@@ -68,7 +71,7 @@ def assert_sound(state: ClusterState) -> None:
 
 
 @pytest.fixture
-def cluster(nodes) -> ClusterState:
+def cluster(nodes: NodeFactory) -> ClusterState:
     return ClusterState([nodes.dgx("dgx"), nodes.t4("t4"), nodes.mig("mig", n_gpus=2)])
 
 
@@ -271,7 +274,7 @@ def test_assumed_allocation_expires_and_confirmed_one_stays(cluster: ClusterStat
     assert_sound(cluster)
 
 
-def test_engine_commit_with_ttl_uses_the_monotonic_clock(nodes) -> None:
+def test_engine_commit_with_ttl_uses_the_monotonic_clock(nodes: NodeFactory) -> None:
     state = ClusterState([nodes.t4("t4")])
     engine = PlacementEngine(state, "bestfit")
     placement = engine.place(PodRequest("p", cpu_milli=1000, gpus=1))
@@ -286,7 +289,7 @@ def test_engine_commit_with_ttl_uses_the_monotonic_clock(nodes) -> None:
 
 # ---- generations and health --------------------------------------------------------------------
 def test_generation_changes_only_for_the_touched_node(cluster: ClusterState) -> None:
-    def step(action, node: int) -> None:
+    def step(action: Callable[[], object], node: int) -> None:
         before = cluster.gen.copy()
         action()
         changed = np.nonzero(cluster.gen != before)[0].tolist()
@@ -318,7 +321,7 @@ def test_generation_changes_only_for_the_touched_node(cluster: ClusterState) -> 
     ("health", "usable"),
     [(h, h.schedulable) for h in GpuHealth],
 )
-def test_gpu_health_controls_usable_gpus(nodes, health: GpuHealth, usable: bool) -> None:
+def test_gpu_health_controls_usable_gpus(nodes: NodeFactory, health: GpuHealth, usable: bool) -> None:
     state = ClusterState([nodes.t4("t4")])
     state.set_gpu_health(0, 2, health)
     assert state.usable_gpus()[0, :4].tolist() == [True, True, usable, True]
@@ -328,7 +331,7 @@ def test_gpu_health_controls_usable_gpus(nodes, health: GpuHealth, usable: bool)
     assert state.usable_gpus()[0].all()
 
 
-def test_offline_gpu_from_spec_and_unschedulable_node(nodes) -> None:
+def test_offline_gpu_from_spec_and_unschedulable_node(nodes: NodeFactory) -> None:
     state = ClusterState(
         [nodes.t4("a", health={1: GpuHealth.OFFLINE}), nodes.t4("b", schedulable=False), nodes.mig("m")]
     )
@@ -343,7 +346,7 @@ def test_offline_gpu_from_spec_and_unschedulable_node(nodes) -> None:
     assert state.usable_gpus()[1].all()
 
 
-def test_node_names_must_be_unique_and_fit_the_gpu_width(nodes) -> None:
+def test_node_names_must_be_unique_and_fit_the_gpu_width(nodes: NodeFactory) -> None:
     with pytest.raises(ValueError, match="unique"):
         ClusterState([nodes.t4("a"), nodes.t4("a")])
     with pytest.raises(ValueError, match="more than"):
@@ -387,7 +390,9 @@ mig_alloc_st = st.tuples(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(st.tuples(st.one_of(alloc_st, mig_alloc_st), st.booleans()), min_size=1, max_size=25))
-def test_random_direct_allocations_are_all_or_nothing(nodes, steps) -> None:
+def test_random_direct_allocations_are_all_or_nothing(
+    nodes: NodeFactory, steps: list[tuple[tuple[int, int, int, list[GpuGrant]], bool]]
+) -> None:
     state = ClusterState([nodes.dgx("dgx"), nodes.t4("t4"), nodes.mig("mig", n_gpus=2)])
     for k, ((node, cpu, mem, grants), release_one) in enumerate(steps):
         before = snapshot(state)
@@ -430,7 +435,7 @@ request_st = st.one_of(
 )
 
 
-def test_no_sequence_of_place_release_expire_oversubscribes(nodes) -> None:
+def test_no_sequence_of_place_release_expire_oversubscribes(nodes: NodeFactory) -> None:
     cluster_nodes = [
         nodes.dgx("dgx2", groups=2),
         nodes.dgx("dgx1", groups=1, cpu_milli=32_000),
@@ -460,7 +465,7 @@ def test_no_sequence_of_place_release_expire_oversubscribes(nodes) -> None:
             self.engine = PlacementEngine(self.state, policy, profile=profile)
 
         @rule(target=allocs, req=request_st, ttl=st.one_of(st.none(), st.sampled_from([1.0, 100.0])))
-        def place(self, req: PodRequest, ttl: float | None):
+        def place(self, req: PodRequest, ttl: float | None) -> str | MultipleResults[str]:
             placement = self.engine.place(req)
             if placement is None:
                 return multiple()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from node_factory import NodeFactory
 
 from neuronetes import contracts as c
 from neuronetes.api.models import CacheAware, LabelSelector, PodTemplate, PreloadNodes, PreloadStrategy
@@ -299,7 +300,7 @@ def test_plan_counts_shared_and_own_namespace_entries_only() -> None:
 def test_plan_says_when_a_jobs_pod_was_never_created() -> None:
     """A Job the admission of its pod refused (Pod Security baseline and the hostPath volume) has
     no pod: after NO_POD_S it counts as failed, with an Event and a status message saying why."""
-    cached = {n: frozenset() for n in ("a", "b")}
+    cached: dict[str, frozenset[str]] = {n: frozenset() for n in ("a", "b")}
     created = NOW - timedelta(seconds=NO_POD_S + 1)
     refused = PreloadJob("ja", "a", "m", "running", created_at=created, has_pods=False)
     young = PreloadJob("jb", "b", "m", "running", created_at=NOW - timedelta(seconds=1), has_pods=False)
@@ -326,7 +327,9 @@ def test_plan_says_when_a_jobs_pod_was_never_created() -> None:
 
 
 def test_plan_follows_jobs_to_their_outcome() -> None:
-    cached = {n: frozenset() for n in ("a", "b", "c", "d")} | {"a": frozenset({"m"})}
+    cached: dict[str, frozenset[str]] = {n: frozenset() for n in ("a", "b", "c", "d")} | {
+        "a": frozenset({"m"})
+    }
     jobs = [
         job("ja", "a", "succeeded", 1),  # reported: deleted, said once
         job("jb", "b", "running"),
@@ -446,7 +449,7 @@ def test_pod_annotations_give_the_request_its_model_cache_term() -> None:
             pod_gpu_request(pod(bad))
 
 
-def test_a_namespaces_cache_counts_for_its_own_pods_only(nodes) -> None:
+def test_a_namespaces_cache_counts_for_its_own_pods_only(nodes: NodeFactory) -> None:
     """Pods of namespaces x and y asking for one model: x's pod scores the shared copy and x's own
     as hits, never y's; the request carries the entries that count (shared and own namespace)."""
     specs = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import random
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -46,13 +47,17 @@ ROWS = (
 )
 
 
-def _fraction(variants, rows, keep) -> float:
+def _fraction(
+    variants: ModuleType, rows: list[dict[str, str]], keep: Callable[[dict[str, str]], bool]
+) -> float:
     demand = variants._demand
-    return sum(demand(r) for r in rows if keep(r)) / sum(demand(r) for r in rows)
+    return float(sum(demand(r) for r in rows if keep(r)) / sum(demand(r) for r in rows))
 
 
 @pytest.mark.parametrize("fraction", [0.2, 0.6, 0.8])
-def test_share_variant_holds_the_share_of_demand_and_the_pod_count(variants, fraction) -> None:
+def test_share_variant_holds_the_share_of_demand_and_the_pod_count(
+    variants: ModuleType, fraction: float
+) -> None:
     rows = ROWS * 50  # 5,000 pods: sampling noise well under the tolerance
     out = variants.share_variant(rows, fraction, random.Random(1))
     assert len(out) == len(rows)
@@ -64,7 +69,7 @@ def test_share_variant_holds_the_share_of_demand_and_the_pod_count(variants, fra
         variants.share_variant([r for r in ROWS if not variants._is_share(r)], 0.5, random.Random(1))
 
 
-def test_multi_variant_adds_multi_gpu_pods_until_their_share(variants) -> None:
+def test_multi_variant_adds_multi_gpu_pods_until_their_share(variants: ModuleType) -> None:
     out = variants.multi_variant(ROWS, 0.5, random.Random(2))
     assert len(out) > len(ROWS)
     assert _fraction(variants, out, variants._is_multi) >= 0.5
@@ -80,7 +85,7 @@ def _node(model: str, gpus: int, cpu: int) -> dict[str, str]:
     return {"sn": model, "cpu_milli": str(cpu), "memory_mib": "1", "gpu": str(gpus), "model": model}
 
 
-def test_spec_variant_pins_pods_to_models_that_can_host_them(variants) -> None:
+def test_spec_variant_pins_pods_to_models_that_can_host_them(variants: ModuleType) -> None:
     nodes = [_node("V100", 8, 96000), _node("T4", 2, 32000)]
     out = variants.spec_variant(ROWS, nodes, 1.0, random.Random(3), list_share=0.0)
     gpu_pods = [r for r in out if r["num_gpu"] != "0"]
@@ -90,7 +95,9 @@ def test_spec_variant_pins_pods_to_models_that_can_host_them(variants) -> None:
     assert all(r["gpu_spec"] == "" for r in out if r["num_gpu"] == "0")
 
 
-def test_spec_variant_follows_the_model_mix_keeps_the_shape_mix_and_lists_some_models(variants) -> None:
+def test_spec_variant_follows_the_model_mix_keeps_the_shape_mix_and_lists_some_models(
+    variants: ModuleType,
+) -> None:
     # 30 T4 nodes, 10 P100, 10 V100 (V100 alone can host the 4- and 8-GPU pods).
     nodes = [_node("T4", 2, 64000)] * 30 + [_node("P100", 2, 64000)] * 10 + [_node("V100", 8, 96000)] * 10
     rows = ROWS * 40
@@ -121,7 +128,7 @@ def test_spec_variant_follows_the_model_mix_keeps_the_shape_mix_and_lists_some_m
         variants.spec_variant(rows, nodes, 0.3, random.Random(5), list_share=1.5)
 
 
-def test_written_variants_load_as_traces(variants, tmp_path) -> None:
+def test_written_variants_load_as_traces(variants: ModuleType, tmp_path: Path) -> None:
     path = tmp_path / "openb_pod_list_x.csv"
     variants.write_rows(path, variants.share_variant(ROWS, 0.5, random.Random(4)))
     pods = load_pods(path)

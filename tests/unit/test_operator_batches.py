@@ -77,7 +77,7 @@ def test_a_pool_larger_than_a_batch_converges_over_several_reconciles(
     )
     # Scaled down: the deletions are batched too.
     fake.pool["spec"]["replicas"] = 10
-    deleted = []
+    deleted: list[int] = []
     while True:
         more = ctl.reconcile("ns", "big")
         deleted.append(len(fake.deleted) - sum(deleted))

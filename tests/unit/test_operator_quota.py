@@ -146,7 +146,12 @@ def test_only_unscoped_quotas_of_these_resources_limit_and_only_what_is_asked() 
     asked = {MEM: Fraction(1), CPT: Fraction(1)}
     assert excesses([quota(cpu="4"), quota(scoped=True, memory="1")], used, asked) == []
     (over,) = excesses([quota(memory="20480", compute="100")], used, asked)
-    assert (over.quota, over.key, over.used, over.hard) == ("gpu", f"requests.{MEM}", 20480, 20480)
+    assert (over.quota, over.key, over.used, over.hard) == (
+        "gpu",
+        f"requests.{MEM}",
+        Fraction(20480),
+        Fraction(20480),
+    )
     # The resource counts MiB: a hard of 20Ki is 20480 (MiB), not 20 GiB of them.
     assert [o.hard for o in excesses([quota(memory="20Ki")], used, asked)] == [20480]
     assert excesses([quota(memory="20Ki")], used, {CPT: Fraction(50)}) == []  # memory not asked for
@@ -194,7 +199,12 @@ def test_a_pods_mig_request_counts_per_profile_and_a_mig_quota_limits_only_its_p
     used = {MIG3: Fraction(1)}
     assert excesses([quota(mig1="1"), quota(scoped=True, mig3="1")], used, {MIG3: Fraction(1)}) == []
     (over,) = excesses([quota(memory="20480", mig3="1")], used, {MIG3: Fraction(1)})
-    assert (over.key, over.resource, over.used, over.hard) == (f"requests.{MIG3}", MIG3, 1, 1)
+    assert (over.key, over.resource, over.used, over.hard) == (
+        f"requests.{MIG3}",
+        MIG3,
+        Fraction(1),
+        Fraction(1),
+    )
 
 
 # ---- admission ----------------------------------------------------------------------------------
@@ -288,7 +298,8 @@ class _Items:
 
 class FakeCore:
     def __init__(self, quotas: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
-        self.quotas, self.pods, self.events = quotas, pods, []
+        self.quotas, self.pods = quotas, pods
+        self.events: list[dict[str, Any]] = []
 
     def list_namespaced_resource_quota(self, namespace: str) -> _Items:
         return _Items(self.quotas)
@@ -327,8 +338,8 @@ def controller(
         client.ApiClient(),
         lambda obj, kind, reason, msg: events.append((obj["metadata"]["name"], reason, msg)),
     )
-    ctl.core = core = FakeCore(quotas, [])  # type: ignore[assignment]
-    ctl.custom = custom = FakeCustom(slices)  # type: ignore[assignment]
+    ctl.core = core = FakeCore(quotas, [])
+    ctl.custom = custom = FakeCustom(slices)
     ctl._inventory = lambda: ([], [], [], {})  # type: ignore[method-assign]
     return ctl, core, custom
 

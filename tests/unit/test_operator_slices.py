@@ -112,7 +112,7 @@ def test_node_name_and_gpu_uuid_pin_the_choice() -> None:
 
 
 def test_pods_using_a_slice() -> None:
-    pods = [
+    pods: list[dict[str, Any]] = [
         {"metadata": {"name": "x", "annotations": {"neuronetes.io/slice": "s"}}},
         {
             "metadata": {"name": "y", "annotations": {"neuronetes.io/slice": "s"}},
@@ -252,7 +252,10 @@ def test_a_mig_slice_honours_its_pins_and_skips_unschedulable_nodes() -> None:
     assert on_gpu is not None and (on_gpu.gpu_uuid, on_gpu.start) == (gpu, 2)
     one = choose_mig_instance(mig_spec(node_name="b", gpu_uuid="MIG-b-1-3"), found, frozenset())
     assert one is not None and one.uuid == "MIG-b-1-3"
-    assert choose_mig_instance(mig_spec(node_name="b", gpu_uuid="MIG-b-1-3"), found, {(gpu, 3)}) is None
+    assert (
+        choose_mig_instance(mig_spec(node_name="b", gpu_uuid="MIG-b-1-3"), found, frozenset({(gpu, 3)}))
+        is None
+    )
     assert choose_mig_instance(mig_spec(node_name="c"), found, frozenset()) is None
 
 

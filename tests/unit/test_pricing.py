@@ -167,7 +167,8 @@ def test_the_watch_applies_changes_keeps_the_last_good_table_and_says_what_is_wr
             "'lots' is not a price (a number >= 0, per hour)",
         )
     ]
-    assert watch.error is not None
+    invalid_table_error = watch.error
+    assert invalid_table_error is not None
     watch.apply(configmap("g5.xlarge: {on-demand: 1.2}"))
     assert watch.table.lookup("g5.xlarge", "on-demand") == 1.2 and watch.error is None
     watch.apply(None)  # deleted: no table

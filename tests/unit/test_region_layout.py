@@ -22,8 +22,9 @@ import shutil
 import struct
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypedDict
 
 import pytest
 
@@ -42,8 +43,15 @@ INT_CONSTANTS = [name for name in r.__all__ if isinstance(getattr(r, name), int)
 UUIDS = [contracts.simulated_gpu_uuid("n", i) for i in range(3)]
 
 
+def c_name(cls: type[ctypes.Structure]) -> str:
+    """The C typedef a mirror structure names (`_c_name_`; ctypes' stubs type every attribute a field)."""
+    name = vars(cls)["_c_name_"]
+    assert isinstance(name, str)
+    return name
+
+
 def c_field_list() -> list[tuple[str, str]]:
-    return [(cls._c_name_, name) for cls in r.STRUCTURES for name, *_ in cls._fields_]  # type: ignore[attr-defined]
+    return [(c_name(cls), name) for cls in r.STRUCTURES for name, *_ in cls._fields_]
 
 
 STRINGS = ["REGION_DIR", "CONTROL_NAME", "STATE_NAME", "CONTROL_PATH", "STATE_PATH"]
@@ -52,7 +60,7 @@ STRINGS = ["REGION_DIR", "CONTROL_NAME", "STATE_NAME", "CONTROL_PATH", "STATE_PA
 def c_source() -> str:
     layout = []
     for cls in r.STRUCTURES:
-        t = cls._c_name_  # type: ignore[attr-defined]
+        t = c_name(cls)
         layout.append(f'    printf("size {t} %zu %zu\\n", sizeof({t}), _Alignof({t}));')
     for t, f in c_field_list():
         layout.append(f'    printf("field {t} {f} %zu %zu\\n", offsetof({t}, {f}), sizeof((({t} *)0)->{f}));')
@@ -206,9 +214,17 @@ def run_tool(tool: Path, *args: str) -> str:
     return proc.stdout
 
 
+# What the layout tool prints: sizes and alignments, field offsets and sizes, integer constants, strings.
+class CLayout(TypedDict):
+    size: dict[str, tuple[int, int]]
+    field: dict[str, tuple[int, int]]
+    const: dict[str, tuple[int]]
+    str: dict[str, str]
+
+
 @pytest.fixture(scope="session")
-def c_layout(region_tool: Path) -> dict[str, dict[str, tuple[int, ...] | str]]:
-    out: dict[str, dict[str, tuple[int, ...] | str]] = {"size": {}, "field": {}, "const": {}, "str": {}}
+def c_layout(region_tool: Path) -> CLayout:
+    out: CLayout = {"size": {}, "field": {}, "const": {}, "str": {}}
     for line in run_tool(region_tool, "layout").splitlines():
         kind, rest = line.split(" ", 1)
         if kind == "str":
@@ -254,9 +270,9 @@ def region_dir(tmp_path: Path) -> Iterator[Path]:
 # ---- layout -------------------------------------------------------------------------------------
 
 
-def test_every_structure_has_the_c_size_and_alignment(c_layout) -> None:
+def test_every_structure_has_the_c_size_and_alignment(c_layout: CLayout) -> None:
     for cls in r.STRUCTURES:
-        name = cls._c_name_  # type: ignore[attr-defined]
+        name = c_name(cls)
         size, align = c_layout["size"][name]
         assert ctypes.sizeof(cls) == size, name
         assert ctypes.alignment(cls) == align, name
@@ -265,9 +281,9 @@ def test_every_structure_has_the_c_size_and_alignment(c_layout) -> None:
     assert ctypes.sizeof(r.NnControl) == r.CONTROL_SIZE and ctypes.sizeof(r.NnState) == r.STATE_SIZE
 
 
-def test_every_field_has_the_c_offset_and_size(c_layout) -> None:
+def test_every_field_has_the_c_offset_and_size(c_layout: CLayout) -> None:
     for cls in r.STRUCTURES:
-        t = cls._c_name_  # type: ignore[attr-defined]
+        t = c_name(cls)
         for name, *_ in cls._fields_:
             descriptor = getattr(cls, name)
             assert (descriptor.offset, descriptor.size) == c_layout["field"][f"{t}.{name}"], f"{t}.{name}"
@@ -285,7 +301,7 @@ def test_fields_tile_each_structure_without_gaps() -> None:
         assert end == ctypes.sizeof(cls), f"{cls.__name__} has tail padding"
 
 
-def test_constants_match_the_header(c_layout) -> None:
+def test_constants_match_the_header(c_layout: CLayout) -> None:
     assert INT_CONSTANTS, "no constants found"
     for name in INT_CONSTANTS:
         assert c_layout["const"][name] == (getattr(r, name),), name
@@ -347,7 +363,7 @@ FILE_OF = {
 MEMBER = {"nn_container": "container", "nn_lock": "lock", "nn_usage": "usage"}
 
 
-def offset(c_layout, path: str, index: int = 0, whole: str = "") -> int:
+def offset(c_layout: CLayout, path: str, index: int = 0, whole: str = "") -> int:
     """Byte offset of `struct.field` inside its file, from the C layout only (`whole` names the file
     for the header, which both have)."""
     t = path.split(".")[0]
@@ -360,7 +376,7 @@ def offset(c_layout, path: str, index: int = 0, whole: str = "") -> int:
     return base + c_layout["field"][path][0]
 
 
-def test_ctypes_writes_land_where_c_reads_them(c_layout, tmp_path: Path) -> None:
+def test_ctypes_writes_land_where_c_reads_them(c_layout: CLayout, tmp_path: Path) -> None:
     path = tmp_path / "region"
     with make_region(path) as region:
         region.set_host_pid(7, 31337, claim_seq=5, start_time_ticks=0x0102030405060708)
@@ -371,10 +387,12 @@ def test_ctypes_writes_land_where_c_reads_them(c_layout, tmp_path: Path) -> None
     assert (len(raw), len(state)) == (r.CONTROL_SIZE, r.STATE_SIZE)
 
     def u64(p: str, i: int = 0, buf: bytes = raw, whole: str = "nn_control") -> int:
-        return struct.unpack_from("<Q", buf, offset(c_layout, p, i, whole))[0]
+        value: int = struct.unpack_from("<Q", buf, offset(c_layout, p, i, whole))[0]
+        return value
 
     def u32(p: str, i: int = 0, buf: bytes = raw, whole: str = "nn_control") -> int:
-        return struct.unpack_from("<I", buf, offset(c_layout, p, i, whole))[0]
+        value: int = struct.unpack_from("<I", buf, offset(c_layout, p, i, whole))[0]
+        return value
 
     assert raw[:8] == b"NNCONTRL" and state[:8] == b"NNSTATES"
     h = "nn_file_header."
@@ -584,7 +602,7 @@ def test_create_publishes_atomically_and_validates_arguments(tmp_path: Path) -> 
     assert (path / r.CONTROL_NAME).stat().st_mode & 0o777 == 0o644  # the agent's: nobody else writes it
     assert sorted(p.name for p in path.iterdir()) == [r.CONTROL_NAME, r.STATE_NAME]  # no temporary file
     dev = r.DeviceLimit.from_mib(UUIDS[0], 1, 1)
-    for kwargs, message in [
+    refused: list[tuple[dict[str, Any], str]] = [
         ({"devices": []}, "1..16 devices"),
         ({"devices": [dev] * 17}, "1..16 devices"),
         ({"devices": [dev, dev]}, "repeat"),
@@ -593,18 +611,20 @@ def test_create_publishes_atomically_and_validates_arguments(tmp_path: Path) -> 
         ({"priority": 2**31}, "int32"),
         ({"container_name": "x" * 64}, "container_name"),
         ({"pod_uid": "a\0b"}, "pod_uid"),
-    ]:
+    ]
+    for kwargs, message in refused:
         args = {"devices": [dev], **kwargs}
         with pytest.raises(ValueError, match=message):
-            r.create_region(tmp_path / "bad", **args)  # type: ignore[arg-type]
+            r.create_region(tmp_path / "bad", **args)
     assert not (tmp_path / "bad").exists()
-    for bad in (
+    invalid_limits: tuple[Callable[[], r.DeviceLimit], ...] = (
         lambda: r.DeviceLimit(UUIDS[0], 0, 1),
         lambda: r.DeviceLimit("", 1, 1),
         lambda: r.DeviceLimit("x" * 64, 1, 1),
         lambda: r.DeviceLimit(UUIDS[0], 1, 1, compute_share_percent=0),
         lambda: r.DeviceLimit(UUIDS[0], 1, 1, compute_share_percent=50, mig_start=0),
-    ):
+    )
+    for bad in invalid_limits:
         with pytest.raises(ValueError):
             bad()
 

@@ -156,11 +156,11 @@ def test_an_evicted_array_is_reloaded_on_access_with_its_in_place_updates_and_co
     live *= 3  # in place, on the block's storage
     other = block(mm, "t")
     third = block(mm, "t")  # evicts `first`
-    assert not first.resident and mm.evictions("t") == 1
+    assert (first.resident, mm.evictions("t")) == (False, 1)
     assert np.array_equal(first.to_numpy(), np.arange(128) * 3.0)  # read from host, not reloaded
-    assert not first.resident and mm.reloads("t") == 0
+    assert (first.resident, mm.reloads("t")) == (False, 0)
     assert np.array_equal(first.get(), np.arange(128) * 3.0)
-    assert first.resident and not other.resident and third.resident and mm.reloads("t") == 1
+    assert (first.resident, other.resident, third.resident, mm.reloads("t")) == (True, False, True, 1)
     other.put(7.0)  # overwritten whole: placed again without a reload
     assert other.resident and mm.reloads("t") == 1 and float(other.get()[5]) == 7.0
 

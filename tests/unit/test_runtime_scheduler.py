@@ -307,7 +307,11 @@ def _random_mix(clock: FakeClock, sched: runtime.Scheduler, seed: int, log: list
 
         return body
 
-    shares = {"guaranteed": [0.1, 0.2, 0.3], "burstable": [0.1, 0.25], "best_effort": [None, 0.5]}
+    shares: dict[str, list[float | None]] = {
+        "guaranteed": [0.1, 0.2, 0.3],
+        "burstable": [0.1, 0.25],
+        "best_effort": [None, 0.5],
+    }
     for i in range(rng.randint(2, 5)):
         policy = rng.choice(list(shares))
         with contextlib.suppress(runtime.AdmissionError):  # a guaranteed share that does not fit

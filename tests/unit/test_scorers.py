@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from node_factory import NodeFactory
 
 from neuronetes.engine import PlacementEngine, Policy, WorkloadProfile
 from neuronetes.engine.profile import leftover_waste
@@ -56,7 +57,7 @@ def test_scorer_table_names_match() -> None:
 
 
 # ---- paper baselines -------------------------------------------------------------------------
-def test_bestfit_prefers_the_fuller_node(nodes) -> None:
+def test_bestfit_prefers_the_fuller_node(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.t4("empty"), nodes.t4("fuller"), nodes.t4("fullest")], "bestfit")
     hold(engine, "fuller", {0: 1000}, cpu=16_000)
     hold(engine, "fullest", {0: 1000, 1: 1000}, cpu=32_000)
@@ -70,7 +71,7 @@ def test_bestfit_prefers_the_fuller_node(nodes) -> None:
     assert placement is not None and placement.node == "fullest"
 
 
-def test_packing_prefers_a_partially_used_gpu_for_a_share(nodes) -> None:
+def test_packing_prefers_a_partially_used_gpu_for_a_share(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.t4("idle"), nodes.t4("shared"), nodes.t4("used")], "packing")
     hold(engine, "shared", {2: 500})  # GPU 2 half used
     hold(engine, "used", {0: 1000})  # a whole GPU used, the rest free
@@ -85,7 +86,7 @@ def test_packing_prefers_a_partially_used_gpu_for_a_share(nodes) -> None:
     assert set(scores(engine, PodRequest("cpu", cpu_milli=1000)).values()) == {0.0}
 
 
-def test_clustering_prefers_a_node_hosting_the_same_gpu_shape(nodes) -> None:
+def test_clustering_prefers_a_node_hosting_the_same_gpu_shape(nodes: NodeFactory) -> None:
     engine = engine_for(
         [nodes.t4("empty"), nodes.t4("same"), nodes.t4("other"), nodes.t4("mixed")], "clustering"
     )
@@ -98,10 +99,10 @@ def test_clustering_prefers_a_node_hosting_the_same_gpu_shape(nodes) -> None:
     # 25·(8000 − free)/8000 plus 75 (only this shape), 50 (also others), 25 (empty), 0 (others only):
     # same 25·4500/8000 + 75 = 89.06, mixed 25·5500/8000 + 50 = 67.19, empty 12.5 + 25, other 15.6.
     assert s == pytest.approx({"same": 0.89, "mixed": 0.67, "empty": 0.37, "other": 0.15})
-    assert max(s, key=s.get) == "same"
+    assert max(s, key=s.__getitem__) == "same"
 
 
-def test_dotprod_is_within_unit_interval_and_prefers_alignment(nodes) -> None:
+def test_dotprod_is_within_unit_interval_and_prefers_alignment(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.t4("gpu-rich"), nodes.t4("cpu-poor", cpu_milli=8000)], "dotprod")
     for req in (
         PodRequest("cpu", cpu_milli=4000),
@@ -116,7 +117,7 @@ def test_dotprod_is_within_unit_interval_and_prefers_alignment(nodes) -> None:
         assert s["cpu-poor"] >= s["gpu-rich"]
 
 
-def test_fgd_prefers_the_gpu_whose_leftover_stays_usable(nodes) -> None:
+def test_fgd_prefers_the_gpu_whose_leftover_stays_usable(nodes: NodeFactory) -> None:
     """Profile: only 1-GPU × 500 pods. Node GPU 0 is free (1000), GPU 1 has 700 free.
 
     Placing 500 on GPU 0 leaves [500, 700]: both still hold a 500 pod, fragmentation 0 → 0.
@@ -139,11 +140,13 @@ def test_fgd_prefers_the_gpu_whose_leftover_stays_usable(nodes) -> None:
     # With a profile of 200-milli pods the 200 left on GPU 1 stays usable: now both are Δ 0.
     small = WorkloadProfile.from_requests([PodRequest(gpus=1, gpu_milli=200)])
     engine.set_profile(small)
-    row = engine.evaluate(req).gpu_scores[0]
+    gpu_scores = engine.evaluate(req).gpu_scores
+    assert gpu_scores is not None
+    row = gpu_scores[0]
     assert row[0] == row[1] == pytest.approx(0.5)
 
 
-def test_fgd_between_nodes_keeps_whole_gpus_for_whole_gpu_pods(nodes) -> None:
+def test_fgd_between_nodes_keeps_whole_gpus_for_whole_gpu_pods(nodes: NodeFactory) -> None:
     """Profile: 1-GPU whole pods. Node "frag" has GPU 0 at 400 free; "whole" has both GPUs free.
 
     A 400 share on "frag" GPU 0 turns its 400 (already fragment) into 0: Δ = −400 (score
@@ -157,7 +160,7 @@ def test_fgd_between_nodes_keeps_whole_gpus_for_whole_gpu_pods(nodes) -> None:
     assert s == pytest.approx({"frag": 0.59, "whole": 0.35})
 
 
-def test_capacity_frag_penalises_using_the_cpu_typical_pods_need(nodes) -> None:
+def test_capacity_frag_penalises_using_the_cpu_typical_pods_need(nodes: NodeFactory) -> None:
     """Profile: pods of 4 cores + 1 GPU. "tight" (5 cores) holds one such pod; "roomy" holds 4.
 
     A 2-core CPU-only pod on "tight" leaves 3 cores: no typical pod fits, the stranded GPU capacity
@@ -171,7 +174,7 @@ def test_capacity_frag_penalises_using_the_cpu_typical_pods_need(nodes) -> None:
     assert placement is not None and placement.node == "roomy"
 
 
-def test_capacity_frag_per_gpu_prefers_filling_a_gpu_exactly(nodes) -> None:
+def test_capacity_frag_per_gpu_prefers_filling_a_gpu_exactly(nodes: NodeFactory) -> None:
     profile = WorkloadProfile.from_requests([PodRequest(gpus=1, gpu_milli=500)] * 2)
     engine = engine_for([nodes.t4("n", n_gpus=2)], "capacity_frag", profile)
     hold(engine, "n", {1: 300})  # GPU 1: 700 free = one 500 pod + 200 fragment
@@ -216,7 +219,7 @@ def test_leftover_waste_counts_rare_fillers_as_unlikely() -> None:
         leftover_waste(shapes, reliable_share=-1)
 
 
-def test_share_waste_prefers_the_gpu_whose_leftover_is_filled(nodes) -> None:
+def test_share_waste_prefers_the_gpu_whose_leftover_is_filled(nodes: NodeFactory) -> None:
     """Profile of 600 and 400 shares: a 400 pod fits exactly into a GPU with 400 free."""
     profile = WorkloadProfile.from_requests(
         [PodRequest(gpus=1, gpu_milli=600)] * 3 + [PodRequest(gpus=1, gpu_milli=400)]
@@ -232,7 +235,7 @@ def test_share_waste_prefers_the_gpu_whose_leftover_is_filled(nodes) -> None:
     assert (raw(engine, "share_waste", PodRequest("w", gpus=1)) == 1.0).all()
 
 
-def test_cpu_strand_keeps_cpu_where_gpus_need_it(nodes) -> None:
+def test_cpu_strand_keeps_cpu_where_gpus_need_it(nodes: NodeFactory) -> None:
     """GPU pods ask 8 cores per GPU: a 32-core 4-GPU node has no CPU to spare, a 64-core one does."""
     profile = WorkloadProfile.from_requests([PodRequest(cpu_milli=8000, gpus=1)] * 4)
     assert profile.cpu_per_gpu_milli() == pytest.approx(8.0)
@@ -254,7 +257,7 @@ def test_cpu_strand_keeps_cpu_where_gpus_need_it(nodes) -> None:
     assert set(scores(plain, PodRequest("p", cpu_milli=16_000, gpus=1)).values()) == {1.0}
 
 
-def test_scarcity_guards_the_last_hosts_of_a_large_shape(nodes) -> None:
+def test_scarcity_guards_the_last_hosts_of_a_large_shape(nodes: NodeFactory) -> None:
     """8-GPU pods asking 120 cores fit only the big node; small pods go elsewhere."""
     big = nodes.dgx("big", cpu_milli=128_000)
     small = [nodes.dgx(f"s{k}", cpu_milli=96_000) for k in range(3)]
@@ -271,7 +274,7 @@ def test_scarcity_guards_the_last_hosts_of_a_large_shape(nodes) -> None:
     assert set(scores(plain, PodRequest("p", gpus=1)).values()) == {1.0}
 
 
-def test_scarcity_counts_only_hosts_of_the_models_a_large_shape_may_use(nodes) -> None:
+def test_scarcity_counts_only_hosts_of_the_models_a_large_shape_may_use(nodes: NodeFactory) -> None:
     """8-GPU pods pinned to H100: the one H100 node is their only host, though A100s are as big."""
     h100 = nodes.dgx("h100", model="H100-SXM5-80GB")
     a100 = [nodes.dgx(f"a{k}") for k in range(3)]
@@ -291,7 +294,7 @@ def test_scarcity_counts_only_hosts_of_the_models_a_large_shape_may_use(nodes) -
     )
 
 
-def test_pinned_reserve_keeps_a_scarce_models_nodes_for_pinned_demand(nodes) -> None:
+def test_pinned_reserve_keeps_a_scarce_models_nodes_for_pinned_demand(nodes: NodeFactory) -> None:
     """Two T4 nodes (8 GPUs) and four A100 nodes (32): 30 % of GPU demand may only use T4.
 
     Pinned pods will claim 30 % of the 40 free GPUs, 12, and T4 holds 8: a shortfall of 4. An
@@ -322,7 +325,7 @@ def test_pinned_reserve_keeps_a_scarce_models_nodes_for_pinned_demand(nodes) -> 
     assert set(scores(engine, PodRequest("c", cpu_milli=1000)).values()) == {1.0}
 
 
-def test_availability_scores_a_tight_fit_higher(nodes) -> None:
+def test_availability_scores_a_tight_fit_higher(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.t4("loose"), nodes.t4("tight")], "availability")
     hold(engine, "tight", {0: 1000, 1: 1000})
     s = scores(engine, PodRequest("p", gpus=2))
@@ -337,7 +340,7 @@ def test_availability_scores_a_tight_fit_higher(nodes) -> None:
     assert set(scores(engine, PodRequest("cpu", cpu_milli=1)).values()) == {1.0}
 
 
-def test_topology_prefers_a_node_that_keeps_the_gpus_in_one_nvlink_group(nodes) -> None:
+def test_topology_prefers_a_node_that_keeps_the_gpus_in_one_nvlink_group(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.dgx("spread"), nodes.dgx("grouped"), nodes.t4("pcie", n_gpus=8)], "topology")
     hold(engine, "spread", {1: 1000, 5: 1000})  # 3 free in each group and each socket
     hold(engine, "grouped", {1: 1000})  # group {4-7} free
@@ -351,7 +354,7 @@ def test_topology_prefers_a_node_that_keeps_the_gpus_in_one_nvlink_group(nodes) 
     assert set(scores(engine, PodRequest("p", gpus=1)).values()) == {1.0}
 
 
-def test_model_cache(nodes) -> None:
+def test_model_cache(nodes: NodeFactory) -> None:
     engine = engine_for(
         [
             nodes.t4("warm", cached_models=frozenset({"llama-70b", "bert"})),
@@ -370,7 +373,7 @@ def test_model_cache(nodes) -> None:
     assert placement is not None and placement.node in {"warm", "other"}
 
 
-def test_model_cache_weight_of_the_request_replaces_the_policys(nodes) -> None:
+def test_model_cache_weight_of_the_request_replaces_the_policys(nodes: NodeFactory) -> None:
     """A pod's own weight (a pool's cacheHitWeight) replaces the policy's model_cache weight in
     the default policy, adds the term to a policy without it, and 0 removes it."""
     specs = [nodes.dgx("cold-a"), nodes.dgx("warm", cached_models=frozenset({"llama"})), nodes.dgx("cold-b")]
@@ -393,7 +396,7 @@ def test_model_cache_weight_of_the_request_replaces_the_policys(nodes) -> None:
     assert placed is not None and placed.node == "warm"
 
 
-def test_cost_prefers_cheaper_nodes_and_never_reads_an_unknown_price_as_free(nodes) -> None:
+def test_cost_prefers_cheaper_nodes_and_never_reads_an_unknown_price_as_free(nodes: NodeFactory) -> None:
     engine = engine_for(
         [
             nodes.t4("dear", price_per_hour=4.0),
@@ -411,7 +414,7 @@ def test_cost_prefers_cheaper_nodes_and_never_reads_an_unknown_price_as_free(nod
     assert scores(all_free, PodRequest("p", gpus=1)) == {"a": 1.0, "b": 0.0}
 
 
-def test_data_locality_prefers_the_requested_zones(nodes) -> None:
+def test_data_locality_prefers_the_requested_zones(nodes: NodeFactory) -> None:
     engine = engine_for(
         [nodes.t4("east", zone="us-east-1a"), nodes.t4("west", zone="us-west-2b"), nodes.t4("none")],
         "data_locality",
@@ -423,7 +426,9 @@ def test_data_locality_prefers_the_requested_zones(nodes) -> None:
     assert set(scores(engine, PodRequest("p", gpus=1)).values()) == {1.0}
 
 
-def test_data_locality_prefers_the_data_s_nodes_then_their_zones_and_avoids_named_nodes(nodes) -> None:
+def test_data_locality_prefers_the_data_s_nodes_then_their_zones_and_avoids_named_nodes(
+    nodes: NodeFactory,
+) -> None:
     engine = engine_for(
         [
             nodes.t4("store", zone="a"),
@@ -443,7 +448,7 @@ def test_data_locality_prefers_the_data_s_nodes_then_their_zones_and_avoids_name
     assert scores(engine, only_avoid) == {"store": 1.0, "beside": 1.0, "far": 1.0, "noisy": 0.0}
 
 
-def test_a_request_s_weight_multiplier_scales_its_term(nodes) -> None:
+def test_a_request_s_weight_multiplier_scales_its_term(nodes: NodeFactory) -> None:
     engine = PlacementEngine(
         ClusterState([nodes.t4("store", zone="a"), nodes.t4("far", zone="b")]),
         Policy("split", {"data_locality": 0.1, "cost": 0.15}, "bestfit"),
@@ -456,7 +461,7 @@ def test_a_request_s_weight_multiplier_scales_its_term(nodes) -> None:
         assert engine.explain(req, engine.state.index["store"])["data_locality"] == pytest.approx(0.1 * scale)
 
 
-def test_random_is_volatile_and_within_unit_interval(nodes) -> None:
+def test_random_is_volatile_and_within_unit_interval(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.t4(f"n{k}") for k in range(6)], "random", seed=7)
     req = PodRequest("p", gpus=1)
     first = engine.evaluate(req).node_scores
@@ -501,7 +506,9 @@ profile_st = st.lists(
     reqs=st.lists(request_st, min_size=1, max_size=4),
     pods=profile_st,
 )
-def test_every_scorer_stays_in_the_unit_interval(nodes, used, reqs, pods) -> None:
+def test_every_scorer_stays_in_the_unit_interval(
+    nodes: NodeFactory, used: list[tuple[int, int, int, int]], reqs: list[PodRequest], pods: list[PodRequest]
+) -> None:
     specs = [
         nodes.dgx("dgx", zone="a", price_per_hour=3.0, cached_models=frozenset({"bert"})),
         nodes.dgx("dgx1", groups=1, zone="b", price_per_hour=2.0),
@@ -537,7 +544,7 @@ def test_every_scorer_stays_in_the_unit_interval(nodes, used, reqs, pods) -> Non
                 assert (ev.node_scores == ev.gpu_scores.max(axis=1)).all()
 
 
-def test_score_context_left_hides_unusable_gpus(nodes) -> None:
+def test_score_context_left_hides_unusable_gpus(nodes: NodeFactory) -> None:
     engine = engine_for([nodes.t4("t4"), nodes.mig("mig")], "bestfit")
     engine.state.set_gpu_health(0, 1, GpuHealth.OFFLINE)
     ctx: ScoreContext = engine._context(PodRequest("p", cpu_milli=1), np.array([0, 1]))

@@ -130,7 +130,7 @@ def test_the_shim_refuses_a_region_of_the_old_major_version(tmp_path: Path, name
     agent_region(tmp_path).close()
     path = tmp_path / "region" / name
     data = bytearray(path.read_bytes())
-    struct.pack_into("<H", data, r.NnFileHeader.version_major.offset, 1)
+    struct.pack_into("<H", data, r.field_offset(r.NnFileHeader, "version_major"), 1)
     path.write_bytes(bytes(data))
     proc = run_case(tmp_path, "refused")  # cuInit, an allocation and a launch: all refused
     assert proc.returncode == 0, proc.stderr

@@ -10,7 +10,7 @@ import yaml
 
 from neuronetes.cli import main
 from neuronetes.engine import POLICIES
-from neuronetes.model import PodRequest
+from neuronetes.model import NodeSpec, PodRequest
 from neuronetes.sim import report
 from neuronetes.sim.simulate import (
     MAX_POINT,
@@ -181,7 +181,7 @@ def test_parse_seeds() -> None:
 
 
 # ---- simulate and summarise --------------------------------------------------------------------------
-def tiny_cluster(tmp_path: Path) -> tuple[list, list]:
+def tiny_cluster(tmp_path: Path) -> tuple[list[NodeSpec], list[PodRequest]]:
     nodes = load_nodes(write(tmp_path, "n.csv", NODES_CSV))
     pods = load_pods(write(tmp_path, "p.csv", PODS_11_CSV)) + load_pods(write(tmp_path, "m.csv", PODS_5_CSV))
     return nodes, pods
@@ -219,11 +219,13 @@ def test_summarise_matches_the_documented_json() -> None:
     out = summarise("openb_pod_list_default", "fgd", runs)
     assert set(out) == {"trace", "policy", "runs", "median_unallocated_gpu_pct"}
     assert out["trace"] == "openb_pod_list_default" and out["policy"] == "fgd"
-    assert [set(r) for r in out["runs"]] == [{"seed", "seconds", "unallocated_gpu_pct"}] * 3
-    first = out["runs"][0]
+    summaries, medians = out["runs"], out["median_unallocated_gpu_pct"]
+    assert isinstance(summaries, list) and isinstance(medians, dict)
+    assert [set(r) for r in summaries] == [{"seed", "seconds", "unallocated_gpu_pct"}] * 3
+    first = summaries[0]
     assert first["seed"] == 42 and first["seconds"] == 1.235
     assert first["unallocated_gpu_pct"] == {"95": 10.0, "100": 10.0, "130": 10.0}
-    assert set(out["median_unallocated_gpu_pct"]) == {str(p) for p in REPORT_POINTS} == {"95", "100", "130"}
+    assert set(medians) == {str(p) for p in REPORT_POINTS} == {"95", "100", "130"}
     assert out["median_unallocated_gpu_pct"] == {"95": 15.0, "100": 15.0, "130": 15.0}
     json.dumps(out)  # serialisable as is
 
@@ -236,7 +238,9 @@ def trace_files(tmp_path: Path) -> tuple[Path, Path]:
     )
 
 
-def test_cli_simulate_writes_json_and_prints_a_table(tmp_path: Path, trace_files, capsys) -> None:
+def test_cli_simulate_writes_json_and_prints_a_table(
+    tmp_path: Path, trace_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     nodes, pods = trace_files
     out = tmp_path / "out" / "result.json"
     args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--policy", "fgd", "--seeds", "1-2"]
@@ -251,7 +255,9 @@ def test_cli_simulate_writes_json_and_prints_a_table(tmp_path: Path, trace_files
     assert set(data["median_unallocated_gpu_pct"]) == {"95", "100", "130"}
 
 
-def test_cli_several_policies_write_a_list_and_a_plot(tmp_path: Path, trace_files, capsys) -> None:
+def test_cli_several_policies_write_a_list_and_a_plot(
+    tmp_path: Path, trace_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     nodes, pods = trace_files
     out, png = tmp_path / "r.json", tmp_path / "plots" / "alloc.png"
     args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--policy", "bestfit, default"]
@@ -264,7 +270,7 @@ def test_cli_several_policies_write_a_list_and_a_plot(tmp_path: Path, trace_file
     assert "seed 3" in captured.err  # -v reports each run
 
 
-def test_cli_parallel_workers_give_the_same_figures(tmp_path: Path, trace_files) -> None:
+def test_cli_parallel_workers_give_the_same_figures(tmp_path: Path, trace_files: tuple[Path, Path]) -> None:
     nodes, pods = trace_files
     results = []
     for workers in ("1", "2"):
@@ -276,7 +282,9 @@ def test_cli_parallel_workers_give_the_same_figures(tmp_path: Path, trace_files)
     assert results[0] == results[1]
 
 
-def test_cli_compare_adds_the_paper_columns(tmp_path: Path, trace_files, capsys) -> None:
+def test_cli_compare_adds_the_paper_columns(
+    tmp_path: Path, trace_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     nodes, pods = trace_files
     header = "workload,sc_policy," + ",".join(str(p) for p in range(131))
     rows = [
@@ -301,7 +309,9 @@ def test_cli_compare_adds_the_paper_columns(tmp_path: Path, trace_files, capsys)
     assert float(cols["default"][5]) == pytest.approx(float(cols["default"][2]) - 10.0, abs=0.011)
 
 
-def test_cli_errors_return_2(tmp_path: Path, trace_files, capsys) -> None:
+def test_cli_errors_return_2(
+    tmp_path: Path, trace_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     nodes, pods = trace_files
     base = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--workers", "1"]
     assert main([*base, "--policy", "nope"]) == 2
@@ -323,7 +333,9 @@ def test_report_table_without_expected_lists_policies() -> None:
     assert lines[3].split() == ["fgd", "50.00", "50.00", "50.00"]
 
 
-def test_cli_output_json_prints_the_document_the_json_file_holds(tmp_path: Path, trace_files, capsys) -> None:
+def test_cli_output_json_prints_the_document_the_json_file_holds(
+    tmp_path: Path, trace_files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     nodes, pods = trace_files
     out = tmp_path / "r.json"
     args = ["simulate", "--nodes", str(nodes), "--pods", str(pods), "--policy", "fgd", "--seeds", "1"]
@@ -354,7 +366,12 @@ def test_cli_output_json_prints_the_document_the_json_file_holds(tmp_path: Path,
     ],
 )
 def test_cli_paths_and_seeds_are_checked_before_any_replay(
-    tmp_path: Path, trace_files, capsys, monkeypatch: pytest.MonkeyPatch, extra: list[str], says: str
+    tmp_path: Path,
+    trace_files: tuple[Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    extra: list[str],
+    says: str,
 ) -> None:
     from neuronetes.cli import simulate as simulate_cli
 

@@ -89,13 +89,13 @@ def test_admission_of_a_pool_at_the_maximum_builds_as_much_as_at_one_replica(
     )
     # ... and exactly one pod is built and checked, whatever the count.
     built: list[str] = []
-    original = validation.PoolTemplate.pod
+    original = pods.PoolTemplate.pod
 
     def pod(self: Any, name: str, gang_index: int | None) -> dict[str, Any]:
         built.append(name)
         return original(self, name, gang_index)
 
-    monkeypatch.setattr(validation.PoolTemplate, "pod", pod)
+    monkeypatch.setattr(pods.PoolTemplate, "pod", pod)
     admission_response("/objects", review(MAX_REPLICAS, gang))
     assert built == (["pool-0-0"] if gang else ["pool-0"])
 

@@ -1,10 +1,8 @@
-"""Shared pytest configuration for the NeuroNetes test suite (fixtures are added here as suites need them)."""
+"""Builders for the node shapes the engine tests use (the `nodes` fixture of tests/unit/conftest.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-import pytest
 
 from neuronetes.model import GpuHealth, GpuSpec, NodeSpec
 
@@ -111,12 +109,3 @@ class NodeFactory:
     ) -> NodeSpec:
         """A node without GPUs."""
         return NodeSpec(name, cpu_milli, memory_mib, (), **node_kw)  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="session")
-def nodes() -> NodeFactory:
-    """Node builders: `nodes.dgx("a")`, `nodes.t4("b")`, `nodes.mig("c")`, `nodes.cpu("d")`.
-
-    Session-scoped (it is stateless) so hypothesis tests may use it too.
-    """
-    return NodeFactory()

@@ -12,37 +12,26 @@ The clock starts when ``kubectl apply`` returns; a poll of the API (every 0.1 s)
 pod of the scenario exists (the operator's and the webhook's share) and when every one has
 ``spec.nodeName`` (bound by kube-scheduler and the extender). The cluster is torn down and purged.
 
-    python bench/operator.py --nodes 1000 --json OUT
-
-This file shares its name with the standard library's ``operator``; run as a script, its folder
-would come first on ``sys.path`` and shadow that module, so it removes the folder first.
+    python bench/operator_pools.py --nodes 1000 --json OUT
 """
 
-# ruff: noqa: E402  (the imports follow the sys.path fix below on purpose)
-import sys
-
-_BENCH_DIR = sys.path.pop(0) if sys.path and sys.path[0].rstrip("/").endswith("bench") else "bench"
-
 import argparse
-import importlib.util
 import json
 import os
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from e2e_throughput import start_extender
+from kube_bench import Api, wait_usable
+
 from neuronetes.devcluster import DevCluster, ExtenderConfig
 from neuronetes.devcluster.localstack import LocalStack
 from neuronetes.devcluster.procs import interrupt_on
 from neuronetes_operator.pods import LABEL_POOL
-
-_spec = importlib.util.spec_from_file_location("e2e_throughput", Path(_BENCH_DIR) / "e2e_throughput.py")
-assert _spec is not None and _spec.loader is not None
-throughput = importlib.util.module_from_spec(_spec)
-sys.modules["e2e_throughput"] = throughput
-_spec.loader.exec_module(throughput)
 
 
 def log(msg: str) -> None:
@@ -107,9 +96,9 @@ def main() -> int:
         log(f"cluster up in {dev.up():.1f} s")
         for start in range(0, ns.nodes, 250):
             dev.add_nodes("dgx-a100-80gb", min(250, ns.nodes - start), "gpu")
-        api = throughput.Api(dev)
-        throughput.wait_usable(api, ns.nodes, 600, lift=True, workers=8)
-        ext = throughput.start_extender(dev.kubeconfig, workdir, None, ns.nodes)
+        api = Api(dev)
+        wait_usable(api, ns.nodes, 600, lift=True, workers=8)
+        ext = start_extender(dev.kubeconfig, workdir, None, ns.nodes)
         dev.set_extender(ExtenderConfig(url=ext.url, weight=20))
         stack = LocalStack(dev.kubeconfig, workdir, dev.kubectl)
         stack.start()

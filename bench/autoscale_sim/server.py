@@ -185,7 +185,8 @@ class Replica:
             num_requests_running=self.running,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
-            kv_cache_usage_perc=min(1.0, self.kv_used() / self.model.kv_capacity_tokens),
+            # Clamped to 0..1: the running sums behind kv_used() can round a hair below 0 when empty.
+            kv_cache_usage_perc=min(1.0, max(0.0, self.kv_used() / self.model.kv_capacity_tokens)),
             waiting_prompt_tokens=self.waiting_prompt_tokens,
             ttft_bucket_counts=tuple(cumulative),
             ttft_count=total,

@@ -52,6 +52,9 @@ class _Reading:
     demand_growth: float
     """How many replicas the demand will have grown by when a replica ordered now is Ready: its rise
     per second over the last load time x the load time (0 when it did not rise)."""
+    demand_rise: float
+    """The same extrapolation without the test that the rise was sustained in both halves of the
+    window (the queue-growth rule's: a growing queue says the rise is not one burst)."""
     steady_replicas: float | None
     """arrival_replicas, or more when the KV use asks for more: the right-sizing target (unrounded)."""
 
@@ -96,7 +99,8 @@ class TokenAutoscaler:
         self.settings = settings
         self._recommendations = _WindowMax(settings.stabilization_s)
         self._saturated_capacity = _WindowMax(settings.capacity_window_s)
-        self._demand_history: deque[tuple[float, float]] = deque()  # (when, demand) over a load time
+        # (when, demand, whether the queue's trend was known) over a load time
+        self._demand_history: deque[tuple[float, float, bool]] = deque()
         self._last_request_at: float | None = None
         self._stuck_since: float | None = None
         self._starting_since: float | None = None
@@ -106,6 +110,8 @@ class TokenAutoscaler:
         self._last_queue: tuple[float, float] | None = None  # (when, tokens_in_queue)
         self._backlog_supplied = False
         self._quiet_since: float | None = None
+        self._ready_seen: int | None = None
+        self._ready_since = -math.inf  # when the ready count last changed
 
     @property
     def history_size(self) -> int:
@@ -215,6 +221,7 @@ class TokenAutoscaler:
                 # The decode load: the KV cache the ready replicas hold, as if each were as full as
                 # the fullest (an upper bound: the step-down never leaves less KV than in use).
                 steady = max(steady, self._staffed(kv * replicas.ready))
+        growth, rise = self._growth(now, for_arrivals, trend is not None)
         return _Reading(
             tokens,
             waiting,
@@ -226,7 +233,8 @@ class TokenAutoscaler:
             trend,
             arrival,
             for_arrivals,
-            self._growth(now, for_arrivals),
+            growth,
+            rise,
             steady,
         )
 
@@ -241,32 +249,57 @@ class TokenAutoscaler:
         saturation within the capacity window; after the window, the last such value (capacity changes
         with the model, the hardware and the request mix, not by itself); before the first saturation
         the spec's prior; else unknown (None)."""
+        if ready != self._ready_seen:
+            # The first count read is taken as settled: what came before it is unknown.
+            self._ready_since = now if self._ready_seen is not None else -math.inf
+            self._ready_seen = ready
+        # The measured throughput is a rate over a window: replicas that became Ready within it
+        # produced only part of it, so measured / ready under-states a replica's capacity, and such a
+        # low value can outlive the higher ones in the capacity window. A saturated reading measures
+        # the capacity once the ready count has held for half a load time.
+        settled = now - self._ready_since >= self._load_s() / 2
         if measured and ready > 0:
             self._known_per_replica = measured / ready
-            if saturated:
+            if saturated and settled:
                 self._capacity = self._saturated_capacity.add(now, self._known_per_replica)
         if self._capacity is not None:
             return self._saturated_capacity.highest(now) or self._capacity
         return self.settings.tokens_per_second_per_replica
 
-    def _growth(self, now: float, demand: float | None) -> float:
-        """The demand's rise over the load time ahead, extrapolated from its rise over the last one."""
-        load = self.settings.model_load_s or self.settings.cold_start_s
+    def _load_s(self) -> float:
+        """The time from ordering a replica to its serving: the model load time, else cold_start_s."""
+        return self.settings.model_load_s or self.settings.cold_start_s
+
+    def _growth(self, now: float, demand: float | None, complete: bool) -> tuple[float, float]:
+        """The demand's rise over the load time ahead, extrapolated from its rise over the last one:
+        sustained (the smaller of its two halves' rises, the arrival-rate rule's) and whole (from the
+        oldest estimate that had the queue's trend in it: one without it misses the queue's growth,
+        so the rise from it is the estimate filling in, not the demand rising)."""
+        load = self._load_s()
         history = self._demand_history
         if demand is None:
             history.clear()  # no demand known: no rise to extrapolate either
-            return 0.0
-        history.append((now, demand))
+            return 0.0, 0.0
+        history.append((now, demand, complete))
         while history and history[0][0] < now - load:
             history.popleft()
-        then, before = history[0]
+        then, before, _ = history[0]
         if now - then < load / 2:
-            return 0.0  # too short a history to say
+            return 0.0, 0.0  # too short a history to say
         # A rise sustained through the window (a ramp), not one burst: the smaller of the rises over
         # its two halves, so a single spike (which rises in one half only) extrapolates nothing.
-        middle = next(value for when, value in history if when >= (now + then) / 2)
+        middle = next(value for when, value, _ in history if when >= (now + then) / 2)
         sustained = min(middle - before, demand - middle)
-        return max(0.0, 2 * sustained / (now - then) * load)
+        first = next(((when, value) for when, value, known in history if known), (now, demand))
+        whole = (demand - first[1]) / (now - first[0]) * load if now > first[0] else 0.0
+        return max(0.0, 2 * sustained / (now - then) * load), max(0.0, whole)
+
+    def _demand_watched(self, now: float) -> bool:
+        """Whether the demand has been estimated for half a load time without a gap: before that the
+        arrival-rate rule does not act (after a start or a gap in the metrics, the first estimates
+        rest on the fewest scrapes)."""
+        history = self._demand_history
+        return bool(history) and now - history[0][0] >= self._load_s() / 2
 
     def _saturated(self, kv: float | None, waiting: float | None, ready: int) -> bool:
         """The saturation layer's test: the fullest replica's KV use, or waiting requests per ready
@@ -373,9 +406,13 @@ class TokenAutoscaler:
                 else:
                     target, rule = needed, "ttft-slo"
         # The steady-state target scales up ahead of the queue when the arrival rate outgrows the
-        # replicas (starting ones included) beyond the tolerance. The KV bound is not a scale-up reason:
-        # the fullest replica's KV use is a noisy stand-in for the pool's; the KV layer covers it.
-        demand_target, demand_rule = self._demand_target(current, reading)
+        # replicas (starting ones included) beyond the tolerance; the queue-growth target, when a queue
+        # grows in front of a saturated pool, sizes for the arrivals and the backlog to come. The KV
+        # bound is not a scale-up reason: the fullest replica's KV use is a noisy stand-in for the
+        # pool's; the KV layer covers it.
+        growth_target = self._queue_growth_target(current, replicas.ready, reading)
+        inputs["queue_growth_target"] = float(growth_target)
+        demand_target, demand_rule = self._supply_target(current, replicas.ready, signals.now, reading)
         if demand_target > target:
             target, rule = demand_target, demand_rule
         if self._saturated(kv, waiting, replicas.ready) and s.most_up(current) > target:
@@ -388,15 +425,45 @@ class TokenAutoscaler:
             target, rule = 1, "wake-from-zero"
         return target, rule, inputs
 
-    def _demand_target(self, current: int, reading: _Reading) -> tuple[int, str]:
+    def _demand_target(self, current: int, now: float, reading: _Reading) -> tuple[int, str]:
         """The arrival-rate scale-up: the replicas (starting ones count as supply) that carry the
         arrivals with square-root staffing headroom, plus the growth expected over a load time, when the
-        arrivals alone need more than current x (1 + tolerance); ``(current, "hold")`` otherwise."""
+        arrivals alone need more than current x (1 + tolerance) and have been watched for half a load
+        time; ``(current, "hold")`` otherwise."""
         demand, above = reading.arrival_replicas, current * (1 + self.settings.tolerance)
-        if demand is None or demand <= above:
+        if demand is None or demand <= above or not self._demand_watched(now):
             return current, "hold"
         # Already short of supply: shorter still by the growth to come before new replicas are Ready.
         return max(current, _replicas(demand + reading.demand_growth)), "arrival-rate"
+
+    def _queue_growth_target(self, current: int, ready: int, reading: _Reading) -> int:
+        """The queue-growth scale-up, for a queue that grows in front of a saturated pool (waiting
+        requests per ready replica at the saturation threshold) and holds more than the SLO's worth of
+        the ready replicas' work: the replicas that carry the arrivals when a replica ordered now is
+        Ready (staffed, plus the demand's whole rise over the last load time extrapolated over the
+        next), plus the replica-seconds the backlog will take then (the queue grown at its trend for
+        a load time, at the per-replica capacity) spread over one load time. ``current`` when that is
+        within current x (1 + tolerance). Starting replicas count as supply (they are in current)."""
+        s = self.settings
+        tokens, trend = reading.tokens_in_queue, reading.queue_trend
+        per_replica, pool = reading.tokens_per_second_per_replica, reading.pool_tokens_per_second
+        arrival = reading.arrival_tokens_per_second
+        if not tokens or trend is None or trend <= 0 or not per_replica or not pool or arrival is None:
+            return current
+        if tokens / pool <= s.slo_ttft_s or not self._saturated(None, reading.waiting_requests, ready):
+            return current
+        load = self._load_s()
+        arrivals = self._staffed(arrival / per_replica) + reading.demand_rise
+        backlog = (tokens + trend * load) / (per_replica * load)
+        need = arrivals + backlog
+        return _replicas(need) if need > current * (1 + s.tolerance) else current
+
+    def _supply_target(self, current: int, ready: int, now: float, reading: _Reading) -> tuple[int, str]:
+        """The higher of the arrival-rate and queue-growth targets, with its rule; both count the
+        starting replicas as supply, so a cold start in flight does not hold them."""
+        target, rule = self._demand_target(current, now, reading)
+        growth = self._queue_growth_target(current, ready, reading)
+        return (growth, "queue-growth") if growth > target else (target, rule)
 
     def _limit_scale_up(
         self,
@@ -412,10 +479,10 @@ class TokenAutoscaler:
         if replicas.unschedulable > 0:
             return current, "hold:unschedulable"
         if self._cold_start_in_flight(replicas, now):
-            # The starting replicas are counted in current: a demand target above them is supply
-            # still missing once they are Ready. Rules that cannot say how much is missing (the
-            # backlog floor for a backlog already supplied, saturation's doubling) wait.
-            target, rule = self._demand_target(current, reading)
+            # The starting replicas are counted in current: a demand or queue-growth target above
+            # them is supply still missing once they are Ready. Rules that cannot say how much is
+            # missing (the backlog floor for a backlog already supplied, saturation's doubling) wait.
+            target, rule = self._supply_target(current, replicas.ready, now, reading)
             if target <= current:
                 return current, "hold:cold-start"
         if current >= bounds.max_replicas:
@@ -428,8 +495,7 @@ class TokenAutoscaler:
         if replicas.starting == 0 or self._starting_since is None:
             return False
         since = max(self._starting_since, self._last_scale_up_at or self._starting_since)
-        wait = self.settings.model_load_s or self.settings.cold_start_s
-        return now - since < wait
+        return now - since < self._load_s()
 
     def _step_down_blocker(self, signals: PoolSignals, reading: _Reading) -> str | None:
         """Why no step-down (idle or right-sizing) may happen now, or None when one may."""

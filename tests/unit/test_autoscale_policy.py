@@ -238,16 +238,69 @@ def test_during_a_cold_start_the_arrival_rate_still_adds_what_the_starting_repli
     # Saturation cannot say how much is missing: it waits for the starting replicas.
     full = scaler.decide(busy(5, 0, 2_800, kv_cache_usage=0.95), starting, BOUNDS)
     assert (full.desired, full.rule) == (4, "hold:cold-start")
-    # 4 200 tokens/s: 5.7 replicas staffed, starting ones counted as supply: 2 more now, not in a minute.
-    more = scaler.decide(busy(10, 0, 4_200), starting, BOUNDS)
+    # 4 200 tokens/s: 5.7 replicas staffed, starting ones counted as supply: 2 more now, not in a
+    # minute; once the demand has been watched for half a load time (30 s), not at once.
+    assert scaler.decide(busy(10, 0, 4_200), starting, BOUNDS).rule == "hold"
+    more = scaler.decide(busy(30, 0, 4_200), starting, BOUNDS)
     assert (more.desired, more.rule) == (6, "arrival-rate")
+
+
+def test_a_queue_growing_in_front_of_a_saturated_pool_sizes_for_the_arrivals_and_the_backlog() -> None:
+    scaler = TokenAutoscaler(
+        AutoscaleSettings(slo_ttft_s=2.0, model_load_s=30, tokens_per_second_per_replica=1_000)
+    )
+    assert scaler.decide(busy(0, 0, 2_000), counts(2), BOUNDS).rule == "hold"
+    # 2 ready replicas prefill 2 000 tokens/s (their capacity: 10 waiting per replica, saturated) and
+    # the queue grows 2 000 tokens/s: 4 000 arrive, 5.5 replicas staffed; the queue grown for a load
+    # time, 10 000 + 2 000 x 30 tokens, takes 2.3 replicas over the next one: 8 (the cap: 4).
+    grows = scaler.decide(busy(5, 10_000, 2_000, waiting_requests=20.0), counts(2), BOUNDS)
+    assert (grows.desired, grows.rule) == (4, "queue-growth")
+    assert grows.inputs["queue_growth_target"] == 8
+    # Still growing while the 2 start: they count as supply, and the rule is not held by their start
+    # (20 000 + 60 000 tokens: 2.7 replicas, 8.2 in all: 9, the cap: 8).
+    starting = scaler.decide(
+        busy(10, 20_000, 2_000, waiting_requests=40.0), counts(4, ready=2, starting=2), BOUNDS
+    )
+    assert (starting.desired, starting.rule) == (8, "queue-growth")
+    assert starting.inputs["queue_growth_target"] == 9
+    # Requests not waiting in front of the whole pool (2 per ready replica, under the saturation
+    # threshold of 8): the rule does not act; the backlog floor does.
+    scaler = TokenAutoscaler(
+        AutoscaleSettings(slo_ttft_s=2.0, model_load_s=30, tokens_per_second_per_replica=1_000)
+    )
+    scaler.decide(busy(0, 0, 2_000), counts(2), BOUNDS)
+    floor = scaler.decide(busy(5, 10_000, 2_000, waiting_requests=4.0), counts(2), BOUNDS)
+    assert (floor.desired, floor.rule, floor.inputs["queue_growth_target"]) == (4, "ttft-slo", 2)
+
+
+def test_capacity_is_measured_once_the_ready_count_has_held_for_half_a_load_time() -> None:
+    scaler = TokenAutoscaler(
+        AutoscaleSettings(slo_ttft_s=2.0, model_load_s=30, tokens_per_second_per_replica=8_000)
+    )
+    saturated = {"waiting_requests": 80.0}
+    scaler.decide(busy(0, 50_000, 10_000, **saturated), counts(2), BOUNDS)
+    # The first count read is taken as settled: 2 ready, saturated and the queue not draining,
+    # 10 000 tokens/s: 5 000 a replica.
+    first = scaler.decide(busy(5, 55_000, 10_000, **saturated), counts(2), BOUNDS)
+    assert first.inputs["tokens_per_second_per_replica"] == 5_000
+    # 2 more became Ready: the rate still holds mostly the first 2's work (12 000 tokens/s over 4 is
+    # 3 000), not a capacity, and is not recorded: once the 5 000 has left the capacity window (600 s)
+    # it still stands, not the 3 000 measured 5 s after it.
+    scaler.decide(busy(10, 60_000, 12_000, **saturated), counts(4), BOUNDS)
+    later = scaler.decide(busy(607, 0, 12_000), counts(4), BOUNDS)
+    assert later.inputs["tokens_per_second_per_replica"] == 5_000
+    # Half a load time after the change, 4 saturated replicas measure 24 000 tokens/s: 6 000 each.
+    held = scaler.decide(busy(612, 10_000, 24_000, waiting_requests=160.0), counts(4), BOUNDS)
+    assert held.inputs["tokens_per_second_per_replica"] == 6_000
 
 
 def test_the_arrival_rate_scales_up_ahead_of_the_queue_beyond_the_tolerance() -> None:
     scaler = TokenAutoscaler(AutoscaleSettings(slo_ttft_s=2.0, tokens_per_second_per_replica=8_000))
     # 24 000 tokens/s on 4 replicas: R = 24 000 / 8 000 = 3, R + 0.75 sqrt(R) = 4.3, within 10 % of 4.
     assert scaler.decide(busy(0, 0, 24_000), counts(4), BOUNDS).rule == "hold"
-    up = scaler.decide(busy(5, 0, 30_000), counts(4), BOUNDS)  # R = 3.75: 5.2 replicas
+    # R = 3.75: 5.2 replicas, once the demand has been watched for half a load time (90 s unknown).
+    assert scaler.decide(busy(40, 0, 30_000), counts(4), BOUNDS).rule == "hold"
+    up = scaler.decide(busy(45, 0, 30_000), counts(4), BOUNDS)
     assert (up.desired, up.rule) == (6, "arrival-rate")
     # Arrivals are what was prefilled plus the queue's growth: a queue that shrank by 10 000 tokens
     # in 5 s while 30 000 tokens/s were prefilled means 28 000 tokens/s arrive.
@@ -528,17 +581,20 @@ def test_prefill_heavy_load_at_low_kv_use_scales_on_tokens() -> None:
     pool.run(scaler, BOUNDS, until=600, load=14_000, kv=0.15)  # long prompts, short answers
     rules = {d.rule for d in pool.decisions}
     assert "ttft-slo" in rules and "saturation" not in rules
-    # The backlog floor doubles once (2); the arrival rate then sets the pool while the first start
-    # is still loading, the starting replica counted as supply: 14 000 tokens/s staffed at 4 000 a
-    # replica is 5 replicas, reached by the cap's steps 4 and 5 within 10 s. (Before the cold start
-    # let the arrival rate through, it went 2, 4 by the floor once the start was Ready, then 5: the
-    # change of this sequence is that fix.) Once the queue drains, the backlog that asked for
-    # replicas never doubles the pool again (it used to go 2, 4, 8, 16).
+    # The backlog floor doubles once (2). The queue then grows 10 000 tokens/s in front of the one
+    # ready replica (100 waiting per replica), and the queue-growth rule sets the pool while the
+    # starts load, the starting replicas counted as supply: 14 000 tokens/s staffed at 4 000 a
+    # replica is 4.9 replicas, and the queue grown at its trend for a load time (at t=20, 200 000 +
+    # 10 000 x 30 tokens) takes 4.2 replicas over the next load time: 10, by the cap's steps 4, 8, 10.
+    # Once the queue drains, the backlog that asked for replicas never asks again (the pool used to
+    # run away to 16 by doubling), and the right-size step leaves the staffed demand with its
+    # headroom: 4.9 x 1.25 -> 7.
     assert [d.desired for d in pool.decisions if d.rule == "ttft-slo"] == [2]
-    assert [d.desired for d in pool.decisions if d.rule == "arrival-rate"] == [4, 5]
+    assert [d.desired for d in pool.decisions if d.rule == "queue-growth"] == [4, 8, 10]
+    assert [d.desired for d in pool.decisions if d.rule == "right-size"] == [7]
     assert "hold:backlog-draining" in rules
-    assert max(d.desired for d in pool.decisions) == 5
-    assert pool.desired == 5
+    assert max(d.desired for d in pool.decisions) == 10
+    assert pool.desired == 7
     assert pool.queue < 14_000 * 2.0  # drained within the SLO's worth of arrivals
 
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 from types import MappingProxyType
 
-from neuronetes.api.models import MAX_REPLICAS
+from neuronetes.autoscale.reading import Reading, WindowMax, whole_replicas
 from neuronetes.autoscale.settings import AutoscaleSettings, Decision
 from neuronetes.autoscale.signals import Bounds, PoolSignals, ReplicaCounts
 from neuronetes.autoscale.toolbinding_lag import lag_replicas
@@ -26,70 +25,6 @@ STEP_DOWN_QUEUE_SECONDS = 0.5
 """The idle step-down needs the queue to hold under this many seconds of the pool's work."""
 STEP_DOWN_READS = ("tokens_in_queue", "request_rate")
 """The metrics a step-down must have fresh (besides the throughput, measured or the spec's)."""
-CEIL_SLACK = 1e-9
-"""Taken off a replica count before ``ceil``: 5.000000001 replicas from float rounding is 5."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Reading:
-    """A reading with the orphaned queue taken out, the capacity resolved and the demand estimated."""
-
-    tokens_in_queue: float | None
-    waiting_requests: float | None
-    pool_tokens_per_second: float | None
-    """The ready replicas' prefill capacity (capacity per replica x ready), else what was measured."""
-    tokens_per_second_per_replica: float | None
-    """One replica's prefill capacity: measured under saturation, else the spec's prior."""
-    expected_ttft_s: float | None
-    queue_stuck: bool
-    queue_orphaned: bool
-    queue_trend: float | None
-    """tokens_in_queue's change per second since the previous reading (< 0: draining)."""
-    arrival_tokens_per_second: float | None
-    """Prompt tokens arriving per second: what was prefilled plus the queue's growth (signed)."""
-    arrival_replicas: float | None
-    """The replicas that prefill the arrival rate with square-root staffing headroom (unrounded)."""
-    demand_growth: float
-    """How many replicas the demand will have grown by when a replica ordered now is Ready: its rise
-    per second over the last load time x the load time (0 when it did not rise)."""
-    demand_rise: float
-    """The same extrapolation without the test that the rise was sustained in both halves of the
-    window (the queue-growth rule's: a growing queue says the rise is not one burst)."""
-    steady_replicas: float | None
-    """arrival_replicas, or more when the KV use asks for more: the right-sizing target (unrounded)."""
-
-
-class _WindowMax:
-    """The highest value added in the last ``window_s`` seconds.
-
-    A monotonic queue: a value no higher than a newer one can never be the maximum again, so the
-    entries left hold strictly decreasing values, however long the run and however often it is asked
-    (for replica counts: at most one per count).
-    """
-
-    def __init__(self, window_s: float) -> None:
-        self._window_s = window_s
-        self._entries: deque[tuple[float, float]] = deque()
-
-    def add(self, now: float, value: float) -> float:
-        while self._entries and self._entries[-1][1] <= value:
-            self._entries.pop()
-        self._entries.append((now, value))
-        return self.highest(now) or value
-
-    def highest(self, now: float) -> float | None:
-        """The highest value of the window ending at ``now``, or None when the window is empty."""
-        while self._entries and self._entries[0][0] < now - self._window_s:
-            self._entries.popleft()
-        return self._entries[0][1] if self._entries else None
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-def _replicas(need: float) -> int:
-    """Whole replicas for ``need`` (bounded first: a near-zero capacity must not overflow an int)."""
-    return math.ceil(min(need, MAX_REPLICAS + 1) - CEIL_SLACK)
 
 
 class TokenAutoscaler:
@@ -97,8 +32,8 @@ class TokenAutoscaler:
 
     def __init__(self, settings: AutoscaleSettings) -> None:
         self.settings = settings
-        self._recommendations = _WindowMax(settings.stabilization_s)
-        self._saturated_capacity = _WindowMax(settings.capacity_window_s)
+        self._recommendations = WindowMax(settings.stabilization_s)
+        self._saturated_capacity = WindowMax(settings.capacity_window_s)
         # (when, demand, whether the queue's trend was known) over a load time
         self._demand_history: deque[tuple[float, float, bool]] = deque()
         self._last_request_at: float | None = None
@@ -153,7 +88,7 @@ class TokenAutoscaler:
 
     # ---- reading the signals ---------------------------------------------------------------------
 
-    def _read(self, signals: PoolSignals, replicas: ReplicaCounts) -> _Reading:
+    def _read(self, signals: PoolSignals, replicas: ReplicaCounts) -> Reading:
         now, s = signals.now, self.settings
         rate = signals.fresh("request_rate")
         # The first reading counts as a request: what came before it (an operator restart) is unknown.
@@ -222,7 +157,7 @@ class TokenAutoscaler:
                 # the fullest (an upper bound: the step-down never leaves less KV than in use).
                 steady = max(steady, self._staffed(kv * replicas.ready))
         growth, rise = self._growth(now, for_arrivals, trend is not None)
-        return _Reading(
+        return Reading(
             tokens,
             waiting,
             pool_tps,
@@ -312,7 +247,7 @@ class TokenAutoscaler:
     # ---- the rules -------------------------------------------------------------------------------
 
     def _choose(
-        self, signals: PoolSignals, replicas: ReplicaCounts, bounds: Bounds, reading: _Reading
+        self, signals: PoolSignals, replicas: ReplicaCounts, bounds: Bounds, reading: Reading
     ) -> tuple[int, str, dict[str, float | None]]:
         current, now, s = replicas.desired, signals.now, self.settings
         if not bounds.min_replicas <= current <= bounds.max_replicas:
@@ -342,7 +277,7 @@ class TokenAutoscaler:
             # pool has been quiet (queue near empty, no saturation) for the whole window.
             if self._quiet_since is None:
                 self._quiet_since = now
-            steady = _replicas(reading.steady_replicas * (1 + s.step_down_headroom))
+            steady = whole_replicas(reading.steady_replicas * (1 + s.step_down_headroom))
             recommendation = max(steady, bounds.min_replicas)
             rule = "right-size"
         else:
@@ -371,7 +306,7 @@ class TokenAutoscaler:
         self._quiet_since = None
 
     def _scale_up_target(
-        self, signals: PoolSignals, replicas: ReplicaCounts, reading: _Reading
+        self, signals: PoolSignals, replicas: ReplicaCounts, reading: Reading
     ) -> tuple[int, str, dict[str, float | None]]:
         """The highest replica count a scale-up rule asks for (``current`` when none does)."""
         current, s = replicas.desired, self.settings
@@ -398,7 +333,7 @@ class TokenAutoscaler:
         ):
             # The backlog floor: the replicas that prefill the queue within the SLO. Starting replicas
             # count as supply (current includes them).
-            needed = _replicas(tokens / (per_replica * s.slo_ttft_s))
+            needed = whole_replicas(tokens / (per_replica * s.slo_ttft_s))
             inputs["backlog_target"] = float(needed)
             if needed > current and not draining:
                 if current > 0 and needed <= current * (1 + s.tolerance):
@@ -425,7 +360,7 @@ class TokenAutoscaler:
             target, rule = 1, "wake-from-zero"
         return target, rule, inputs
 
-    def _demand_target(self, current: int, now: float, reading: _Reading) -> tuple[int, str]:
+    def _demand_target(self, current: int, now: float, reading: Reading) -> tuple[int, str]:
         """The arrival-rate scale-up: the replicas (starting ones count as supply) that carry the
         arrivals with square-root staffing headroom, plus the growth expected over a load time, when the
         arrivals alone need more than current x (1 + tolerance) and have been watched for half a load
@@ -434,9 +369,9 @@ class TokenAutoscaler:
         if demand is None or demand <= above or not self._demand_watched(now):
             return current, "hold"
         # Already short of supply: shorter still by the growth to come before new replicas are Ready.
-        return max(current, _replicas(demand + reading.demand_growth)), "arrival-rate"
+        return max(current, whole_replicas(demand + reading.demand_growth)), "arrival-rate"
 
-    def _queue_growth_target(self, current: int, ready: int, reading: _Reading) -> int:
+    def _queue_growth_target(self, current: int, ready: int, reading: Reading) -> int:
         """The queue-growth scale-up, for a queue that grows in front of a saturated pool (waiting
         requests per ready replica at the saturation threshold) and holds more than the SLO's worth of
         the ready replicas' work: the replicas that carry the arrivals when a replica ordered now is
@@ -456,9 +391,9 @@ class TokenAutoscaler:
         arrivals = self._staffed(arrival / per_replica) + reading.demand_rise
         backlog = (tokens + trend * load) / (per_replica * load)
         need = arrivals + backlog
-        return _replicas(need) if need > current * (1 + s.tolerance) else current
+        return whole_replicas(need) if need > current * (1 + s.tolerance) else current
 
-    def _supply_target(self, current: int, ready: int, now: float, reading: _Reading) -> tuple[int, str]:
+    def _supply_target(self, current: int, ready: int, now: float, reading: Reading) -> tuple[int, str]:
         """The higher of the arrival-rate and queue-growth targets, with its rule; both count the
         starting replicas as supply, so a cold start in flight does not hold them."""
         target, rule = self._demand_target(current, now, reading)
@@ -473,7 +408,7 @@ class TokenAutoscaler:
         replicas: ReplicaCounts,
         bounds: Bounds,
         now: float,
-        reading: _Reading,
+        reading: Reading,
     ) -> tuple[int, str]:
         """Apply, in order: unschedulable replicas, a cold start in flight, maxReplicas, the up cap."""
         if replicas.unschedulable > 0:
@@ -497,7 +432,7 @@ class TokenAutoscaler:
         since = max(self._starting_since, self._last_scale_up_at or self._starting_since)
         return now - since < self._load_s()
 
-    def _step_down_blocker(self, signals: PoolSignals, reading: _Reading) -> str | None:
+    def _step_down_blocker(self, signals: PoolSignals, reading: Reading) -> str | None:
         """Why no step-down (idle or right-sizing) may happen now, or None when one may."""
         missing = [name for name in STEP_DOWN_READS if signals.fresh(name) is None]
         if missing or signals.stale:

@@ -86,11 +86,16 @@ Strategy = Literal["best", "greedy", "templates", "exact"]
 @dataclass(frozen=True, slots=True)
 class MigDemand:
     """One pending GPU instance: `key` names it (a pod), `gpu_model` (a catalog model or a prefix
-    such as ``"A100"``) restricts where it may go."""
+    such as ``"A100"``) restricts where it may go. `nodes` (None: any) and `gpu_uuid` (None: any)
+    say on which nodes' GPUs, and on which GPU, the claim may run: `plan_mig_layouts` plans on the
+    GPUs it is given and leaves them to its caller (`neuronetes.migdemand.plan_mig_demand` plans
+    each such group on its own GPUs)."""
 
     key: str
     profile: str
     gpu_model: str | None = None
+    nodes: frozenset[str] | None = None
+    gpu_uuid: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
 
-from neuronetes.nodeselect import requirement_holds
+import msgspec
+
+from neuronetes.nodeselect import BLOCKING_TAINT_EFFECTS, requirement_holds, tolerates
 
 from .wire import Affinity, Node, NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration
 
 __all__ = ["NodeFacts", "node_fit_reason"]
-
-_BLOCKING_EFFECTS: Final = frozenset({"NoSchedule", "NoExecute"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,18 +49,6 @@ def _term_matches(term: NodeSelectorTerm, facts: NodeFacts) -> bool:
     return all(_requirement_holds(r, facts.name if r.key == "metadata.name" else None) for r in fields)
 
 
-def _tolerated(taint: Taint, tolerations: Sequence[Toleration]) -> bool:
-    for t in tolerations:
-        if t.effect and t.effect != taint.effect:
-            continue
-        if t.operator == "Exists":
-            if not t.key or t.key == taint.key:
-                return True
-        elif t.key == taint.key and t.value == taint.value:
-            return True
-    return False
-
-
 def node_fit_reason(
     facts: NodeFacts,
     node_selector: Mapping[str, str] | None,
@@ -79,8 +66,11 @@ def node_fit_reason(
         terms = required.node_selector_terms or []
         if not any(_term_matches(t, facts) for t in terms):
             return f"node {facts.name} does not match the pod's required node affinity"
+    tolerating = [msgspec.structs.asdict(t) for t in tolerations]
     for taint in facts.taints:
-        if taint.effect in _BLOCKING_EFFECTS and not _tolerated(taint, tolerations):
+        if taint.effect in BLOCKING_TAINT_EFFECTS and not tolerates(
+            tolerating, taint.key, taint.value, taint.effect
+        ):
             taint_text = f"{taint.key}={taint.value}:{taint.effect}"
             return f"node {facts.name} has the taint {taint_text} the pod does not tolerate"
     return None

@@ -5,9 +5,11 @@ Every tick (``migLayouts.intervalSeconds``) it first follows the relayouts it wr
 mig-manager's ``nvidia.com/mig.config.state`` label; ``Applied`` or ``Failed``, or ``Failed`` once
 ``applyTimeoutSeconds`` pass; a node it cordoned is uncordoned when the relayout ends either way.
 Then it reads the pending pods asking for ``neuronetes.io/mig-*`` and the Pending MIG GPUSlices
-(`neuronetes.migdemand`; at most ``maxDemandPerTick`` instances, oldest first; instances Bound MIG
-slices hold are in use) and the GPUNodes (at most ``maxGpusPerTick`` MIG GPUs), asks
-`neuronetes.migplan.plan_mig_layouts` (through `neuronetes.migrollout`, which keeps the GPUs of a
+(`neuronetes.migdemand`; at most ``maxDemandPerTick`` instances, oldest first; each pod's restricted
+to the nodes with GPUs it may run on by its node selection and tolerations, a pinned slice's to its
+node or GPU; instances Bound MIG slices hold are in use) and the GPUNodes (at most
+``maxGpusPerTick`` MIG GPUs), asks `neuronetes.migplan.plan_mig_layouts` per group of nodes
+(`neuronetes.migdemand.plan_mig_demand`; through `neuronetes.migrollout`, which keeps the GPUs of a
 node still being re-laid out, of a mig-manager GPU in use, of an unhealthy GPU as they stand) and
 writes at most ``maxNodesPerTick`` relayouts: ``spec.migLayout`` with exact placements for the
 agent, or a mig-parted config entry and ``nvidia.com/mig.config`` for mig-manager. The time of each
@@ -124,9 +126,18 @@ class MigLayoutController(MigLayoutIO):
                     busy.add(name)
                     log.warning("following the MIG relayout of %s: %s", name, api_message(exc))
         slices = self._slices()
-        demand, left_out = pending_mig_demand(self._pending_pods(), self.settings.max_demand_per_tick, slices)
-        pinned = pinned_slice_demand(slices)
-        if not demand and not pinned:
+        # The nodes a pending pod may run on (its node selection, its tolerations of their taints)
+        # among the nodes with GPUs: its demand is served and planned on those only.
+        gpu_nodes = [
+            node
+            for name in sorted({g["metadata"]["name"] for g in gpunodes})
+            if (node := nodes.get(name)) is not None and not node["metadata"].get("deletionTimestamp")
+        ]
+        pending, left_out = pending_mig_demand(
+            self._pending_pods(), self.settings.max_demand_per_tick, slices, gpu_nodes
+        )
+        demand = [*pinned_slice_demand(slices), *pending]
+        if not demand:
             self._unserved_told.clear()
             return
         if left_out:
@@ -165,7 +176,6 @@ class MigLayoutController(MigLayoutIO):
             paths[name], by_name[name] = path, g
         plan = plan_mig_demand(
             demand,
-            pinned,
             states,
             gpu_uuids,
             now_s=now,

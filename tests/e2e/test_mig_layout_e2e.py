@@ -7,7 +7,9 @@ tick) sees a pending pod asking for a ``4g.20gb`` no current layout offers, writ
 on the GPU where another pod runs on a ``3g.20gb``, whose instance stays as it is. Demand no GPU can
 serve is told on the pod as an Event. A MIG GPUSlice whose profile no instance serves is planned
 for the same way and bound to the new instance; a pod naming it gets exactly that instance, and a
-second slice cannot take it until the first is deleted. Then a node labelled for NVIDIA's
+second slice cannot take it until the first is deleted. A pod selecting a second agent node is
+not served by an idle instance of the first: the second node is re-laid out and it binds there.
+Then a node labelled for NVIDIA's
 mig-manager: the test plays mig-manager (reads the mig-parted ConfigMap entry and
 ``nvidia.com/mig.config``, reports the new layout as the agent would, sets
 ``nvidia.com/mig.config.state=success``) and the relayout is Applied.
@@ -278,6 +280,57 @@ def test_a_mig_slice_no_instance_serves_is_planned_for_bound_and_its_pod_gets_th
     assert (pinned["node"], pinned["migProfile"]) == (node, "1g.10gb"), pinned
     assert (pinned["gpuUUIDs"][0], pinned["migStart"]) != held_1g(cluster)
     cluster.kubectl("delete", "gpuslice", "pinned", "-n", NS)
+
+
+def idle_instances(cluster: E2ECluster, node: str, profile: str) -> list[str]:
+    """UUIDs of the node's reported `profile` instances no allocation names."""
+    out = []
+    for gpu in gpunode(cluster, node)["status"]["gpus"]:
+        taken = {a.get("migInstance") for a in gpu.get("allocations") or ()}
+        out += [
+            i["uuid"]
+            for i in gpu.get("migInstances") or ()
+            if i["profile"] == profile and i["uuid"] not in taken
+        ]
+    return out
+
+
+def test_a_pod_selecting_a_node_without_an_idle_instance_gets_that_node_re_laid_out(
+    cluster: E2ECluster, stack: dict[str, Any]
+) -> None:
+    up: OperatorStack = stack["up"]
+    first = stack["node"]
+    # The first node gets an idle 7g.40gb: a pod takes one there (made for it unless one is idle
+    # already) and goes.
+    create(cluster, mig_pod("7g-first", first, "7g.40gb"))
+    wait_until(lambda: bound(cluster, "7g-first"), timeout=90, what="7g-first bound")
+    cluster.kubectl("delete", "pod", "7g-first", "-n", NS)
+    idle = wait_until(
+        lambda: idle_instances(cluster, first, "7g.40gb"),
+        timeout=30,
+        what="an idle 7g.40gb on the first node",
+    )
+    (second,) = up.add_nodes(
+        "a100-40gb-mig", 1, "migl-second", labels={SUITE[0]: SUITE[1], LABEL_MIG_APPLY: "agent"}
+    )
+    wait_until(lambda: published_gpunode(cluster, second), timeout=60, what="the second node's GPUNode")
+    assert not idle_instances(cluster, second, "7g.40gb")
+
+    # A pod selecting the second node is not served by the first node's idle instance: the second
+    # node is re-laid out for it, and it binds there.
+    create(cluster, mig_pod("7g-second", second, "7g.40gb"))
+    plan = wait_until(
+        lambda: (p := mig_plan(cluster, second)).get("state") == "Applied" and p,
+        timeout=60,
+        what="the second node's migPlan Applied",
+    )
+    assert "create 7g.40gb@0" in plan["message"] and f"{NS}/7g-second" in plan["message"], plan
+    placed = grant(wait_until(lambda: bound(cluster, "7g-second"), timeout=60, what="7g-second bound"))
+    assert pod(cluster, "7g-second")["spec"]["nodeName"] == second and placed.mig_profile == "7g.40gb"
+    assert placed.uuid in {g["uuid"] for g in gpunode(cluster, second)["status"]["gpus"]}
+    assert set(idle) <= set(idle_instances(cluster, first, "7g.40gb")), "the first node's stays idle"
+    cluster.kubectl("delete", "pod", "7g-second", "-n", NS)
+    cluster.kubectl("label", "node", second, f"{LABEL_MIG_APPLY}=none", "--overwrite")
 
 
 def held_1g(cluster: E2ECluster) -> tuple[str, int]:

@@ -19,7 +19,7 @@ from neuronetes.migdemand import (
     slice_held_instances,
     unserved_by_claim,
 )
-from neuronetes.migplan import plan_mig_layouts
+from neuronetes.migplan import GpuMigState, MigPlan, plan_mig_layouts
 from neuronetes.migrollout import (
     LABEL_MIG_APPLY,
     agent_layout_entries,
@@ -30,6 +30,7 @@ from neuronetes.migrollout import (
     mig_parted_entry,
     node_relayouts,
 )
+from neuronetes.nodeselect import pod_fits_node
 
 pytestmark = pytest.mark.unit
 
@@ -281,17 +282,151 @@ def test_pinned_mig_slices_are_planned_on_their_node_or_gpu_and_the_rest_elsewhe
         mig_slice("bound", "4g.20gb", nodeName="n2", phase="Bound"),
     ]
     pinned = pinned_slice_demand(slices)
-    assert {pin: [d.key for d in items] for pin, items in pinned.items()} == {
-        ("n2", None): ["GPUSlice:ml/on-n2"],
-        ("n2", "GPU-n2-1"): ["GPUSlice:ml/on-gpu"],
-    }
+    assert [(d.key, d.nodes, d.gpu_uuid) for d in pinned] == [
+        ("GPUSlice:ml/on-n2", frozenset({"n2"}), None),
+        ("GPUSlice:ml/on-gpu", frozenset({"n2"}), "GPU-n2-1"),
+    ]
     demand, _ = pending_mig_demand([pod("p", {c.mig_resource_name("4g.20gb"): "1"})], 10, slices)
-    assert [d.key for d in demand] == ["ml/p"]  # pinned slices are no demand of the main pass
+    assert [d.key for d in demand] == ["ml/p"]  # pinned slices are not among the pending demand
     states = [s for node in (n1, n2) for s in gpu_states(node, "agent", {}, NOW)[0]]
     uuids = {f"{n}/{i}": f"GPU-{n}-{i}" for n, i in (("n1", 0), ("n2", 0), ("n2", 1))}
-    plan = plan_mig_demand(demand, pinned, states, uuids, now_s=NOW)
+    plan = plan_mig_demand([*pinned, *demand], states, uuids, now_s=NOW)
     served = {p.demand.key: p.gpu for p in plan.placements}
     assert served == {"GPUSlice:ml/on-n2": "n2/0", "GPUSlice:ml/on-gpu": "n2/1", "ml/p": "n1/0"}
     assert [g.gpu for g in plan.gpus if g.changed] == ["n1/0", "n2/0", "n2/1"]
     assert all("4g.20gb" in g.target.counts() for g in plan.gpus)
     assert unserved_by_claim(plan) == {}
+
+
+def k8s_node(name: str, *taints: str, **labels: str) -> dict[str, Any]:
+    """A Node object: `taints` as ``key=value:Effect``."""
+    parsed = []
+    for text in taints:
+        pair, _, effect = text.partition(":")
+        key, _, value = pair.partition("=")
+        parsed.append(
+            {"key": key, "value": value, "effect": effect} if value else {"key": key, "effect": effect}
+        )
+    return {
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels}},
+        "spec": {"taints": parsed},
+    }
+
+
+def plan_for(pods: list[dict[str, Any]], nodes: list[dict[str, Any]], states: list[GpuMigState]) -> MigPlan:
+    demand, _ = pending_mig_demand(pods, 10, (), nodes)
+    return plan_mig_demand(demand, states, {}, now_s=NOW)
+
+
+def test_pods_fit_nodes_by_selector_affinity_and_tolerations_of_blocking_taints() -> None:
+    tainted = k8s_node("t", "dedicated=infer:NoSchedule", "spot:NoExecute", "soft=x:PreferNoSchedule")
+    both = [
+        {"key": "dedicated", "operator": "Equal", "value": "infer", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Exists"},
+    ]
+    assert pod_fits_node({"tolerations": both}, tainted)
+    assert pod_fits_node({"tolerations": [{"operator": "Exists"}]}, tainted)  # tolerates every taint
+    assert not pod_fits_node({"tolerations": both[:1]}, tainted)
+    wrong_value = [{**both[0], "value": "train"}, both[1]]
+    assert not pod_fits_node({"tolerations": wrong_value}, tainted)
+    wrong_effect = [{**both[0], "effect": "NoExecute"}, both[1]]
+    assert not pod_fits_node({"tolerations": wrong_effect}, tainted)
+    assert pod_fits_node({}, k8s_node("soft", "soft=x:PreferNoSchedule"))  # only lowers the score
+    zone_b = k8s_node("b", zone="b")
+    assert pod_fits_node({"nodeSelector": {"zone": "b"}}, zone_b)
+    assert not pod_fits_node({"nodeSelector": {"zone": "a"}}, zone_b)
+
+
+def test_a_pod_selecting_a_node_is_not_served_by_an_idle_instance_elsewhere_and_its_node_is_re_laid_out() -> (
+    None
+):
+    nodes = [k8s_node("n1", zone="a"), k8s_node("n2", zone="b")]
+    # n1's 3g.20gb is idle (its 2g.10gb in use); n2's 3g.20gb is in use, its other slots idle.
+    states = [
+        *gpu_states(gpunode("n1", [FULL], busy={0: {0}}), "agent", {}, NOW)[0],
+        *gpu_states(gpunode("n2", [FULL], busy={0: {4}}), "agent", {}, NOW)[0],
+    ]
+    anywhere = pod("anywhere", {c.mig_resource_name("3g.20gb"): "1"})
+    plan = plan_for([anywhere], nodes, states)
+    assert [p.gpu for p in plan.placements] == ["n1/0"] and not any(g.changed for g in plan.gpus)
+
+    selective = pod("in-b", {c.mig_resource_name("3g.20gb"): "1"}, nodeSelector={"zone": "b"})
+    (item,), _ = pending_mig_demand([selective], 10, (), nodes)
+    assert item.nodes == frozenset({"n2"})
+    plan = plan_for([selective], nodes, states)
+    (placed,) = plan.placements
+    assert (placed.gpu, placed.instance and placed.instance.start) == ("n2/0", 0)
+    assert [g.gpu for g in plan.gpus if g.changed] == ["n2/0"]
+    (n2,) = [g for g in plan.gpus if g.gpu == "n2/0"]
+    assert {(i.profile.name, i.start) for i in n2.target} == {("3g.20gb", 0), ("3g.20gb", 4)}
+    assert [(i.profile.name, i.start) for i in n2.in_use] == [("3g.20gb", 4)]
+
+    nowhere = pod("in-c", {c.mig_resource_name("3g.20gb"): "1"}, nodeSelector={"zone": "c"})
+    plan = plan_for([nowhere], nodes, states)
+    assert unserved_by_claim(plan) == {
+        "ml/in-c": [
+            "no node with MIG GPUs here admits it (its nodeSelector, required node affinity or tolerations)"
+        ]
+    }
+
+
+def test_a_pod_not_tolerating_a_nodes_taint_is_planned_elsewhere_and_one_tolerating_it_may_use_it() -> None:
+    nodes = [k8s_node("n1", "dedicated=infer:NoSchedule"), k8s_node("n2")]
+    states = [
+        *gpu_states(gpunode("n1", [FULL], busy={0: {0}}), "agent", {}, NOW)[0],
+        *gpu_states(gpunode("n2", [FULL], busy={0: {4}}), "agent", {}, NOW)[0],
+    ]
+    plain = pod("plain", {c.mig_resource_name("3g.20gb"): "1"})
+    plan = plan_for([plain], nodes, states)
+    assert [p.gpu for p in plan.placements] == ["n2/0"]
+    assert [g.gpu for g in plan.gpus if g.changed] == ["n2/0"]
+
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "infer", "effect": "NoSchedule"}
+    tolerating = pod("tolerating", {c.mig_resource_name("3g.20gb"): "1"}, tolerations=[toleration])
+    (item,), _ = pending_mig_demand([tolerating], 10, (), nodes)
+    assert item.nodes is None  # it may run on every node: no restriction
+    plan = plan_for([tolerating], nodes, states)
+    assert [p.gpu for p in plan.placements] == ["n1/0"] and not any(g.changed for g in plan.gpus)
+
+
+def test_two_restricted_groups_never_re_lay_out_the_same_gpu() -> None:
+    nodes = [k8s_node("n1", zone="a", tier="x"), k8s_node("n2", zone="b", tier="x")]
+    states = [
+        *gpu_states(gpunode("n1", [FULL], busy={0: {4}}), "agent", {}, NOW)[0],
+        *gpu_states(gpunode("n2", [FULL]), "agent", {}, NOW)[0],
+    ]
+    only_n2 = pod("only-n2", {c.mig_resource_name("4g.20gb"): "1"}, nodeSelector={"zone": "b"})
+    # n1's GPU has an instance in use, so only n2's GPU can make a 7g.40gb: the group of one node,
+    # planned first, has re-laid it out for its 4g.20gb.
+    either = pod(
+        "either",
+        {c.mig_resource_name("7g.40gb"): "1"},
+        nodeSelector={"tier": "x"},
+        created="2023-12-31T00:00:00Z",
+    )
+    plan = plan_for([either, only_n2], [*nodes, k8s_node("n3")], states)
+    assert [g.gpu for g in plan.gpus if g.changed] == ["n2/0"]
+    (n2,) = [g for g in plan.gpus if g.gpu == "n2/0"]
+    assert "4g.20gb" in n2.target.counts() and "7g.40gb" not in n2.target.counts()
+    assert {p.demand.key: p.gpu for p in plan.placements} == {"ml/either": None, "ml/only-n2": "n2/0"}
+    (reason,) = unserved_by_claim(plan)["ml/either"]
+    assert "re-laid out less than" in reason and reason.endswith("(it may run on node(s) n1, n2 only)")
+
+
+def test_one_idle_instance_never_serves_two_items_across_passes() -> None:
+    nodes = [k8s_node("n1", zone="a")]
+    wants = {c.mig_resource_name("3g.20gb"): "1"}
+    pinned = pod("pinned", wants, nodeSelector={"zone": "a"})
+    anywhere = pod("anywhere", wants, created="2024-01-02T00:00:00Z")
+    # Re-laid out a moment ago: n1's GPU serves from its one idle 3g.20gb only.
+    recent = gpu_states(gpunode("n1", [FULL]), "agent", {0: NOW - 1}, NOW)[0]
+    plan = plan_for([pinned, anywhere], [*nodes, k8s_node("n2")], recent)
+    assert [(p.demand.key, p.gpu) for p in plan.placements] == [("ml/pinned", "n1/0"), ("ml/anywhere", None)]
+    # Free to change: the later pass keeps the instance the first serves from and makes another.
+    free = gpu_states(gpunode("n1", [FULL]), "agent", {}, NOW)[0]
+    plan = plan_for([pinned, anywhere], [*nodes, k8s_node("n2")], free)
+    starts = {p.demand.key: p.instance and p.instance.start for p in plan.placements}
+    assert starts == {"ml/pinned": 4, "ml/anywhere": 0}
+    (g,) = plan.gpus
+    assert {(i.profile.name, i.start) for i in g.target} == {("3g.20gb", 0), ("3g.20gb", 4)}
+    assert g.in_use == ()  # nothing ran there before the plan

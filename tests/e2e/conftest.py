@@ -17,13 +17,15 @@ admission policies of ``manifests/policies/``, and yields an `E2ECluster`:
 
 Every test under tests/e2e is marked ``e2e``. When the binaries are missing and cannot be built,
 e2e tests are skipped on a workstation but FAIL under ``CI=true``. After the session, no process the
-cluster started may remain: the fixture's teardown and a session-finish hook both check.
+cluster started may remain: the fixture's teardown and a session-finish hook both check, and
+SIGTERM is turned into KeyboardInterrupt so a killed run tears its clusters down too.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +37,13 @@ from neuronetes.devcluster import POLICIES_DIR, DevCluster, ExtenderConfig, proc
 from neuronetes.devcluster.tools import REPO_ROOT
 
 E2E_DIR = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run stopped with SIGTERM (a CI timeout, `kill`) tears its clusters down as Ctrl-C does: the
+    # fixtures' `finally` blocks run, so no etcd, kube-apiserver or kwok outlives the run
+    # (test_sigterm_e2e.py).
+    procs.interrupt_on(signal.SIGTERM)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -78,6 +87,8 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[E2ECluster]:
         left = dev.leftover_processes()
         if left:
             pytest.fail(f"processes of cluster {dev.name} left after down: {left}", pytrace=False)
+        if request.session.testsfailed == 0:  # as `own_cluster`: a failed run keeps its logs and state
+            dev.purge()
         if request.session.testsfailed == 0:
             dev.purge()
         else:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from kubernetes import client
@@ -16,6 +15,8 @@ from kubernetes.client.exceptions import ApiException
 
 from neuronetes import contracts as c
 from neuronetes.migdemand import demand_owner
+
+from .objects import post_event_about
 
 __all__ = ["EVENT_NAMESPACE", "GPUNODES", "MigLayoutIO"]
 
@@ -79,7 +80,8 @@ class MigLayoutIO:
 
     def _event(self, gpunode: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
         meta = gpunode["metadata"]
-        self._post(
+        post_event_about(
+            self.core,
             {"apiVersion": c.API_VERSION, "kind": "GPUNode", "name": meta["name"], "uid": meta.get("uid")},
             EVENT_NAMESPACE,
             meta["name"],
@@ -93,25 +95,4 @@ class MigLayoutIO:
         kind, namespace, name = demand_owner(key)
         api_version = "v1" if kind == "Pod" else c.API_VERSION
         involved = {"apiVersion": api_version, "kind": kind, "name": name, "namespace": namespace}
-        self._post(involved, namespace, name, etype, reason, message)
-
-    def _post(
-        self, involved: dict[str, Any], namespace: str, name: str, etype: str, reason: str, message: str
-    ) -> None:
-        now = datetime.now(UTC).isoformat()
-        body = {
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {k: v for k, v in involved.items() if v is not None},
-            "type": etype,
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": "neuronetes-operator"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "reportingComponent": "neuronetes-operator",
-        }
-        try:
-            self.core.create_namespaced_event(namespace, body)
-        except ApiException as exc:
-            log.warning("event %s for %s/%s not posted: %s", reason, namespace, name, exc.status)
+        post_event_about(self.core, involved, namespace, name, etype, reason, message)

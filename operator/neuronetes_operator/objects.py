@@ -33,29 +33,44 @@ def patch_status(custom: client.CustomObjectsApi, plural: str, meta: Mapping[str
 def post_event(core: client.CoreV1Api, obj: Mapping[str, Any], etype: str, reason: str, message: str) -> None:
     """Record a core/v1 Event about `obj` (a NeuroNetes object) from the operator; never raises."""
     meta = obj["metadata"]
-    now = datetime.now(UTC)
+    involved = {
+        "apiVersion": obj.get("apiVersion", c.API_VERSION),
+        "kind": obj.get("kind", "AgentPool"),
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "uid": meta["uid"],
+    }
+    post_event_about(core, involved, meta["namespace"], meta["name"], etype, reason, message)
+
+
+def post_event_about(
+    core: client.CoreV1Api,
+    involved: Mapping[str, Any],
+    namespace: str,
+    name: str,
+    etype: str,
+    reason: str,
+    message: str,
+) -> None:
+    """Record a core/v1 Event in `namespace` about the object `involved` names (its apiVersion, kind,
+    name, namespace and uid where known; None values left out), named after `name`; never raises."""
+    now = datetime.now(UTC).isoformat()
     body = {
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-        "involvedObject": {
-            "apiVersion": obj.get("apiVersion", c.API_VERSION),
-            "kind": obj.get("kind", "AgentPool"),
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta["uid"],
-        },
+        "metadata": {"generateName": f"{name}.", "namespace": namespace},
+        "involvedObject": {k: v for k, v in involved.items() if v is not None},
         "type": etype,
         "reason": reason,
         "message": message[:1024],
         "source": {"component": "neuronetes-operator"},
-        "firstTimestamp": now.isoformat(),
-        "lastTimestamp": now.isoformat(),
+        "firstTimestamp": now,
+        "lastTimestamp": now,
         "count": 1,
         "reportingComponent": "neuronetes-operator",
     }
     try:
-        core.create_namespaced_event(meta["namespace"], body)
+        core.create_namespaced_event(namespace, body)
     except ApiException as exc:
-        log.warning("event %s for %s/%s not posted: %s", reason, meta["namespace"], meta["name"], exc.status)
+        log.warning("event %s for %s/%s not posted: %s", reason, namespace, name, exc.status)
 
 
 def api_message(exc: ApiException) -> str:

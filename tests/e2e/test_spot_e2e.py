@@ -201,7 +201,10 @@ def test_the_interruption_threshold_turns_spot_off_and_on_again(spot: Spot) -> N
     }
     spot.apply(pool("thr", 2, cost, "threshold"))
     pods = wait_until(lambda: settled(spot, "thr", 2), timeout=120, what="2 pods Ready")
-    assert spot.condition("thr", "SpotDisabled")["status"] == "False"
+    # The spot controller writes its conditions on its own tick, which may come after the pods are
+    # Ready: wait for the first write, then it must say spot is allowed.
+    first = wait_until(lambda: spot.condition("thr", "SpotDisabled"), timeout=60, what="SpotDisabled written")
+    assert first["status"] == "False", first
     noticed = 0
     for node in spot_nodes:
         if any(p.spec.node_name == node for p in spot.live("thr")):

@@ -52,6 +52,7 @@ __all__ = [
     "plan_mig_demand",
     "pod_mig_demand",
     "slice_held_instances",
+    "slice_instance",
     "slice_mig_demand",
     "unserved_by_claim",
 ]
@@ -249,9 +250,7 @@ def plan_mig_demand(
         ]
         last = part
     assert last is not None  # the pass over every GPU always runs
-    in_use = {}
-    for s in reversed(states):
-        in_use[s.gpu] = s.in_use
+    in_use = {s.gpu: s.in_use for s in reversed(states)}  # a GPU listed twice: its first entry
     gpus = tuple(
         replace(g, in_use=tuple(inst for inst in g.current if inst.start in in_use.get(g.gpu, frozenset())))
         for g in (changed.get(g.gpu, g) for g in last.gpus)
@@ -287,16 +286,24 @@ def pending_mig_demand(
     return items[:limit], max(0, len(items) - limit)
 
 
+def slice_instance(phase: object, gpu_uuids: object, mig_start: object) -> tuple[str, int] | None:
+    """The MIG instance, as (GPU UUID, start slot), a GPUSlice whose status says `phase`,
+    `gpu_uuids` and `mig_start` holds: one Bound (or Active) with both recorded, else None."""
+    if phase not in ("Bound", "Active") or not isinstance(gpu_uuids, list | tuple) or not gpu_uuids:
+        return None
+    if not isinstance(mig_start, int) or isinstance(mig_start, bool):
+        return None
+    return str(gpu_uuids[0]), mig_start
+
+
 def slice_held_instances(slices: Iterable[Mapping[str, Any]]) -> frozenset[tuple[str, int]]:
     """The MIG instances Bound (or Active) MIG GPUSlice objects hold, as (GPU UUID, start slot),
     from what the operator recorded in their status (``gpuUUIDs[0]``, ``migStart``)."""
-    held: set[tuple[str, int]] = set()
-    for s in slices:
-        st = s.get("status") or {}
-        uuids, start = st.get("gpuUUIDs") or [], st.get("migStart")
-        if st.get("phase") in ("Bound", "Active") and uuids and isinstance(start, int):
-            held.add((str(uuids[0]), start))
-    return frozenset(held)
+    held = (
+        slice_instance(st.get("phase"), st.get("gpuUUIDs"), st.get("migStart"))
+        for st in (s.get("status") or {} for s in slices)
+    )
+    return frozenset(h for h in held if h is not None)
 
 
 def demand_owner(key: str) -> tuple[Literal["Pod", "GPUSlice"], str, str]:

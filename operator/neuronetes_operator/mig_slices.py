@@ -18,6 +18,7 @@ from neuronetes import contracts as c
 from neuronetes.api.models import GPUNode, GPUSlice, GPUSliceSpec
 from neuronetes.mig import catalog_for, normalize_profile_name
 from neuronetes.mig_profiles import UnsupportedGpuError
+from neuronetes.migdemand import slice_instance
 from neuronetes.model import NodeSpec
 
 __all__ = [
@@ -81,8 +82,9 @@ def mig_held(
     held: set[tuple[str, int]] = set()
     for s in slices:
         st = s.status
-        if st is not None and st.phase in ("Bound", "Active") and st.gpu_uuids and st.mig_start is not None:
-            held.add((st.gpu_uuids[0], st.mig_start))
+        taken = None if st is None else slice_instance(st.phase, st.gpu_uuids, st.mig_start)
+        if taken is not None:
+            held.add(taken)
     for pod in pods:
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(c.ANNOTATION_ASSIGNED_GPUS)
         if not raw or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):

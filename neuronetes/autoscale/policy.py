@@ -27,6 +27,10 @@ STEP_DOWN_READS = ("tokens_in_queue", "request_rate")
 """The metrics a step-down must have fresh (besides the throughput, measured or the spec's)."""
 
 
+_Supply = tuple[int, str, int]
+"""`TokenAutoscaler._supply_target`'s answer: the target, its rule, the queue-growth target."""
+
+
 class TokenAutoscaler:
     """The decision for one pool, called every ``decision_interval_s`` with fresh readings."""
 
@@ -255,9 +259,10 @@ class TokenAutoscaler:
             self._hold(now, desired)
             return desired, "bounds", {}
 
-        up_target, up_rule, inputs = self._scale_up_target(signals, replicas, reading)
+        supply = self._supply_target(current, replicas.ready, now, reading)
+        up_target, up_rule, inputs = self._scale_up_target(signals, replicas, reading, supply)
         if up_target > current:
-            desired, rule = self._limit_scale_up(current, up_target, up_rule, replicas, bounds, now, reading)
+            desired, rule = self._limit_scale_up(current, up_target, up_rule, replicas, bounds, now, supply)
             self._hold(now, desired)
             return desired, rule, {**inputs, "target": float(up_target)}
         if up_rule != "hold":  # a scale-up rule fired and was held (tolerance, orphaned queue, ...)
@@ -306,9 +311,10 @@ class TokenAutoscaler:
         self._quiet_since = None
 
     def _scale_up_target(
-        self, signals: PoolSignals, replicas: ReplicaCounts, reading: Reading
+        self, signals: PoolSignals, replicas: ReplicaCounts, reading: Reading, supply: _Supply
     ) -> tuple[int, str, dict[str, float | None]]:
-        """The highest replica count a scale-up rule asks for (``current`` when none does)."""
+        """The highest replica count a scale-up rule asks for (``current`` when none does); `supply`
+        is `_supply_target`'s answer for this reading."""
         current, s = replicas.desired, self.settings
         kv = signals.fresh("kv_cache_usage")
         waiting = reading.waiting_requests
@@ -345,9 +351,8 @@ class TokenAutoscaler:
         # grows in front of a saturated pool, sizes for the arrivals and the backlog to come. The KV
         # bound is not a scale-up reason: the fullest replica's KV use is a noisy stand-in for the
         # pool's; the KV layer covers it.
-        growth_target = self._queue_growth_target(current, replicas.ready, reading)
+        demand_target, demand_rule, growth_target = supply
         inputs["queue_growth_target"] = float(growth_target)
-        demand_target, demand_rule = self._supply_target(current, replicas.ready, signals.now, reading)
         if demand_target > target:
             target, rule = demand_target, demand_rule
         if self._saturated(kv, waiting, replicas.ready) and s.most_up(current) > target:
@@ -393,12 +398,13 @@ class TokenAutoscaler:
         need = arrivals + backlog
         return whole_replicas(need) if need > current * (1 + s.tolerance) else current
 
-    def _supply_target(self, current: int, ready: int, now: float, reading: Reading) -> tuple[int, str]:
-        """The higher of the arrival-rate and queue-growth targets, with its rule; both count the
-        starting replicas as supply, so a cold start in flight does not hold them."""
+    def _supply_target(self, current: int, ready: int, now: float, reading: Reading) -> _Supply:
+        """The higher of the arrival-rate and queue-growth targets, with its rule, and the
+        queue-growth target itself; both count the starting replicas as supply, so a cold start in
+        flight does not hold them."""
         target, rule = self._demand_target(current, now, reading)
         growth = self._queue_growth_target(current, ready, reading)
-        return (growth, "queue-growth") if growth > target else (target, rule)
+        return (growth, "queue-growth", growth) if growth > target else (target, rule, growth)
 
     def _limit_scale_up(
         self,
@@ -408,16 +414,17 @@ class TokenAutoscaler:
         replicas: ReplicaCounts,
         bounds: Bounds,
         now: float,
-        reading: Reading,
+        supply: _Supply,
     ) -> tuple[int, str]:
-        """Apply, in order: unschedulable replicas, a cold start in flight, maxReplicas, the up cap."""
+        """Apply, in order: unschedulable replicas, a cold start in flight, maxReplicas, the up cap
+        (`supply`: `_supply_target`'s answer for this reading)."""
         if replicas.unschedulable > 0:
             return current, "hold:unschedulable"
         if self._cold_start_in_flight(replicas, now):
             # The starting replicas are counted in current: a demand or queue-growth target above
             # them is supply still missing once they are Ready. Rules that cannot say how much is
             # missing (the backlog floor for a backlog already supplied, saturation's doubling) wait.
-            target, rule = self._supply_target(current, replicas.ready, now, reading)
+            target, rule, _ = supply
             if target <= current:
                 return current, "hold:cold-start"
         if current >= bounds.max_replicas:
